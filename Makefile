@@ -1,0 +1,32 @@
+# Two commands set up and run everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade "pip>=23.1"
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e ".[test]"
+	touch $(VENV)/.installed $@
+
+demo: $(VENV)/.installed
+	$(BIN)/explain run data/images --out out --method gradcam,gradcam++,layercam
+	@echo "Open out/index.html in a browser to see the overlays."
+
+test: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -n 2 -q
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/bench_gradcam.py
+	$(BIN)/python benchmarks/bench_cli.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache

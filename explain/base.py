@@ -1,0 +1,121 @@
+"""What every explainer shares: input checks, the method registry and the factory."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from .explanation import Explanation
+from .targets import Targets
+
+__all__ = ["Explainer", "check_images", "describe_methods", "explainer", "methods", "register"]
+
+_REGISTRY: dict[str, type[Explainer]] = {}
+
+
+def _key(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "").replace(" ", "")
+
+
+class Explainer:
+    """Base class: an explainer is made once per model and called on batches of images.
+
+    Subclasses set ``name`` (the registered method name) and implement ``__call__``, which
+    returns an :class:`~explain.Explanation`.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        self.model = model
+        self.class_names = list(class_names) if class_names is not None else getattr(model, "class_names", None)
+
+    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({type(self.model).__name__})"
+
+
+def register(cls: type[Explainer]) -> type[Explainer]:
+    """Class decorator that makes a method available to :func:`explainer` by its ``name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a non-empty `name` to be registered")
+    _REGISTRY[_key(cls.name)] = cls
+    return cls
+
+
+def methods() -> list[str]:
+    """Names of the registered methods, for :func:`explainer`.
+
+    >>> "gradcam" in methods()
+    True
+    """
+    return [cls.name for cls in _REGISTRY.values()]
+
+
+def describe_methods() -> dict[str, str]:
+    """Each method's name with the first line of its docstring."""
+    return {cls.name: (cls.__doc__ or "").strip().splitlines()[0] for cls in _REGISTRY.values()}
+
+
+def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
+    """Make an explainer by method name; names ignore case, dashes and underscores.
+
+    >>> import torchvision
+    >>> cam = explainer("Grad-CAM++", torchvision.models.resnet18())
+    >>> type(cam).__name__
+    'GradCAMPlusPlus'
+    """
+    cls = _REGISTRY.get(_key(method))
+    if cls is None:
+        close = difflib.get_close_matches(_key(method), list(_REGISTRY), n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(_REGISTRY[c].name for c in close)}? " if close else ""
+        raise ValueError(f"unknown method {method!r}; {hint}known methods: {', '.join(methods())}")
+    return cls(model, **kwargs)
+
+
+def check_images(images: Tensor, model: nn.Module) -> Tensor:
+    """Validate a batch for ``model`` and return it detached; errors say how to fix it."""
+    if not isinstance(images, Tensor):
+        raise TypeError(
+            f"images must be a torch.Tensor of shape (N, C, H, W), got {type(images).__name__}; "
+            "turn a PIL image into a batch with preprocess(image).unsqueeze(0)"
+        )
+    if images.dim() == 3:
+        raise ValueError(
+            f"images has shape {tuple(images.shape)}, a single image; add the batch dimension "
+            "with images.unsqueeze(0)"
+        )
+    if images.dim() != 4:
+        raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
+    if images.shape[0] == 0:
+        raise ValueError("images is an empty batch")
+    if not images.is_floating_point():
+        raise TypeError(
+            f"images have dtype {images.dtype}; the model expects preprocessed float input "
+            "(e.g. the preprocess returned by explain.models.load)"
+        )
+    reference = next(iter(model.parameters()), None)
+    if reference is None:
+        reference = next(iter(model.buffers()), None)
+    if reference is not None:
+        if reference.device != images.device:
+            raise ValueError(
+                f"images are on {images.device} but the model is on {reference.device}; "
+                f"move them with images.to('{reference.device}')"
+            )
+        if reference.is_floating_point() and reference.dtype != images.dtype:
+            raise ValueError(
+                f"images are {images.dtype} but the model's weights are {reference.dtype}; "
+                f"cast them with images.to({reference.dtype})"
+            )
+    if not torch.isfinite(images).all():
+        raise ValueError("images contain NaN or infinite values")
+    return images.detach()

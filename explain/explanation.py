@@ -1,0 +1,120 @@
+"""The one result type every explainer returns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .targets import CUSTOM_TARGET
+
+__all__ = ["Explanation", "scale_maps"]
+
+
+def scale_maps(raw: Tensor, size: tuple[int, int]) -> Tensor:
+    """Resize maps (..., h, w) to ``size`` (bilinear) and min-max scale each one to [0, 1].
+
+    A constant map carries no information about where the evidence is and becomes all
+    zeros (never NaN).
+
+    >>> scale_maps(torch.tensor([[[0.0, 2.0]]]), (1, 2))
+    tensor([[[0., 1.]]])
+    >>> scale_maps(torch.full((1, 2, 2), 3.0), (2, 2)).sum().item()
+    0.0
+    """
+    lead = raw.shape[:-2]
+    flat = raw.reshape(-1, 1, *raw.shape[-2:]).float()
+    if tuple(flat.shape[-2:]) != tuple(size):
+        flat = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+    flat = flat.flatten(1)
+    low = flat.amin(dim=1, keepdim=True)
+    high = flat.amax(dim=1, keepdim=True)
+    span = high - low
+    # Spans at float rounding level relative to the values are noise, not signal.
+    informative = span > 1e-6 * torch.maximum(high.abs(), low.abs()).clamp_min(1e-30)
+    scaled = torch.where(informative, (flat - low) / torch.where(informative, span, 1.0), 0.0)
+    return scaled.reshape(*lead, *size)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Maps that explain a batch of model decisions, with what they explain.
+
+    Attributes
+    ----------
+    maps:
+        float32 maps in [0, 1] at the input's resolution: (N, H, W), or (N, k, H, W) when
+        ``topk=k`` was asked for. With several layers, the mean of the layers' scaled maps,
+        scaled again.
+    raw_layers:
+        For each target layer, the unscaled maps at that layer's resolution.
+    logits:
+        The model output (detached).
+    targets:
+        Class ids explained, (N,) or (N, k); ``-1`` where a callable picked the score.
+    method:
+        The registered name of the method.
+    class_names:
+        Names of the model's classes, when known.
+    """
+
+    maps: Tensor
+    raw_layers: dict[str, Tensor]
+    logits: Tensor
+    targets: Tensor
+    method: str
+    class_names: Sequence[str] | None = field(default=None, repr=False)
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The target layers' names."""
+        return tuple(self.raw_layers)
+
+    @property
+    def raw(self) -> Tensor:
+        """The unscaled maps at layer resolution, for a single target layer."""
+        if len(self.raw_layers) != 1:
+            raise ValueError(f"this explanation has {len(self.raw_layers)} layers {self.layers}; use raw_layers[name]")
+        return next(iter(self.raw_layers.values()))
+
+    @property
+    def probabilities(self) -> Tensor:
+        """Softmax probability of each explained class (NaN for callable targets)."""
+        if not isinstance(self.logits, Tensor) or self.logits.dim() != 2:
+            return torch.full(self.targets.shape, float("nan"))
+        probs = self.logits.float().softmax(dim=1)
+        ids = self.targets.clamp_min(0)
+        rows = torch.arange(len(ids), device=ids.device)
+        picked = probs[rows[:, None], ids] if ids.dim() == 2 else probs[rows, ids]
+        return torch.where(self.targets == CUSTOM_TARGET, float("nan"), picked)
+
+    @property
+    def target_names(self) -> list:
+        """Class names of ``targets`` (nested per image with ``topk``); ids as text when unnamed."""
+
+        def name(i: int) -> str:
+            if i == CUSTOM_TARGET:
+                return "custom"
+            return self.class_names[i] if self.class_names else str(i)
+
+        ids = self.targets.tolist()
+        return [[name(i) for i in row] if isinstance(row, list) else name(row) for row in ids]
+
+    def __len__(self) -> int:
+        return self.maps.shape[0]
+
+    def to(self, device: torch.device | str) -> Explanation:
+        """The same explanation with every tensor on ``device``."""
+        return replace(
+            self,
+            maps=self.maps.to(device),
+            raw_layers={k: v.to(device) for k, v in self.raw_layers.items()},
+            logits=self.logits.to(device) if isinstance(self.logits, Tensor) else self.logits,
+            targets=self.targets.to(device),
+        )
+
+    def cpu(self) -> Explanation:
+        return self.to("cpu")

@@ -1,0 +1,196 @@
+"""The hook engine: capture target layers' activations and the gradients that reach them.
+
+Every explainer in the library runs the model through :class:`LayerCapture`. It pairs a
+forward hook, which stores a layer's output, with a full backward hook, which stores the
+gradient of a score with respect to that output, and it leaves the model exactly as it
+found it: no hooks, the same train/eval flags, the same ``requires_grad`` flags and
+untouched ``.grad``, whether the call succeeds or raises.
+
+It is also cheap. Parameters are frozen for the call and the graph starts at the first
+captured layer, so nothing before that layer is recorded by autograd and backward stops
+there: an explanation costs about one forward pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["LayerCapture", "preserved_state"]
+
+
+@contextmanager
+def preserved_state(model: nn.Module) -> Iterator[None]:
+    """Run a block with ``model`` in eval mode and its parameters frozen, then restore both.
+
+    Eval mode keeps batch-norm statistics and dropout out of the explanation (and keeps the
+    running statistics unchanged); freezing means backward never touches ``param.grad``.
+
+    >>> model = nn.Sequential(nn.Linear(2, 2), nn.Dropout()).train()
+    >>> with preserved_state(model):
+    ...     model.training, model[0].weight.requires_grad
+    (False, False)
+    >>> model.training, model[0].weight.requires_grad
+    (True, True)
+    """
+    training = [(module, module.training) for module in model.modules()]
+    requires_grad = [(param, param.requires_grad) for param in model.parameters()]
+    try:
+        model.eval()
+        for param, _ in requires_grad:
+            param.requires_grad_(False)
+        yield
+    finally:
+        for module, flag in training:
+            module.training = flag
+        for param, flag in requires_grad:
+            param.requires_grad_(flag)
+
+
+class _GradientProbe(nn.Module):
+    """An identity run right after a target layer; it carries the full backward hook.
+
+    The hook cannot sit on the target layer itself: PyTorch wraps a hooked module's output
+    in a view, and code that later changes that output in place (``out += identity`` in a
+    ResNet block, ``ReLU(inplace=True)`` after a VGG conv) then fails. The probe's output is
+    cloned before the rest of the network sees it, so in-place changes land on the clone and
+    the stored activation keeps the value the layer produced.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class LayerCapture:
+    """Context manager that stores activations and gradients of named layers.
+
+    Parameters
+    ----------
+    model:
+        The network. It is put in eval mode with frozen parameters for the duration of the
+        ``with`` block and restored afterwards.
+    layers:
+        Mapping of a display name to a submodule of ``model`` (see
+        :func:`explain.layers.resolve_layers` to build it from names).
+    gradients:
+        Record a graph from the layers on so that :meth:`backward` can be called. Set to
+        ``False`` for gradient-free methods: the forward then runs without autograd.
+
+    Examples
+    --------
+    >>> model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2))
+    >>> x = torch.rand(1, 3, 8, 8)
+    >>> with LayerCapture(model, {"conv": model[0]}) as capture:
+    ...     logits = model(x)
+    ...     capture.backward(logits[:, 1])
+    >>> capture.activations["conv"].shape, capture.gradients["conv"].shape
+    (torch.Size([1, 4, 6, 6]), torch.Size([1, 4, 6, 6]))
+    """
+
+    def __init__(self, model: nn.Module, layers: Mapping[str, nn.Module], *, gradients: bool = True):
+        if not layers:
+            raise ValueError("LayerCapture needs at least one layer")
+        self.model = model
+        self.layers = dict(layers)
+        self.track_gradients = gradients
+        self.activations: dict[str, Tensor] = {}
+        self.gradients: dict[str, Tensor] = {}
+        self._calls: dict[str, int] = {}
+        self._probes = {name: _GradientProbe() for name in self.layers}
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._state: AbstractContextManager | None = None
+
+    def __enter__(self) -> LayerCapture:
+        self._state = preserved_state(self.model)
+        self._state.__enter__()
+        try:
+            for name, module in self.layers.items():
+                self._handles.append(module.register_forward_pre_hook(self._count_call(name)))
+                self._handles.append(module.register_forward_hook(self._store_activation(name)))
+                if self.track_gradients:
+                    self._handles.append(
+                        self._probes[name].register_full_backward_hook(self._store_gradient(name))
+                    )
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        if self._state is not None:
+            state, self._state = self._state, None
+            state.__exit__(None, None, None)
+
+    def _count_call(self, name: str):
+        def hook(module: nn.Module, args) -> None:
+            self._calls[name] = self._calls.get(name, 0) + 1
+            if self._calls[name] > 1:
+                raise ValueError(
+                    f"layer {name!r} runs {self._calls[name]} times in one forward pass (the module "
+                    "is reused), so its activations are ambiguous; pick a layer that runs once, "
+                    "such as the block that contains it"
+                )
+
+        return hook
+
+    def _store_activation(self, name: str):
+        def hook(module: nn.Module, args, output):
+            if not isinstance(output, Tensor):
+                raise TypeError(
+                    f"layer {name!r} returns {type(output).__name__}, not a tensor; pick a layer "
+                    "whose output is a single tensor"
+                )
+            if not self.track_gradients:
+                self.activations[name] = output.detach()
+                return output.clone()
+            if not output.is_floating_point():
+                raise TypeError(f"layer {name!r} returns {output.dtype} values, which have no gradient")
+            # The first captured layer starts the graph; later ones stay connected to it so
+            # that gradients reach every captured layer in one backward pass.
+            activation = output if output.requires_grad else output.detach().requires_grad_()
+            self.activations[name] = activation
+            return self._probes[name](activation).clone()
+
+        return hook
+
+    def _store_gradient(self, name: str):
+        def hook(module: nn.Module, grad_input, grad_output) -> None:
+            self.gradients[name] = grad_output[0]
+
+        return hook
+
+    def reset(self) -> None:
+        """Forget what the last forward pass stored, before running another one."""
+        self.activations.clear()
+        self.gradients.clear()
+        self._calls.clear()
+
+    def backward(self, scores: Tensor) -> None:
+        """Back-propagate ``scores`` to the captured layers and store their gradients.
+
+        ``scores`` holds one score per image (or is a scalar); images are independent in
+        eval mode, so their sum yields each image's own gradient in one pass. The graph is
+        kept, so ``backward`` can be called again for another target.
+        """
+        if not self.track_gradients:
+            raise RuntimeError("this LayerCapture was made with gradients=False")
+        missing = [name for name in self.layers if name not in self.activations]
+        if missing:
+            raise RuntimeError(f"layer(s) {missing} did not run in the forward pass")
+        if not scores.requires_grad:
+            raise ValueError(
+                "the scores do not depend on the captured layers; check that the target "
+                "layers lie on the path to the model's output"
+            )
+        self.gradients.clear()
+        activations = [self.activations[name] for name in self.layers]
+        grads = torch.autograd.grad(scores.sum(), activations, retain_graph=True, allow_unused=True)
+        unused = [name for name, grad in zip(self.layers, grads) if grad is None]
+        if unused:
+            raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")

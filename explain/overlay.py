@@ -1,0 +1,215 @@
+"""Showing maps: heatmap overlays, a comparison figure, and undoing the model's normalisation."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor
+
+__all__ = ["denormalize", "normalization_of", "overlay", "plot_explanations", "to_rgb"]
+
+
+def to_rgb(image) -> np.ndarray:
+    """Any common image form as an (H, W, 3) float32 RGB array in [0, 1].
+
+    Accepts a PIL image in any mode, or a numpy array / torch tensor laid out (H, W),
+    (H, W, C) or (C, H, W) with C in 1, 3, 4; uint8 / uint16 or float in [0, 1]. Alpha is
+    composited onto white; grey is repeated to three channels.
+
+    >>> to_rgb(np.zeros((2, 3), dtype=np.uint8)).shape
+    (2, 3, 3)
+    """
+    if isinstance(image, Image.Image):
+        # 16-bit and 32-bit modes keep their values; PIL's RGBA conversion would clip them.
+        image = np.asarray(image if image.mode.startswith(("I", "F")) else image.convert("RGBA"))
+    if isinstance(image, Tensor):
+        image = image.detach().cpu().numpy()
+    array = np.asarray(image)
+    if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
+        array = np.moveaxis(array, 0, -1)
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
+        raise ValueError(f"cannot read an image of shape {array.shape}; expected (H, W), (H, W, C) or (C, H, W) with C in 1, 3, 4")
+    rgb = _to_unit_float(array)
+    if rgb.shape[-1] == 4:
+        alpha = rgb[..., 3:]
+        rgb = rgb[..., :3] * alpha + (1.0 - alpha)
+    elif rgb.shape[-1] == 1:
+        rgb = np.repeat(rgb, 3, axis=-1)
+    return np.ascontiguousarray(rgb, dtype=np.float32)
+
+
+def _to_unit_float(array: np.ndarray) -> np.ndarray:
+    if array.dtype == np.bool_:
+        return array.astype(np.float32)
+    if array.dtype == np.uint8:
+        return array.astype(np.float32) / 255.0
+    if array.dtype == np.uint16:
+        return array.astype(np.float32) / 65535.0
+    if np.issubdtype(array.dtype, np.integer):
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high > 65535:
+            raise ValueError(f"integer image values must lie in 0..255 (8-bit) or 0..65535 (16-bit), got {low}..{high}")
+        return array.astype(np.float32) / (255.0 if high <= 255 else 65535.0)
+    array = array.astype(np.float32)
+    if not np.isfinite(array).all():
+        raise ValueError("image contains NaN or infinite values")
+    low, high = float(array.min()), float(array.max())
+    if low < -1e-3 or high > 1 + 1e-3:
+        hint = (
+            "it looks normalised for the model: undo that with explain.denormalize(x, mean, std)"
+            if low < 0 else "divide by 255 or pass a uint8 image"
+        )
+        raise ValueError(f"float image values must lie in [0, 1], got {low:.3g}..{high:.3g}; {hint}")
+    return array.clip(0.0, 1.0)
+
+
+def _to_map(heatmap) -> Tensor:
+    if isinstance(heatmap, np.ndarray):
+        heatmap = torch.from_numpy(heatmap)
+    if not isinstance(heatmap, Tensor):
+        raise TypeError(f"the map must be a tensor or an array, got {type(heatmap).__name__}")
+    heatmap = heatmap.detach().float().cpu()
+    while heatmap.dim() > 2 and heatmap.shape[0] == 1:
+        heatmap = heatmap[0]
+    if heatmap.dim() != 2:
+        raise ValueError(f"the map must be 2-D (H, W), got shape {tuple(heatmap.shape)}; pick one map, e.g. res.maps[0]")
+    if not torch.isfinite(heatmap).all():
+        raise ValueError("the map contains NaN or infinite values")
+    low, high = heatmap.min(), heatmap.max()
+    if low < 0 or high > 1:
+        heatmap = (heatmap - low) / (high - low) if high > low else torch.zeros_like(heatmap)
+    return heatmap
+
+
+def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap = "jet", alpha: float = 0.5) -> np.ndarray:
+    """Blend a colour-mapped heatmap over an image; returns (H, W, 3) uint8 RGB.
+
+    Parameters
+    ----------
+    image:
+        Anything :func:`to_rgb` reads (PIL, numpy, tensor; uint8 or float; grey, RGB, RGBA).
+    heatmap:
+        A 2-D map, e.g. ``res.maps[0]``. Values in [0, 1] are used as they are, others are
+        min-max scaled. It is resized (bilinear) to the image when their sizes differ.
+    cmap:
+        A matplotlib colormap or its name.
+    alpha:
+        Weight of the heatmap: 0 shows the image only, 1 the heatmap only.
+
+    >>> out = overlay(np.zeros((4, 6, 3), np.uint8), torch.ones(2, 3), alpha=1.0)
+    >>> out.shape, out.dtype, out[0, 0].tolist()   # jet at 1.0 is dark red
+    ((4, 6, 3), dtype('uint8'), [127, 0, 0])
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
+    rgb = to_rgb(image)
+    heat = _to_map(heatmap)
+    height, width = rgb.shape[:2]
+    if tuple(heat.shape) != (height, width):
+        if abs(heat.shape[0] / heat.shape[1] - height / width) > 0.02 * height / width:
+            warnings.warn(
+                f"the map ({heat.shape[0]}x{heat.shape[1]}) and the image ({height}x{width}) have "
+                "different aspect ratios, so the map is stretched; overlay it on the image the "
+                "model saw (after resizing and cropping), e.g. explain.denormalize(x, mean, std)",
+                stacklevel=2,
+            )
+        heat = F.interpolate(heat[None, None], size=(height, width), mode="bilinear", align_corners=False)[0, 0]
+        heat = heat.clamp(0.0, 1.0)
+    colormap = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
+    colours = colormap(heat.numpy())[..., :3].astype(np.float32)
+    blended = (1.0 - alpha) * rgb + alpha * colours
+    return np.round(blended * 255.0).astype(np.uint8)
+
+
+def normalization_of(preprocess) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The (mean, std) a preprocessing pipeline normalises with.
+
+    Reads torchvision's ``weights.transforms()`` and ``Normalize`` (also inside a
+    ``Compose``), timm's data config dict, or anything with ``mean`` and ``std`` attributes.
+
+    >>> from torchvision import transforms
+    >>> normalization_of(transforms.Compose([transforms.ToTensor(), transforms.Normalize([0.5] * 3, [0.5] * 3)]))
+    ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    """
+    if isinstance(preprocess, Mapping) and "mean" in preprocess and "std" in preprocess:
+        return tuple(map(float, preprocess["mean"])), tuple(map(float, preprocess["std"]))
+    if hasattr(preprocess, "mean") and hasattr(preprocess, "std"):
+        return tuple(map(float, preprocess.mean)), tuple(map(float, preprocess.std))
+    for step in getattr(preprocess, "transforms", []):
+        try:
+            return normalization_of(step)
+        except ValueError:
+            continue
+    raise ValueError(
+        f"cannot find mean and std in {type(preprocess).__name__}; pass them to denormalize() yourself"
+    )
+
+
+def denormalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
+    """Undo ``Normalize(mean, std)`` on (C, H, W) or (N, C, H, W) tensors, clamped to [0, 1].
+
+    >>> denormalize(torch.zeros(3, 1, 1), [0.5] * 3, [0.5] * 3).flatten().tolist()
+    [0.5, 0.5, 0.5]
+    """
+    mean_t = torch.as_tensor(mean, dtype=images.dtype, device=images.device).reshape(-1, 1, 1)
+    std_t = torch.as_tensor(std, dtype=images.dtype, device=images.device).reshape(-1, 1, 1)
+    channels = images.shape[-3]
+    if mean_t.shape[0] not in (1, channels) or std_t.shape[0] not in (1, channels):
+        raise ValueError(f"mean and std need 1 or {channels} values, got {len(mean_t)} and {len(std_t)}")
+    return (images.detach() * std_t + mean_t).clamp(0.0, 1.0)
+
+
+def plot_explanations(
+    image,
+    explanations: Sequence | Mapping,
+    index: int = 0,
+    *,
+    cmap: str = "jet",
+    alpha: float = 0.5,
+    columns: int | None = None,
+):
+    """A matplotlib figure: the image, then one overlay per explanation, titled with the
+    method, the explained class and its probability.
+
+    ``explanations`` is a list of :class:`~explain.Explanation` (titled by method) or a
+    mapping of title to Explanation or to a 2-D map. ``index`` picks the image in the batch.
+    With ``topk``, the first target is shown.
+    """
+    import matplotlib.pyplot as plt
+
+    from .explanation import Explanation
+
+    items = explanations.items() if isinstance(explanations, Mapping) else (
+        (e.method, e) for e in explanations
+    )
+    panels = [("image", None)]
+    for title, item in items:
+        if isinstance(item, Explanation):
+            heat = item.maps[index]
+            name = item.target_names[index]
+            prob = item.probabilities[index]
+            if heat.dim() == 3:
+                heat, name, prob = heat[0], name[0], prob[0]
+            label = f"{title}\n{name}" + ("" if torch.isnan(prob) else f" ({float(prob):.0%})")
+            panels.append((label, heat))
+        else:
+            panels.append((title, item))
+    columns = columns or min(len(panels), 4)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(3 * columns, 3.2 * rows), squeeze=False)
+    rgb = to_rgb(image)
+    for axis in axes.flat:
+        axis.axis("off")
+    for axis, (title, heat) in zip(axes.flat, panels):
+        axis.imshow(rgb if heat is None else overlay(rgb, heat, cmap=cmap, alpha=alpha))
+        axis.set_title(title, fontsize=9)
+    figure.tight_layout()
+    return figure

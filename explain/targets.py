@@ -1,0 +1,137 @@
+"""Which score to explain: turning the ``targets`` argument into class ids and scores."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["CUSTOM_TARGET", "Targets", "class_index", "select_targets"]
+
+#: The class id recorded when the score comes from a callable rather than a class.
+CUSTOM_TARGET = -1
+
+Targets = int | str | Sequence[int | str] | Tensor | np.ndarray | Callable[[Tensor], Tensor] | None
+
+
+def class_index(name: str, class_names: Sequence[str] | None) -> int:
+    """The id of the class called ``name`` (exact, then case-insensitive match).
+
+    >>> class_index("Tabby", ["tabby", "tiger cat"])
+    0
+    """
+    if not class_names:
+        raise ValueError(
+            f"target {name!r} is a class name but the model carries no class names; pass a class "
+            "id, or give class_names= to the explainer"
+        )
+    matches = [i for i, n in enumerate(class_names) if n == name]
+    if not matches:
+        matches = [i for i, n in enumerate(class_names) if n.lower() == name.lower()]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(f"class name {name!r} is ambiguous (ids {matches}); pass the class id")
+    close = difflib.get_close_matches(name, list(class_names), n=5, cutoff=0.6)
+    hint = f"; did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
+    raise ValueError(f"unknown class name {name!r}{hint}")
+
+
+def select_targets(
+    logits: Tensor,
+    targets: Targets = None,
+    *,
+    topk: int | None = None,
+    class_names: Sequence[str] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Resolve ``targets`` against the model output.
+
+    Returns ``(scores, ids)``: both of shape (N,), or (N, k) when ``topk=k``. ``scores`` is
+    still attached to the graph so it can be back-propagated; ``ids`` is a detached long
+    tensor, with :data:`CUSTOM_TARGET` where a callable chose the score.
+
+    >>> logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])
+    >>> select_targets(logits)[1].tolist()
+    [1, 0]
+    >>> select_targets(logits, topk=2)[1].tolist()
+    [[1, 2], [0, 2]]
+    >>> select_targets(logits, [2, 2])[0].tolist()
+    [1.0, 1.0]
+    """
+    if callable(targets) and not isinstance(targets, Tensor):
+        if topk is not None:
+            raise ValueError("pass either a callable target or topk, not both")
+        scores = targets(logits)
+        n = _batch_size(logits)
+        if not isinstance(scores, Tensor) or scores.shape != (n,):
+            got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+            raise ValueError(f"a callable target must return a tensor of shape ({n},), one score per image; got {got}")
+        ids = torch.full((n,), CUSTOM_TARGET, dtype=torch.long, device=scores.device)
+        return scores, ids
+
+    if not isinstance(logits, Tensor) or logits.dim() != 2:
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(
+            f"the model returned {got}, not (N, num_classes) logits; pass a callable target "
+            "that maps the model output to one score per image"
+        )
+    n, num_classes = logits.shape
+    if topk is not None:
+        if targets is not None:
+            raise ValueError("pass either targets or topk, not both")
+        if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= num_classes:
+            raise ValueError(f"topk must be an int between 1 and {num_classes}, got {topk!r}")
+        ids = logits.detach().topk(topk, dim=1).indices
+    elif targets is None:
+        ids = logits.detach().argmax(dim=1)
+    else:
+        ids = _class_ids(targets, n, num_classes, class_names).to(logits.device)
+    rows = torch.arange(n, device=logits.device)
+    scores = logits[rows[:, None], ids] if ids.dim() == 2 else logits[rows, ids]
+    return scores, ids
+
+
+def _batch_size(output) -> int:
+    if isinstance(output, Tensor):
+        return output.shape[0]
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+        return output[0].shape[0]
+    if isinstance(output, dict) and output:
+        return _batch_size(next(iter(output.values())))
+    raise ValueError(f"cannot tell the batch size of a model output of type {type(output).__name__}")
+
+
+def _class_ids(targets, n: int, num_classes: int, class_names) -> Tensor:
+    if isinstance(targets, (Tensor, np.ndarray)):
+        if targets.ndim == 0:
+            targets = targets.item()
+        else:
+            if targets.ndim != 1:
+                raise ValueError(f"targets must be one class per image, shape ({n},); got {tuple(targets.shape)}")
+            if isinstance(targets, Tensor) and targets.is_floating_point() or (
+                isinstance(targets, np.ndarray) and targets.dtype.kind not in "iu"
+            ):
+                raise ValueError(f"targets must hold integer class ids, got dtype {targets.dtype}")
+            targets = targets.tolist()
+    if isinstance(targets, (int, str)) and not isinstance(targets, bool):
+        targets = [targets] * n
+    if not isinstance(targets, Sequence) or isinstance(targets, (str, bytes)):
+        raise TypeError(
+            "targets must be None, a class id, a class name, a list with one of them per image, "
+            f"or a callable; got {type(targets).__name__}"
+        )
+    if len(targets) != n:
+        raise ValueError(f"got {len(targets)} targets for {n} images; pass one target per image or a single one for all")
+    ids = []
+    for target in targets:
+        if isinstance(target, str):
+            target = class_index(target, class_names)
+        elif isinstance(target, (bool, float)) or not isinstance(target, (int, np.integer)):
+            raise TypeError(f"a target must be a class id (int) or a class name (str), not {target!r}")
+        if not 0 <= target < num_classes:
+            raise ValueError(f"class id {target} is out of range: the model has {num_classes} classes (0..{num_classes - 1})")
+        ids.append(int(target))
+    return torch.tensor(ids, dtype=torch.long)
