@@ -35,7 +35,12 @@ def resolve_layers(model: nn.Module, spec: LayerSpec) -> dict[str, nn.Module]:
     >>> list(resolve_layers(model, ["0", model[1]]))
     ['0', '1']
     """
-    specs = [spec] if isinstance(spec, (str, nn.Module)) else list(spec)
+    if isinstance(spec, (str, nn.Module)):
+        specs = [spec]
+    elif isinstance(spec, Sequence):
+        specs = list(spec)
+    else:
+        raise TypeError(f"target_layer is a module, a dotted name or a list of them, not {type(spec).__name__}")
     if not specs:
         raise ValueError("target_layer is an empty list; pass a layer name, a module, or None for automatic")
     names = {module: name for name, module in model.named_modules()}

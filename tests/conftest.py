@@ -1,0 +1,65 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "images"
+
+
+def hook_count(model: nn.Module) -> int:
+    return sum(
+        len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
+        + len(getattr(m, "_backward_pre_hooks", {}))
+        for m in model.modules()
+    )
+
+
+class ModelState:
+    """Everything an explainer promises not to change, captured for comparison."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.training = [m.training for m in model.modules()]
+        self.requires_grad = [p.requires_grad for p in model.parameters()]
+        self.grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+        self.hooks = hook_count(model)
+        self.params = [p.detach().clone() for p in model.parameters()]
+        self.buffers = [b.detach().clone() for b in model.buffers()]
+
+    def assert_unchanged(self) -> None:
+        model = self.model
+        assert hook_count(model) == self.hooks, "hooks left on the model"
+        assert [m.training for m in model.modules()] == self.training, "train/eval flags changed"
+        assert [p.requires_grad for p in model.parameters()] == self.requires_grad, "requires_grad changed"
+        for before, p in zip(self.grads, model.parameters()):
+            if before is None:
+                assert p.grad is None, ".grad was created"
+            else:
+                assert p.grad is not None and torch.equal(p.grad, before), ".grad was changed"
+        for before, p in zip(self.params, model.parameters()):
+            assert torch.equal(before, p.detach()), "a parameter changed"
+        for before, b in zip(self.buffers, model.buffers()):
+            assert torch.equal(before, b), "a buffer (e.g. batch-norm statistics) changed"
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    import explain
+
+    return explain.models.load("efficientnet_lite0")
+
+
+@pytest.fixture(scope="session")
+def photos(bundled):
+    """The four sample photos, preprocessed for the bundled model, keyed by file stem."""
+    from PIL import Image
+
+    _, preprocess, _ = bundled
+    paths = sorted(DATA.iterdir())
+    paths = [p for p in paths if p.suffix in (".png", ".jpg")]
+    batch = torch.stack([preprocess(Image.open(p).convert("RGB")) for p in paths])
+    return [p.stem for p in paths], batch

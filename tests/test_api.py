@@ -1,0 +1,71 @@
+"""The public surface: names, the factory, and errors on bad input that say how to fix it."""
+
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+import explain
+
+METHODS = ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "gradcam-elementwise", "eigengradcam"]
+
+
+def test_methods_and_factory():
+    assert explain.methods() == METHODS
+    model = torchvision.models.resnet18()
+    for name in METHODS:
+        cam = explain.explainer(name, model, target_layer="layer4")
+        assert cam.name == name and isinstance(cam, explain.GradientCAM)
+    assert isinstance(explain.explainer("Grad-CAM++", model), explain.GradCAMPlusPlus)
+    assert isinstance(explain.explainer("grad_cam_elementwise", model), explain.GradCAMElementWise)
+    descriptions = explain.describe_methods()
+    assert descriptions["gradcam"].startswith("Grad-CAM:")
+    assert all(descriptions[name] for name in METHODS)
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError, match="unknown method 'gradcm'; did you mean gradcam"):
+        explain.explainer("gradcm", torchvision.models.resnet18())
+
+
+@pytest.mark.parametrize(
+    "images, error, message",
+    [
+        (np.zeros((1, 3, 32, 32), np.float32), TypeError, r"must be a torch.Tensor.*unsqueeze\(0\)"),
+        (torch.zeros(3, 32, 32), ValueError, r"single image.*images.unsqueeze\(0\)"),
+        (torch.zeros(32, 32), ValueError, r"shape \(N, C, H, W\)"),
+        (torch.zeros(0, 3, 32, 32), ValueError, "empty batch"),
+        (torch.zeros(1, 3, 32, 32, dtype=torch.uint8), TypeError, "preprocessed float input"),
+        (torch.zeros(1, 3, 32, 32, dtype=torch.float64), ValueError, r"cast them with images.to\(torch.float32\)"),
+        (torch.full((1, 3, 32, 32), float("nan")), ValueError, "NaN"),
+    ],
+)
+def test_bad_images(images, error, message):
+    with pytest.raises(error, match=message):
+        explain.GradCAM(torchvision.models.resnet18(), "layer4")(images)
+
+
+def test_wrong_channel_count_fails_inside_the_model_without_leaving_hooks():
+    from conftest import ModelState
+
+    model = torchvision.models.resnet18().eval()
+    state = ModelState(model)
+    with pytest.raises(RuntimeError):
+        explain.GradCAM(model, "layer4")(torch.zeros(1, 1, 32, 32))
+    state.assert_unchanged()
+
+
+def test_model_must_be_a_module():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        explain.GradCAM(lambda x: x)
+
+
+def test_explanation_helpers():
+    model = torchvision.models.resnet18(num_classes=5).eval()
+    res = explain.GradCAM(model, class_names=list("abcde"))(torch.randn(2, 3, 32, 32), targets=[1, 4])
+    assert res.target_names == ["b", "e"] and len(res) == 2
+    probs = res.probabilities
+    expected = res.logits.softmax(1)[[0, 1], [1, 4]]
+    torch.testing.assert_close(probs, expected)
+    assert res.cpu().maps.device.type == "cpu"
+    assert "GradCAM(ResNet)" == repr(explain.GradCAM(model))

@@ -1,0 +1,235 @@
+"""The hook engine's promises: exact capture, in-place safety, low cost, and a model left as found."""
+
+import copy
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+import explain
+from explain import LayerCapture
+from conftest import ModelState, hook_count
+
+
+def resnet18():
+    torch.manual_seed(0)
+    return torchvision.models.resnet18(num_classes=10).eval()
+
+
+def reference_capture(model, layer_name, x, target):
+    """Activation and gradient of a layer by plain autograd through the whole network.
+
+    The hook hands the rest of the network a copy (``output * 1``), so in-place ops after
+    the layer change the copy and ``output`` keeps both its value and its own gradient.
+    """
+    model = copy.deepcopy(model).eval()
+    store = {}
+
+    def hook(module, args, output):
+        output.retain_grad()
+        store["activation"] = output
+        return output * 1
+
+    handle = model.get_submodule(layer_name).register_forward_hook(hook)
+    logits = model(x)
+    handle.remove()
+    logits[:, target].sum().backward()
+    return store["activation"].detach(), store["activation"].grad
+
+
+@pytest.mark.parametrize(
+    "make_model, layer",
+    [
+        (resnet18, "layer4.1.bn2"),  # followed by `out += identity`
+        (resnet18, "layer3.0.conv2"),
+        (lambda: torchvision.models.vgg11(num_classes=10).eval(), "features.16"),  # then ReLU(inplace=True)
+        (lambda: torchvision.models.densenet121(num_classes=10).eval(), "features"),  # then F.relu(inplace=True)
+    ],
+    ids=["resnet-bn2-residual-add", "resnet-conv", "vgg-conv-inplace-relu", "densenet-features-inplace-relu"],
+)
+def test_capture_matches_plain_autograd_with_inplace_ops_after_layer(make_model, layer):
+    torch.manual_seed(0)
+    model = make_model()
+    x = torch.randn(2, 3, 64, 64)
+    expected_activation, expected_gradient = reference_capture(model, layer, x, target=3)
+    state = ModelState(model)
+    with LayerCapture(model, {layer: model.get_submodule(layer)}) as capture:
+        logits = model(x)
+        capture.backward(logits[:, 3])
+    state.assert_unchanged()
+    # The stored activation is the value before the later in-place change.
+    torch.testing.assert_close(capture.activations[layer].detach(), expected_activation)
+    torch.testing.assert_close(capture.gradients[layer], expected_gradient, rtol=1e-4, atol=1e-6)
+
+
+def test_output_is_unchanged_by_capture():
+    model = resnet18()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        expected = model(x)
+    res = explain.GradCAM(model, ["layer2", "layer4.1.bn2"])(x)
+    torch.testing.assert_close(res.logits, expected)
+
+
+class Probe(nn.Module):
+    """Records whether autograd tracked its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.saw_grad = []
+
+    def forward(self, x):
+        self.saw_grad.append(x.requires_grad)
+        return x
+
+
+def test_no_graph_before_the_target_layer_and_no_parameter_gradients():
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3), Probe(), nn.ReLU(), nn.Conv2d(4, 4, 3), Probe(), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2),
+    )
+    images = torch.randn(2, 3, 9, 9, requires_grad=True)
+    explain.GradCAM(model, "3")(images)
+    assert model[1].saw_grad == [False], "autograd recorded the layers before the target"
+    assert model[4].saw_grad == [True], "the graph after the target layer is missing"
+    assert images.grad is None
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_backward_stops_at_the_earliest_target_layer():
+    model = resnet18()
+    reached = []
+    model.layer1.register_full_backward_hook(lambda *args: reached.append("layer1"))
+    explain.GradCAM(model, "layer3")(torch.randn(1, 3, 64, 64))
+    assert reached == []
+
+
+@pytest.mark.parametrize("context", ["grad", "no_grad", "inference_mode"])
+def test_works_under_any_grad_mode(context):
+    model = resnet18()
+    x = torch.randn(2, 3, 64, 64)
+    reference = explain.GradCAM(model)(x)
+    mode = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[context]
+    with mode():
+        res = explain.GradCAM(model)(x)
+    torch.testing.assert_close(res.maps, reference.maps)
+    torch.testing.assert_close(res.raw, reference.raw)
+
+
+def test_train_mode_frozen_params_and_existing_grads_are_left_alone():
+    model = resnet18().train()
+    model.layer4.eval()  # a mixed model: some submodules already in eval mode
+    for p in model.layer1.parameters():
+        p.requires_grad_(False)
+    model.fc.weight.grad = torch.full_like(model.fc.weight, 0.5)
+    state = ModelState(model)
+    x = torch.randn(2, 3, 64, 64)
+    res = explain.GradCAM(model)(x)
+    state.assert_unchanged()
+    # The explanation itself is computed in eval mode: identical to an eval-mode model.
+    eval_res = explain.GradCAM(copy.deepcopy(model).eval())(x)
+    torch.testing.assert_close(res.maps, eval_res.maps)
+
+
+class Boom(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize("where", ["after target", "in target"])
+def test_state_restored_when_the_model_raises(where):
+    model = resnet18().train()
+    if where == "after target":
+        model.avgpool = nn.Sequential(model.avgpool, Boom())
+        layer = "layer4"
+    else:
+        model.layer4[1].bn2 = Boom()
+        layer = "layer4.1.bn2"
+    state = ModelState(model)
+    with pytest.raises(RuntimeError, match="boom"):
+        explain.GradCAM(model, layer)(torch.randn(1, 3, 64, 64))
+    state.assert_unchanged()
+
+
+def test_state_restored_when_targets_are_bad():
+    model = resnet18()
+    state = ModelState(model)
+    with pytest.raises(ValueError, match="out of range"):
+        explain.GradCAM(model, "layer4")(torch.randn(1, 3, 64, 64), targets=99)
+    state.assert_unchanged()
+
+
+def test_multiple_layers_in_one_forward_pass():
+    model = resnet18()
+    calls = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    x = torch.randn(2, 3, 64, 64)
+    layers = ["layer2", "layer3.1.bn2", "layer4"]
+    with LayerCapture(model, {n: model.get_submodule(n) for n in layers}) as capture:
+        logits = model(x)
+        capture.backward(logits[:, 1])
+    handle.remove()
+    assert len(calls) == 1
+    for name in layers:
+        activation, gradient = reference_capture(model, name, x, target=1)
+        torch.testing.assert_close(capture.activations[name].detach(), activation)
+        torch.testing.assert_close(capture.gradients[name], gradient, rtol=1e-4, atol=1e-6)
+    assert hook_count(model) == 0
+
+
+def test_reused_module_is_refused_with_a_fix():
+    model = resnet18()  # BasicBlock calls self.relu twice
+    state = ModelState(model)
+    with pytest.raises(ValueError, match="runs 2 times.*block that contains it"):
+        explain.GradCAM(model, "layer4.1.relu")(torch.randn(1, 3, 64, 64))
+    state.assert_unchanged()
+
+
+def test_layer_with_non_tensor_output_is_refused():
+    class Pair(nn.Module):
+        def forward(self, x):
+            return x, x
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pair = Pair()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            a, b = self.pair(x)
+            return self.fc((a + b).mean(dim=(2, 3)))
+
+    with pytest.raises(TypeError, match="returns tuple, not a tensor"):
+        explain.GradCAM(Net(), "pair")(torch.randn(1, 3, 4, 4))
+
+
+def test_layer_off_the_output_path_is_refused():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.side = nn.Conv2d(3, 3, 1)
+            self.main = nn.Conv2d(3, 3, 1)
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, x):
+            self.side(x)
+            return self.fc(self.main(x).mean(dim=(2, 3)))
+
+    model = Net()
+    with pytest.raises(ValueError, match="do not depend on"):
+        explain.GradCAM(model, "side")(torch.randn(1, 3, 4, 4))
+    assert hook_count(model) == 0
+
+
+def test_gradient_free_capture_keeps_pre_inplace_value():
+    model = torchvision.models.vgg11(num_classes=10).eval()
+    x = torch.randn(1, 3, 32, 32)
+    expected, _ = reference_capture(model, "features.3", x, target=0)
+    with torch.no_grad(), LayerCapture(model, {"features.3": model.features[3]}, gradients=False) as capture:
+        model(x)
+    torch.testing.assert_close(capture.activations["features.3"], expected)
+    assert expected.min() < 0  # the conv output has negatives the in-place ReLU would erase
+    with pytest.raises(RuntimeError, match="gradients=False"):
+        capture.backward(torch.zeros(1))

@@ -1,0 +1,51 @@
+import urllib.error
+
+import pytest
+import torch
+import torchvision
+
+import explain
+from explain import models
+
+
+def test_bundled_model_offline(bundled):
+    model, preprocess, classes = bundled
+    assert not model.training
+    assert len(classes) == 1000 and classes[281] == "tabby"
+    assert model.class_names == classes
+    assert explain.normalization_of(preprocess) == ((0.5,) * 3, (0.5,) * 3)
+
+
+def test_torchvision_model_with_local_weights(tmp_path):
+    torch.manual_seed(0)
+    reference = torchvision.models.resnet18()
+    path = tmp_path / "resnet18.pth"
+    torch.save(reference.state_dict(), path)
+    model, preprocess, classes = models.load("resnet18", weights=path)
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.equal(a, b)
+    assert classes[0] == "tench" and not model.training
+    assert explain.normalization_of(preprocess)[0] == (0.485, 0.456, 0.406)
+
+
+def test_random_weights_and_class_count():
+    model, _, classes = models.load("squeezenet1_1")
+    assert len(classes) == 1000
+
+
+def test_weight_enum_offline_gives_a_clear_error(monkeypatch):
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
+    with pytest.raises(RuntimeError, match="could not download.*pass the .pth file"):
+        models.load("resnet18", weights="IMAGENET1K_V1")
+
+
+def test_bad_model_requests():
+    with pytest.raises(ValueError, match="unknown model 'resnet181'; did you mean resnet18"):
+        models.load("resnet181")
+    with pytest.raises(ValueError, match="no weights 'IMAGENET9'"):
+        models.load("resnet18", weights="IMAGENET9")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        models.load("resnet18", weights="missing.pth")
