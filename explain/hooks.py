@@ -37,7 +37,12 @@ def preserved_state(model: nn.Module) -> Iterator[None]:
     (True, True)
     """
     training = [(module, module.training) for module in model.modules()]
-    requires_grad = [(param, param.requires_grad) for param in model.parameters()]
+    # Lazy modules' parameters do not exist yet; they cannot be frozen, nor need to be.
+    requires_grad = [
+        (param, param.requires_grad)
+        for param in model.parameters()
+        if not isinstance(param, nn.parameter.UninitializedParameter)
+    ]
     try:
         model.eval()
         for param, _ in requires_grad:
@@ -81,7 +86,7 @@ class LayerCapture:
 
     Examples
     --------
-    >>> model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2))
+    >>> model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 2))
     >>> x = torch.rand(1, 3, 8, 8)
     >>> with LayerCapture(model, {"conv": model[0]}) as capture:
     ...     logits = model(x)

@@ -106,7 +106,7 @@ def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap = "jet", alph
 
     >>> out = overlay(np.zeros((4, 6, 3), np.uint8), torch.ones(2, 3), alpha=1.0)
     >>> out.shape, out.dtype, out[0, 0].tolist()   # jet at 1.0 is dark red
-    ((4, 6, 3), dtype('uint8'), [127, 0, 0])
+    ((4, 6, 3), dtype('uint8'), [128, 0, 0])
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
@@ -204,12 +204,13 @@ def plot_explanations(
             panels.append((title, item))
     columns = columns or min(len(panels), 4)
     rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(rows, columns, figsize=(3 * columns, 3.2 * rows), squeeze=False)
+    figure, axes = plt.subplots(
+        rows, columns, figsize=(3 * columns, 3.4 * rows), squeeze=False, layout="constrained"
+    )
     rgb = to_rgb(image)
     for axis in axes.flat:
         axis.axis("off")
     for axis, (title, heat) in zip(axes.flat, panels):
         axis.imshow(rgb if heat is None else overlay(rgb, heat, cmap=cmap, alpha=alpha))
         axis.set_title(title, fontsize=9)
-    figure.tight_layout()
     return figure

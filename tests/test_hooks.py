@@ -233,3 +233,11 @@ def test_gradient_free_capture_keeps_pre_inplace_value():
     assert expected.min() < 0  # the conv output has negatives the in-place ReLU would erase
     with pytest.raises(RuntimeError, match="gradients=False"):
         capture.backward(torch.zeros(1))
+
+
+def test_lazy_modules_are_explained_and_left_lazy_free():
+    model = nn.Sequential(nn.LazyConv2d(4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.LazyLinear(3))
+    res = explain.GradCAM(model)(torch.randn(2, 3, 8, 8))
+    assert res.layers == ("1",) and res.maps.shape == (2, 8, 8)
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())
+    assert hook_count(model) == 0

@@ -1,0 +1,95 @@
+"""Cost of a Grad-CAM relative to a plain no-grad forward pass, measured in the same run.
+
+    .venv/bin/python benchmarks/bench_gradcam.py [--repeats 7] [--batch 8] [--device cpu]
+
+Three timings per model, median of ``--repeats`` runs after one warm-up each:
+- forward: ``model(x)`` under ``torch.no_grad()``, the baseline;
+- explain: ``explain.GradCAM(model)(x)``, maps scaled to the input size included;
+- full backward: the usual hook recipe (forward with autograd on, backward to every
+  parameter), for comparison with what peers do.
+Prints a markdown table with each time divided by the forward time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+import torchvision
+
+import explain
+
+
+def median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def full_backward(model, layer, x):
+    """Forward with autograd everywhere and backward through the whole network."""
+    store = {}
+    handles = [
+        layer.register_forward_hook(lambda m, a, out: store.__setitem__("activation", out)),
+        layer.register_full_backward_hook(lambda m, gi, go: store.__setitem__("gradient", go[0])),
+    ]
+    try:
+        logits = model(x)
+        logits.gather(1, logits.argmax(1, keepdim=True)).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.zero_grad(set_to_none=True)
+    weights = store["gradient"].mean(dim=(2, 3), keepdim=True)
+    return torch.relu((weights * store["activation"]).sum(1))
+
+
+def bench(name, model, x, repeats):
+    model = model.to(x.device).eval()
+    cam = explain.GradCAM(model)
+    cam(x[:1])  # resolve the automatic layer outside the timings
+    layer = next(iter(cam.target_layers(x).values()))
+
+    def forward():
+        with torch.no_grad():
+            model(x)
+
+    base = median_seconds(forward, repeats)
+    ours = median_seconds(lambda: cam(x), repeats)
+    peer = median_seconds(lambda: full_backward(model, layer, x), repeats)
+    return name, base, ours, peer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    x = torch.randn(args.batch, 3, 224, 224, device=args.device)
+    bundled, _, _ = explain.models.load("efficientnet_lite0")
+    rows = [
+        bench("resnet50 (random weights)", torchvision.models.resnet50(), x, args.repeats),
+        bench("efficientnet_lite0 (bundled)", bundled, x, args.repeats),
+    ]
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    print(f"Grad-CAM cost, batch {args.batch} at 224x224, {args.device} ({device}), torch {torch.__version__}, "
+          f"median of {args.repeats}\n")
+    print("| model | no-grad forward | explain Grad-CAM | ratio | full forward+backward | ratio |")
+    print("|---|---|---|---|---|---|")
+    for name, base, ours, peer in rows:
+        print(f"| {name} | {base * 1e3:.0f} ms | {ours * 1e3:.0f} ms | {ours / base:.2f} | {peer * 1e3:.0f} ms | {peer / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
