@@ -84,7 +84,7 @@ class Explanation:
     def probabilities(self) -> Tensor:
         """Softmax probability of each explained class (NaN for callable targets)."""
         if not isinstance(self.logits, Tensor) or self.logits.dim() != 2:
-            return torch.full(self.targets.shape, float("nan"))
+            return torch.full(self.targets.shape, float("nan"), device=self.targets.device)
         probs = self.logits.float().softmax(dim=1)
         ids = self.targets.clamp_min(0)
         rows = torch.arange(len(ids), device=ids.device)

@@ -187,7 +187,10 @@ class LayerCapture:
             raise RuntimeError("this LayerCapture was made with gradients=False")
         missing = [name for name in self.layers if name not in self.activations]
         if missing:
-            raise RuntimeError(f"layer(s) {missing} did not run in the forward pass")
+            raise ValueError(
+                f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
+                "at inference (`explain layers MODEL` lists them)"
+            )
         if not scores.requires_grad:
             raise ValueError(
                 "the scores do not depend on the captured layers; check that the target "

@@ -241,3 +241,10 @@ def test_lazy_modules_are_explained_and_left_lazy_free():
     assert res.layers == ("1",) and res.maps.shape == (2, 8, 8)
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
     assert hook_count(model) == 0
+
+
+def test_layer_that_does_not_run_is_refused():
+    model = torchvision.models.googlenet(aux_logits=True, init_weights=False).eval()  # aux heads skip in eval
+    with pytest.raises(ValueError, match=r"did not run in the forward pass.*explain layers"):
+        explain.GradCAM(model, "aux1.conv")(torch.randn(1, 3, 64, 64))
+    assert hook_count(model) == 0
