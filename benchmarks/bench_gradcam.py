@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_gradcam.py [--repeats 7] [--batch 8] [--device cpu]
 
-Three timings per model, median of ``--repeats`` runs after one warm-up each:
+Three timings per model, run round-robin, median of ``--repeats`` rounds after a warm-up:
 - forward: ``model(x)`` under ``torch.no_grad()``, the baseline;
 - explain: ``explain.GradCAM(model)(x)``, maps scaled to the input size included;
 - full backward: the usual hook recipe (forward with autograd on, backward to every
@@ -23,16 +23,20 @@ import torchvision
 import explain
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
+def interleaved_medians(functions: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each function, run round-robin so that load drift on the machine
+    hits every one of them alike."""
+    for fn in functions.values():
+        fn()  # warm-up
+    times = {name: [] for name in functions}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in functions.items():
+            start = time.perf_counter()
+            fn()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def full_backward(model, layer, x):
@@ -63,10 +67,10 @@ def bench(name, model, x, repeats):
         with torch.no_grad():
             model(x)
 
-    base = median_seconds(forward, repeats)
-    ours = median_seconds(lambda: cam(x), repeats)
-    peer = median_seconds(lambda: full_backward(model, layer, x), repeats)
-    return name, base, ours, peer
+    medians = interleaved_medians(
+        {"forward": forward, "ours": lambda: cam(x), "peer": lambda: full_backward(model, layer, x)}, repeats
+    )
+    return name, medians["forward"], medians["ours"], medians["peer"]
 
 
 def main() -> None:

@@ -116,6 +116,12 @@ def check_images(images: Tensor, model: nn.Module) -> Tensor:
                 f"images are {images.dtype} but the model's weights are {reference.dtype}; "
                 f"cast them with images.to({reference.dtype})"
             )
+    first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
+    if first_conv is not None and first_conv.in_channels and images.shape[1] != first_conv.in_channels:
+        raise ValueError(
+            f"images have {images.shape[1]} channel(s) but the model's first convolution expects "
+            f"{first_conv.in_channels}; convert the images (PIL: image.convert('RGB')) before preprocessing"
+        )
     if not torch.isfinite(images).all():
         raise ValueError("images contain NaN or infinite values")
     return images.detach()

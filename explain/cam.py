@@ -38,6 +38,26 @@ def _safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
     return torch.where(nonzero, numerator / torch.where(nonzero, denominator, 1.0), 0.0)
 
 
+def _check_spatial(activations: dict[str, Tensor]) -> None:
+    for name, activation in activations.items():
+        if activation.dim() != 4 or activation.shape[-2:].numel() < 2:
+            raise ValueError(
+                f"layer {name!r} outputs shape {tuple(activation.shape)}; a CAM needs an (N, C, h, w) "
+                "output with more than one location: pick an earlier convolutional layer"
+            )
+
+
+def _detached(output):
+    """The model output without its autograd graph, whatever container holds it."""
+    if isinstance(output, Tensor):
+        return output.detach()
+    if isinstance(output, dict):
+        return {key: _detached(value) for key, value in output.items()}
+    if isinstance(output, (tuple, list)):
+        return type(output)(_detached(value) for value in output)
+    return output
+
+
 class GradientCAM(Explainer):
     """Base class of the gradient-weighted CAMs; subclasses define :meth:`cam`.
 
@@ -89,6 +109,7 @@ class GradientCAM(Explainer):
             output = self.model(images)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
             columns = scores if scores.dim() == 2 else scores[:, None]
+            _check_spatial(capture.activations)
             per_target: dict[str, list[Tensor]] = {name: [] for name in layers}
             for column in columns.unbind(dim=1):
                 capture.backward(column)
@@ -96,14 +117,14 @@ class GradientCAM(Explainer):
                     activations = capture.activations[name].detach().float()
                     gradients = capture.gradients[name].float()
                     per_target[name].append(F.relu(self.cam(activations, gradients)))
-        stack = (lambda maps: torch.stack(maps, dim=1)) if scores.dim() == 2 else (lambda maps: maps[0])
-        raw_layers = {name: stack(maps) for name, maps in per_target.items()}
+        raw_layers = {name: torch.stack(maps, dim=1) for name, maps in per_target.items()}
+        if scores.dim() == 1:
+            raw_layers = {name: raw.squeeze(1) for name, raw in raw_layers.items()}
         size = tuple(images.shape[-2:])
         maps = torch.stack([scale_maps(raw, size) for raw in raw_layers.values()]).mean(dim=0)
         if len(raw_layers) > 1:
             maps = scale_maps(maps, size)
-        logits = output.detach() if isinstance(output, Tensor) else output
-        return Explanation(maps, raw_layers, logits, ids, self.name, self.class_names)
+        return Explanation(maps, raw_layers, _detached(output), ids, self.name, self.class_names)
 
 
 @register

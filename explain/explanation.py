@@ -25,6 +25,11 @@ def scale_maps(raw: Tensor, size: tuple[int, int]) -> Tensor:
     >>> scale_maps(torch.full((1, 2, 2), 3.0), (2, 2)).sum().item()
     0.0
     """
+    if not torch.isfinite(raw).all():
+        raise ValueError(
+            "the raw map holds NaN or infinite values: the model's activations or gradients "
+            "overflowed (float16?); explain in float32"
+        )
     lead = raw.shape[:-2]
     flat = raw.reshape(-1, 1, *raw.shape[-2:]).float()
     if tuple(flat.shape[-2:]) != tuple(size):
@@ -52,7 +57,7 @@ class Explanation:
     raw_layers:
         For each target layer, the unscaled maps at that layer's resolution.
     logits:
-        The model output (detached).
+        The model output, detached: a tensor, or the model's dict/tuple with a callable target.
     targets:
         Class ids explained, (N,) or (N, k); ``-1`` where a callable picked the score.
     method:
@@ -63,7 +68,7 @@ class Explanation:
 
     maps: Tensor
     raw_layers: dict[str, Tensor]
-    logits: Tensor
+    logits: Tensor | dict | tuple
     targets: Tensor
     method: str
     class_names: Sequence[str] | None = field(default=None, repr=False)

@@ -112,6 +112,8 @@ class LayerCapture:
         self._state = preserved_state(self.model)
         self._state.__enter__()
         try:
+            # Call counts are per forward pass of the whole model.
+            self._handles.append(self.model.register_forward_pre_hook(lambda module, args: self._calls.clear()))
             for name, module in self.layers.items():
                 self._handles.append(module.register_forward_pre_hook(self._count_call(name)))
                 self._handles.append(module.register_forward_hook(self._store_activation(name)))
@@ -138,8 +140,8 @@ class LayerCapture:
             if self._calls[name] > 1:
                 raise ValueError(
                     f"layer {name!r} runs {self._calls[name]} times in one forward pass (the module "
-                    "is reused), so its activations are ambiguous; pick a layer that runs once, "
-                    "such as the block that contains it"
+                    "is reused, or recomputed by checkpointing), so its activations are ambiguous; "
+                    "pick a layer that runs once, such as the block that contains it"
                 )
 
         return hook
@@ -198,7 +200,9 @@ class LayerCapture:
             )
         self.gradients.clear()
         activations = [self.activations[name] for name in self.layers]
-        grads = torch.autograd.grad(scores.sum(), activations, retain_graph=True, allow_unused=True)
-        unused = [name for name, grad in zip(self.layers, grads) if grad is None]
+        # The probes' backward hooks fill self.gradients; autograd.grad only drives the pass
+        # (and, unlike .backward(), accumulates nothing into any .grad).
+        torch.autograd.grad(scores.sum(), activations, retain_graph=True, allow_unused=True)
+        unused = [name for name in self.layers if name not in self.gradients]
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,23 +76,24 @@ def _get_submodule(model: nn.Module, name: str, all_names: list[str]) -> nn.Modu
     )
 
 
-def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
-    """Run ``model`` once on ``example`` and list, in execution order, every layer with a
-    spatial output: a 4-D tensor whose height or width exceeds one.
+def _on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
+    if shape is None or len(shape) != 4:
+        return False
+    height, width = example.shape[-2:]
+    h, w = shape[-2:]
+    if max(h, w) < 2 or h > height or w > width:
+        return False
+    return abs(h / w - height / width) <= 0.25 * height / width
 
-    Layers that run more than once per forward pass (reused modules) are left out: their
-    activations are ambiguous.
-    """
-    seen: dict[str, LayerInfo] = {}
-    calls: dict[str, int] = {}
-    order: list[str] = []
+
+def _trace(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module, tuple[int, ...] | None]]:
+    """(name, module, output shape) of every submodule call of one forward pass, in the
+    order the calls complete (a block after its children)."""
+    trace = []
 
     def record(name: str):
         def hook(module: nn.Module, args, output) -> None:
-            calls[name] = calls.get(name, 0) + 1
-            if isinstance(output, Tensor) and output.dim() == 4 and max(output.shape[2:]) > 1:
-                seen[name] = LayerInfo(name, type(module).__name__, tuple(output.shape))
-                order.append(name)
+            trace.append((name, module, tuple(output.shape) if isinstance(output, Tensor) else None))
 
         return hook
 
@@ -102,22 +104,54 @@ def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
     finally:
         for handle in handles:
             handle.remove()
-    return [seen[name] for name in order if calls[name] == 1]
+    return trace
+
+
+def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
+    """Run ``model`` once on ``example`` and list, in execution order, every layer with a
+    spatial output: an (N, C, h, w) tensor on the input's grid (h or w above one, neither
+    larger than the input's, about the input's aspect ratio). Token tensors of vision
+    transformers and channels-last (N, h, w, C) outputs are not spatial by that rule.
+
+    Layers that run more than once per forward pass (reused modules) are left out: their
+    activations are ambiguous.
+    """
+    return [info for _, info in _candidates(_trace(model, example), example)]
+
+
+def _candidates(trace, example: Tensor) -> list[tuple[int, LayerInfo]]:
+    calls = Counter(name for name, _, _ in trace)
+    return [
+        (position, LayerInfo(name, type(module).__name__, shape))
+        for position, (name, module, shape) in enumerate(trace)
+        if calls[name] == 1 and _on_input_grid(shape, example)
+    ]
 
 
 def find_target_layer(model: nn.Module, example: Tensor) -> str:
     """Pick the last spatial layer before global pooling: the usual Grad-CAM choice.
 
     One dry forward pass on ``example`` (a single image is enough) records which layers
-    produce (N, C, H, W) outputs with H or W above one; pooling layers are skipped, and when
-    a block and its last child produce the same output the block wins, being the name a
-    person would pick (``layer4`` rather than ``layer4.2.relu`` in a ResNet).
+    produce spatial outputs (see :func:`candidate_layers`); pooling layers are skipped, and
+    when a block and its last child produce the same output the block wins, being the name
+    a person would pick (``layer4`` rather than ``layer4.2.relu`` in a ResNet).
     """
-    candidates = [info for info in candidate_layers(model, example[:1])
+    example = example[:1]
+    trace = _trace(model, example)
+    candidates = [(position, info) for position, info in _candidates(trace, example)
                   if not isinstance(model.get_submodule(info.name), _POOLING)]
     if not candidates:
         raise ValueError(
-            "found no layer with a spatial (N, C, H, W) output; pass target_layer explicitly "
-            "(vision transformers need a layer name and a reshape of their tokens)"
+            "found no layer with a spatial (N, C, H, W) output; pass target_layer explicitly"
         )
-    return candidates[-1].name
+    position, chosen = candidates[-1]
+    tokens = [(name, shape) for name, _, shape in trace[position + 1:]
+              if shape is not None and len(shape) == 3 and shape[1] > 1]
+    if tokens:
+        name, shape = tokens[0]
+        raise ValueError(
+            f"after {chosen.name!r} the model works on token sequences ({name!r} outputs {shape}), "
+            "as vision transformers do, so no layer suits an automatic CAM; pass target_layer "
+            "explicitly"
+        )
+    return chosen.name

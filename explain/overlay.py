@@ -29,7 +29,8 @@ def to_rgb(image) -> np.ndarray:
         # 16-bit and 32-bit modes keep their values; PIL's RGBA conversion would clip them.
         image = np.asarray(image if image.mode.startswith(("I", "F")) else image.convert("RGBA"))
     if isinstance(image, Tensor):
-        image = image.detach().cpu().numpy()
+        image = image.detach().cpu()
+        image = (image.float() if image.is_floating_point() else image).numpy()
     array = np.asarray(image)
     if array.ndim == 3 and array.shape[0] in (1, 3, 4) and array.shape[-1] not in (1, 3, 4):
         array = np.moveaxis(array, 0, -1)
@@ -76,7 +77,7 @@ def _to_map(heatmap) -> Tensor:
         heatmap = torch.from_numpy(heatmap)
     if not isinstance(heatmap, Tensor):
         raise TypeError(f"the map must be a tensor or an array, got {type(heatmap).__name__}")
-    heatmap = heatmap.detach().float().cpu()
+    heatmap = heatmap.detach().cpu().float()
     while heatmap.dim() > 2 and heatmap.shape[0] == 1:
         heatmap = heatmap[0]
     if heatmap.dim() != 2:

@@ -61,6 +61,10 @@ def select_targets(
     >>> select_targets(logits, [2, 2])[0].tolist()
     [1.0, 1.0]
     """
+    if isinstance(targets, np.integer):
+        targets = int(targets)
+    if isinstance(topk, np.integer):
+        topk = int(topk)
     if callable(targets) and not isinstance(targets, Tensor):
         if topk is not None:
             raise ValueError("pass either a callable target or topk, not both")
@@ -69,6 +73,8 @@ def select_targets(
         if not isinstance(scores, Tensor) or scores.shape != (n,):
             got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
             raise ValueError(f"a callable target must return a tensor of shape ({n},), one score per image; got {got}")
+        if not scores.is_floating_point():
+            raise ValueError(f"a callable target must return float scores (e.g. logits), got {scores.dtype}")
         ids = torch.full((n,), CUSTOM_TARGET, dtype=torch.long, device=scores.device)
         return scores, ids
 
@@ -79,6 +85,8 @@ def select_targets(
             "that maps the model output to one score per image"
         )
     n, num_classes = logits.shape
+    if class_names is not None and len(class_names) != num_classes:
+        raise ValueError(f"got {len(class_names)} class names for a model with {num_classes} outputs")
     if topk is not None:
         if targets is not None:
             raise ValueError("pass either targets or topk, not both")

@@ -45,13 +45,20 @@ def test_bad_images(images, error, message):
         explain.GradCAM(torchvision.models.resnet18(), "layer4")(images)
 
 
-def test_wrong_channel_count_fails_inside_the_model_without_leaving_hooks():
+def test_wrong_channel_count_names_the_fix():
+    model = torchvision.models.resnet18().eval()
+    with pytest.raises(ValueError, match=r"1 channel\(s\) but the model's first convolution expects 3.*convert"):
+        explain.GradCAM(model, "layer4")(torch.zeros(1, 1, 32, 32))
+
+
+def test_model_error_leaves_no_hooks():
     from conftest import ModelState
 
     model = torchvision.models.resnet18().eval()
+    model.fc = torch.nn.Linear(3, 10)  # wrong size: fails inside the forward pass, after layer4
     state = ModelState(model)
-    with pytest.raises(RuntimeError):
-        explain.GradCAM(model, "layer4")(torch.zeros(1, 1, 32, 32))
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        explain.GradCAM(model, "layer4")(torch.zeros(1, 3, 32, 32))
     state.assert_unchanged()
 
 

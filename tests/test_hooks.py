@@ -248,3 +248,34 @@ def test_layer_that_does_not_run_is_refused():
     with pytest.raises(ValueError, match=r"did not run in the forward pass.*explain layers"):
         explain.GradCAM(model, "aux1.conv")(torch.randn(1, 3, 64, 64))
     assert hook_count(model) == 0
+
+
+def test_keyboard_interrupt_in_a_target_leaves_the_model_clean():
+    model = resnet18().train()
+    state = ModelState(model)
+
+    def interrupted(logits):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        explain.GradCAM(model)(torch.randn(1, 3, 64, 64), interrupted)
+    state.assert_unchanged()
+
+
+@pytest.mark.parametrize("variant", ["bfloat16", "channels_last"])
+def test_low_precision_and_channels_last_match_float32(variant):
+    model = resnet18()
+    x = torch.randn(2, 3, 64, 64)
+    reference = explain.GradCAM(model, "layer3")(x, targets=[1, 2])
+    if variant == "bfloat16":
+        model, x = copy.deepcopy(model).to(torch.bfloat16), x.to(torch.bfloat16)
+    else:
+        model, x = copy.deepcopy(model).to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    res = explain.GradCAM(model, "layer3")(x, targets=[1, 2])
+    assert res.maps.dtype == torch.float32
+    difference = (res.maps - reference.maps).abs()
+    if variant == "bfloat16":  # 8-bit mantissa: close on average, not to the last digit
+        assert difference.mean() < 0.05
+        assert torch.corrcoef(torch.stack([res.maps.flatten(), reference.maps.flatten()]))[0, 1] > 0.98
+    else:
+        assert difference.max() < 1e-4

@@ -81,3 +81,27 @@ def test_layer_specs():
         resolve_layers(model, [])
     with pytest.raises(TypeError, match="a module, a dotted name"):
         resolve_layers(model, 3)
+
+
+def test_vision_transformers_are_refused_by_the_automatic_choice():
+    model = tvm.vit_b_16(image_size=64).eval()
+    with pytest.raises(ValueError, match=r"after 'conv_proj' the model works on token sequences.*target_layer"):
+        explain.find_target_layer(model, torch.randn(1, 3, 64, 64))
+
+
+def test_channels_last_stages_are_not_mistaken_for_spatial_maps():
+    # Swin's stages output (N, h, w, C); only its final Permute gives (N, C, h, w).
+    model = tvm.swin_t().eval()
+    x = torch.randn(1, 3, 96, 96)
+    assert explain.find_target_layer(model, x) == "permute"
+    assert all(not c.name.startswith("features.7") for c in explain.candidate_layers(model, x))
+    res = explain.GradCAM(model)(torch.randn(2, 3, 96, 96))
+    assert res.raw.shape == (2, 3, 3) and torch.isfinite(res.maps).all()
+
+
+@pytest.mark.parametrize("layer, shape", [("fc", r"\(1, 1000\)"), ("avgpool", r"\(1, 512, 1, 1\)")])
+def test_explicit_layer_without_spatial_output_names_the_fix(layer, shape):
+    model = tvm.resnet18().eval()
+    with pytest.raises(ValueError, match=rf"layer '{layer}' outputs shape {shape}.*earlier convolutional layer"):
+        explain.GradCAM(model, layer)(torch.randn(1, 3, 64, 64))
+    assert hook_count(model) == 0

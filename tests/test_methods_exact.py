@@ -63,6 +63,20 @@ def test_formula_matches_hand_computation(method):
     torch.testing.assert_close(got.flatten(), torch.tensor(BY_HAND[method]), rtol=1e-5, atol=1e-6)
 
 
+def test_xgradcam_channel_whose_activations_sum_to_zero_gets_weight_zero():
+    # A^0 = [1, -1] sums to 0, so w_0 = 0 (not NaN); w_1 = (2 * 1 + 2 * 0) / (2 + 2) = 0.5.
+    activations = torch.tensor([[[[1.0, -1.0]], [[2.0, 2.0]]]])
+    gradients = torch.tensor([[[[3.0, 1.0]], [[1.0, 0.0]]]])
+    torch.testing.assert_close(XGradCAM.cam(activations, gradients).flatten(), torch.tensor([1.0, 1.0]))
+
+
+def test_eigengradcam_sign_is_chosen_per_image():
+    # Image 0 has G, image 1 has -G: each map follows its own evidence.
+    got = EigenGradCAM.cam(torch.cat([A, A]), torch.cat([G, -G])).reshape(2, 2)
+    root = math.sqrt(16.25)
+    torch.testing.assert_close(got, torch.tensor([[root, -root], [-root, root]]))
+
+
 def test_eigengradcam_sign_does_not_depend_on_svd():
     # Negating the input flips G*A; the map must follow the evidence, not the solver's sign.
     flipped = EigenGradCAM.cam(A, -G).flatten()

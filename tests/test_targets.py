@@ -34,6 +34,21 @@ def test_target_forms(targets, expected):
     assert scores.tolist() == [LOGITS[i, c].item() for i, c in enumerate(expected)]
 
 
+def test_numpy_integers_as_targets_and_topk():
+    assert select_targets(LOGITS, np.int64(2))[1].tolist() == [2, 2]
+    assert select_targets(LOGITS, topk=np.int64(1))[1].tolist() == [[1], [3]]
+
+
+def test_class_names_must_match_the_model():
+    with pytest.raises(ValueError, match="got 2 class names for a model with 4 outputs"):
+        select_targets(LOGITS, class_names=["a", "b"])
+
+
+def test_callable_returning_class_ids_is_refused():
+    with pytest.raises(ValueError, match="float scores"):
+        select_targets(LOGITS, lambda out: out.argmax(dim=1))
+
+
 def test_topk():
     scores, ids = select_targets(LOGITS, topk=2)
     assert ids.tolist() == [[1, 3], [3, 0]]
@@ -118,3 +133,8 @@ def test_class_names_from_model_or_argument():
     assert res.targets.tolist() == [1] and res.target_names == ["right"]
     model.class_names = ["up", "down"]
     assert explain.GradCAM(model, "0")(x, "down").target_names == ["down"]
+
+
+def test_logits_of_dict_outputs_are_detached():
+    res = explain.GradCAM(DictNet(), "conv")(torch.randn(2, 3, 8, 8), lambda out: out["logits"][:, 2])
+    assert not res.logits["logits"].requires_grad
