@@ -10,6 +10,7 @@ message fit for a manifest.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -34,10 +35,18 @@ IMAGE_EXTENSIONS = READABLE_EXTENSIONS | UNSUPPORTED_EXTENSIONS
 
 # Pillow plugins allowed to open a file. Leaving out EPS/PDF keeps Ghostscript and other
 # document decoders away from untrusted files.
-_FORMATS = (
+_WANTED_FORMATS = (
     "JPEG", "PNG", "GIF", "BMP", "DIB", "TIFF", "WEBP", "PPM", "TGA", "ICO", "AVIF",
     "JPEG2000", "QOI", "PSD", "SGI", "PCX", "DDS", "MPO",
 )
+_formats: list[str] = []
+
+
+def _readable_formats() -> list[str]:
+    if not _formats:
+        Image.init()  # registers every plugin, so that the names below can be checked
+        _formats.extend(name for name in _WANTED_FORMATS if name in Image.OPEN)
+    return _formats
 
 
 class ImageError(Exception):
@@ -67,7 +76,7 @@ def load_rgb(path: str | os.PathLike, draft_size: int | None = None) -> Image.Im
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path, formats=_FORMATS) as image:
+            with Image.open(path, formats=_readable_formats()) as image:
                 if draft_size and image.format == "JPEG":
                     image.draft(None, (draft_size, draft_size))
                 image.load()
@@ -75,15 +84,18 @@ def load_rgb(path: str | os.PathLike, draft_size: int | None = None) -> Image.Im
                 # Closing `image` frees its pixels, so never hand it out itself.
                 return rgb.copy() if rgb is image else rgb
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
+        pixels = re.search(r"\((\d+) pixels\)", str(error))
+        size = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
         raise ImageError(
-            f"decompression bomb: {error} (raise the limit with --max-pixels if you trust the file)"
+            f"decompression bomb: {size}, more than the limit of {Image.MAX_IMAGE_PIXELS:,} "
+            "(--max-pixels raises it for files you trust)"
         ) from None
     except UnidentifiedImageError:
         raise ImageError(_unidentified_reason(path)) from None
     except OSError as error:
         message = str(error)
         if "truncated" in message:
-            raise ImageError(f"truncated image data ({message})") from None
+            raise ImageError(f"truncated image: {message}") from None
         raise ImageError(f"corrupt image data ({message or type(error).__name__})") from None
     except (SyntaxError, ValueError, TypeError, IndexError, KeyError, EOFError, MemoryError) as error:
         # Pillow's decoders raise these for malformed headers and chunks.

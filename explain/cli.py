@@ -1,0 +1,781 @@
+"""The ``explain`` command: Grad-CAM-family heatmap overlays for folders of images.
+
+    explain run INPUT... --out DIR [--method gradcam,layercam] [--target top1|ID|NAME|topk:K]
+    explain methods
+    explain layers MODEL
+
+``explain run`` decodes images in DataLoader workers, explains them in batches on the
+model's device and writes overlays from a thread pool, so decoding, compute and PNG
+encoding overlap. Every file is written atomically; re-running a command skips outputs
+that are already complete. Exit codes: 0 all done, 1 some inputs failed, 2 usage error,
+130 stopped by Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import zipfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from . import __version__, models
+from .base import describe_methods, explainer, methods
+from .images import IMAGE_EXTENSIONS, ImageError, load_rgb
+from .layers import candidate_layers, find_target_layer
+from .overlay import denormalize, normalization_of, overlay
+from .report import (
+    atomic_write,
+    encode_npz,
+    encode_png,
+    read_manifest,
+    remove_temp_files,
+    write_index,
+    write_manifest,
+)
+from .targets import class_index
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+MANIFEST = "manifest.jsonl"
+MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")
+
+
+class UsageError(Exception):
+    """A mistake in the command line; the message says how to fix it."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"explain: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="explain",
+        description="Explain PyTorch image classifiers with Grad-CAM-family heatmaps.",
+    )
+    parser.add_argument("--version", action="version", version=f"explain {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    defaults = argparse.ArgumentDefaultsHelpFormatter
+
+    run = commands.add_parser(
+        "run", formatter_class=defaults, help="write heatmap overlays for images, folders and lists",
+        description="Write one heatmap overlay per image, method and target under --out, with "
+        "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
+        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 130 interrupted.",
+    )
+    run.add_argument("inputs", nargs="+", metavar="INPUT",
+                     help="image files, folders (searched recursively), glob patterns (quoted), "
+                     "or @list.txt naming one input per line")
+    run.add_argument("--out", "-o", required=True, type=Path, help="output folder")
+    _add_model_options(run)
+    run.add_argument("--method", "-m", default="gradcam",
+                     help="method(s), comma-separated, or 'all'; see `explain methods`")
+    run.add_argument("--layer", default="auto",
+                     help="target layer(s), comma-separated; see `explain layers MODEL`")
+    run.add_argument("--target", default="top1",
+                     help="class to explain: top1, a class id, a class name, or topk:K for the K best")
+    run.add_argument("--batch-size", "-b", type=_positive_int, default=16)
+    run.add_argument("--cmap", default="jet", help="matplotlib colormap of the heatmap")
+    run.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity, 0..1")
+    run.add_argument("--save-maps", action="store_true",
+                     help="also write each image's maps (scaled and raw) as .npz next to its overlays")
+    run.add_argument("--workers", "-j", type=_non_negative_int, default=min(4, os.cpu_count() or 1),
+                     help="processes decoding images, and threads writing overlays "
+                     "(0: decode in the main process, write from one thread)")
+    run.add_argument("--overwrite", action="store_true", help="redo outputs that are already complete")
+    run.add_argument("--max-pixels", type=_non_negative_int, default=None,
+                     help="refuse images with more pixels as decompression bombs (0: no limit) "
+                     "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary line still print")
+    run.set_defaults(handler=run_command)
+
+    listing = commands.add_parser("methods", help="list the explanation methods",
+                                  description="List the registered methods with one-line descriptions.")
+    listing.set_defaults(handler=methods_command)
+
+    layers = commands.add_parser(
+        "layers", formatter_class=defaults, help="list a model's candidate target layers",
+        description="List the layers with spatial outputs, in execution order, with their output "
+        "shapes; '*' marks the layer picked when --layer is auto.",
+    )
+    layers.add_argument("model", metavar="MODEL",
+                        help="efficientnet_lite0, a torchvision model name, or a model file")
+    _add_model_options(layers, with_model=False)
+    layers.set_defaults(handler=layers_command)
+    return parser
+
+
+def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
+    if with_model:
+        parser.add_argument("--model", default=models.BUNDLED,
+                            help="efficientnet_lite0 (bundled), a torchvision model name, a torch.export "
+                            ".pt2 file, or a pickled nn.Module (needs --trust-model-file)")
+    parser.add_argument("--weights", help="state-dict file for a torchvision model name (loaded weights_only)")
+    parser.add_argument("--trust-model-file", action="store_true",
+                        help="allow loading a pickled nn.Module, which runs code from the file")
+    parser.add_argument("--device", help="torch device [default: cuda if available, else cpu]")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+# --------------------------------------------------------------------------- models
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    preprocess: object
+    class_names: list[str]
+    device: torch.device
+    example: Tensor  # one preprocessed image on the device
+    fixed_batch: bool = False  # an exported program that only takes batches of one
+
+
+def pick_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("CUDA is not available on this machine; use --device cpu")
+    return device
+
+
+def load_model(spec: str, weights: str | None, trust: bool, device_name: str | None) -> LoadedModel:
+    device = pick_device(device_name)
+    path = Path(spec)
+    if not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
+        try:
+            model, preprocess, class_names = models.load(spec, weights, device=device)
+        except (ValueError, FileNotFoundError, RuntimeError) as error:
+            raise UsageError(f"{error}") from None
+        fixed_batch = False
+    else:
+        if not path.is_file():
+            raise UsageError(
+                f"model file {spec} does not exist; pass an existing file, {models.BUNDLED!r}, "
+                "or a torchvision model name such as resnet50"
+            )
+        if weights:
+            raise UsageError(
+                "--weights goes with a model name (e.g. --model resnet50 --weights FILE); "
+                "a model file carries its own weights"
+            )
+        model, crop = _read_model_file(path, trust)
+        model = model.to(device).eval()
+        preprocess = models.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop)
+        class_names = getattr(model, "class_names", None)
+        fixed_batch = path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
+    example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
+    if class_names is None:
+        with torch.no_grad():
+            output = model(example)
+        if not isinstance(output, Tensor) or output.dim() != 2:
+            raise UsageError(f"{spec} returns {type(output).__name__}, not (N, num_classes) logits")
+        class_names = models.imagenet_classes() if output.shape[1] == 1000 else [str(i) for i in range(output.shape[1])]
+        model.class_names = class_names
+    return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch)
+
+
+def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int]]:
+    """A module and its input size (H, W) from a .pt2 export or a pickled nn.Module."""
+    names = zipfile.ZipFile(path).namelist() if zipfile.is_zipfile(path) else []
+    if any(name.endswith("/archive_format") for name in names):
+        program = torch.export.load(path)
+        return torch.export.unflatten(program), _exported_input_size(program)
+    if any("/code/" in name or name.endswith("constants.pkl") for name in names):
+        raise UsageError(
+            f"{path} is a TorchScript file; Grad-CAM needs hooks on the model's layers, which "
+            "TorchScript does not support. Export the model with torch.export.save(torch.export.export("
+            "model, (example,), dynamic_shapes=...), 'model.pt2') and pass the .pt2 file, or pass "
+            "--model ARCH --weights state_dict.pth for a torchvision architecture"
+        )
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=not trust)
+    except Exception as error:
+        if trust or "weights_only" not in str(error).lower().replace(" ", "_"):
+            raise UsageError(f"cannot load {path}: {str(error).splitlines()[0]}") from None
+        raise UsageError(
+            f"{path} holds pickled Python objects (a whole nn.Module?), and loading those runs "
+            "code from the file. If you trust it, add --trust-model-file; otherwise save "
+            "model.state_dict() and pass --model ARCH --weights FILE, or export a .pt2 with torch.export"
+        ) from None
+    if isinstance(loaded, nn.Module):
+        return loaded, (224, 224)
+    if isinstance(loaded, dict):
+        raise UsageError(
+            f"{path} holds a state dict, not a model; name the architecture and pass the file as "
+            f"weights: --model resnet50 --weights {path}"
+        )
+    raise UsageError(f"{path} holds a {type(loaded).__name__}, not an nn.Module")
+
+
+def _exported_input_size(program) -> tuple[int, int]:
+    inputs = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in inputs:
+            shape = getattr(node.meta.get("val"), "shape", ())
+            if len(shape) == 4 and all(isinstance(side, int) for side in shape[2:]):
+                return int(shape[2]), int(shape[3])
+            break
+    return 224, 224
+
+
+def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool:
+    pair = preprocess(Image.new("RGB", (256, 256))).unsqueeze(0).repeat(2, 1, 1, 1).to(device)
+    try:
+        with torch.no_grad():
+            model(pair)
+    except Exception:
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- targets and methods
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What to explain: ``labels`` are the manifest's target column, one per output."""
+
+    labels: tuple[str, ...]
+    targets: int | None = None
+    topk: int | None = None
+
+
+def parse_target(text: str, class_names: list[str]) -> TargetSpec:
+    text = text.strip()
+    match = re.fullmatch(r"top-?k?[:=]?(\d+)", text, flags=re.IGNORECASE)
+    if match:
+        k = int(match.group(1))
+        if not 1 <= k <= len(class_names):
+            raise UsageError(f"--target {text}: K must lie in 1..{len(class_names)}")
+        labels = tuple(f"top{rank}" for rank in range(1, k + 1))
+        return TargetSpec(labels) if k == 1 else TargetSpec(labels, topk=k)
+    if re.fullmatch(r"\d+", text):
+        class_id = int(text)
+        if class_id >= len(class_names):
+            raise UsageError(f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})")
+    else:
+        try:
+            class_id = class_index(text, class_names)
+        except ValueError as error:
+            raise UsageError(f"--target: {error}") from None
+    return TargetSpec((str(class_id),), targets=class_id)
+
+
+def build_explainers(names: str, loaded: LoadedModel, layer: str, target: TargetSpec) -> list:
+    """One explainer per method, each run once on a blank image so that mistakes in the
+    method, layer or target surface now, as usage errors, and the auto layer is fixed."""
+    wanted = methods() if names.strip().lower() == "all" else [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:
+        raise UsageError("--method is empty; see `explain methods`")
+    layers = None if layer.strip().lower() == "auto" else [n.strip() for n in layer.split(",") if n.strip()]
+    explainers = []
+    for name in wanted:
+        try:
+            cam = explainer(name, loaded.model, target_layer=layers, class_names=loaded.class_names)
+            cam(loaded.example, target.targets, topk=target.topk)
+        except Exception as error:  # on a blank image, any failure is a setup problem
+            raise UsageError(f"--method {name} --layer {layer}: {type(error).__name__}: {error}") from None
+        if cam.name not in (e.name for e in explainers):
+            explainers.append(cam)
+    return explainers
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class Source:
+    """One input image and where its outputs go."""
+
+    input: str            # as found from the command line; the manifest's `input`
+    path: str             # absolute
+    folder: str = ""      # output subfolder that mirrors the input tree, posix style
+    stem: str = ""        # start of its output names
+    error: str | None = None
+
+
+def collect_inputs(arguments: list[str], out_dir: Path) -> list[Source]:
+    """Expand files, folders, globs and @lists into sources, without duplicates, and lay out
+    their outputs: the folder tree under the inputs' common parent is mirrored under --out."""
+    out_abs = os.path.abspath(out_dir)
+    found: dict[str, Source] = {}
+
+    def add(path: str, error: str | None = None) -> None:
+        absolute = os.path.abspath(path)
+        if absolute not in found and not _inside(absolute, out_abs):
+            found[absolute] = Source(path, absolute, error=error)
+
+    def expand(argument: str, from_list: bool) -> None:
+        if argument.startswith("@") and not from_list:
+            for line in _read_list(argument[1:]):
+                expand(line, from_list=True)
+        elif os.path.isdir(argument):
+            for path in _walk_images(argument, out_abs):
+                add(path)
+        elif os.path.exists(argument):
+            add(argument)
+        elif any(char in argument for char in "*?["):
+            import glob
+
+            matches = sorted(glob.glob(argument, recursive=True))
+            if not matches and not from_list:
+                raise UsageError(f"no files match {argument!r}")
+            for match in matches:
+                if os.path.isdir(match):
+                    for path in _walk_images(match, out_abs):
+                        add(path)
+                elif Path(match).suffix.lower() in IMAGE_EXTENSIONS:
+                    add(match)
+        elif from_list:
+            add(argument, error="file not found")
+        else:
+            raise UsageError(f"{argument}: no such file or folder")
+
+    for argument in arguments:
+        expand(argument, from_list=False)
+    if not found:
+        raise UsageError(f"no images found in {' '.join(arguments)}")
+    sources = list(found.values())
+    _lay_out(sources)
+    return sources
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _read_list(list_file: str) -> list[str]:
+    try:
+        lines = Path(list_file).read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise UsageError(f"cannot read list file @{list_file}: {error.strerror or error}") from None
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _walk_images(folder: str, out_abs: str) -> list[str]:
+    """Image files under ``folder``, sorted, skipping hidden entries and the output folder."""
+    paths = []
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not _inside(os.path.abspath(os.path.join(root, d)), out_abs))
+        paths.extend(
+            os.path.join(root, name) for name in sorted(files)
+            if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS
+        )
+    return paths
+
+
+def _lay_out(sources: list[Source]) -> None:
+    present = [s for s in sources if s.error is None] or sources
+    root = os.path.commonpath([os.path.dirname(s.path) for s in present])
+    for source in sources:
+        folder = os.path.relpath(os.path.dirname(source.path), root)
+        source.folder = "" if folder == "." or folder.startswith("..") else Path(folder).as_posix()
+    stems: dict[tuple[str, str], int] = {}
+    for source in sources:
+        key = (source.folder, Path(source.path).stem.lower())
+        stems[key] = stems.get(key, 0) + 1
+    taken: set[tuple[str, str]] = set()
+    for source in sources:
+        name = Path(source.path).name
+        unique = stems[(source.folder, Path(name).stem.lower())] == 1
+        source.stem = Path(name).stem if unique else name
+        while (source.folder, source.stem.lower()) in taken:  # e.g. a.png and a.png.jpg beside a.jpg
+            source.stem += "_"
+        taken.add((source.folder, source.stem.lower()))
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^\w.+-]+", "_", text).strip("_")[:48] or "class"
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class _Decode(torch.utils.data.Dataset):
+    """Decoded, preprocessed images; failures come back as an error message."""
+
+    def __init__(self, paths: list[str], preprocess, draft_size: int):
+        self.paths, self.preprocess, self.draft_size = paths, preprocess, draft_size
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int):
+        try:
+            image = load_rgb(self.paths[index], draft_size=self.draft_size)
+        except ImageError as error:
+            return index, None, str(error)
+        try:
+            return index, self.preprocess(image), None
+        except Exception as error:  # a preprocess that cannot handle this image
+            return index, None, f"preprocessing failed: {type(error).__name__}: {error}"
+
+
+@dataclass
+class _Batch:
+    groups: list[tuple[list[int], Tensor]]  # (dataset indices, stacked images) per image shape
+    failures: list[tuple[int, str]]
+
+    def pin_memory(self) -> _Batch:  # called by the DataLoader when pin_memory=True
+        return _Batch([(indices, images.pin_memory()) for indices, images in self.groups], self.failures)
+
+
+def _collate(items) -> _Batch:
+    by_shape: dict[tuple, list] = {}
+    failures = []
+    for index, tensor, error in items:
+        if tensor is None:
+            failures.append((index, error))
+        else:
+            by_shape.setdefault((tuple(tensor.shape), tensor.dtype), []).append((index, tensor))
+    groups = [([i for i, _ in group], torch.stack([t for _, t in group])) for group in by_shape.values()]
+    return _Batch(groups, failures)
+
+
+def _init_worker(max_pixels, _worker_id: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    if max_pixels is not None:
+        Image.MAX_IMAGE_PIXELS = max_pixels or None
+
+
+class _StopFlag:
+    """First Ctrl-C: finish the current batch, then stop. Second Ctrl-C: stop now."""
+
+    def __init__(self):
+        self.set = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.set = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nexplain: stopping after the current batch (Ctrl-C again to stop now)", file=sys.stderr)
+
+    def __exit__(self, *exc_info):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _write_outputs(out_dir: Path, picture: np.ndarray, maps: np.ndarray, rows: list[dict],
+                   npz: dict | None, cmap: str, alpha: float) -> list[dict]:
+    """Overlay and save one image's maps for one method (one map per target); runs in a thread."""
+    try:
+        for heat, row in zip(maps, rows):
+            path = out_dir / row["output"]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, encode_png(overlay(picture, heat, cmap=cmap, alpha=alpha)))
+        if npz is not None:
+            atomic_write(out_dir / rows[0]["maps"], encode_npz(**npz))
+    except Exception as error:
+        return [dict(row, status="failed", error=f"cannot write output: {error}") for row in rows]
+    return [dict(row, status="ok") for row in rows]
+
+
+def run_command(args) -> int:
+    if not 0.0 <= args.alpha <= 1.0:
+        raise UsageError(f"--alpha must lie in 0..1, got {args.alpha}")
+    import matplotlib
+
+    if args.cmap not in matplotlib.colormaps:
+        raise UsageError(f"unknown --cmap {args.cmap!r}; use a matplotlib colormap such as jet, turbo, viridis")
+    out_dir: Path = args.out
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    sources = collect_inputs(args.inputs, out_dir)
+    loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
+    if args.max_pixels is not None:
+        # Pillow checks its limit on every new image, the model's crops included.
+        input_pixels = loaded.example.shape[-1] * loaded.example.shape[-2]
+        if 0 < args.max_pixels < input_pixels:
+            raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
+        Image.MAX_IMAGE_PIXELS = args.max_pixels or None  # in this process only; 0 lifts the limit
+    target = parse_target(args.target, loaded.class_names)
+    explainers = build_explainers(args.method, loaded, args.layer, target)
+    layer = ",".join(explainers[0].target_layers(loaded.example))
+    settings = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    remove_temp_files(out_dir)
+    return _Run(args, out_dir, sources, loaded, target, explainers, layer, settings).execute()
+
+
+class _Run:
+    """One ``explain run``: plans which outputs are missing, makes them, and reports."""
+
+    def __init__(self, args, out_dir, sources, loaded, target, explainers, layer, settings):
+        self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
+        self.target, self.explainers, self.layer, self.settings = target, explainers, layer, settings
+        self.mean, self.std = normalization_of(loaded.preprocess)
+        self.rows: dict[tuple, dict] = {}
+        for row in read_manifest(out_dir / MANIFEST):
+            self.rows[(row.get("input"), row.get("method"), row.get("target"))] = row
+        self.plan: list[tuple] = []  # every output of this run, in manifest order
+        self.pending: dict[int, list] = {}  # source index -> explainers still to run
+        self.stats = {"ok": 0, "skipped": 0, "failed": 0}
+        self.reports_written = 0.0
+        self.reports_cost = 0.0
+
+    # -- planning
+
+    def _keys(self, source: Source, method: str) -> list[tuple]:
+        return [(source.input, method, label) for label in self.target.labels]
+
+    def _complete(self, key: tuple) -> bool:
+        row = self.rows.get(key)
+        return bool(
+            row and row.get("status") in ("ok", "skipped")
+            and row.get("settings") == self.settings and row.get("layer") == self.layer
+            and row.get("output") and (self.out_dir / row["output"]).is_file()
+            and (not self.args.save_maps or (row.get("maps") and (self.out_dir / row["maps"]).is_file()))
+        )
+
+    def _make_plan(self) -> None:
+        for index, source in enumerate(self.sources):
+            for cam in self.explainers:
+                keys = self._keys(source, cam.name)
+                self.plan.extend(keys)
+                if source.error:
+                    self._fail(source, cam.name, source.error)
+                elif not self.args.overwrite and all(self._complete(key) for key in keys):
+                    for key in keys:
+                        self.rows[key] = dict(self.rows[key], status="skipped", error=None)
+                        self.stats["skipped"] += 1
+                else:
+                    self.pending.setdefault(index, []).append(cam)
+
+    # -- rows
+
+    def _row(self, source: Source, method: str, label: str, **values) -> dict:
+        row = dict.fromkeys(("target_id", "target_name", "target_probability", "predicted_id",
+                             "predicted_name", "predicted_probability", "output", "maps", "error"))
+        row.update(input=source.input, method=method, layer=self.layer, target=label, settings=self.settings)
+        row.update(values)
+        return row
+
+    def _record(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.rows[(row["input"], row["method"], row["target"])] = row
+            self.stats[row["status"]] += 1
+            if row["status"] == "failed" and row.get("output"):
+                self._report_error(row["input"], f"{row['method']}: {row['error']}")
+
+    def _fail(self, source: Source, method: str, error: str) -> None:
+        self._record([self._row(source, method, label, status="failed", error=error)
+                      for label in self.target.labels])
+
+    def _report_error(self, where: str, error: str) -> None:
+        tqdm.write(f"explain: failed: {where}: {error}", file=sys.stderr)
+
+    def _save_reports(self, final: bool = False, summary: str = "") -> None:
+        """Rewrite manifest.jsonl and index.html. Until the run completes, the manifest also
+        keeps the earlier rows of outputs not redone yet, so that a killed run loses nothing."""
+        start = time.monotonic()
+        planned = [self.rows[key] for key in self.plan if key in self.rows]
+        write_manifest(self.out_dir / MANIFEST, planned if final else list(self.rows.values()))
+        write_index(self.out_dir, planned, summary or "in progress")
+        self.reports_written = time.monotonic()
+        self.reports_cost = self.reports_written - start
+
+    def _maybe_save_reports(self) -> None:
+        # Rewriting both files after every batch is cheap until they are large; this keeps
+        # it under ~5 % of the run, and a kill loses at most the rows since the last write.
+        if time.monotonic() - self.reports_written >= 20 * self.reports_cost:
+            self._save_reports()
+
+    # -- the loop
+
+    def execute(self) -> int:
+        self._make_plan()
+        work = sorted(self.pending)
+        args = self.args
+        batch_size = 1 if self.loaded.fixed_batch else args.batch_size
+        example = self.loaded.example
+        loader = torch.utils.data.DataLoader(
+            _Decode([self.sources[i].path for i in work], self.loaded.preprocess, 2 * max(example.shape[-2:])),
+            batch_size=batch_size,
+            num_workers=args.workers,
+            collate_fn=_collate,
+            pin_memory=self.loaded.device.type == "cuda",
+            worker_init_fn=partial(_init_worker, args.max_pixels),
+        )
+        progress = tqdm(total=len(work), unit="img", disable=args.quiet or not work, file=sys.stderr, dynamic_ncols=True)
+        saver = ThreadPoolExecutor(max_workers=max(1, args.workers), thread_name_prefix="explain-save")
+        in_flight: deque[Future] = deque()
+        stop = _StopFlag()
+        started = time.perf_counter()
+        done = 0
+        interrupted = completed = False
+        try:
+            with stop:
+                self._save_reports()
+                for batch in loader:
+                    for index, error in batch.failures:
+                        source = self.sources[work[index]]
+                        self._report_error(source.input, error)
+                        for cam in self.pending[work[index]]:
+                            self._fail(source, cam.name, error)
+                    for indices, images in batch.groups:
+                        self._explain([work[i] for i in indices], images, saver, in_flight)
+                    while in_flight and (in_flight[0].done() or len(in_flight) > 2 * batch_size * len(self.explainers)):
+                        self._record(in_flight.popleft().result())
+                    count = len(batch.failures) + sum(len(i) for i, _ in batch.groups)
+                    done += count
+                    progress.update(count)
+                    self._maybe_save_reports()
+                    if stop.set:
+                        interrupted = True
+                        break
+                while in_flight:
+                    self._record(in_flight.popleft().result())
+                completed = not interrupted
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            saver.shutdown(wait=True, cancel_futures=True)
+            while in_flight:
+                future = in_flight.popleft()
+                if future.done() and not future.cancelled():
+                    self._record(future.result())
+            progress.close()
+            summary = self._summary(done, time.perf_counter() - started, not completed)
+            self._save_reports(final=completed, summary=summary)
+        print(summary)
+        if interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED if self.stats["failed"] else EXIT_OK
+
+    def _explain(self, source_indices: list[int], images: Tensor, saver, in_flight: deque) -> None:
+        images = images.to(self.loaded.device, non_blocking=True)
+        pictures = (denormalize(images, self.mean, self.std) * 255).round().to(torch.uint8)
+        pictures = pictures.permute(0, 2, 3, 1).cpu().numpy()
+        for cam in self.explainers:
+            chosen = [j for j, i in enumerate(source_indices) if cam in self.pending[i]]
+            if not chosen:
+                continue
+            batch = images if len(chosen) == len(source_indices) else images[chosen]
+            try:
+                result = cam(batch, self.target.targets, topk=self.target.topk)
+            except Exception as error:  # one bad batch must not end the run
+                for j in chosen:
+                    self._report_error(self.sources[source_indices[j]].input, f"{cam.name}: {error}")
+                    self._fail(self.sources[source_indices[j]], cam.name, f"{type(error).__name__}: {error}")
+                continue
+            maps, ids, probabilities = result.maps, result.targets, result.probabilities
+            if maps.dim() == 3:
+                maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]
+            maps, ids, probabilities = maps.cpu().numpy(), ids.cpu().tolist(), probabilities.cpu().tolist()
+            best_probability, best_id = result.logits.float().softmax(dim=1).max(dim=1)
+            best_probability, best_id = best_probability.cpu().tolist(), best_id.cpu().tolist()
+            raw = {name: (r if r.dim() == 4 else r[:, None]).cpu().numpy() for name, r in result.raw_layers.items()}
+            names = self.loaded.class_names
+            for row_index, j in enumerate(chosen):
+                source = self.sources[source_indices[j]]
+                prefix = f"{source.folder}/{source.stem}" if source.folder else source.stem
+                rows = [
+                    self._row(
+                        source, cam.name, label,
+                        target_id=class_id, target_name=names[class_id],
+                        target_probability=round(probability, 6),
+                        predicted_id=best_id[row_index], predicted_name=names[best_id[row_index]],
+                        predicted_probability=round(best_probability[row_index], 6),
+                        output=f"{prefix}__{_safe(cam.name)}__{class_id}-{_safe(names[class_id])}.png",
+                        maps=f"{prefix}__{_safe(cam.name)}.npz" if self.args.save_maps else None,
+                    )
+                    for label, class_id, probability in zip(self.target.labels, ids[row_index], probabilities[row_index])
+                ]
+                npz = None
+                if self.args.save_maps:
+                    npz = {"maps": maps[row_index], "targets": np.asarray(ids[row_index])}
+                    npz.update({f"raw_{name}": r[row_index] for name, r in raw.items()})
+                in_flight.append(saver.submit(
+                    _write_outputs, self.out_dir, pictures[j], maps[row_index], rows, npz,
+                    self.args.cmap, self.args.alpha,
+                ))
+
+    def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
+        ok, skipped, failed = self.stats["ok"], self.stats["skipped"], self.stats["failed"]
+        rate = images / elapsed if elapsed > 0 else 0.0
+        text = (
+            f"explain: {ok} ok, {skipped} skipped (already complete), {failed} failed; "
+            f"{images} images in {elapsed:.1f} s ({rate:.2f} images/s); "
+            f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}"
+        )
+        if interrupted:
+            text = "explain: interrupted, run the same command again to finish. " + text[len("explain: "):]
+        return text
+
+
+# --------------------------------------------------------------------------- other commands
+
+
+def methods_command(args) -> int:
+    descriptions = describe_methods()
+    width = max(map(len, descriptions))
+    for name, description in descriptions.items():
+        print(f"{name:<{width}}  {description}")
+    return EXIT_OK
+
+
+def layers_command(args) -> int:
+    loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
+    infos = candidate_layers(loaded.model, loaded.example)
+    if not infos:
+        raise UsageError(f"{args.model} has no layer with a spatial (N, C, H, W) output")
+    try:
+        auto = find_target_layer(loaded.model, loaded.example)
+    except ValueError:
+        auto = None
+    name_width = max(len(info.name) for info in infos)
+    type_width = max(len(info.module_type) for info in infos)
+    print(f"  {'layer':<{name_width}}  {'type':<{type_width}}  output shape")
+    for info in infos:
+        mark = "*" if info.name == auto else " "
+        shape = "x".join(map(str, info.shape[1:]))
+        suffix = "  <- auto" if info.name == auto else ""
+        print(f"{mark} {info.name:<{name_width}}  {info.module_type:<{type_width}}  {shape}{suffix}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+"""The `explain` command, end to end: real runs in subprocesses on temporary folders, and
+quick in-process checks of usage errors and model files."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch import nn
+
+from explain import methods, models
+from explain.cli import main
+from explain.report import MANIFEST_FIELDS, TEMP_SUFFIX
+
+REPO = Path(__file__).resolve().parents[1]
+CLASSES = models.imagenet_classes()
+SETTINGS = "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5"
+
+
+def explain_command() -> list[str]:
+    script = Path(sys.executable).with_name("explain")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "explain.cli"]
+
+
+def environment() -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def run(*args, cwd, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(explain_command() + list(map(str, args)), cwd=cwd, env=environment(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start(*args, cwd) -> subprocess.Popen:
+    return subprocess.Popen(explain_command() + list(map(str, args)), cwd=cwd, env=environment(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Parse a manifest strictly: every line must be a complete JSON object."""
+    text = path.read_text(encoding="utf-8")
+    assert text == "" or text.endswith("\n")
+    rows = [json.loads(line) for line in text.splitlines()]
+    for row in rows:
+        assert list(row) == list(MANIFEST_FIELDS)
+    return rows
+
+
+def wait_for_rows(manifest: Path, proc: subprocess.Popen, count: int) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        if manifest.is_file() and sum(r["status"] == "ok" for r in read_rows(manifest)) >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError("no rows appeared in the manifest")
+
+
+def safe(name: str) -> str:
+    return re.sub(r"[^\w.+-]+", "_", name).strip("_")
+
+
+def check_png(path: Path, size=(224, 224)) -> None:
+    with Image.open(path) as image:
+        image.load()  # raises on a truncated file
+        assert image.format == "PNG" and image.size == size and image.mode == "RGB"
+
+
+def check_ok_row(row: dict, out: Path, folder: str, stem: str, method: str = "gradcam", label: str = "top1") -> None:
+    """An ok row: consistent ids, names and probabilities, and an overlay at the expected path."""
+    assert row["status"] == "ok" and row["error"] is None and row["layer"] == "bn2"
+    assert row["method"] == method and row["target"] == label and row["settings"] == SETTINGS
+    assert row["target_name"] == CLASSES[row["target_id"]]
+    assert row["predicted_name"] == CLASSES[row["predicted_id"]]
+    assert 0 < row["target_probability"] <= row["predicted_probability"] <= 1
+    if label == "top1":
+        assert row["target_id"] == row["predicted_id"]
+    prefix = f"{folder}/{stem}" if folder else stem
+    assert row["output"] == f"{prefix}__{safe(method)}__{row['target_id']}-{safe(row['target_name'])}.png"
+    check_png(out / row["output"])
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links = []
+
+    def handle_starttag(self, tag, attrs):
+        self.links += [unquote(value) for key, value in attrs if key in ("src", "href")]
+
+
+def check_index(out: Path, rows: list[dict]) -> None:
+    """index.html references exactly the overlays of the ok and skipped rows, all existing."""
+    parser = _Links()
+    parser.feed((out / "index.html").read_text(encoding="utf-8"))
+    assert parser.links and all((out / link).is_file() for link in parser.links)
+    assert set(parser.links) == {r["output"] for r in rows if r["status"] in ("ok", "skipped")}
+
+
+def noise_image(seed: int, size=(48, 40)) -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def summary_counts(stdout: str) -> tuple[int, int, int]:
+    match = re.search(r"(\d+) ok, (\d+) skipped \(already complete\), (\d+) failed; \d+ images in [\d.]+ s "
+                      r"\([\d.]+ images/s\)", stdout)
+    assert match, stdout
+    return tuple(map(int, match.groups()))
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_mixed_folder_of_good_and_bad_files(tmp_path):
+    photos = tmp_path / "photos"
+    (photos / "sub" / "deeper").mkdir(parents=True)
+    noise_image(0).save(photos / "good.png")
+    noise_image(1).save(photos / "good.jpg")  # same stem as good.png: outputs keep the extension
+    noise_image(2).convert("RGBA").save(photos / "rgba.png")
+    noise_image(3).convert("P").save(photos / "palette.gif", transparency=0)
+    noise_image(4).convert("L").save(photos / "sub" / "grey.png")
+    Image.fromarray(np.random.default_rng(5).integers(0, 65536, (40, 48)).astype(np.uint16)).save(photos / "sub" / "g16.png")
+    Image.new("CMYK", (48, 40), (0, 255, 255, 0)).save(photos / "sub" / "cmyk.jpg")
+    rotated = noise_image(6)
+    exif = rotated.getexif()
+    exif[0x0112] = 6
+    rotated.save(photos / "sub" / "deeper" / "rotated.jpg", exif=exif)
+    (photos / "empty.jpg").write_bytes(b"")
+    whole = (photos / "good.jpg").read_bytes()
+    (photos / "truncated.jpg").write_bytes(whole[: len(whole) // 2])
+    (photos / "text.jpg").write_text("hello, I am not an image\n")
+    (photos / "vector.svg").write_text("<svg xmlns='http://www.w3.org/2000/svg'/>")
+    Image.new("RGB", (300, 300)).save(photos / "bomb.png")  # above --max-pixels: Pillow warns
+    Image.new("RGB", (400, 400)).save(photos / "bigger-bomb.png")  # above twice the limit: Pillow raises
+    (photos / "notes.txt").write_text("not an image extension: ignored when scanning folders")
+    noise_image(7).save(photos / ".hidden.png")
+
+    result = run("run", "photos", "--out", "out", "--max-pixels", 60_000, "--workers", 1, "--batch-size", 3, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert summary_counts(result.stdout) == (8, 0, 6)
+    out = tmp_path / "out"
+    rows = read_rows(out / "manifest.jsonl")
+    failures = {
+        "photos/bigger-bomb.png": "decompression bomb: 160,000 pixels, more than the limit of 60,000 (--max-pixels raises it for files you trust)",
+        "photos/bomb.png": "decompression bomb: 90,000 pixels, more than the limit of 60,000 (--max-pixels raises it for files you trust)",
+        "photos/empty.jpg": "empty file (0 bytes)",
+        "photos/text.jpg": "not an image: the file holds text",
+        "photos/truncated.jpg": "truncated image: image file is truncated",
+        "photos/vector.svg": "unsupported image format .svg: Pillow cannot decode it; convert it to PNG or JPEG",
+    }
+    successes = {
+        "photos/good.jpg": ("", "good.jpg"),
+        "photos/good.png": ("", "good.png"),
+        "photos/palette.gif": ("", "palette"),
+        "photos/rgba.png": ("", "rgba"),
+        "photos/sub/cmyk.jpg": ("sub", "cmyk"),
+        "photos/sub/g16.png": ("sub", "g16"),
+        "photos/sub/grey.png": ("sub", "grey"),
+        "photos/sub/deeper/rotated.jpg": ("sub/deeper", "rotated"),
+    }
+    assert [r["input"] for r in rows] == [
+        "photos/bigger-bomb.png", "photos/bomb.png", "photos/empty.jpg", "photos/good.jpg", "photos/good.png",
+        "photos/palette.gif", "photos/rgba.png", "photos/text.jpg", "photos/truncated.jpg", "photos/vector.svg",
+        "photos/sub/cmyk.jpg", "photos/sub/g16.png", "photos/sub/grey.png", "photos/sub/deeper/rotated.jpg",
+    ]
+    for row in rows:
+        if row["input"] in failures:
+            error = row.pop("error")
+            assert error.startswith(failures[row["input"]])
+            assert row == {
+                "input": row["input"], "method": "gradcam", "layer": "bn2", "target": "top1",
+                "target_id": None, "target_name": None, "target_probability": None, "predicted_id": None,
+                "predicted_name": None, "predicted_probability": None, "output": None, "maps": None,
+                "status": "failed", "settings": SETTINGS,
+            }
+            assert f"explain: failed: {row['input']}: {error}" in result.stderr
+        else:
+            check_ok_row(row, out, *successes[row["input"]])
+    produced = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert produced == sorted(["index.html", "manifest.jsonl"] + [r["output"] for r in rows if r["output"]])
+    check_index(out, rows)
+    page = (out / "index.html").read_text()
+    assert "empty file (0 bytes)" in page and "photos/sub/deeper/rotated.jpg" in page
+
+
+def _numbered_images(root: Path, count: int) -> None:
+    for i in range(count):
+        folder = root / ("a" if i % 2 else "b")
+        folder.mkdir(parents=True, exist_ok=True)
+        noise_image(i, size=(32, 32)).save(folder / f"img{i:02d}.png")
+
+
+def test_resume_after_sigkill_then_overwrite(tmp_path):
+    _numbered_images(tmp_path / "in", 24)
+    command = ("run", "in", "--out", "out", "--batch-size", 2, "--workers", 0)
+    manifest = tmp_path / "out" / "manifest.jsonl"
+    proc = start(*command, cwd=tmp_path)
+    try:
+        wait_for_rows(manifest, proc, 2)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+    killed = read_rows(manifest)  # complete JSON lines only: the manifest is never torn
+    done = {r["output"] for r in killed if r["status"] == "ok"}
+    assert 2 <= len(done) < 24
+    pngs = list((tmp_path / "out").rglob("*.png"))
+    for png in pngs:
+        check_png(png)  # a file with the final name is always whole
+    assert {p.relative_to(tmp_path / "out").as_posix() for p in pngs} >= done
+
+    resumed = run(*command, cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert summary_counts(resumed.stdout) == (24 - len(done), len(done), 0)
+    rows = read_rows(manifest)
+    assert [r["input"] for r in rows] == [f"in/a/img{i:02d}.png" for i in range(1, 24, 2)] + [
+        f"in/b/img{i:02d}.png" for i in range(0, 24, 2)]
+    assert {r["output"] for r in rows if r["status"] == "skipped"} == done
+    for row in rows:
+        folder, name = row["input"].split("/")[1:]
+        check_ok_row(dict(row, status="ok"), tmp_path / "out", folder, name[:-4])
+    assert not list((tmp_path / "out").rglob(f"*{TEMP_SUFFIX}"))
+    assert len(list((tmp_path / "out").rglob("*.png"))) == 24
+    check_index(tmp_path / "out", rows)
+
+    before = {r["output"]: (tmp_path / "out" / r["output"]).stat().st_mtime_ns for r in rows}
+    redone = run(*command, "--overwrite", "--quiet", cwd=tmp_path)
+    assert redone.returncode == 0, redone.stderr
+    assert summary_counts(redone.stdout) == (24, 0, 0)
+    assert redone.stderr == ""  # --quiet: no progress bar
+    rows = read_rows(manifest)
+    assert {r["status"] for r in rows} == {"ok"}
+    assert all((tmp_path / "out" / out).stat().st_mtime_ns != t for out, t in before.items())
+
+
+def test_ctrl_c_stops_after_the_current_batch(tmp_path):
+    _numbered_images(tmp_path / "in", 24)
+    manifest = tmp_path / "out" / "manifest.jsonl"
+    proc = start("run", "in", "--out", "out", "--batch-size", 2, "--workers", 1, cwd=tmp_path)
+    try:
+        wait_for_rows(manifest, proc, 2)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "stopping after the current batch" in stderr and "Traceback" not in stderr
+    assert "interrupted, run the same command again to finish" in stdout
+    rows = read_rows(manifest)
+    assert 2 <= len(rows) < 24 and {r["status"] for r in rows} == {"ok"}
+    for row in rows:
+        check_png(tmp_path / "out" / row["output"])
+    check_index(tmp_path / "out", rows)
+
+
+def test_list_file_glob_several_methods_topk_and_saved_maps(tmp_path):
+    (tmp_path / "imgs" / "nested").mkdir(parents=True)
+    (tmp_path / "other").mkdir()
+    noise_image(0).save(tmp_path / "imgs" / "a.png")
+    noise_image(1).save(tmp_path / "imgs" / "b.jpg")
+    noise_image(2).save(tmp_path / "imgs" / "nested" / "c.png")
+    noise_image(3).save(tmp_path / "other" / "d.png")
+    noise_image(4).save(tmp_path / "other" / "e.png")
+    (tmp_path / "list.txt").write_text("# inputs\nimgs/a.png\n\nimgs/nested\nmissing.png\nother/*.png\nimgs/a.png\n")
+
+    result = run("run", "@list.txt", "imgs/b.*", "--out", "out", "--method", "GradCAM,layercam",
+                 "--target", "topk:2", "--save-maps", "--workers", 0, cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert summary_counts(result.stdout) == (20, 0, 4)
+    out = tmp_path / "out"
+    rows = read_rows(out / "manifest.jsonl")
+    inputs = ["imgs/a.png", "imgs/nested/c.png", "missing.png", "other/d.png", "other/e.png", "imgs/b.jpg"]
+    expected = [(i, m, t) for i in inputs for m in ("gradcam", "layercam") for t in ("top1", "top2")]
+    assert [(r["input"], r["method"], r["target"]) for r in rows] == expected
+    for row in rows:
+        if row["input"] == "missing.png":
+            assert (row["status"], row["error"], row["output"]) == ("failed", "file not found", None)
+            continue
+        folder, stem = row["input"].rsplit("/", 1)
+        check_ok_row(row, out, folder, stem.split(".")[0], row["method"], row["target"])
+        assert row["maps"] == f"{folder}/{stem.split('.')[0]}__{row['method']}.npz"
+    top1, top2 = rows[0], rows[1]
+    assert top1["target_id"] != top2["target_id"] and top2["target_probability"] <= top1["target_probability"]
+    with np.load(out / top1["maps"]) as saved:
+        assert saved["maps"].shape == (2, 224, 224) and saved["raw_bn2"].shape == (2, 7, 7)
+        assert saved["targets"].tolist() == [top1["target_id"], top2["target_id"]]
+        assert 0 <= saved["maps"].min() and saved["maps"].max() <= 1
+    check_index(out, rows)
+
+
+# --------------------------------------------------------------------------- in process
+
+
+def test_demo_command_on_the_sample_photos(tmp_path, capsys):
+    code = main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path), "--method", "gradcam,gradcam++,layercam"])
+    assert code == 0
+    assert summary_counts(capsys.readouterr().out) == (12, 0, 0)
+    rows = read_rows(tmp_path / "manifest.jsonl")
+    assert [(Path(r["input"]).name, r["method"]) for r in rows] == [
+        (name, method) for name in ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg")
+        for method in ("gradcam", "gradcam++", "layercam")
+    ]
+    predicted = {Path(r["input"]).stem: r["predicted_name"] for r in rows}
+    assert predicted["chelsea"] in ("tabby", "tiger cat", "Egyptian cat")
+    assert predicted["coffee"] in ("espresso", "cup", "coffee mug")
+    check_index(tmp_path, rows)
+
+    assert main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path), "--method", "gradcam++,layercam,gradcam", "-q"]) == 0
+    assert summary_counts(capsys.readouterr().out) == (0, 12, 0)
+
+
+def _tiny_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5)).eval()
+
+
+@pytest.fixture
+def photos(tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        noise_image(i).save(folder / f"p{i}.png")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--method", "gradcamm"], "unknown method 'gradcamm'; did you mean gradcam"),
+        (["--model", "nowhere/model.pt"], "model file nowhere/model.pt does not exist"),
+        (["--model", "resnet5O"], "unknown model 'resnet5O'"),
+        (["--weights", "missing.pth", "--model", "resnet18"], "missing.pth does not exist"),
+        (["--layer", "bn3"], "model has no layer named 'bn3'; did you mean: bn2"),
+        (["--layer", "classifier"], "--method gradcam --layer classifier: "),
+        (["--target", "tabbby"], "unknown class name 'tabbby'; did you mean: 'tabby'"),
+        (["--target", "1000"], "the model has 1000 classes"),
+        (["--target", "topk:0"], "K must lie in 1..1000"),
+        (["--alpha", "2"], "--alpha must lie in 0..1"),
+        (["--cmap", "jett"], "unknown --cmap 'jett'"),
+        (["--device", "gpu"], "unknown device 'gpu'"),
+        (["--max-pixels", "1000"], "--max-pixels must be at least the model's input size, 50176"),
+    ],
+)
+def test_usage_errors_exit_2_with_the_fix(photos, capsys, options, message):
+    assert main(["run", str(photos), "--out", str(photos.parent / "out"), "--workers", "0", *options]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("explain: error: ") and message in error
+    assert not (photos.parent / "out" / "manifest.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (["nothing-here"], "nothing-here: no such file or folder"),
+        (["*.jpeg"], "no files match '*.jpeg'"),
+        (["@absent.txt"], "cannot read list file @absent.txt"),
+        (["empty-folder"], "no images found in empty-folder"),
+    ],
+)
+def test_input_usage_errors(tmp_path, monkeypatch, capsys, inputs, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty-folder").mkdir()
+    assert main(["run", *inputs, "--out", "out"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_model_files(photos, capsys):
+    model = _tiny_model()
+    folder = photos.parent
+    x = torch.rand(2, 3, 64, 64)
+    dynamic = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},))
+    torch.export.save(dynamic, folder / "dynamic.pt2")
+    torch.export.save(torch.export.export(model, (x[:1],)), folder / "fixed.pt2")
+    torch.save(model, folder / "pickled.pt")
+    torch.save(model.state_dict(), folder / "state.pt")
+    torch.jit.save(torch.jit.script(model), folder / "scripted.pt")
+
+    def explain_with(model_file, *options):
+        out = folder / f"out-{model_file}"
+        code = main(["run", str(photos), "--out", str(out), "--model", str(folder / model_file), "--workers", "0", *options])
+        return code, out, capsys.readouterr()
+
+    for exported in ("dynamic.pt2", "fixed.pt2"):  # torch.export keeps the layers hookable
+        code, out, _ = explain_with(exported, "--target", "topk:2", "--batch-size", "3")
+        assert code == 0
+        rows = read_rows(out / "manifest.jsonl")
+        assert len(rows) == 6 and {r["layer"] for r in rows} == {"3"}
+        assert {r["target_name"] for r in rows} <= {"0", "1", "2", "3", "4"}
+        check_png(out / rows[0]["output"], size=(64, 64))
+
+    code, _, streams = explain_with("pickled.pt")
+    assert code == 2 and "--trust-model-file" in streams.err and "runs code" in streams.err
+    code, out, _ = explain_with("pickled.pt", "--trust-model-file")
+    assert code == 0 and len(read_rows(out / "manifest.jsonl")) == 3
+
+    code, _, streams = explain_with("scripted.pt")
+    assert code == 2 and "TorchScript" in streams.err and ".pt2" in streams.err
+    code, _, streams = explain_with("state.pt")
+    assert code == 2 and "--weights" in streams.err and "state dict" in streams.err
+
+
+def test_torchvision_name_with_a_weights_file(photos, capsys):
+    import torchvision
+
+    torch.manual_seed(0)
+    torch.save(torchvision.models.mobilenet_v3_small().state_dict(), photos.parent / "weights.pth")
+    out = photos.parent / "out"
+    code = main(["run", str(photos), "--out", str(out), "--model", "mobilenet_v3_small",
+                 "--weights", str(photos.parent / "weights.pth"), "--layer", "features.12", "--target", "tabby",
+                 "--workers", "0", "--cmap", "viridis", "--alpha", "0.3"])
+    assert code == 0
+    rows = read_rows(out / "manifest.jsonl")
+    assert {(r["layer"], r["target"], r["target_id"], r["target_name"]) for r in rows} == {("features.12", "281", 281, "tabby")}
+    assert rows[0]["settings"] == f"model=mobilenet_v3_small weights={photos.parent / 'weights.pth'} cmap=viridis alpha=0.3"
+
+
+def test_methods_layers_and_help(capsys):
+    assert main(["methods"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == methods()
+    assert main(["layers", "efficientnet_lite0"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"\* bn2 +BatchNormAct2d +1280x7x7 +<- auto", table[-1])
+    assert sum(line.startswith("*") for line in table) == 1
+    for command in (["--help"], ["run", "--help"], ["methods", "--help"], ["layers", "--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+        assert exit_info.value.code == 0
+        assert "usage: explain" in capsys.readouterr().out
+    for command in (["run", "x", "--out", "o", "--batch-size", "0"], ["run", "--out", "o"], ["explain-everything"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(command)
+        assert exit_info.value.code == 2
+        assert "usage: explain" in capsys.readouterr().err
