@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor
 
+from .images import to_rgb8
+
 __all__ = ["denormalize", "normalization_of", "overlay", "plot_explanations", "to_rgb"]
 
 
@@ -26,8 +28,7 @@ def to_rgb(image) -> np.ndarray:
     (2, 3, 3)
     """
     if isinstance(image, Image.Image):
-        # 16-bit and 32-bit modes keep their values; PIL's RGBA conversion would clip them.
-        image = np.asarray(image if image.mode.startswith(("I", "F")) else image.convert("RGBA"))
+        image = np.asarray(to_rgb8(image))
     if isinstance(image, Tensor):
         image = image.detach().cpu()
         image = (image.float() if image.is_floating_point() else image).numpy()
