@@ -73,21 +73,23 @@ def _to_unit_float(array: np.ndarray) -> np.ndarray:
     return array.clip(0.0, 1.0)
 
 
-def _to_map(heatmap) -> Tensor:
-    if isinstance(heatmap, np.ndarray):
-        heatmap = torch.from_numpy(heatmap)
-    if not isinstance(heatmap, Tensor):
+def _to_map(heatmap) -> np.ndarray:
+    # numpy, not torch: the CLI overlays from several threads at once, and torch would start
+    # a thread team for each of them that competes with the model's threads.
+    if isinstance(heatmap, Tensor):
+        heatmap = heatmap.detach().cpu().float().numpy()
+    if not isinstance(heatmap, np.ndarray):
         raise TypeError(f"the map must be a tensor or an array, got {type(heatmap).__name__}")
-    heatmap = heatmap.detach().cpu().float()
-    while heatmap.dim() > 2 and heatmap.shape[0] == 1:
+    heatmap = heatmap.astype(np.float32, copy=False)
+    while heatmap.ndim > 2 and heatmap.shape[0] == 1:
         heatmap = heatmap[0]
-    if heatmap.dim() != 2:
+    if heatmap.ndim != 2:
         raise ValueError(f"the map must be 2-D (H, W), got shape {tuple(heatmap.shape)}; pick one map, e.g. res.maps[0]")
-    if not torch.isfinite(heatmap).all():
+    if not np.isfinite(heatmap).all():
         raise ValueError("the map contains NaN or infinite values")
     low, high = heatmap.min(), heatmap.max()
     if low < 0 or high > 1:
-        heatmap = (heatmap - low) / (high - low) if high > low else torch.zeros_like(heatmap)
+        heatmap = (heatmap - low) / (high - low) if high > low else np.zeros_like(heatmap)
     return heatmap
 
 
@@ -123,10 +125,10 @@ def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap = "jet", alph
                 "model saw (after resizing and cropping), e.g. explain.denormalize(x, mean, std)",
                 stacklevel=2,
             )
-        heat = F.interpolate(heat[None, None], size=(height, width), mode="bilinear", align_corners=False)[0, 0]
-        heat = heat.clamp(0.0, 1.0)
+        resized = F.interpolate(torch.from_numpy(heat)[None, None], size=(height, width), mode="bilinear", align_corners=False)
+        heat = resized[0, 0].clamp(0.0, 1.0).numpy()
     colormap = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
-    colours = colormap(heat.numpy())[..., :3].astype(np.float32)
+    colours = colormap(heat)[..., :3].astype(np.float32)
     blended = (1.0 - alpha) * rgb + alpha * colours
     return np.round(blended * 255.0).astype(np.uint8)
 
