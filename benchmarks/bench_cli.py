@@ -9,7 +9,9 @@
    the last file written (start-up excluded). The bare model forward (``model(x)`` under
    ``torch.inference_mode``) is timed on the same images, decoded and preprocessed the same
    way and batched the same way (decoding not timed), in a fresh process like the CLI's,
-   after a warm-up batch, as the faster of two passes.
+   after a warm-up batch, as the faster of two passes. Like the CLI, that process keeps
+   freed memory in glibc's heap (``explain.cli.keep_freed_memory``); one more bare pass with
+   glibc's default settings shows what that alone is worth.
    The two alternate ``--repeats`` times and the ratio of each pair is reported, with the
    median: run-to-run noise on shared machines is large, and pairing cancels most of it.
 3. Memory: runs ``explain run`` on all ``--images`` and samples the peak RSS (VmHWM) of the
@@ -62,11 +64,13 @@ def make_images(folder: Path, count: int, seed: int = 0) -> list[Path]:
     return paths
 
 
-def bare_forward(folder: Path, batch_size: int) -> float:
+def bare_forward(folder: Path, batch_size: int, default_malloc: bool = False) -> float:
     """Images per second of ``model(x)`` alone, on the images ``explain run folder`` would
     process, decoded, preprocessed and batched as it does; decoding is not timed."""
-    from explain.cli import collect_inputs
+    from explain.cli import collect_inputs, keep_freed_memory
 
+    if not default_malloc:
+        keep_freed_memory()
     model, preprocess, _ = explain.models.load()
     paths = [source.path for source in collect_inputs([str(folder)], folder / "unused")]
     tensors = [preprocess(load_rgb(path, draft_size=448)) for path in paths]
@@ -137,9 +141,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="explain run --workers (default: its own)")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--bare-forward", type=Path, help=argparse.SUPPRESS)  # the child process's job
+    parser.add_argument("--default-malloc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare_forward:
-        print(f"{bare_forward(args.bare_forward, args.batch_size):.4f}")
+        print(f"{bare_forward(args.bare_forward, args.batch_size, args.default_malloc):.4f}")
         return
     extra = ["--batch-size", str(args.batch_size)] + ([] if args.workers is None else ["--workers", str(args.workers)])
 
@@ -154,9 +159,10 @@ def main() -> None:
             os.symlink(path, link)
         print(f"made {len(paths)} images in {time.perf_counter() - start:.0f} s", file=sys.stderr)
 
-        def bare() -> float:
+        def bare(default_malloc: bool = False) -> float:
             result = subprocess.run([sys.executable, __file__, "--bare-forward", str(speed_dir), "--batch-size",
-                                     str(args.batch_size)], capture_output=True, text=True, check=True)
+                                     str(args.batch_size)] + ["--default-malloc"] * default_malloc,
+                                    capture_output=True, text=True, check=True)
             return float(result.stdout.split()[-1])
 
         def cli(repeat: int) -> tuple[float, float]:
@@ -177,6 +183,7 @@ def main() -> None:
                 forward = bare()
             pairs.append((forward, rate, wall))
             print(f"pair {repeat + 1}: bare {forward:.2f}, explain run {rate:.2f} images/s", file=sys.stderr)
+        default_forward = bare(default_malloc=True)
         ratios = sorted(rate / forward for forward, rate, _ in pairs)
         median = ratios[len(ratios) // 2]
 
@@ -187,6 +194,7 @@ def main() -> None:
             f"{torch.get_num_threads()}, {os.cpu_count()} |",
             "| bare forward, images/s (each pair) | " + " / ".join(f"{f:.1f}" for f, _, _ in pairs) + " |",
             "| `explain run --method gradcam`, images/s (each pair) | " + " / ".join(f"{r:.1f}" for _, r, _ in pairs) + " |",
+            f"| bare forward with glibc's default malloc settings, images/s (once) | {default_forward:.1f} |",
             "| ratio explain run / bare forward (each pair) | " + " / ".join(f"{r / f:.2f}" for f, r, _ in pairs) + " |",
             f"| **median ratio** (goal ≥ 0.7) | **{median:.2f}** |",
             "| `explain run` wall time incl. ~5 s start-up | " + " / ".join(f"{w:.1f} s" for _, _, w in pairs) + " |",

@@ -445,3 +445,40 @@ def test_methods_layers_and_help(capsys):
             main(command)
         assert exit_info.value.code == 2
         assert "usage: explain" in capsys.readouterr().err
+
+
+def test_workers_hand_over_uint8_crops_and_the_model_input_is_unchanged():
+    import torchvision
+    from torchvision import transforms
+
+    from explain.cli import _collate, _Inputs
+
+    photo = Image.open(REPO / "data" / "images" / "chelsea.png").convert("RGB")
+    bundled = models.imagenet_preprocess(resize=256, crop=224, mean=(0.5,) * 3, std=(0.5,) * 3)
+    preset = torchvision.models.ResNet50_Weights.IMAGENET1K_V2.transforms()  # no download: transforms only
+    custom = transforms.Compose([transforms.Resize((64, 80)), transforms.PILToTensor(),
+                                 transforms.ConvertImageDtype(torch.float32), transforms.Normalize([0.4] * 3, [0.2] * 3)])
+    for preprocess, split in ((bundled, True), (preset, True), (custom, False)):
+        inputs = _Inputs(preprocess)
+        batch = _collate([(0, inputs.in_workers(photo), None), (1, inputs.in_workers(photo), None)])
+        (indices, images), = batch.groups
+        assert indices == [0, 1]
+        assert images.dtype == (torch.uint8 if split else torch.float32)
+        model_input = inputs.model_input(images)
+        assert torch.equal(model_input, preprocess(photo).expand(2, -1, -1, -1))  # bitwise
+        pictures = inputs.pictures(images, model_input)
+        assert pictures.dtype == np.uint8 and pictures.shape == (2, *model_input.shape[-2:], 3)
+        if split:  # the overlays are drawn on the very pixels of the crop
+            crop = transforms.CenterCrop(224)(transforms.Resize(preset.resize_size if preprocess is preset else 256)(photo))
+            assert np.array_equal(pictures[0], np.asarray(crop))
+
+
+def test_keep_freed_memory_sets_glibc_thresholds():
+    import platform
+
+    from explain.cli import keep_freed_memory
+
+    if platform.libc_ver()[0] != "glibc":
+        assert keep_freed_memory() is False
+    else:
+        assert keep_freed_memory() is True
