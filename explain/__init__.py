@@ -3,7 +3,9 @@
 >>> import explain, torch, torchvision
 >>> model = torchvision.models.resnet18().eval()
 >>> cam = explain.GradCAM(model)                      # target layer picked automatically
->>> res = cam(torch.rand(2, 3, 64, 64))             
+>>> res = cam(torch.rand(2, 3, 64, 64))
+>>> res.layers, tuple(res.maps.shape), res.targets.shape
+(('layer4',), (2, 64, 64), torch.Size([2]))
 """
 
 from . import models
@@ -17,6 +19,7 @@ from .cam import (
     HiResCAM,
     LayerCAM,
     XGradCAM,
+    explain_together,
 )
 from .explanation import Explanation
 from .hooks import LayerCapture
@@ -40,6 +43,7 @@ __all__ = [
     "candidate_layers",
     "denormalize",
     "describe_methods",
+    "explain_together",
     "explainer",
     "find_target_layer",
     "methods",

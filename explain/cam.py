@@ -9,6 +9,7 @@ function, applies the family's final ReLU, and scales the result to the input si
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,7 @@ from .layers import LayerSpec, find_target_layer, resolve_layers
 from .targets import Targets, select_targets
 
 __all__ = [
+    "Captured",
     "EigenGradCAM",
     "GradCAM",
     "GradCAMElementWise",
@@ -29,6 +31,7 @@ __all__ = [
     "HiResCAM",
     "LayerCAM",
     "XGradCAM",
+    "explain_together",
 ]
 
 
@@ -101,6 +104,10 @@ class GradientCAM(Explainer):
         callable ``f(output) -> (N,) scores``; ``topk=k`` explains each image's k best classes
         in one pass and gives maps of shape (N, k, H, W).
         """
+        return self.explain(self.capture(images, targets, topk=topk))
+
+    def capture(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Captured:
+        """One forward pass, and one backward pass per target, through the target layers."""
         images = check_images(images, self.model)
         layers = self.target_layers(images)
         # inference_mode(False) and enable_grad() let a call made under torch.no_grad() or
@@ -108,23 +115,72 @@ class GradientCAM(Explainer):
         with torch.inference_mode(False), torch.enable_grad(), LayerCapture(self.model, layers) as capture:
             output = self.model(images)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
-            columns = scores if scores.dim() == 2 else scores[:, None]
             _check_spatial(capture.activations)
-            per_target: dict[str, list[Tensor]] = {name: [] for name in layers}
-            for column in columns.unbind(dim=1):
+            gradients: dict[str, list[Tensor]] = {name: [] for name in layers}
+            for column in (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1):
                 capture.backward(column)
                 for name in layers:
-                    activations = capture.activations[name].detach().float()
-                    gradients = capture.gradients[name].float()
-                    per_target[name].append(F.relu(self.cam(activations, gradients)))
-        raw_layers = {name: torch.stack(maps, dim=1) for name, maps in per_target.items()}
-        if scores.dim() == 1:
+                    gradients[name].append(capture.gradients[name].float())
+            activations = {name: capture.activations[name].detach().float() for name in layers}
+        return Captured(activations, gradients, _detached(output), ids, tuple(images.shape[-2:]))
+
+    def explain(self, captured: Captured) -> Explanation:
+        """This method's maps from what :meth:`capture` recorded (by this or another method)."""
+        raw_layers = {
+            name: torch.stack([F.relu(self.cam(activation, g)) for g in captured.gradients[name]], dim=1)
+            for name, activation in captured.activations.items()
+        }
+        if captured.targets.dim() == 1:
             raw_layers = {name: raw.squeeze(1) for name, raw in raw_layers.items()}
-        size = tuple(images.shape[-2:])
+        size = captured.input_size
         maps = torch.stack([scale_maps(raw, size) for raw in raw_layers.values()]).mean(dim=0)
         if len(raw_layers) > 1:
             maps = scale_maps(maps, size)
-        return Explanation(maps, raw_layers, _detached(output), ids, self.name, self.class_names)
+        return Explanation(maps, raw_layers, captured.output, captured.targets, self.name, self.class_names)
+
+
+@dataclass(frozen=True)
+class Captured:
+    """Activations and gradients at the target layers: everything a gradient CAM needs.
+
+    ``gradients[name]`` holds one (N, C, h, w) tensor per explained target (k with ``topk``).
+    """
+
+    activations: dict[str, Tensor]
+    gradients: dict[str, list[Tensor]]
+    output: Tensor | dict | tuple
+    targets: Tensor
+    input_size: tuple[int, int]
+
+
+def explain_together(
+    explainers: Sequence[Explainer], images: Tensor, targets: Targets = None, *, topk: int | None = None
+) -> list[Explanation]:
+    """Explain one batch with several explainers, sharing the passes they can share.
+
+    Gradient CAMs of the same model and target layers are functions of the same activations
+    and gradients, so they share one forward pass and one backward pass per target:
+    comparing k methods costs what one does. Any other explainer runs on its own.
+
+    >>> import torchvision
+    >>> model = torchvision.models.resnet18().eval()
+    >>> cams = [GradCAM(model, "layer4"), LayerCAM(model, "layer4")]
+    >>> gradcam, layercam = explain_together(cams, torch.rand(2, 3, 64, 64))
+    >>> layercam.method, tuple(layercam.maps.shape)
+    ('layercam', (2, 64, 64))
+    """
+    captures: dict[tuple, Captured] = {}
+    results = []
+    for explainer in explainers:
+        if not isinstance(explainer, GradientCAM):
+            results.append(explainer(images, targets, topk=topk))
+            continue
+        layers = explainer.target_layers(check_images(images, explainer.model))
+        key = (id(explainer.model), *layers.items())
+        if key not in captures:
+            captures[key] = explainer.capture(images, targets, topk=topk)
+        results.append(explainer.explain(captures[key]))
+    return results
 
 
 @register

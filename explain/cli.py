@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from . import __version__, models
 from .base import describe_methods, explainer, methods
+from .cam import explain_together
 from .images import IMAGE_EXTENSIONS, ImageError, load_rgb
 from .layers import candidate_layers, find_target_layer
 from .overlay import denormalize, normalization_of, overlay
@@ -756,48 +757,47 @@ class _Run:
     def _explain(self, source_indices: list[int], images: Tensor, saver, in_flight: deque) -> None:
         model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
         pictures = self.inputs.pictures(images, model_input)
-        for cam in self.explainers:
-            chosen = [j for j, i in enumerate(source_indices) if cam in self.pending[i]]
-            if not chosen:
-                continue
-            batch = model_input if len(chosen) == len(source_indices) else model_input[chosen]
-            try:
-                result = cam(batch, self.target.targets, topk=self.target.topk)
-            except Exception as error:  # one bad batch must not end the run
-                for j in chosen:
-                    self._report_error(self.sources[source_indices[j]].input, f"{cam.name}: {error}")
-                    self._fail(self.sources[source_indices[j]], cam.name, f"{type(error).__name__}: {error}")
-                continue
+        cams = [cam for cam in self.explainers if any(cam in self.pending[i] for i in source_indices)]
+        try:  # one forward and backward pass serves every method
+            results = explain_together(cams, model_input, self.target.targets, topk=self.target.topk)
+        except Exception as error:  # one bad batch must not end the run
+            for i in source_indices:
+                for cam in self.pending[i]:
+                    self._report_error(self.sources[i].input, f"{cam.name}: {error}")
+                    self._fail(self.sources[i], cam.name, f"{type(error).__name__}: {error}")
+            return
+        best_probability, best_id = results[0].logits.float().softmax(dim=1).max(dim=1)
+        best_probability, best_id = best_probability.cpu().tolist(), best_id.cpu().tolist()
+        names = self.loaded.class_names
+        for cam, result in zip(cams, results):
             maps, ids, probabilities = result.maps, result.targets, result.probabilities
             if maps.dim() == 3:
                 maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]
             maps, ids, probabilities = maps.cpu().numpy(), ids.cpu().tolist(), probabilities.cpu().tolist()
-            best_probability, best_id = result.logits.float().softmax(dim=1).max(dim=1)
-            best_probability, best_id = best_probability.cpu().tolist(), best_id.cpu().tolist()
             raw = {name: (r if r.dim() == 4 else r[:, None]).cpu().numpy() for name, r in result.raw_layers.items()}
-            names = self.loaded.class_names
-            for row_index, j in enumerate(chosen):
-                source = self.sources[source_indices[j]]
+            for j, i in enumerate(source_indices):
+                if cam not in self.pending[i]:
+                    continue
+                source = self.sources[i]
                 prefix = f"{source.folder}/{source.stem}" if source.folder else source.stem
                 rows = [
                     self._row(
                         source, cam.name, label,
                         target_id=class_id, target_name=names[class_id],
                         target_probability=round(probability, 6),
-                        predicted_id=best_id[row_index], predicted_name=names[best_id[row_index]],
-                        predicted_probability=round(best_probability[row_index], 6),
+                        predicted_id=best_id[j], predicted_name=names[best_id[j]],
+                        predicted_probability=round(best_probability[j], 6),
                         output=f"{prefix}__{_safe(cam.name)}__{class_id}-{_safe(names[class_id])}.png",
                         maps=f"{prefix}__{_safe(cam.name)}.npz" if self.args.save_maps else None,
                     )
-                    for label, class_id, probability in zip(self.target.labels, ids[row_index], probabilities[row_index])
+                    for label, class_id, probability in zip(self.target.labels, ids[j], probabilities[j])
                 ]
                 npz = None
                 if self.args.save_maps:
-                    npz = {"maps": maps[row_index], "targets": np.asarray(ids[row_index])}
-                    npz.update({f"raw_{name}": r[row_index] for name, r in raw.items()})
+                    npz = {"maps": maps[j], "targets": np.asarray(ids[j])}
+                    npz.update({f"raw_{name}": r[j] for name, r in raw.items()})
                 in_flight.append(saver.submit(
-                    _write_outputs, self.out_dir, pictures[j], maps[row_index], rows, npz,
-                    self.args.cmap, self.args.alpha,
+                    _write_outputs, self.out_dir, pictures[j], maps[j], rows, npz, self.args.cmap, self.args.alpha,
                 ))
 
     def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:

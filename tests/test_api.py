@@ -1,5 +1,10 @@
 """The public surface: names, the factory, and errors on bad input that say how to fix it."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -76,3 +81,18 @@ def test_explanation_helpers():
     torch.testing.assert_close(probs, expected)
     assert res.cpu().maps.device.type == "cpu"
     assert "GradCAM(ResNet)" == repr(explain.GradCAM(model))
+
+
+def test_example_script_draws_every_method(tmp_path):
+    from PIL import Image
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "explain_one_image.py"
+    out = tmp_path / "figure.png"
+    done = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "MPLBACKEND": "Agg"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0].strip() for line in lines[:-1]] == explain.methods()
+    assert all("cat" in line and "at layer bn2" in line for line in lines[:-1])
+    with Image.open(out) as figure:
+        assert figure.width > 1000 and figure.height > 500

@@ -175,3 +175,47 @@ def test_multi_layer_map_is_mean_of_scaled_layer_maps():
     assert both.layers == ("1", "3")
     with pytest.raises(ValueError, match="raw_layers"):
         both.raw
+
+
+def test_explain_together_gives_every_hand_value_from_one_pass():
+    model = TinyNet()
+    forwards = []
+    model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    cams = [method(model, "layer") for method in BY_HAND]
+    results = explain.explain_together(cams, A.clone(), targets=0)
+    assert len(forwards) == 1
+    for method, res in zip(BY_HAND, results):
+        assert res.method == method.name
+        torch.testing.assert_close(res.raw.flatten(), torch.relu(torch.tensor(BY_HAND[method])), rtol=1e-5, atol=1e-6)
+
+    # topk: k gradients from the same forward; class 1 of the tiny head gives Grad-CAM [1.5, 2.5]
+    # (see test_other_target_uses_that_class_gradient), class 0 gives ReLU([1.5, -3]).
+    gradcam, hirescam = explain.explain_together([GradCAM(model, "layer"), HiResCAM(model, "layer")], A.clone(), topk=2)
+    assert len(forwards) == 2 and gradcam.targets.tolist() == hirescam.targets.tolist()
+    by_class = dict(zip(gradcam.targets[0].tolist(), gradcam.raw[0].flatten(1).tolist()))
+    assert by_class == {0: [1.5, 0.0], 1: [1.5, 2.5]}
+
+
+def test_explain_together_shares_a_pass_only_where_it_can():
+    model, other_model = TinyNet(), TinyNet()
+    forwards = []
+    for m in (model, other_model):
+        m.register_forward_pre_hook(lambda module, args: forwards.append(module))
+
+    class Constant(explain.Explainer):  # stands for a gradient-free method
+        name = "constant"
+
+        def __call__(self, images, targets=None, *, topk=None):
+            self.model(images)
+            return "called"
+
+    explainers = [GradCAM(model, "layer"), HiResCAM(other_model, "layer"), Constant(model),
+                  LayerCAM(model, model.layer)]
+    results = explain.explain_together(explainers, A.clone(), targets=0)
+    # one pass per (model, layers) group, however the layer was named, plus the other explainer's own
+    assert forwards == [model, other_model, model]
+    assert results[2] == "called"
+    torch.testing.assert_close(results[0].raw.flatten(), torch.tensor([1.5, 0.0]))
+    torch.testing.assert_close(results[1].raw.flatten(), torch.tensor([6.0, 0.0]))
+    torch.testing.assert_close(results[3].raw.flatten(), torch.tensor([6.0, 0.0]))
+    assert explain.explain_together([], A.clone()) == []
