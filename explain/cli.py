@@ -24,7 +24,9 @@ import threading
 import time
 import zipfile
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -188,6 +190,7 @@ class LoadedModel:
     device: torch.device
     example: Tensor  # one preprocessed image on the device
     fixed_batch: bool = False  # an exported program that only takes batches of one
+    random_weights: bool = False  # a torchvision architecture named without --weights
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -211,6 +214,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
         except (ValueError, FileNotFoundError, RuntimeError) as error:
             raise UsageError(f"{error}") from None
         fixed_batch = False
+        random_weights = weights is None and not models.is_bundled(spec)
     else:
         if not path.is_file():
             raise UsageError(
@@ -222,11 +226,18 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
                 "--weights goes with a model name (e.g. --model resnet50 --weights FILE); "
                 "a model file carries its own weights"
             )
-        model, crop = _read_model_file(path, trust)
+        try:
+            model, crop = _read_model_file(path, trust)
+        except UsageError:
+            raise
+        except Exception as error:  # a corrupt or foreign file: say which, not a traceback
+            first_line = (str(error).splitlines() or [""])[0]
+            raise UsageError(f"cannot load model file {path}: {type(error).__name__}: {first_line}") from None
         model = model.to(device).eval()
         preprocess = models.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop)
         class_names = getattr(model, "class_names", None)
         fixed_batch = path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
+        random_weights = False
     example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
     if class_names is None:
         with torch.no_grad():
@@ -235,12 +246,15 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
             raise UsageError(f"{spec} returns {type(output).__name__}, not (N, num_classes) logits")
         class_names = models.imagenet_classes() if output.shape[1] == 1000 else [str(i) for i in range(output.shape[1])]
         model.class_names = class_names
-    return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch)
+    return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights)
 
 
 def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int]]:
     """A module and its input size (H, W) from a .pt2 export or a pickled nn.Module."""
-    names = zipfile.ZipFile(path).namelist() if zipfile.is_zipfile(path) else []
+    names = []
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
     if any(name.endswith("/archive_format") for name in names):
         program = torch.export.load(path)
         return torch.export.unflatten(program), _exported_input_size(program)
@@ -254,8 +268,12 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=not trust)
     except Exception as error:
-        if trust or "weights_only" not in str(error).lower().replace(" ", "_"):
-            raise UsageError(f"cannot load {path}: {str(error).splitlines()[0]}") from None
+        # weights_only loading names the first Python object it refuses; other failures
+        # (not a torch file, cut short) are no reason to suggest trusting the file.
+        if trust or "Unsupported global" not in str(error):
+            reason = "not a PyTorch file, or a damaged one" if "Weights only load failed" in str(error) else (
+                (str(error).splitlines() or [type(error).__name__])[0])
+            raise UsageError(f"cannot load {path}: {reason}") from None
         raise UsageError(
             f"{path} holds pickled Python objects (a whole nn.Module?), and loading those runs "
             "code from the file. If you trust it, add --trust-model-file; otherwise save "
@@ -353,6 +371,7 @@ class Source:
 
     input: str            # as found from the command line; the manifest's `input`
     path: str             # absolute
+    base: str = ""        # absolute: the folder argument it was found in, else its own folder
     folder: str = ""      # output subfolder that mirrors the input tree, posix style
     stem: str = ""        # start of its output names
     error: str | None = None
@@ -360,14 +379,15 @@ class Source:
 
 def collect_inputs(arguments: list[str], out_dir: Path) -> list[Source]:
     """Expand files, folders, globs and @lists into sources, without duplicates, and lay out
-    their outputs: the folder tree under the inputs' common parent is mirrored under --out."""
+    their outputs: the tree under the common parent of the folder arguments (and of the
+    files' own folders) is mirrored under --out."""
     out_abs = os.path.abspath(out_dir)
     found: dict[str, Source] = {}
 
-    def add(path: str, error: str | None = None) -> None:
+    def add(path: str, error: str | None = None, base: str | None = None) -> None:
         absolute = os.path.abspath(path)
         if absolute not in found and not _inside(absolute, out_abs):
-            found[absolute] = Source(path, absolute, error=error)
+            found[absolute] = Source(path, absolute, os.path.abspath(base or os.path.dirname(absolute)), error=error)
 
     def expand(argument: str, from_list: bool) -> None:
         if argument.startswith("@") and not from_list:
@@ -375,7 +395,7 @@ def collect_inputs(arguments: list[str], out_dir: Path) -> list[Source]:
                 expand(line, from_list=True)
         elif os.path.isdir(argument):
             for path in _walk_images(argument, out_abs):
-                add(path)
+                add(path, base=argument)
         elif os.path.exists(argument):
             add(argument)
         elif any(char in argument for char in "*?["):
@@ -387,7 +407,7 @@ def collect_inputs(arguments: list[str], out_dir: Path) -> list[Source]:
             for match in matches:
                 if os.path.isdir(match):
                     for path in _walk_images(match, out_abs):
-                        add(path)
+                        add(path, base=match)
                 elif Path(match).suffix.lower() in IMAGE_EXTENSIONS:
                     add(match)
         elif from_list:
@@ -430,7 +450,7 @@ def _walk_images(folder: str, out_abs: str) -> list[str]:
 
 def _lay_out(sources: list[Source]) -> None:
     present = [s for s in sources if s.error is None] or sources
-    root = os.path.commonpath([os.path.dirname(s.path) for s in present])
+    root = os.path.commonpath([s.base for s in present])
     for source in sources:
         folder = os.path.relpath(os.path.dirname(source.path), root)
         source.folder = "" if folder == "." or folder.startswith("..") else Path(folder).as_posix()
@@ -599,14 +619,53 @@ def run_command(args) -> int:
         input_pixels = loaded.example.shape[-1] * loaded.example.shape[-2]
         if 0 < args.max_pixels < input_pixels:
             raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
-        Image.MAX_IMAGE_PIXELS = args.max_pixels or None  # in this process only; 0 lifts the limit
     target = parse_target(args.target, loaded.class_names)
     explainers = build_explainers(args.method, loaded, args.layer, target)
     layer = ",".join(explainers[0].target_layers(loaded.example))
     settings = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
+    if loaded.random_weights:
+        print(f"explain: warning: {args.model} has random weights, so its maps explain an untrained model; "
+              "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)
-    remove_temp_files(out_dir)
-    return _Run(args, out_dir, sources, loaded, target, explainers, layer, settings).execute()
+    with _sole_run(out_dir), _pixel_limit(args.max_pixels):
+        remove_temp_files(out_dir)
+        return _Run(args, out_dir, sources, loaded, target, explainers, layer, settings).execute()
+
+
+@contextmanager
+def _sole_run(out_dir: Path) -> Iterator[None]:
+    """Hold a lock on ``out_dir`` for the run: a second run there would delete this one's
+    temporary files and both would rewrite the manifest. The kernel drops the lock when the
+    process ends, even by SIGKILL, so it never goes stale. Where there is no flock (Windows),
+    runs are not locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(
+                f"another `explain run` is writing to {out_dir}; wait for it to finish or pass another --out"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _pixel_limit(max_pixels: int | None) -> Iterator[None]:
+    """Pillow's decompression-bomb limit for the run (0: none), restored afterwards."""
+    previous = Image.MAX_IMAGE_PIXELS
+    if max_pixels is not None:
+        Image.MAX_IMAGE_PIXELS = max_pixels or None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
 
 
 class _Run:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
-__all__ = ["BUNDLED", "imagenet_classes", "imagenet_preprocess", "load"]
+__all__ = ["BUNDLED", "imagenet_classes", "imagenet_preprocess", "is_bundled", "load"]
 
 BUNDLED = "efficientnet_lite0"
 
@@ -81,12 +81,21 @@ def load(
         ``preprocess`` turns a PIL image into a normalised (3, H, W) tensor;
         ``model.class_names`` is set too, so explainers accept class names as targets.
     """
-    if name.lower().replace("-", "_") in (BUNDLED, "tf_efficientnet_lite0"):
+    if is_bundled(name):
         model, preprocess, classes = _load_bundled(weights)
     else:
         model, preprocess, classes = _load_torchvision(name, weights)
     model.class_names = classes
     return model.to(device).eval(), preprocess, classes
+
+
+def is_bundled(name: str) -> bool:
+    """Whether ``name`` is the bundled model, whose weights ship with the package.
+
+    >>> is_bundled("EfficientNet-Lite0"), is_bundled("resnet50")
+    (True, False)
+    """
+    return name.lower().replace("-", "_") in (BUNDLED, "tf_efficientnet_lite0")
 
 
 def _load_bundled(weights) -> tuple[nn.Module, Preprocess, list[str]]:

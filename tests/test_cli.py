@@ -482,3 +482,64 @@ def test_keep_freed_memory_sets_glibc_thresholds():
         assert keep_freed_memory() is False
     else:
         assert keep_freed_memory() is True
+
+
+def test_exif_rotation_reaches_the_overlay(tmp_path, capsys):
+    # Landscape: left half black, right half white; EXIF orientation 6 means "rotate 90° clockwise
+    # to view", which puts the black half on top.
+    pixels = np.zeros((40, 60, 3), dtype=np.uint8)
+    pixels[:, 30:] = 255
+    photo = Image.fromarray(pixels)
+    exif = photo.getexif()
+    exif[0x0112] = 6
+    photo.save(tmp_path / "turned.jpg", exif=exif, quality=95)
+    assert main(["run", str(tmp_path / "turned.jpg"), "--out", str(tmp_path / "out"), "--workers", "0", "-q"]) == 0
+    row, = read_rows(tmp_path / "out" / "manifest.jsonl")
+    overlay = np.asarray(Image.open(tmp_path / "out" / row["output"]).convert("L"), dtype=float)
+    top, bottom, left, right = overlay[:100].mean(), overlay[-100:].mean(), overlay[:, :100].mean(), overlay[:, -100:].mean()
+    assert bottom - top > 60 and abs(left - right) < 20
+
+
+def test_outputs_mirror_the_tree_below_the_folder_given(tmp_path, capsys):
+    (tmp_path / "photos" / "sub").mkdir(parents=True)
+    noise_image(0).save(tmp_path / "photos" / "sub" / "only.png")
+    assert main(["run", str(tmp_path / "photos"), "--out", str(tmp_path / "out"), "--workers", "0", "-q"]) == 0
+    row, = read_rows(tmp_path / "out" / "manifest.jsonl")
+    assert row["output"].startswith("sub/only__gradcam__")
+
+
+def test_a_second_run_on_the_same_folder_is_refused_and_globals_are_restored(photos, capsys):
+    import fcntl
+
+    out = photos.parent / "out"
+    out.mkdir()
+    limit = Image.MAX_IMAGE_PIXELS
+    held = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `explain run` holds it
+        assert main(["run", str(photos), "--out", str(out), "--workers", "0"]) == 2
+        assert "another `explain run` is writing to" in capsys.readouterr().err
+    finally:
+        os.close(held)
+    assert main(["run", str(photos), "--out", str(out), "--workers", "0", "--max-pixels", "0", "-q"]) == 0
+    assert Image.MAX_IMAGE_PIXELS == limit
+    assert summary_counts(capsys.readouterr().out) == (3, 0, 0)
+    assert main(["run", str(photos), "--out", str(out), "--workers", "0", "-q"]) == 0  # the lock was released
+    assert summary_counts(capsys.readouterr().out) == (0, 3, 0)
+
+
+def test_random_weights_warn_and_broken_model_files_are_usage_errors(photos, capsys):
+    import zipfile
+
+    out = photos.parent / "out"
+    assert main(["run", str(photos), "--out", str(out), "--model", "squeezenet1_1", "--workers", "0", "-q"]) == 0
+    assert "squeezenet1_1 has random weights" in capsys.readouterr().err
+    with zipfile.ZipFile(photos.parent / "broken.pt2", "w") as archive:
+        archive.writestr("broken/archive_format", "pt2")
+        archive.writestr("broken/models/model.json", "{not json")
+    (photos.parent / "noise.pt").write_bytes(os.urandom(256))
+    for name, reason in (("broken.pt2", "RuntimeError"), ("noise.pt", "not a PyTorch file, or a damaged one")):
+        assert main(["run", str(photos), "--out", str(out), "--model", str(photos.parent / name), "--workers", "0"]) == 2
+        error = capsys.readouterr().err
+        assert "explain: error: cannot load " in error and str(photos.parent / name) in error and reason in error
+        assert "--trust-model-file" not in error
