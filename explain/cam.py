@@ -308,8 +308,9 @@ class EigenGradCAM(GradientCAM):
 
     With X the (h*w, C) matrix of G * A, centred per channel, L = ReLU(X v1) where v1 is the
     first right singular vector of X. A singular vector's sign is arbitrary; it is chosen
-    here so that the map correlates positively with sum_k G^k * A^k, which keeps the result
-    deterministic and class-discriminative.
+    here so that the map correlates positively with sum_k G^k * A^k, which makes the result
+    deterministic. The first component follows what dominates the layer more than the class:
+    on the bundled model its maps for different classes are often nearly the same.
 
     Eigen-CAM: Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal
     Components", IJCNN 2020; applied to G * A as in pytorch-grad-cam's EigenGradCAM.

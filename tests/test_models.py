@@ -31,16 +31,29 @@ def test_torchvision_model_with_local_weights(tmp_path):
 def test_random_weights_and_class_count():
     model, _, classes = models.load("squeezenet1_1")
     assert len(classes) == 1000
+    assert classes[0] == "tench" and classes[281] == "tabby"
+    assert classes[657] == "missile" and classes[967] == "espresso"
+    assert classes == models.imagenet_classes()
 
 
 def test_weight_enum_offline_gives_a_clear_error(monkeypatch):
-    def offline(*args, **kwargs):
-        raise urllib.error.URLError("no network")
+    # torchvision binds load_state_dict_from_url at import in torchvision.models._api, and
+    # WeightsEnum.get_state_dict calls that binding: patching torch.hub would not stop a download.
+    from torchvision.models import _api
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", offline)
-    enum_name = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.name  # downloads on a user's machine
-    with pytest.raises(RuntimeError, match="could not download.*pass the .pth file"):
-        models.load("resnet18", weights=enum_name)
+    calls = []
+
+    def offline(url, *args, **kwargs):
+        calls.append(url)
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(_api, "load_state_dict_from_url", offline)
+    weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
+    with pytest.raises(RuntimeError, match=r"could not download the .*IMAGENET1K_V1 weights .*"
+                       r"Temporary failure in name resolution.*pass the \.pth file as weights=") as info:
+        models.load("resnet18", weights=weights.name)
+    assert calls == [weights.url]  # the patched loader, and only it, was asked for the weights
+    assert isinstance(info.value.__cause__, urllib.error.URLError)
 
 
 def test_bad_model_requests():
