@@ -106,9 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity, 0..1")
     run.add_argument("--save-maps", action="store_true",
                      help="also write each image's maps (scaled and raw) as .npz next to its overlays")
-    run.add_argument("--workers", "-j", type=_non_negative_int, default=min(4, os.cpu_count() or 1),
-                     help="processes decoding images, and threads writing overlays "
-                     "(0: decode in the main process, write from one thread)")
+    run.add_argument("--workers", "-j", type=_non_negative_int, default=None,
+                     help="processes decoding images, and threads writing overlays (0: decode in the "
+                     "main process, write from one thread) [default: on cuda up to 4; on cpu the "
+                     "cores the model's threads leave free, up to 4]")
     run.add_argument("--overwrite", action="store_true", help="redo outputs that are already complete")
     run.add_argument("--max-pixels", type=_non_negative_int, default=None,
                      help="refuse images with more pixels as decompression bombs (0: no limit) "
@@ -163,6 +164,16 @@ def keep_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold, one_gib = -1, -3, 1 << 30
     return bool(mallopt(m_mmap_threshold, one_gib)) and bool(mallopt(m_trim_threshold, one_gib))
+
+
+def default_workers(device: torch.device) -> int:
+    """Decode processes for a run: on a GPU the CPU cores are free for decoding; on the CPU
+    the model's threads already keep every core busy, and decoders beside them only compete.
+    (On this project's 2-core machine: 46.5 images/s with 0 workers, 41.5 with 2.)"""
+    cores = os.cpu_count() or 1
+    if device.type != "cpu":
+        return min(4, cores)
+    return min(4, max(0, cores - torch.get_num_threads()))
 
 
 def _positive_int(text: str) -> int:
@@ -619,6 +630,8 @@ def run_command(args) -> int:
         input_pixels = loaded.example.shape[-1] * loaded.example.shape[-2]
         if 0 < args.max_pixels < input_pixels:
             raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
+    if args.workers is None:
+        args.workers = default_workers(loaded.device)
     target = parse_target(args.target, loaded.class_names)
     explainers = build_explainers(args.method, loaded, args.layer, target)
     layer = ",".join(explainers[0].target_layers(loaded.example))

@@ -196,6 +196,10 @@ def test_mixed_folder_of_good_and_bad_files(tmp_path):
     assert "empty file (0 bytes)" in page and "photos/sub/deeper/rotated.jpg" in page
 
 
+# Enough that a run signalled after its first rows cannot have finished by then.
+IMAGES = 48
+
+
 def _numbered_images(root: Path, count: int) -> None:
     for i in range(count):
         folder = root / ("a" if i % 2 else "b")
@@ -204,7 +208,7 @@ def _numbered_images(root: Path, count: int) -> None:
 
 
 def test_resume_after_sigkill_then_overwrite(tmp_path):
-    _numbered_images(tmp_path / "in", 24)
+    _numbered_images(tmp_path / "in", IMAGES)
     command = ("run", "in", "--out", "out", "--batch-size", 2, "--workers", 0)
     manifest = tmp_path / "out" / "manifest.jsonl"
     proc = start(*command, cwd=tmp_path)
@@ -215,7 +219,7 @@ def test_resume_after_sigkill_then_overwrite(tmp_path):
         proc.communicate()
     killed = read_rows(manifest)  # complete JSON lines only: the manifest is never torn
     done = {r["output"] for r in killed if r["status"] == "ok"}
-    assert 2 <= len(done) < 24
+    assert 2 <= len(done) < IMAGES
     pngs = list((tmp_path / "out").rglob("*.png"))
     for png in pngs:
         check_png(png)  # a file with the final name is always whole
@@ -223,22 +227,22 @@ def test_resume_after_sigkill_then_overwrite(tmp_path):
 
     resumed = run(*command, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert summary_counts(resumed.stdout) == (24 - len(done), len(done), 0)
+    assert summary_counts(resumed.stdout) == (IMAGES - len(done), len(done), 0)
     rows = read_rows(manifest)
-    assert [r["input"] for r in rows] == [f"in/a/img{i:02d}.png" for i in range(1, 24, 2)] + [
-        f"in/b/img{i:02d}.png" for i in range(0, 24, 2)]
+    assert [r["input"] for r in rows] == [f"in/a/img{i:02d}.png" for i in range(1, IMAGES, 2)] + [
+        f"in/b/img{i:02d}.png" for i in range(0, IMAGES, 2)]
     assert {r["output"] for r in rows if r["status"] == "skipped"} == done
     for row in rows:
         folder, name = row["input"].split("/")[1:]
         check_ok_row(dict(row, status="ok"), tmp_path / "out", folder, name[:-4])
     assert not list((tmp_path / "out").rglob(f"*{TEMP_SUFFIX}"))
-    assert len(list((tmp_path / "out").rglob("*.png"))) == 24
+    assert len(list((tmp_path / "out").rglob("*.png"))) == IMAGES
     check_index(tmp_path / "out", rows)
 
     before = {r["output"]: (tmp_path / "out" / r["output"]).stat().st_mtime_ns for r in rows}
     redone = run(*command, "--overwrite", "--quiet", cwd=tmp_path)
     assert redone.returncode == 0, redone.stderr
-    assert summary_counts(redone.stdout) == (24, 0, 0)
+    assert summary_counts(redone.stdout) == (IMAGES, 0, 0)
     assert redone.stderr == ""  # --quiet: no progress bar
     rows = read_rows(manifest)
     assert {r["status"] for r in rows} == {"ok"}
@@ -246,7 +250,7 @@ def test_resume_after_sigkill_then_overwrite(tmp_path):
 
 
 def test_ctrl_c_stops_after_the_current_batch(tmp_path):
-    _numbered_images(tmp_path / "in", 24)
+    _numbered_images(tmp_path / "in", IMAGES)
     manifest = tmp_path / "out" / "manifest.jsonl"
     proc = start("run", "in", "--out", "out", "--batch-size", 2, "--workers", 1, cwd=tmp_path)
     try:
@@ -259,7 +263,7 @@ def test_ctrl_c_stops_after_the_current_batch(tmp_path):
     assert "stopping after the current batch" in stderr and "Traceback" not in stderr
     assert "interrupted, run the same command again to finish" in stdout
     rows = read_rows(manifest)
-    assert 2 <= len(rows) < 24 and {r["status"] for r in rows} == {"ok"}
+    assert 2 <= len(rows) < IMAGES and {r["status"] for r in rows} == {"ok"}
     for row in rows:
         check_png(tmp_path / "out" / row["output"])
     check_index(tmp_path / "out", rows)
@@ -543,3 +547,14 @@ def test_random_weights_warn_and_broken_model_files_are_usage_errors(photos, cap
         error = capsys.readouterr().err
         assert "explain: error: cannot load " in error and str(photos.parent / name) in error and reason in error
         assert "--trust-model-file" not in error
+
+
+@pytest.mark.parametrize(("device", "cores", "threads", "expected"), [
+    ("cpu", 2, 2, 0), ("cpu", 6, 4, 2), ("cpu", 16, 8, 4), ("cuda", 2, 2, 2), ("cuda", 16, 8, 4),
+])
+def test_default_decode_workers_use_the_cores_the_model_leaves(monkeypatch, device, cores, threads, expected):
+    from explain.cli import default_workers
+
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    assert default_workers(torch.device(device)) == expected
