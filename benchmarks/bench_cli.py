@@ -1,6 +1,6 @@
 """Benchmark of `explain run`: speed against the bare model, and memory over a long run.
 
-    python benchmarks/bench_cli.py [--images 1000] [--speed-images 240] [--repeats 3]
+    python benchmarks/bench_cli.py [--images 1000] [--speed-images 240] [--repeats 3] [--memory-runs 3]
 
 1. Makes ``--images`` test photos from data/images (random crops, resizes and flips, saved
    as JPEG and PNG in ten folders) in a temporary folder.
@@ -10,13 +10,15 @@
    ``torch.inference_mode``) is timed on the same images, decoded and preprocessed the same
    way and batched the same way (decoding not timed), in a fresh process like the CLI's,
    after a warm-up batch, as the faster of two passes. Like the CLI, that process keeps
-   freed memory in glibc's heap (``explain.cli.keep_freed_memory``); one more bare pass with
-   glibc's default settings shows what that alone is worth.
+   freed memory in glibc's heap (``explain.heap.ReusedHeap``, never trimmed, so that the
+   reference errs high); one more bare pass with glibc's default settings shows what that
+   alone is worth.
    The two alternate ``--repeats`` times and the ratio of each pair is reported, with the
    median: run-to-run noise on shared machines is large, and pairing cancels most of it.
-3. Memory: runs ``explain run`` on all ``--images`` and samples the peak RSS (VmHWM) of the
-   CLI process as outputs appear, at image 100 and at the end, and the summed RSS of the
-   process and its decode workers.
+3. Memory: ``--memory-runs`` times, runs ``explain run`` on all ``--images`` and samples the
+   peak RSS (VmHWM) of the CLI process as outputs appear, at image 100 and at the end, and
+   the summed RSS of the process and its decode workers. When the high-water mark is
+   reached varies from run to run by tens of MiB, hence the several runs and their median.
 
 Prints a markdown table. Other processes on the same cores distort the numbers.
 """
@@ -68,10 +70,11 @@ def make_images(folder: Path, count: int, seed: int = 0) -> list[Path]:
 def bare_forward(folder: Path, batch_size: int, default_malloc: bool = False) -> float:
     """Images per second of ``model(x)`` alone, on the images ``explain run folder`` would
     process, decoded, preprocessed and batched as it does; decoding is not timed."""
-    from explain.cli import collect_inputs, keep_freed_memory
+    from explain.cli import collect_inputs
+    from explain.heap import ReusedHeap
 
     if not default_malloc:
-        keep_freed_memory()
+        ReusedHeap()
     model, preprocess, _ = explain.models.load()
     paths = [source.path for source in collect_inputs([str(folder)], folder / "unused")]
     tensors = [preprocess(load_rgb(path, draft_size=448)) for path in paths]
@@ -154,10 +157,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=1000)
     parser.add_argument("--speed-images", type=int, default=240)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="speed pairs (0: none)")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=None, help="explain run --workers (default: its own)")
-    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument("--memory-runs", type=int, default=3, help="long runs measuring memory (0: none)")
     parser.add_argument("--bare-forward", type=Path, help=argparse.SUPPRESS)  # the child process's job
     parser.add_argument("--default-malloc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -191,45 +194,46 @@ def main() -> None:
                 raise RuntimeError(result.stderr[-2000:])
             return cli_rate(result.stdout), time.perf_counter() - started
 
-        pairs = []
-        for repeat in range(args.repeats):
-            if repeat % 2 == 0:
-                forward = bare()
-                rate, wall = cli(repeat)
-            else:
-                rate, wall = cli(repeat)
-                forward = bare()
-            pairs.append((forward, rate, wall))
-            print(f"pair {repeat + 1}: bare {forward:.2f}, explain run {rate:.2f} images/s", file=sys.stderr)
-        default_forward = bare(default_malloc=True)
-        ratios = sorted(rate / forward for forward, rate, _ in pairs)
-        median = ratios[len(ratios) // 2]
-
-        rows = [
-            "| measure | value |",
-            "|---|---|",
-            f"| images, batch size, torch threads, cores | {args.speed_images}, {args.batch_size}, "
-            f"{torch.get_num_threads()}, {os.cpu_count()} |",
-            "| bare forward, images/s (each pair) | " + " / ".join(f"{f:.1f}" for f, _, _ in pairs) + " |",
-            "| `explain run --method gradcam`, images/s (each pair) | " + " / ".join(f"{r:.1f}" for _, r, _ in pairs) + " |",
-            f"| bare forward with glibc's default malloc settings, images/s (once) | {default_forward:.1f} |",
-            "| ratio explain run / bare forward (each pair) | " + " / ".join(f"{r / f:.2f}" for f, r, _ in pairs) + " |",
-            f"| **median ratio** (goal ≥ 0.7) | **{median:.2f}** |",
-            "| `explain run` wall time incl. ~5 s start-up | " + " / ".join(f"{w:.1f} s" for _, _, w in pairs) + " |",
-        ]
-        if not args.skip_memory:
-            out = tmp / "out-memory"
-            memory = memory_run(explain_command() + ["run", str(tmp / "images"), "--out", str(out), "--method",
-                                "gradcam", "--quiet", *extra], out, args.images, 100)
-            growth = (memory["end"] - memory["at_mark"]) / memory["at_mark"]
+        rows = ["| measure | value |", "|---|---|"]
+        if args.repeats:
+            pairs = []
+            for repeat in range(args.repeats):
+                if repeat % 2 == 0:
+                    forward = bare()
+                    rate, wall = cli(repeat)
+                else:
+                    rate, wall = cli(repeat)
+                    forward = bare()
+                pairs.append((forward, rate, wall))
+                print(f"pair {repeat + 1}: bare {forward:.2f}, explain run {rate:.2f} images/s", file=sys.stderr)
+            default_forward = bare(default_malloc=True)
+            ratios = sorted(rate / forward for forward, rate, _ in pairs)
             rows += [
-                f"| memory run: images, images/s | {memory['outputs']}, {memory['rate']:.1f} |",
-                f"| peak RSS at image 100 | {memory['at_mark'] / 1024:.0f} MiB |",
-                f"| peak RSS at image {memory['outputs']} | {memory['end'] / 1024:.0f} MiB |",
-                f"| **peak RSS growth** 100 → {memory['outputs']} (goal ≤ 5 %) | **{growth:+.1%}** |",
-                f"| with the decode workers: peak summed RSS at image 100 → {memory['outputs']} | "
-                f"{memory['tree_at_mark'] / 1024:.0f} MiB → {memory['tree_end'] / 1024:.0f} MiB "
-                f"({(memory['tree_end'] - memory['tree_at_mark']) / memory['tree_at_mark']:+.1%}) |",
+                f"| images, batch size, torch threads, cores | {args.speed_images}, {args.batch_size}, "
+                f"{torch.get_num_threads()}, {os.cpu_count()} |",
+                "| bare forward, images/s (each pair) | " + " / ".join(f"{f:.1f}" for f, _, _ in pairs) + " |",
+                "| `explain run --method gradcam`, images/s (each pair) | " + " / ".join(f"{r:.1f}" for _, r, _ in pairs) + " |",
+                f"| bare forward with glibc's default malloc settings, images/s (once) | {default_forward:.1f} |",
+                "| ratio explain run / bare forward (each pair) | " + " / ".join(f"{r / f:.2f}" for f, r, _ in pairs) + " |",
+                f"| **median ratio** (goal ≥ 0.7) | **{ratios[len(ratios) // 2]:.2f}** |",
+                "| `explain run` wall time incl. ~5 s start-up | " + " / ".join(f"{w:.1f} s" for _, _, w in pairs) + " |",
+            ]
+        runs = []
+        for repeat in range(args.memory_runs):
+            out = tmp / f"out-memory-{repeat}"
+            runs.append(memory_run(explain_command() + ["run", str(tmp / "images"), "--out", str(out), "--method",
+                                   "gradcam", "--quiet", *extra], out, args.images, 100))
+            print(f"memory run {repeat + 1}: {runs[-1]}", file=sys.stderr)
+        if runs:
+            growths = [(m["end"] - m["at_mark"]) / m["at_mark"] for m in runs]
+            tree = [(m["tree_end"] - m["tree_at_mark"]) / m["tree_at_mark"] for m in runs]
+            rows += [
+                "| memory runs: images, images/s (each) | " + " / ".join(f"{m['outputs']}, {m['rate']:.1f}" for m in runs) + " |",
+                "| peak RSS at image 100 → at the end (each) | "
+                + " / ".join(f"{m['at_mark'] / 1024:.0f} → {m['end'] / 1024:.0f} MiB" for m in runs) + " |",
+                "| peak RSS growth (each) | " + " / ".join(f"{g:+.1%}" for g in growths) + " |",
+                f"| **median peak RSS growth** (goal ≤ 5 %) | **{sorted(growths)[len(growths) // 2]:+.1%}** |",
+                "| with the decode workers: summed RSS growth (each) | " + " / ".join(f"{g:+.1%}" for g in tree) + " |",
             ]
         print("\n".join(rows))
 

@@ -14,9 +14,7 @@ that are already complete. Exit codes: 0 all done, 1 some inputs failed, 2 usage
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
-import platform
 import re
 import signal
 import sys
@@ -41,6 +39,7 @@ from tqdm import tqdm
 from . import __version__, models
 from .base import describe_methods, explainer, methods
 from .cam import explain_together
+from .heap import ReusedHeap
 from .images import IMAGE_EXTENSIONS, ImageError, load_rgb
 from .layers import candidate_layers, find_target_layer
 from .overlay import denormalize, normalization_of, overlay
@@ -142,28 +141,6 @@ def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True)
     parser.add_argument("--trust-model-file", action="store_true",
                         help="allow loading a pickled nn.Module, which runs code from the file")
     parser.add_argument("--device", help="torch device [default: cuda if available, else cpu]")
-
-
-def keep_freed_memory() -> bool:
-    """Ask glibc's malloc to keep freed blocks for reuse instead of returning them to the system.
-
-    By default glibc maps every block over 32 MiB afresh and unmaps it when freed, so each
-    CPU forward pass page-faults its large activations in again: on this project's 2-core
-    test machine the bundled model's batch-16 forward took 307 ms with the defaults and
-    180 ms with this, at the same peak memory. (PyTorch's CPU performance guide suggests
-    jemalloc or tcmalloc for the same reason.) The cost: the process holds on to its peak
-    memory until it exits, which is why only the command line calls this, never the library.
-    Affects this process and the workers it forks. Returns False, changing nothing, where the
-    C library is not glibc or refuses the settings.
-    """
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold, one_gib = -1, -3, 1 << 30
-    return bool(mallopt(m_mmap_threshold, one_gib)) and bool(mallopt(m_trim_threshold, one_gib))
 
 
 def default_workers(device: torch.device) -> int:
@@ -623,7 +600,6 @@ def run_command(args) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
     sources = collect_inputs(args.inputs, out_dir)
-    keep_freed_memory()
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     if args.max_pixels is not None:
         # Pillow checks its limit on every new image, the model's crops included.
@@ -784,6 +760,7 @@ class _Run:
         saver = ThreadPoolExecutor(max_workers=max(1, args.workers), thread_name_prefix="explain-save")
         in_flight: deque[Future] = deque()
         stop = _StopFlag()
+        heap = ReusedHeap()
         started = time.perf_counter()
         done = 0
         interrupted = completed = False
@@ -804,6 +781,7 @@ class _Run:
                     done += count
                     progress.update(count)
                     self._maybe_save_reports()
+                    heap.after_batch()
                     if stop.set:
                         interrupted = True
                         break

@@ -477,15 +477,23 @@ def test_workers_hand_over_uint8_crops_and_the_model_input_is_unchanged():
             assert np.array_equal(pictures[0], np.asarray(crop))
 
 
-def test_keep_freed_memory_sets_glibc_thresholds():
+def test_reused_heap_trims_only_when_the_heap_creeps_up(monkeypatch):
     import platform
 
-    from explain.cli import keep_freed_memory
+    from explain import heap as heap_module
 
-    if platform.libc_ver()[0] != "glibc":
-        assert keep_freed_memory() is False
-    else:
-        assert keep_freed_memory() is True
+    heap = heap_module.ReusedHeap(warmup=2, slack=0.01)
+    assert heap.enabled is (platform.libc_ver()[0] == "glibc")
+    if not heap.enabled:
+        return
+    trims = []
+    heap._libc = type("FakeLibc", (), {"malloc_trim": staticmethod(lambda pad: trims.append(pad))})()
+    resident = iter([100, 110, 111, 112, 105, 120])
+    monkeypatch.setattr(heap_module, "_resident_pages", lambda: next(resident))
+    for _ in range(6):
+        heap.after_batch()
+    # reference = 110 (largest of the first two); 111 is within 1 %, 112 and 120 are not
+    assert heap.reference == 110 and trims == [0, 0] and heap.trims == 2
 
 
 def test_exif_rotation_reaches_the_overlay(tmp_path, capsys):
