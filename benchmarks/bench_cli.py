@@ -74,7 +74,7 @@ def bare_forward(folder: Path, batch_size: int, default_malloc: bool = False) ->
     from explain.heap import ReusedHeap
 
     if not default_malloc:
-        ReusedHeap()
+        ReusedHeap()  # keeps freed memory as in the CLI; never trimmed here
     model, preprocess, _ = explain.models.load()
     paths = [source.path for source in collect_inputs([str(folder)], folder / "unused")]
     tensors = [preprocess(load_rgb(path, draft_size=448)) for path in paths]

@@ -169,14 +169,18 @@ def explain_together(
     >>> layercam.method, tuple(layercam.maps.shape)
     ('layercam', (2, 64, 64))
     """
+    checked: dict[int, Tensor] = {}  # images checked against each model, once
     captures: dict[tuple, Captured] = {}
     results = []
     for explainer in explainers:
         if not isinstance(explainer, GradientCAM):
             results.append(explainer(images, targets, topk=topk))
             continue
-        layers = explainer.target_layers(check_images(images, explainer.model))
-        key = (id(explainer.model), *layers.items())
+        model = id(explainer.model)
+        if model not in checked:
+            checked[model] = check_images(images, explainer.model)
+        layers = explainer.target_layers(checked[model])
+        key = (model, *layers.items())
         if key not in captures:
             captures[key] = explainer.capture(images, targets, topk=topk)
         results.append(explainer.explain(captures[key]))
