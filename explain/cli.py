@@ -14,12 +14,14 @@ that are already complete. Exit codes: 0 all done, 1 some inputs failed, 2 usage
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import signal
 import sys
 import threading
 import time
+import warnings
 import zipfile
 from collections import deque
 from collections.abc import Iterator
@@ -244,7 +246,15 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
     if any(name.endswith("/archive_format") for name in names):
-        program = torch.export.load(path)
+        with _export_log_kept() as logged:  # torch.export logs the cause, then raises a vaguer error
+            try:
+                program = torch.export.load(path)
+            except Exception as error:
+                causes = [record.exc_info[1] for record in logged if record.exc_info]
+                if not causes:
+                    raise
+                raise UsageError(f"cannot load model file {path}: {type(causes[0]).__name__}: "
+                                 f"{(str(causes[0]).splitlines() or [''])[0]}") from error
         return torch.export.unflatten(program), _exported_input_size(program)
     if any("/code/" in name or name.endswith("constants.pkl") for name in names):
         raise UsageError(
@@ -254,14 +264,16 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
             "--model ARCH --weights state_dict.pth for a torchvision architecture"
         )
     try:
-        loaded = torch.load(path, map_location="cpu", weights_only=not trust)
+        with warnings.catch_warnings():  # a foreign file's first byte reads as an unknown pickle protocol
+            warnings.simplefilter("ignore", UserWarning)
+            loaded = torch.load(path, map_location="cpu", weights_only=not trust)
     except Exception as error:
         # weights_only loading names the first Python object it refuses; other failures
         # (not a torch file, cut short) are no reason to suggest trusting the file.
         if trust or "Unsupported global" not in str(error):
-            reason = "not a PyTorch file, or a damaged one" if "Weights only load failed" in str(error) else (
-                (str(error).splitlines() or [type(error).__name__])[0])
-            raise UsageError(f"cannot load {path}: {reason}") from None
+            detail = "" if "Weights only load failed" in str(error) else (
+                f" ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})")
+            raise UsageError(f"cannot load {path}: not a PyTorch file, or a damaged one{detail}") from None
         raise UsageError(
             f"{path} holds pickled Python objects (a whole nn.Module?), and loading those runs "
             "code from the file. If you trust it, add --trust-model-file; otherwise save "
@@ -275,6 +287,23 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
             f"weights: --model resnet50 --weights {path}"
         )
     raise UsageError(f"{path} holds a {type(loaded).__name__}, not an nn.Module")
+
+
+@contextmanager
+def _export_log_kept() -> Iterator[list[logging.LogRecord]]:
+    """Collect what torch.export logs instead of letting it print a traceback."""
+    records: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        records.append(record)
+        return False  # dropped before any handler, torch's own included
+
+    log = logging.getLogger("torch.export")
+    log.addFilter(keep)
+    try:
+        yield records
+    finally:
+        log.removeFilter(keep)
 
 
 def _exported_input_size(program) -> tuple[int, int]:
