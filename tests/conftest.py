@@ -10,6 +10,12 @@ torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 DATA = Path(__file__).resolve().parent.parent / "data" / "images"
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Random weights and inputs are the same on every run, so a failure reproduces."""
+    torch.manual_seed(0)
+
+
 def hook_count(model: nn.Module) -> int:
     return sum(
         len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
