@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import ClassVar
 
 import torch
@@ -12,7 +14,7 @@ from torch import Tensor, nn
 from .explanation import Explanation
 from .targets import Targets
 
-__all__ = ["Explainer", "check_images", "describe_methods", "explainer", "methods", "register"]
+__all__ = ["Explainer", "check_images", "channel_hint", "describe_methods", "explainer", "methods", "register"]
 
 _REGISTRY: dict[str, type[Explainer]] = {}
 
@@ -116,12 +118,36 @@ def check_images(images: Tensor, model: nn.Module) -> Tensor:
                 f"images are {images.dtype} but the model's weights are {reference.dtype}; "
                 f"cast them with images.to({reference.dtype})"
             )
-    first_conv = next((m for m in model.modules() if isinstance(m, nn.Conv2d)), None)
-    if first_conv is not None and first_conv.in_channels and images.shape[1] != first_conv.in_channels:
-        raise ValueError(
-            f"images have {images.shape[1]} channel(s) but the model's first convolution expects "
-            f"{first_conv.in_channels}; convert the images (PIL: image.convert('RGB')) before preprocessing"
-        )
     if not torch.isfinite(images).all():
         raise ValueError("images contain NaN or infinite values")
     return images.detach()
+
+
+_CHANNEL_ERROR = re.compile(r"expected input\[[^\]]*\] to have (\d+) channels, but got (\d+) channels")
+
+
+@contextmanager
+def channel_hint(images: Tensor) -> Iterator[None]:
+    """Around a forward pass: the model's own error for images with the wrong number of
+    channels becomes a ``ValueError`` that names the fix.
+
+    (The first convolution to run is what counts, which need not be the first registered,
+    so this is not checked before the forward pass.)
+
+    >>> import torchvision
+    >>> images = torch.zeros(1, 1, 32, 32)
+    >>> with channel_hint(images):
+    ...     torchvision.models.resnet18()(images)
+    Traceback (most recent call last):
+    ValueError: images have 1 channel(s) but the model's first convolution expects 3; convert the images (PIL: image.convert('RGB')) before preprocessing
+    """
+    try:
+        yield
+    except RuntimeError as error:
+        match = _CHANNEL_ERROR.search(str(error))
+        if match is None or int(match[2]) != images.shape[1]:
+            raise
+        raise ValueError(
+            f"images have {match[2]} channel(s) but the model's first convolution expects "
+            f"{match[1]}; convert the images (PIL: image.convert('RGB')) before preprocessing"
+        ) from error

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import Explainer, check_images, register
+from .base import Explainer, channel_hint, check_images, register
 from .explanation import Explanation, scale_maps
 from .hooks import LayerCapture
-from .layers import LayerSpec, find_target_layer, resolve_layers
+from .layers import LayerSpec, find_target_layer, on_input_grid, resolve_layers
 from .targets import Targets, select_targets
 
 __all__ = [
@@ -41,12 +41,20 @@ def _safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
     return torch.where(nonzero, numerator / torch.where(nonzero, denominator, 1.0), 0.0)
 
 
-def _check_spatial(activations: dict[str, Tensor]) -> None:
+def _check_spatial(activations: dict[str, Tensor], images: Tensor) -> None:
     for name, activation in activations.items():
+        shape = tuple(activation.shape)
         if activation.dim() != 4 or activation.shape[-2:].numel() < 2:
             raise ValueError(
-                f"layer {name!r} outputs shape {tuple(activation.shape)}; a CAM needs an (N, C, h, w) "
+                f"layer {name!r} outputs shape {shape}; a CAM needs an (N, C, h, w) "
                 "output with more than one location: pick an earlier convolutional layer"
+            )
+        # (N, h, w, C), as Swin and ConvNeXt-style blocks keep it, would be read as C = h.
+        if not on_input_grid(shape, images) and on_input_grid((*shape[:1], *shape[3:], *shape[1:3]), images):
+            raise ValueError(
+                f"layer {name!r} outputs shape {shape}, which looks channels-last (N, h, w, C); a CAM "
+                "needs (N, C, h, w): pick the layer that permutes it back, or a convolution "
+                "(`explain layers MODEL` lists the spatial ones)"
             )
 
 
@@ -56,6 +64,8 @@ def _detached(output):
         return output.detach()
     if isinstance(output, dict):
         return {key: _detached(value) for key, value in output.items()}
+    if isinstance(output, tuple) and hasattr(output, "_fields"):  # a namedtuple
+        return type(output)(*(_detached(value) for value in output))
     if isinstance(output, (tuple, list)):
         return type(output)(_detached(value) for value in output)
     return output
@@ -110,12 +120,11 @@ class GradientCAM(Explainer):
         """One forward pass, and one backward pass per target, through the target layers."""
         images = check_images(images, self.model)
         layers = self.target_layers(images)
-        # inference_mode(False) and enable_grad() let a call made under torch.no_grad() or
-        # torch.inference_mode() still record the (small) graph after the target layers.
-        with torch.inference_mode(False), torch.enable_grad(), LayerCapture(self.model, layers) as capture:
-            output = self.model(images)
+        with LayerCapture(self.model, layers) as capture:
+            with channel_hint(images):
+                output = self.model(images)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
-            _check_spatial(capture.activations)
+            _check_spatial(capture.activations, images)
             gradients: dict[str, list[Tensor]] = {name: [] for name in layers}
             for column in (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1):
                 capture.backward(column)
@@ -180,7 +189,7 @@ def explain_together(
         if model not in checked:
             checked[model] = check_images(images, explainer.model)
         layers = explainer.target_layers(checked[model])
-        key = (model, *layers.items())
+        key = (model, tuple(explainer.class_names or ()), *layers.items())
         if key not in captures:
             captures[key] = explainer.capture(images, targets, topk=topk)
         results.append(explainer.explain(captures[key]))

@@ -14,7 +14,7 @@ there: an explanation costs about one forward pass.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -38,10 +38,12 @@ def preserved_state(model: nn.Module) -> Iterator[None]:
     """
     training = [(module, module.training) for module in model.modules()]
     # Lazy modules' parameters do not exist yet; they cannot be frozen, nor need to be.
+    # Inference tensors (a model built under torch.inference_mode()) could be frozen but
+    # never unfrozen again outside that mode, so they are left alone.
     requires_grad = [
         (param, param.requires_grad)
         for param in model.parameters()
-        if not isinstance(param, nn.parameter.UninitializedParameter)
+        if not isinstance(param, nn.parameter.UninitializedParameter) and not param.is_inference()
     ]
     try:
         model.eval()
@@ -81,8 +83,9 @@ class LayerCapture:
         Mapping of a display name to a submodule of ``model`` (see
         :func:`explain.layers.resolve_layers` to build it from names).
     gradients:
-        Record a graph from the layers on so that :meth:`backward` can be called. Set to
-        ``False`` for gradient-free methods: the forward then runs without autograd.
+        Record a graph from the layers on so that :meth:`backward` can be called, also
+        inside ``torch.no_grad()`` or ``torch.inference_mode()``. Set to ``False`` for
+        gradient-free methods: the forward then runs without autograd.
 
     Examples
     --------
@@ -106,12 +109,25 @@ class LayerCapture:
         self._calls: dict[str, int] = {}
         self._probes = {name: _GradientProbe() for name in self.layers}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._state: AbstractContextManager | None = None
+        self._context: ExitStack | None = None
 
     def __enter__(self) -> LayerCapture:
-        self._state = preserved_state(self.model)
-        self._state.__enter__()
-        try:
+        if self.track_gradients:
+            frozen = [name for name, param in self.model.named_parameters() if param.is_inference()]
+            if frozen:
+                raise ValueError(
+                    f"the model's parameters (e.g. {frozen[0]!r}) are inference tensors, which "
+                    "autograd cannot use: build or load the model outside torch.inference_mode() "
+                    "(torch.no_grad() is fine)"
+                )
+        with ExitStack() as context:  # undone at once if anything below fails
+            if self.track_gradients:
+                # The (small) graph after the target layers is recorded even when the caller
+                # works under torch.no_grad() or torch.inference_mode().
+                context.enter_context(torch.inference_mode(False))
+                context.enter_context(torch.enable_grad())
+            context.enter_context(preserved_state(self.model))
+            context.callback(self._remove_hooks)
             # Call counts are per forward pass of the whole model.
             self._handles.append(self.model.register_forward_pre_hook(lambda module, args: self._calls.clear()))
             for name, module in self.layers.items():
@@ -121,18 +137,18 @@ class LayerCapture:
                     self._handles.append(
                         self._probes[name].register_full_backward_hook(self._store_gradient(name))
                     )
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
+            self._context = context.pop_all()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        if self._context is not None:
+            context, self._context = self._context, None
+            context.close()
+
+    def _remove_hooks(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        if self._state is not None:
-            state, self._state = self._state, None
-            state.__exit__(None, None, None)
 
     def _count_call(self, name: str):
         def hook(module: nn.Module, args) -> None:
@@ -182,8 +198,10 @@ class LayerCapture:
         """Back-propagate ``scores`` to the captured layers and store their gradients.
 
         ``scores`` holds one score per image (or is a scalar); images are independent in
-        eval mode, so their sum yields each image's own gradient in one pass. The graph is
-        kept, so ``backward`` can be called again for another target.
+        eval mode, so their sum yields each image's own gradient in one pass. (A model whose
+        eval-mode output mixes the images of a batch, such as batch norm without running
+        statistics, must be explained one image at a time.) The graph is kept, so
+        ``backward`` can be called again for another target.
         """
         if not self.track_gradients:
             raise RuntimeError("this LayerCapture was made with gradients=False")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .base import channel_hint
 from .hooks import preserved_state
 
 __all__ = ["LayerInfo", "LayerSpec", "candidate_layers", "find_target_layer", "resolve_layers"]
@@ -76,14 +77,18 @@ def _get_submodule(model: nn.Module, name: str, all_names: list[str]) -> nn.Modu
     )
 
 
-def _on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
+def on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
+    """Whether ``shape`` is (N, C, h, w) with (h, w) a downscaled grid of ``example``'s pixels."""
     if shape is None or len(shape) != 4:
         return False
     height, width = example.shape[-2:]
     h, w = shape[-2:]
     if max(h, w) < 2 or h > height or w > width:
         return False
-    return abs(h / w - height / width) <= 0.25 * height / width
+    # Strided layers round each side, which on a small grid can move the aspect ratio far
+    # (48 x 256 -> 2 x 8 in a ResNet), so one cell of slack is allowed too.
+    return (abs(h / w - height / width) <= 0.25 * height / width
+            or abs(h - w * height / width) <= 1 or abs(w - h * width / height) <= 1)
 
 
 def _trace(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module, tuple[int, ...] | None]]:
@@ -99,7 +104,7 @@ def _trace(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module, tupl
 
     handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if n]
     try:
-        with preserved_state(model), torch.no_grad():
+        with preserved_state(model), torch.no_grad(), channel_hint(example):
             model(example)
     finally:
         for handle in handles:
@@ -124,7 +129,7 @@ def _candidates(trace, example: Tensor) -> list[tuple[int, LayerInfo]]:
     return [
         (position, LayerInfo(name, type(module).__name__, shape))
         for position, (name, module, shape) in enumerate(trace)
-        if calls[name] == 1 and _on_input_grid(shape, example)
+        if calls[name] == 1 and on_input_grid(shape, example)
     ]
 
 

@@ -70,10 +70,11 @@ def load(
         ``"efficientnet_lite0"`` (bundled ImageNet weights, no download) or any torchvision
         classification model name, e.g. ``"resnet50"``.
     weights:
-        For torchvision models: a local state-dict file (loaded with ``weights_only=True``),
-        a weight enum name such as ``"IMAGENET1K_V2"`` or ``"DEFAULT"`` (downloads on first
-        use), or ``None`` for random weights. Ignored for the bundled model unless it names a
-        local file.
+        For torchvision models: a local state-dict file (loaded with ``weights_only=True``;
+        a fine-tuned head with another number of classes is fine), a weight enum or its name
+        such as ``"IMAGENET1K_V2"`` or ``"DEFAULT"`` (downloads on first use), or ``None`` for
+        random weights. For the bundled model: ``None`` (the packaged weights) or a local
+        file holding the same tensors.
 
     Returns
     -------
@@ -141,10 +142,14 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
         close = difflib.get_close_matches(name, classifiers, n=5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"unknown model {name!r}; {hint}use {BUNDLED!r} or a torchvision classification model name")
+    if isinstance(weights, tvm.WeightsEnum):
+        weights = weights.name
     if weights is None or Path(weights).suffix in (".pt", ".pth", ".bin", ".ckpt") or Path(weights).is_file():
-        model = tvm.get_model(name, weights=None)
-        if weights is not None:
-            model.load_state_dict(_read_state_dict(Path(weights)))
+        state = None if weights is None else _read_state_dict(Path(weights))
+        head = {} if state is None else {"num_classes": _state_num_classes(state)}
+        model = tvm.get_model(name, weights=None, **{k: v for k, v in head.items() if v != 1000})
+        if state is not None:
+            model.load_state_dict(state)
         num_classes = _num_classes(model)
         classes = imagenet_classes() if num_classes == 1000 else [str(i) for i in range(num_classes)]
         crop = 299 if name == "inception_v3" else 224
@@ -162,6 +167,12 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
             f"them elsewhere and pass the .pth file as weights="
         ) from error
     return model, enum.transforms(), list(enum.meta["categories"])
+
+
+def _state_num_classes(state: dict[str, Tensor]) -> int:
+    """Outputs of the classifier, read from the last weight matrix (or 1x1 conv) of a state dict."""
+    weights = [t for key, t in state.items() if key.endswith("weight") and getattr(t, "dim", lambda: 0)() >= 2]
+    return int(weights[-1].shape[0]) if weights else 1000
 
 
 def _num_classes(model: nn.Module) -> int:

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 import torchvision
+from torch import nn
 
 import explain
+from conftest import hook_count
 
 METHODS = ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "gradcam-elementwise", "eigengradcam"]
 
@@ -96,3 +98,22 @@ def test_example_script_draws_every_method(tmp_path):
     assert all("cat" in line and "at layer bn2" in line for line in lines[:-1])
     with Image.open(out) as figure:
         assert figure.width > 1000 and figure.height > 500
+
+
+def test_channel_check_follows_the_convolution_that_runs_first():
+    class LateRegisteredStem(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Conv2d(48, 4, 1)  # registered first, runs second
+            self.stem = nn.Conv2d(3, 48, 3)
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.head(self.stem(x)).mean(dim=(2, 3)))
+
+    model = LateRegisteredStem().eval()
+    assert explain.GradCAM(model, "head")(torch.randn(1, 3, 8, 8)).maps.shape == (1, 8, 8)
+    for layer in ("head", None):  # the explicit layer, and the automatic choice's dry run
+        with pytest.raises(ValueError, match=r"1 channel\(s\) but the model's first convolution expects 3.*convert"):
+            explain.GradCAM(model, layer)(torch.zeros(1, 1, 8, 8))
+    assert hook_count(model) == 0

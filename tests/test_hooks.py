@@ -279,3 +279,56 @@ def test_low_precision_and_channels_last_match_float32(variant):
         assert torch.corrcoef(torch.stack([res.maps.flatten(), reference.maps.flatten()]))[0, 1] > 0.98
     else:
         assert difference.max() < 1e-4
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+def test_the_hook_engine_itself_records_gradients_under_any_grad_mode(context):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(144, 2)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    activation, gradient = reference_capture(model, "0", x, 1)
+    mode = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}[context]
+    with mode():
+        with LayerCapture(model, {"conv": model[0]}) as capture:
+            capture.backward(model(x)[:, 1])
+        assert not torch.is_grad_enabled()  # the caller's mode is back once the block ends
+    torch.testing.assert_close(capture.activations["conv"].detach(), activation)
+    torch.testing.assert_close(capture.gradients["conv"], gradient)
+    assert hook_count(model) == 0
+
+
+def test_model_built_under_inference_mode_gets_a_clear_error_and_stays_as_it_was():
+    with torch.inference_mode():
+        model = resnet18()
+    flags = [p.requires_grad for p in model.parameters()]
+    # Gradient-free use (the automatic layer's dry run) works and freezes nothing for good.
+    assert explain.find_target_layer(model, torch.randn(1, 3, 64, 64)) == "layer4"
+    with pytest.raises(ValueError, match=r"inference tensors.*outside torch\.inference_mode\(\)"):
+        explain.GradCAM(model, "layer3")(torch.randn(1, 3, 64, 64))
+    assert [p.requires_grad for p in model.parameters()] == flags and all(flags)
+    assert hook_count(model) == 0
+
+
+def test_namedtuple_output_with_a_callable_target():
+    from collections import namedtuple
+
+    Output = namedtuple("Output", "logits features")
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            features = self.conv(x)
+            return Output(self.fc(features.mean(dim=(2, 3))), features)
+
+    model = Net().eval()
+    x = torch.randn(2, 3, 8, 8)
+    res = explain.GradCAM(model, "conv")(x, lambda out: out.logits[:, 1])
+    # By hand: behind a mean-pooled linear head, dS/dA_k is fc.weight[1, k] / (h*w) at every
+    # pixel, so Grad-CAM's channel weights are exactly that.
+    weights = model.fc.weight[1].detach() / 36
+    by_hand = torch.relu((weights[None, :, None, None] * model.conv(x).detach()).sum(dim=1))
+    torch.testing.assert_close(res.raw, by_hand)
+    assert isinstance(res.logits, Output) and not res.logits.logits.requires_grad

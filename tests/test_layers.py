@@ -97,6 +97,10 @@ def test_channels_last_stages_are_not_mistaken_for_spatial_maps():
     assert all(not c.name.startswith("features.7") for c in explain.candidate_layers(model, x))
     res = explain.GradCAM(model)(torch.randn(2, 3, 96, 96))
     assert res.raw.shape == (2, 3, 3) and torch.isfinite(res.maps).all()
+    # Chosen by hand, a channels-last stage would be read as C = 3, h = 3, w = 768.
+    with pytest.raises(ValueError, match=r"'features\.7' outputs shape \(1, 3, 3, 768\).*channels-last"):
+        explain.GradCAM(model, "features.7")(x)
+    assert hook_count(model) == 0
 
 
 @pytest.mark.parametrize("layer, shape", [("fc", r"\(1, 1000\)"), ("avgpool", r"\(1, 512, 1, 1\)")])
@@ -105,3 +109,10 @@ def test_explicit_layer_without_spatial_output_names_the_fix(layer, shape):
     with pytest.raises(ValueError, match=rf"layer '{layer}' outputs shape {shape}.*earlier convolutional layer"):
         explain.GradCAM(model, layer)(torch.randn(1, 3, 64, 64))
     assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("size", [(48, 256), (128, 40), (96, 320), (224, 448)])
+def test_automatic_layer_for_strip_shaped_images(size):
+    # On small grids stride rounding moves the aspect ratio (48 x 256 -> 2 x 8 at layer4).
+    model = tvm.resnet18().eval()
+    assert explain.find_target_layer(model, torch.randn(1, 3, *size)) == "layer4"

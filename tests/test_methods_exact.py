@@ -219,3 +219,14 @@ def test_explain_together_shares_a_pass_only_where_it_can():
     torch.testing.assert_close(results[1].raw.flatten(), torch.tensor([6.0, 0.0]))
     torch.testing.assert_close(results[3].raw.flatten(), torch.tensor([6.0, 0.0]))
     assert explain.explain_together([], A.clone()) == []
+
+
+def test_explain_together_reads_class_names_per_explainer():
+    # Names given to each explainer can map the same word to different ids: no shared pass then.
+    model = TinyNet()
+    first = GradCAM(model, "layer", class_names=["cat", "dog"])
+    second = GradCAM(model, "layer", class_names=["dog", "cat"])
+    a, b = explain.explain_together([first, second], A.clone(), targets="cat")
+    assert a.targets.tolist() == [0] and b.targets.tolist() == [1]
+    torch.testing.assert_close(a.raw.flatten(), torch.tensor([1.5, 0.0]))  # class 0 by hand, above
+    torch.testing.assert_close(b.raw.flatten(), torch.tensor([1.5, 2.5]))  # class 1 by hand, above

@@ -63,3 +63,27 @@ def test_bad_model_requests():
         models.load("resnet18", weights="NO_SUCH_WEIGHTS")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         models.load("resnet18", weights="missing.pth")
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "squeezenet1_1", "mobilenet_v3_small"])
+def test_local_weights_of_a_fine_tuned_head(tmp_path, arch):
+    # A fine-tuned file is the usual local-weights case: its head decides the class count.
+    reference = torchvision.models.get_model(arch, num_classes=7)
+    path = tmp_path / f"{arch}.pth"
+    torch.save(reference.state_dict(), path)
+    model, _, classes = models.load(arch, weights=path)
+    assert classes == [str(i) for i in range(7)]
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.equal(a, b)
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 7)
+
+
+def test_weight_enum_objects_are_accepted(monkeypatch):
+    from torchvision.models import _api
+
+    asked = []
+    monkeypatch.setattr(_api, "load_state_dict_from_url", lambda url, *a, **k: asked.append(url) or {})
+    weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
+    with pytest.raises(RuntimeError):  # the empty state dict does not fit; the request is what counts
+        models.load("resnet18", weights=weights)
+    assert asked == [weights.url]
