@@ -50,7 +50,7 @@ def _check_spatial(activations: dict[str, Tensor], images: Tensor) -> None:
                 "output with more than one location: pick an earlier convolutional layer"
             )
         # (N, h, w, C), as Swin and ConvNeXt-style blocks keep it, would be read as C = h.
-        if not on_input_grid(shape, images) and on_input_grid((*shape[:1], *shape[3:], *shape[1:3]), images):
+        if not on_input_grid(shape, images) and on_input_grid((shape[0], shape[3], shape[1], shape[2]), images):
             raise ValueError(
                 f"layer {name!r} outputs shape {shape}, which looks channels-last (N, h, w, C); a CAM "
                 "needs (N, C, h, w): pick the layer that permutes it back, or a convolution "

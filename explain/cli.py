@@ -221,8 +221,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
         except UsageError:
             raise
         except Exception as error:  # a corrupt or foreign file: say which, not a traceback
-            first_line = (str(error).splitlines() or [""])[0]
-            raise UsageError(f"cannot load model file {path}: {type(error).__name__}: {first_line}") from None
+            raise UsageError(f"cannot load model file {path}: {_in_brief(error)}") from None
         model = model.to(device).eval()
         preprocess = models.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop)
         class_names = getattr(model, "class_names", None)
@@ -249,12 +248,11 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
         with _export_log_kept() as logged:  # torch.export logs the cause, then raises a vaguer error
             try:
                 program = torch.export.load(path)
-            except Exception as error:
+            except Exception:
                 causes = [record.exc_info[1] for record in logged if record.exc_info]
                 if not causes:
                     raise
-                raise UsageError(f"cannot load model file {path}: {type(causes[0]).__name__}: "
-                                 f"{(str(causes[0]).splitlines() or [''])[0]}") from error
+                raise causes[0] from None
         return torch.export.unflatten(program), _exported_input_size(program)
     if any("/code/" in name or name.endswith("constants.pkl") for name in names):
         raise UsageError(
@@ -271,8 +269,7 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
         # weights_only loading names the first Python object it refuses; other failures
         # (not a torch file, cut short) are no reason to suggest trusting the file.
         if trust or "Unsupported global" not in str(error):
-            detail = "" if "Weights only load failed" in str(error) else (
-                f" ({type(error).__name__}: {(str(error).splitlines() or [''])[0]})")
+            detail = "" if "Weights only load failed" in str(error) else f" ({_in_brief(error)})"
             raise UsageError(f"cannot load {path}: not a PyTorch file, or a damaged one{detail}") from None
         raise UsageError(
             f"{path} holds pickled Python objects (a whole nn.Module?), and loading those runs "
@@ -287,6 +284,10 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
             f"weights: --model resnet50 --weights {path}"
         )
     raise UsageError(f"{path} holds a {type(loaded).__name__}, not an nn.Module")
+
+
+def _in_brief(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
 
 
 @contextmanager

@@ -146,11 +146,10 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
         weights = weights.name
     if weights is None or Path(weights).suffix in (".pt", ".pth", ".bin", ".ckpt") or Path(weights).is_file():
         state = None if weights is None else _read_state_dict(Path(weights))
-        head = {} if state is None else {"num_classes": _state_num_classes(state)}
-        model = tvm.get_model(name, weights=None, **{k: v for k, v in head.items() if v != 1000})
+        num_classes = 1000 if state is None else _state_num_classes(state)
+        model = tvm.get_model(name, weights=None, num_classes=num_classes)
         if state is not None:
             model.load_state_dict(state)
-        num_classes = _num_classes(model)
         classes = imagenet_classes() if num_classes == 1000 else [str(i) for i in range(num_classes)]
         crop = 299 if name == "inception_v3" else 224
         return model, imagenet_preprocess(resize=342 if crop == 299 else 256, crop=crop), classes
@@ -171,10 +170,5 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
 
 def _state_num_classes(state: dict[str, Tensor]) -> int:
     """Outputs of the classifier, read from the last weight matrix (or 1x1 conv) of a state dict."""
-    weights = [t for key, t in state.items() if key.endswith("weight") and getattr(t, "dim", lambda: 0)() >= 2]
+    weights = [t for key, t in state.items() if key.endswith("weight") and isinstance(t, Tensor) and t.dim() >= 2]
     return int(weights[-1].shape[0]) if weights else 1000
-
-
-def _num_classes(model: nn.Module) -> int:
-    last = [m for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))][-1]
-    return last.out_features if isinstance(last, nn.Linear) else last.out_channels
