@@ -169,6 +169,11 @@ class LayerCapture:
                     f"layer {name!r} returns {type(output).__name__}, not a tensor; pick a layer "
                     "whose output is a single tensor"
                 )
+            if any(isinstance(arg, Tensor) and arg.untyped_storage().data_ptr() == output.untyped_storage().data_ptr()
+                   for arg in args):
+                # The layer hands back (a view of) its input, which the caller may still
+                # change in place: keep a copy of the value as it is now.
+                output = output.clone()
             if not self.track_gradients:
                 self.activations[name] = output.detach()
                 return output.clone()

@@ -332,3 +332,32 @@ def test_namedtuple_output_with_a_callable_target():
     by_hand = torch.relu((weights[None, :, None, None] * model.conv(x).detach()).sum(dim=1))
     torch.testing.assert_close(res.raw, by_hand)
     assert isinstance(res.logits, Output) and not res.logits.logits.requires_grad
+
+
+@pytest.mark.parametrize("gradients", [True, False])
+def test_layer_that_returns_its_input_keeps_the_value_it_returned(gradients):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 2, 3)
+            self.identity = nn.Identity()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, x):
+            features = self.conv(x)
+            same = self.identity(features)
+            features.mul_(3)  # an in-place change through another name for the same tensor
+            return self.fc((same + features).mean(dim=(2, 3)))
+
+    model = Net().eval()
+    x = torch.randn(1, 3, 6, 6)
+    with torch.no_grad():
+        expected = model.conv(x)
+    with LayerCapture(model, {"identity": model.identity}, gradients=gradients) as capture:
+        scores = model(x)[:, 0]
+        if gradients:
+            capture.backward(scores)
+    torch.testing.assert_close(capture.activations["identity"].detach(), expected)
+    if gradients:  # d score / d same = fc.weight[0, k] / (h * w) at every location
+        by_hand = (model.fc.weight[0].detach() / 16)[None, :, None, None].expand(1, 2, 4, 4)
+        torch.testing.assert_close(capture.gradients["identity"], by_hand)
