@@ -81,3 +81,20 @@ def test_class_names_and_probabilities(bundled, photos):
     assert res.layers == ("bn2",)
     probs = res.probabilities
     assert probs[1] > 0.9 and 0.05 < probs[0] < 0.5
+
+
+def test_readme_quickstart_runs_and_prints_what_it_says(monkeypatch, tmp_path, capsys):
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    code = re.search(r"## Quickstart\s+```python\n(.*?)```", readme, re.S)[1]
+    monkeypatch.chdir(tmp_path)  # the overlay it saves lands here, not in the checkout
+    exec(code.replace('"data/images/', f'"{root}/data/images/'), {})
+    printed = capsys.readouterr().out.strip()
+    promised = re.search(r"print\(.*?\)\s+# (.*)", code)[1]
+    names, probability = re.fullmatch(r"(\[.*\]) tensor\(\[([\d.]+)\]\)", promised).groups()
+    assert printed.startswith(names)
+    assert float(re.search(r"tensor\(\[([\d.]+)\]\)", printed)[1]) == pytest.approx(float(probability), abs=1e-3)
+    assert (tmp_path / "coffee_gradcam.png").is_file()
