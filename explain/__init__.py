@@ -10,14 +10,28 @@
 
 from . import models
 from .base import Explainer, describe_methods, explainer, methods, register
-from .cam import (
+from .methods import (
+    CAM,
+    FEM,
+    ISCAM,
+    KPCACAM,
+    SSCAM,
+    AblationCAM,
+    BaseCAM,
+    EigenCAM,
     EigenGradCAM,
+    FinerCAM,
+    FullGrad,
     GradCAM,
     GradCAMElementWise,
     GradCAMPlusPlus,
     GradientCAM,
     HiResCAM,
     LayerCAM,
+    RandomCAM,
+    ScoreCAM,
+    ShapleyCAM,
+    SmoothGradCAMPlusPlus,
     XGradCAM,
     explain_together,
 )
@@ -26,19 +40,37 @@ from .hooks import LayerCapture
 from .layers import candidate_layers, find_target_layer
 from .overlay import denormalize, normalization_of, overlay, plot_explanations, to_rgb
 
+# Importing the package explain.methods bound its name here; the name stays the function
+# that lists the methods (the package is reached by `from explain.methods import ...`).
+from .base import methods  # noqa: E402,F811
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "AblationCAM",
+    "BaseCAM",
+    "CAM",
+    "EigenCAM",
     "EigenGradCAM",
     "Explainer",
     "Explanation",
+    "FEM",
+    "FinerCAM",
+    "FullGrad",
     "GradCAM",
     "GradCAMElementWise",
     "GradCAMPlusPlus",
     "GradientCAM",
     "HiResCAM",
+    "ISCAM",
+    "KPCACAM",
     "LayerCAM",
     "LayerCapture",
+    "RandomCAM",
+    "SSCAM",
+    "ScoreCAM",
+    "ShapleyCAM",
+    "SmoothGradCAMPlusPlus",
     "XGradCAM",
     "candidate_layers",
     "denormalize",

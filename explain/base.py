@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from .explanation import Explanation
 from .targets import Targets
 
-__all__ = ["Explainer", "check_images", "channel_hint", "describe_methods", "explainer", "methods", "register"]
+__all__ = ["Explainer", "check_images", "channel_hint", "describe_methods", "explainer", "method_class", "methods", "register"]
 
 _REGISTRY: dict[str, type[Explainer]] = {}
 
@@ -75,12 +75,17 @@ def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
     >>> type(cam).__name__
     'GradCAMPlusPlus'
     """
+    return method_class(method)(model, **kwargs)
+
+
+def method_class(method: str) -> type[Explainer]:
+    """The class registered as ``method``; names ignore case, dashes and underscores."""
     cls = _REGISTRY.get(_key(method))
     if cls is None:
         close = difflib.get_close_matches(_key(method), list(_REGISTRY), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(_REGISTRY[c].name for c in close)}? " if close else ""
         raise ValueError(f"unknown method {method!r}; {hint}known methods: {', '.join(methods())}")
-    return cls(model, **kwargs)
+    return cls
 
 
 def check_images(images: Tensor, model: nn.Module) -> Tensor:

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from . import __version__, models
 from .base import describe_methods, explainer, methods
-from .cam import explain_together
+from .methods import explain_together
 from .heap import ReusedHeap
 from .images import IMAGE_EXTENSIONS, ImageError, load_rgb
 from .layers import candidate_layers, find_target_layer

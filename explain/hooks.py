@@ -13,7 +13,7 @@ there: an explanation costs about one forward pass.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -199,14 +199,16 @@ class LayerCapture:
         self.gradients.clear()
         self._calls.clear()
 
-    def backward(self, scores: Tensor) -> None:
+    def backward(self, scores: Tensor, inputs: Sequence[Tensor] = ()) -> tuple[Tensor, ...]:
         """Back-propagate ``scores`` to the captured layers and store their gradients.
 
         ``scores`` holds one score per image (or is a scalar); images are independent in
         eval mode, so their sum yields each image's own gradient in one pass. (A model whose
         eval-mode output mixes the images of a batch, such as batch norm without running
         statistics, must be explained one image at a time.) The graph is kept, so
-        ``backward`` can be called again for another target.
+        ``backward`` can be called again for another target. The gradients with respect to
+        ``inputs`` (tensors that require grad, such as the images, for methods that need the
+        input gradient too) are returned.
         """
         if not self.track_gradients:
             raise RuntimeError("this LayerCapture was made with gradients=False")
@@ -225,7 +227,9 @@ class LayerCapture:
         activations = [self.activations[name] for name in self.layers]
         # The probes' backward hooks fill self.gradients; autograd.grad only drives the pass
         # (and, unlike .backward(), accumulates nothing into any .grad).
-        torch.autograd.grad(scores.sum(), activations, retain_graph=True, allow_unused=True)
+        extra = tuple(inputs)
+        grads = torch.autograd.grad(scores.sum(), [*extra, *activations], retain_graph=True, allow_unused=True)
         unused = [name for name in self.layers if name not in self.gradients]
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")
+        return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(extra, grads))

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import explain
-from explain.cam import (
+from explain.methods.gradient_cams import (
     EigenGradCAM,
     GradCAM,
     GradCAMElementWise,

@@ -1,0 +1,65 @@
+"""The explanation methods, one module per family.
+
+- :mod:`~explain.methods.gradient_cams`: maps from a layer's activations and gradients
+  (Grad-CAM, Grad-CAM++, XGrad-CAM, HiResCAM, LayerCAM, the element-wise and Eigen variants,
+  SmoothGrad-CAM++, Shapley-CAM, Finer-CAM);
+- :mod:`~explain.methods.full_gradient`: FullGrad, through every layer with a bias;
+- :mod:`~explain.methods.gradient_free_cams`: maps from activations alone (CAM, Eigen-CAM,
+  KPCA-CAM, FEM, Random-CAM);
+- :mod:`~explain.methods.perturbation_cams`: channel weights from perturbed passes
+  (Score-CAM, SS-CAM, IS-CAM, Ablation-CAM).
+
+:mod:`~explain.methods.cam_base` holds what they share (the capture, ``eigen_smooth``,
+``aug_smooth``, :func:`explain_together`); :mod:`~explain.methods.layer_replay` runs the
+layers after a target layer on their own. A new method is one class over
+:class:`~explain.methods.cam_base.BaseCAM` (or :class:`~explain.Explainer`), registered with
+:func:`explain.register`.
+"""
+
+# The import order is the order explain.methods() lists the methods in.
+from .gradient_cams import (  # isort: skip
+    EigenGradCAM,
+    FinerCAM,
+    GradCAM,
+    GradCAMElementWise,
+    GradCAMPlusPlus,
+    GradientCAM,
+    HiResCAM,
+    LayerCAM,
+    ShapleyCAM,
+    SmoothGradCAMPlusPlus,
+    XGradCAM,
+)
+from .gradient_free_cams import CAM, FEM, KPCACAM, EigenCAM, RandomCAM  # isort: skip
+from .perturbation_cams import ISCAM, SSCAM, AblationCAM, ScoreCAM  # isort: skip
+from .full_gradient import FullGrad  # isort: skip
+from .cam_base import BaseCAM, Captured, explain_together  # isort: skip
+from .layer_replay import LayerReplay  # isort: skip
+
+__all__ = [
+    "CAM",
+    "FEM",
+    "ISCAM",
+    "KPCACAM",
+    "SSCAM",
+    "AblationCAM",
+    "BaseCAM",
+    "Captured",
+    "EigenCAM",
+    "EigenGradCAM",
+    "FinerCAM",
+    "FullGrad",
+    "GradCAM",
+    "GradCAMElementWise",
+    "GradCAMPlusPlus",
+    "GradientCAM",
+    "HiResCAM",
+    "LayerCAM",
+    "LayerReplay",
+    "RandomCAM",
+    "ScoreCAM",
+    "ShapleyCAM",
+    "SmoothGradCAMPlusPlus",
+    "XGradCAM",
+    "explain_together",
+]

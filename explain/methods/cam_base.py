@@ -1,0 +1,352 @@
+"""What every class-activation-map method shares.
+
+A CAM method explains a score through one or more target layers. :class:`BaseCAM` picks
+the layers, runs the model once through the hook engine (:meth:`BaseCAM.capture`: the
+forward pass, and one backward pass per target for methods that use gradients), and turns
+what it recorded into an :class:`~explain.Explanation` (:meth:`BaseCAM.explain`). A method
+only says how a layer's map is made: most give per-channel terms (a weight times the
+channel's activation), whose sum over channels is the map.
+
+Two options apply to every method made of per-channel terms:
+
+- ``eigen_smooth``: the map is the first principal component of the terms instead of their
+  sum (pytorch-grad-cam's option of that name), with the sign that agrees with the sum;
+- ``aug_smooth``: the images are also explained flipped and rescaled; each map is mapped
+  back (flipped back, resized to the input size) and the maps are averaged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import Explainer, channel_hint, check_images
+from ..explanation import Explanation, scale_maps
+from ..hooks import LayerCapture
+from ..layers import LayerSpec, find_target_layer, on_input_grid, resolve_layers
+from ..targets import Targets, select_targets
+
+__all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "explain_together", "principal_component", "safe_divide"]
+
+
+def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
+    """numerator / denominator, and 0 where the denominator is 0.
+
+    >>> safe_divide(torch.tensor([1.0, 2.0]), torch.tensor([2.0, 0.0]))
+    tensor([0.5000, 0.0000])
+    """
+    nonzero = denominator != 0
+    return torch.where(nonzero, numerator / torch.where(nonzero, denominator, 1.0), 0.0)
+
+
+def agree_in_sign(projection: Tensor, evidence: Tensor) -> Tensor:
+    """``projection`` (N, P), negated per row where it correlates negatively with
+    ``evidence`` (N, P). A principal component's sign is arbitrary; this makes it follow the
+    evidence, so a map is never inverted at random."""
+    agreement = ((projection - projection.mean(1, keepdim=True))
+                 * (evidence - evidence.mean(1, keepdim=True))).sum(1)
+    return projection * torch.where(agreement < 0, -1.0, 1.0)[:, None]
+
+
+def principal_component(terms: Tensor) -> Tensor:
+    """Projection of each location's channel vector on the first principal component.
+
+    ``terms`` is (N, C, h, w). With X the (h*w, C) matrix of one image, centred per
+    channel, the map is X v1, v1 the first right singular vector of X, signed to agree
+    with the channel sum of ``terms``. Returns (N, h, w).
+
+    >>> terms = torch.tensor([[[[2.0, -2.0]], [[4.0, -3.0]]]])  # C = 2 on a 1 x 2 grid
+    >>> principal_component(terms).flatten().tolist()  # +-sqrt(16.25)
+    [4.031128883361816, -4.031128883361816]
+    """
+    n, c, h, w = terms.shape
+    matrix = terms.flatten(2).transpose(1, 2)  # (N, h*w, C)
+    centred = matrix - matrix.mean(dim=1, keepdim=True)
+    _, _, vh = torch.linalg.svd(centred, full_matrices=False)
+    projection = (centred @ vh[:, 0, :, None]).squeeze(2)
+    return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, h, w)
+
+
+def check_spatial(activations: dict[str, Tensor], images: Tensor) -> None:
+    for name, activation in activations.items():
+        shape = tuple(activation.shape)
+        if activation.dim() != 4 or activation.shape[-2:].numel() < 2:
+            raise ValueError(
+                f"layer {name!r} outputs shape {shape}; a CAM needs an (N, C, h, w) "
+                "output with more than one location: pick an earlier convolutional layer"
+            )
+        # (N, h, w, C), as Swin and ConvNeXt-style blocks keep it, would be read as C = h.
+        if not on_input_grid(shape, images) and on_input_grid((shape[0], shape[3], shape[1], shape[2]), images):
+            raise ValueError(
+                f"layer {name!r} outputs shape {shape}, which looks channels-last (N, h, w, C); a CAM "
+                "needs (N, C, h, w): pick the layer that permutes it back, or a convolution "
+                "(`explain layers MODEL` lists the spatial ones)"
+            )
+
+
+def detached(output):
+    """The model output without its autograd graph, whatever container holds it."""
+    if isinstance(output, Tensor):
+        return output.detach()
+    if isinstance(output, dict):
+        return {key: detached(value) for key, value in output.items()}
+    if isinstance(output, tuple) and hasattr(output, "_fields"):  # a namedtuple
+        return type(output)(*(detached(value) for value in output))
+    if isinstance(output, (tuple, list)):
+        return type(output)(detached(value) for value in output)
+    return output
+
+
+@dataclass(frozen=True)
+class Captured:
+    """What one pass through the target layers recorded: everything most CAMs need.
+
+    ``gradients[name]`` holds one (N, C, h, w) tensor per explained target (k with
+    ``topk``), and is empty when the pass recorded no gradients. ``images`` are the checked
+    input; ``custom_target`` is the callable that chose the scores, if one did.
+    """
+
+    activations: dict[str, Tensor]
+    gradients: dict[str, list[Tensor]]
+    output: Tensor | dict | tuple
+    targets: Tensor
+    input_size: tuple[int, int]
+    images: Tensor
+    custom_target: Callable[[Tensor], Tensor] | None = None
+    #: What a method's own capture adds, e.g. SmoothGrad-CAM++'s averaged higher derivatives.
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_targets(self) -> int:
+        """Targets explained per image: 1, or k with ``topk``."""
+        return 1 if self.targets.dim() == 1 else self.targets.shape[1]
+
+    def target_ids(self, k: int) -> Tensor:
+        """(N,) class ids of the k-th explained target."""
+        return self.targets if self.targets.dim() == 1 else self.targets[:, k]
+
+    def scores(self, output, rows: Tensor, *, probability: bool = False) -> Tensor:
+        """Scores of the explained targets in ``output``, a model output on images derived
+        from ``images[rows]`` (one output row per entry of ``rows``): (len(rows), num_targets).
+
+        With ``probability``, class targets are scored by their softmax probability; a
+        callable target's score is taken as it is.
+        """
+        if self.custom_target is not None:
+            return self.custom_target(output)[:, None].float()
+        output = output.float()
+        if probability:
+            output = output.softmax(dim=1)
+        ids = self.targets.view(self.targets.shape[0], -1)[rows]  # (B, num_targets)
+        return output.gather(1, ids)
+
+
+# Test-time augmentations for aug_smooth: (horizontal flip, scale of the image side).
+AUGMENTATIONS = tuple((flip, scale) for flip in (False, True) for scale in (0.9, 1.0, 1.1))
+
+
+class BaseCAM(Explainer):
+    """Base class of the class-activation-map methods.
+
+    Parameters
+    ----------
+    model:
+        A classifier returning (N, num_classes) logits (or any output, with a callable target).
+    target_layer:
+        A submodule, its dotted name, a list of them, or ``None`` to pick the last spatial
+        layer before global pooling on the first call.
+    class_names:
+        Names of the classes, for targets given by name; defaults to ``model.class_names``.
+    eigen_smooth:
+        Map each layer by the first principal component of the method's per-channel terms
+        instead of their sum.
+    aug_smooth:
+        Average the maps of the images as given, flipped, and rescaled by 0.9 and 1.1 (six
+        passes), each mapped back onto the input; targets are those of the images as given.
+
+    Subclasses set ``uses_gradients`` and implement :meth:`channel_terms` (or
+    :meth:`layer_map` for maps that are not a sum over channels).
+    """
+
+    #: Whether the capture needs one backward pass per target.
+    uses_gradients: ClassVar[bool] = True
+    #: Whether the map is clipped at zero, as most CAMs are ("ReLU(sum_k ...)").
+    final_relu: ClassVar[bool] = True
+    #: Whether the map is a sum of per-channel terms, so that eigen_smooth applies.
+    channel_sum: ClassVar[bool] = True
+    #: Whether explain_together may hand this method a pass captured for another one.
+    shares_capture: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+    ):
+        super().__init__(model, class_names=class_names)
+        if eigen_smooth and not self.channel_sum:
+            raise ValueError(
+                f"{type(self).__name__} is not a sum over channels, so eigen_smooth does not apply to it"
+            )
+        self.eigen_smooth = bool(eigen_smooth)
+        self.aug_smooth = bool(aug_smooth)
+        self._layers = None if target_layer is None else resolve_layers(model, target_layer)
+
+    def target_layers(self, images: Tensor) -> dict[str, nn.Module]:
+        """The layers to explain; the automatic choice is made once, on ``images[:1]``."""
+        if self._layers is None:
+            name = find_target_layer(self.model, images[:1])
+            self._layers = {name: self.model.get_submodule(name)}
+        return self._layers
+
+    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """Explain ``targets`` (default: each image's top class) for a batch of images.
+
+        ``targets`` is a class id, a class name, a list with one of those per image, or a
+        callable ``f(output) -> (N,) scores``; ``topk=k`` explains each image's k best classes
+        in one pass and gives maps of shape (N, k, H, W).
+        """
+        if self.aug_smooth:
+            return self._augmented(images, targets, topk)
+        return self.explain(self.capture(images, targets, topk=topk))
+
+    def capture(
+        self, images: Tensor, targets: Targets = None, *, topk: int | None = None, gradients: bool | None = None
+    ) -> Captured:
+        """One forward pass through the target layers, and one backward pass per target when
+        ``gradients`` (default: when this method uses them)."""
+        images = check_images(images, self.model)
+        layers = self.target_layers(images)
+        with_gradients = self.uses_gradients if gradients is None else gradients
+        with LayerCapture(self.model, layers, gradients=with_gradients) as capture:
+            with channel_hint(images):
+                output = self.model(images)
+            scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
+            check_spatial(capture.activations, images)
+            recorded: dict[str, list[Tensor]] = {}
+            if with_gradients:
+                scores = self.explained_scores(output, scores, ids)
+                recorded = {name: [] for name in layers}
+                for column in (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1):
+                    for name, gradient in self.record_gradients(capture, column).items():
+                        recorded[name].append(gradient)
+            activations = {name: capture.activations[name].detach().float() for name in layers}
+        custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
+        return Captured(activations, recorded, detached(output), ids, tuple(images.shape[-2:]), images, custom)
+
+    def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
+        """The scores to differentiate, from the target scores (logits) that were selected;
+        methods that explain another score of the same target change this."""
+        return scores
+
+    def record_gradients(self, capture: LayerCapture, scores: Tensor) -> dict[str, Tensor]:
+        """Gradients of ``scores`` (N,) at the target layers, as the method uses them."""
+        capture.backward(scores)
+        return {name: gradient.float() for name, gradient in capture.gradients.items()}
+
+    def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
+        """(N, C, h, w) terms whose sum over channels is the map of target ``k`` at ``layer``."""
+        raise NotImplementedError
+
+    def layer_map(self, captured: Captured, layer: str, k: int) -> Tensor:
+        """(N, h, w) map of target ``k`` at ``layer``, before the final ReLU."""
+        terms = self.channel_terms(captured, layer, k)
+        return principal_component(terms) if self.eigen_smooth else terms.sum(dim=1)
+
+    def layer_maps(self, captured: Captured, layer: str) -> Tensor:
+        """(N, num_targets, h, w) maps at ``layer``, before the final ReLU."""
+        return torch.stack([self.layer_map(captured, layer, k) for k in range(captured.num_targets)], dim=1)
+
+    def explain(self, captured: Captured) -> Explanation:
+        """This method's maps from what :meth:`capture` recorded (by this or another method)."""
+        raw_layers = {}
+        for name in captured.activations:
+            raw = self.layer_maps(captured, name)
+            if self.final_relu:
+                raw = F.relu(raw)
+            raw_layers[name] = raw.squeeze(1) if captured.targets.dim() == 1 else raw
+        return _explanation(raw_layers, captured, self.name, self.class_names)
+
+    def _augmented(self, images: Tensor, targets: Targets, topk: int | None) -> Explanation:
+        """aug_smooth: the mean of the maps over AUGMENTATIONS, each mapped back."""
+        images = check_images(images, self.model)
+        size = tuple(images.shape[-2:])
+        plain = self.explain(self.capture(images, targets, topk=topk))
+        fixed = targets if callable(targets) and not isinstance(targets, Tensor) else plain.targets
+        total = torch.zeros_like(plain.maps)
+        for flip, scale in AUGMENTATIONS:
+            if not flip and scale == 1.0:
+                total += plain.maps
+                continue
+            augmented = images.flip(-1) if flip else images
+            if scale != 1.0:
+                augmented = F.interpolate(augmented, scale_factor=scale, mode="bilinear", align_corners=False)
+            maps = self.explain(self.capture(augmented, fixed)).maps
+            maps = maps if maps.dim() == 4 else maps[:, None]
+            maps = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
+            total += (maps.flip(-1) if flip else maps).reshape(total.shape)
+        maps = scale_maps(total / len(AUGMENTATIONS), size)
+        return Explanation(maps, plain.raw_layers, plain.logits, plain.targets, self.name, self.class_names)
+
+
+def _explanation(raw_layers: dict[str, Tensor], captured: Captured, method: str, class_names) -> Explanation:
+    """Scale each layer's raw maps to the input size; several layers are averaged and scaled again."""
+    size = captured.input_size
+    maps = torch.stack([scale_maps(raw, size) for raw in raw_layers.values()]).mean(dim=0)
+    if len(raw_layers) > 1:
+        maps = scale_maps(maps, size)
+    return Explanation(maps, raw_layers, captured.output, captured.targets, method, class_names)
+
+
+def explain_together(
+    explainers: Sequence[Explainer], images: Tensor, targets: Targets = None, *, topk: int | None = None
+) -> list[Explanation]:
+    """Explain one batch with several explainers, sharing the passes they can share.
+
+    CAMs of the same model and target layers start from the same activations (and, for
+    gradient methods, the same gradients), so they share one forward pass and one backward
+    pass per target: comparing k gradient CAMs costs what one does, and a perturbation CAM
+    adds only its own perturbed passes. Explainers with passes of their own (noise samples,
+    augmentations, higher derivatives) and any other explainer run on their own.
+
+    >>> import torchvision
+    >>> from explain import GradCAM, LayerCAM
+    >>> model = torchvision.models.resnet18().eval()
+    >>> cams = [GradCAM(model, "layer4"), LayerCAM(model, "layer4")]
+    >>> gradcam, layercam = explain_together(cams, torch.rand(2, 3, 64, 64))
+    >>> layercam.method, tuple(layercam.maps.shape)
+    ('layercam', (2, 64, 64))
+    """
+    checked: dict[int, Tensor] = {}  # images checked against each model, once
+    keys: list[tuple | None] = []
+    for explainer in explainers:
+        if not isinstance(explainer, BaseCAM) or not explainer.shares_capture or explainer.aug_smooth:
+            keys.append(None)
+            continue
+        model = id(explainer.model)
+        if model not in checked:
+            checked[model] = check_images(images, explainer.model)
+        layers = explainer.target_layers(checked[model])
+        keys.append((model, tuple(explainer.class_names or ()), *layers.items()))
+    needs_gradients = {key: False for key in keys if key is not None}
+    for key, explainer in zip(keys, explainers):
+        if key is not None:
+            needs_gradients[key] |= explainer.uses_gradients
+    captures: dict[tuple, Captured] = {}
+    results = []
+    for key, explainer in zip(keys, explainers):
+        if key is None:
+            results.append(explainer(images, targets, topk=topk))
+            continue
+        if key not in captures:
+            captures[key] = explainer.capture(images, targets, topk=topk, gradients=needs_gradients[key])
+        results.append(explainer.explain(captures[key]))
+    return results

@@ -1,0 +1,238 @@
+"""Gradient-free CAMs: maps from a layer's activations A alone (and, for CAM, the weights of
+the linear classifier that follows it). They need one forward pass and no backward pass,
+and share that pass with the other CAMs in :func:`~explain.explain_together`.
+
+Except CAM, these maps do not depend on the explained class: they show what the layer
+finds salient in the image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import register
+from ..layers import LayerSpec, resolve_layers
+from .cam_base import BaseCAM, Captured, agree_in_sign, principal_component
+
+__all__ = ["CAM", "EigenCAM", "FEM", "KPCACAM", "RandomCAM", "kernel_principal_component"]
+
+
+@register
+class CAM(BaseCAM):
+    """CAM: activations weighted by the classifier's weights for the class.
+
+    L = sum_k W_ck A^k, where logits = W mean_ij(A) + b: the model must end in global
+    average pooling and one linear layer over the target layer's output. The paper applies
+    no ReLU, and neither does this (the map is min-max scaled); where CAM applies,
+    Grad-CAM's map is ReLU of this one divided by h*w.
+
+    The linear layer (``fc_layer``: a module or a dotted name) is found automatically as
+    the last ``nn.Linear`` whose shape fits, and it is checked on every call that the
+    model's logits equal W mean(A) + b; where they do not, a ``ValueError`` says why.
+
+    Zhou et al., "Learning Deep Features for Discriminative Localization", CVPR 2016, eq. 1-2.
+    """
+
+    name = "cam"
+    uses_gradients = False
+    final_relu = False
+
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        fc_layer: str | nn.Linear | None = None,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+    ):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        self._fc = None
+        if fc_layer is not None:
+            ((name, self._fc),) = resolve_layers(model, fc_layer).items()
+            if not isinstance(self._fc, nn.Linear):
+                raise ValueError(f"fc_layer {name!r} is a {type(self._fc).__name__}, not an nn.Linear")
+
+    def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
+        activations = captured.activations[layer]
+        weight = self.classifier_weight(captured, layer)
+        return weight[captured.target_ids(k)][:, :, None, None] * activations
+
+    def classifier_weight(self, captured: Captured, layer: str) -> Tensor:
+        """The (num_classes, C) weight of the linear layer that turns the pooled ``layer``
+        into the logits, after checking that it does."""
+        logits = captured.output
+        if captured.custom_target is not None or not isinstance(logits, Tensor) or logits.dim() != 2:
+            raise ValueError("CAM explains class logits of an (N, num_classes) output; pass class targets, not a callable")
+        activations = captured.activations[layer]
+        channels, classes = activations.shape[1], logits.shape[1]
+        candidates = [self._fc] if self._fc is not None else [
+            m for m in reversed(list(self.model.modules()))
+            if isinstance(m, nn.Linear) and m.in_features == channels and m.out_features == classes
+        ]
+        if not candidates:
+            raise ValueError(
+                f"CAM needs a linear layer from the {channels} channels of layer {layer!r} to the {classes} "
+                "logits after global average pooling, and the model has none; explain the layer whose "
+                "output is pooled, or use Grad-CAM, which equals ReLU(CAM) where CAM applies"
+            )
+        pooled = activations.mean(dim=(2, 3))
+        for fc in candidates:
+            weight = fc.weight.detach().float()
+            bias = None if fc.bias is None else fc.bias.detach().float()
+            expected = F.linear(pooled, weight, bias)
+            if expected.shape == logits.shape and torch.allclose(
+                expected, logits.float(), rtol=1e-3, atol=1e-3 * float(logits.abs().max().clamp_min(1))
+            ):
+                return weight
+        raise ValueError(
+            f"the logits are not a linear function of the average-pooled output of layer {layer!r} "
+            "(CAM's premise: global average pooling, then one linear layer); explain the layer whose "
+            "output is pooled, pass fc_layer=, or use Grad-CAM, which needs no such head"
+        )
+
+
+@register
+class EigenCAM(BaseCAM):
+    """Eigen-CAM: the first principal component of the activations.
+
+    With X the (h*w, C) matrix of A, centred per channel, L = ReLU(X v1), v1 the first right
+    singular vector of X. Its sign is arbitrary; it is chosen so that the map correlates
+    positively with sum_k A^k, so a map is never inverted at random. (Centring follows
+    pytorch-grad-cam; it keeps the component from being the mean activation.)
+
+    Muhammad & Yeasin, "Eigen-CAM: Class Activation Map using Principal Components",
+    IJCNN 2020.
+    """
+
+    name = "eigencam"
+    uses_gradients = False
+    channel_sum = False
+
+    def layer_map(self, captured: Captured, layer: str, k: int) -> Tensor:
+        return principal_component(captured.activations[layer])
+
+
+def kernel_principal_component(activations: Tensor, kernel: str = "sigmoid", gamma: float | None = None,
+                               degree: int = 3, coef0: float = 1.0) -> Tensor:
+    """Projection of each location on the first kernel principal component.
+
+    ``activations`` is (N, C, h, w); each image's (h*w, C) matrix X is centred per channel,
+    the kernel matrix K_ij = k(x_i, x_j) is centred in feature space
+    (K - 1K - K1 + 1K1, 1 the matrix of 1/(h*w)), and the projection is sqrt(l1) v1 for the
+    largest eigenvalue l1 of the centred K and its eigenvector v1 (what scikit-learn's
+    ``KernelPCA(n_components=1).fit_transform`` returns), signed to agree with sum_k A^k.
+    Kernels as in scikit-learn, with its defaults: ``sigmoid`` tanh(gamma <x, y> + coef0),
+    ``rbf`` exp(-gamma |x - y|^2), ``poly`` (gamma <x, y> + coef0)^degree, ``linear``,
+    ``cosine``; gamma defaults to 1 / C. Returns (N, h, w).
+    """
+    n, c, h, w = activations.shape
+    matrix = activations.flatten(2).transpose(1, 2).double()  # (N, h*w, C)
+    x = matrix - matrix.mean(dim=1, keepdim=True)
+    gamma = 1.0 / c if gamma is None else gamma
+    dot = x @ x.transpose(1, 2)
+    if kernel == "sigmoid":
+        gram = torch.tanh(gamma * dot + coef0)
+    elif kernel == "rbf":
+        squared = dot.diagonal(dim1=1, dim2=2)
+        gram = torch.exp(-gamma * (squared[:, :, None] + squared[:, None, :] - 2 * dot).clamp_min(0))
+    elif kernel == "poly":
+        gram = (gamma * dot + coef0) ** degree
+    elif kernel == "linear":
+        gram = dot
+    elif kernel == "cosine":
+        norms = x.norm(dim=2).clamp_min(1e-12)
+        gram = dot / (norms[:, :, None] * norms[:, None, :])
+    else:
+        raise ValueError(f"unknown kernel {kernel!r}; use sigmoid, rbf, poly, linear or cosine")
+    gram = gram - gram.mean(dim=1, keepdim=True) - gram.mean(dim=2, keepdim=True) + gram.mean(dim=(1, 2), keepdim=True)
+    values, vectors = torch.linalg.eigh(gram)  # ascending
+    projection = vectors[:, :, -1] * values[:, -1:].clamp_min(0).sqrt()
+    return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, h, w).to(activations.dtype)
+
+
+@register
+class KPCACAM(BaseCAM):
+    """KPCA-CAM: the first kernel principal component of the activations.
+
+    Like Eigen-CAM, with the principal component taken in the feature space of a kernel
+    (default sigmoid, gamma = 1/C, as pytorch-grad-cam's default), which captures non-linear
+    structure among the channels; see :func:`kernel_principal_component`. The sign agrees
+    with sum_k A^k; L = ReLU of the projection.
+
+    Karmani et al., "KPCA-CAM: Visual Explainability of Deep Computer Vision Models using
+    Kernel PCA", IEEE MMSP 2024, arXiv:2410.00267.
+    """
+
+    name = "kpcacam"
+    uses_gradients = False
+    channel_sum = False
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, kernel: str = "sigmoid",
+                 gamma: float | None = None, class_names: Sequence[str] | None = None, aug_smooth: bool = False):
+        super().__init__(model, target_layer, class_names=class_names, aug_smooth=aug_smooth)
+        kernel_principal_component(torch.ones(1, 1, 1, 2), kernel)  # an unknown kernel fails now
+        self.kernel, self.gamma = kernel, gamma
+
+    def layer_map(self, captured: Captured, layer: str, k: int) -> Tensor:
+        return kernel_principal_component(captured.activations[layer], self.kernel, self.gamma)
+
+
+@register
+class FEM(BaseCAM):
+    """FEM (feature explanation method): channels weighted by how often they fire strongly.
+
+    w_k = mean_ij [A^k_ij > mu_k + K sigma_k] (mu_k, sigma_k the mean and population
+    standard deviation of channel k over space, K = ``k`` = 2 by default);
+    L = ReLU(sum_k w_k A^k).
+
+    Fuad et al., "Features understanding in 3D CNNs for actions recognition in video",
+    IPTA 2020; for images as in pytorch-grad-cam's FEM.
+    """
+
+    name = "fem"
+    uses_gradients = False
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, k: float = 2.0,
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        self.k = k
+
+    def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
+        activations = captured.activations[layer]
+        mean = activations.mean(dim=(2, 3), keepdim=True)
+        std = activations.std(dim=(2, 3), keepdim=True, correction=0)
+        weights = (activations > mean + self.k * std).float().mean(dim=(2, 3), keepdim=True)
+        return weights * activations
+
+
+@register
+class RandomCAM(BaseCAM):
+    """Random-CAM: activations weighted by random numbers, a baseline for sanity checks.
+
+    w_k ~ U(-1, 1), drawn per image, target and channel; L = ReLU(sum_k w_k A^k). A faithful
+    method should do clearly better than this on any metric. ``seed`` makes it repeatable.
+
+    As pytorch-grad-cam's RandomCAM.
+    """
+
+    name = "randomcam"
+    uses_gradients = False
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, seed: int | None = None,
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        self.seed = seed
+
+    def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
+        activations = captured.activations[layer]
+        generator = None
+        if self.seed is not None:
+            generator = torch.Generator(activations.device).manual_seed(self.seed + k)
+        weights = torch.rand(activations.shape[:2], generator=generator, device=activations.device) * 2 - 1
+        return weights[:, :, None, None] * activations

@@ -1,0 +1,258 @@
+"""Perturbation CAMs: each channel is weighted by how the model's score answers a change
+made with that channel, without gradients.
+
+Score-CAM and its smoothed (SS-CAM) and integrated (IS-CAM) variants mask the input with
+each channel's upsampled activation and run the whole model on the masked images;
+Ablation-CAM zeroes each channel in turn and runs only the layers after the target
+(:class:`~explain.methods.layer_replay.LayerReplay`). Both cost one forward pass per
+channel, made as cheap as the method allows:
+
+- batched, ``batch_size`` perturbed images (or activations) per pass, under
+  ``torch.inference_mode()`` on the input's device;
+- exact shortcuts only: channels with identical activations share one masked pass, a
+  constant channel (all zero in trained ReLU networks, often over half of the last layer)
+  needs no pass in Score-CAM, and an all-zero channel none in Ablation-CAM, where zeroing it
+  changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..base import register
+from ..hooks import preserved_state
+from ..layers import LayerSpec
+from .cam_base import BaseCAM, Captured, principal_component, safe_divide
+from .layer_replay import LayerReplay
+
+__all__ = ["AblationCAM", "ISCAM", "SSCAM", "ScoreCAM"]
+
+
+def _check_batch_size(batch_size: int) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    return batch_size
+
+
+class PerturbationCAM(BaseCAM):
+    """Base class: the map is sum_k w_k A^k with channel weights from perturbed passes."""
+
+    uses_gradients = False
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 32,
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        self.batch_size = _check_batch_size(batch_size)
+
+    def channel_weights(self, captured: Captured, layer: str) -> Tensor:
+        """(N, num_targets, C) weights of the channels of ``layer``."""
+        raise NotImplementedError
+
+    def layer_maps(self, captured: Captured, layer: str) -> Tensor:
+        activations = captured.activations[layer]
+        with preserved_state(self.model), torch.inference_mode():
+            weights = self.channel_weights(captured, layer)
+        maps = []
+        for k in range(captured.num_targets):
+            terms = weights[:, k, :, None, None] * activations
+            maps.append(principal_component(terms) if self.eigen_smooth else terms.sum(dim=1))
+        return torch.stack(maps, dim=1)
+
+
+@register
+class ScoreCAM(PerturbationCAM):
+    """Score-CAM: channels weighted by the class probability of the image masked by them.
+
+    H^k = s(Up(A^k)), the activation upsampled to the input size (bilinear) and min-max
+    scaled to [0, 1]; w_k = softmax(f(X * H^k))_c, the probability of the explained class
+    for the masked image; L = ReLU(sum_k w_k A^k). A channel whose upsampled activation is
+    constant carries no mask and gets w_k = 0, as in the authors' code. (The authors sum
+    w_k Up(A^k) at input size; the sum here is at layer size and then upsampled, like every
+    CAM of the library, so the ReLU comes before the upsampling.) For a callable target,
+    its score replaces the probability.
+
+    ``weighting="channel-softmax"`` gives pytorch-grad-cam's and torchcam's reading
+    instead: w = softmax over channels of the masked images' target logits, constant
+    channels scored with an all-zero mask.
+
+    Wang et al., "Score-CAM: Score-Weighted Visual Explanations for Convolutional Neural
+    Networks", CVPR Workshops 2020, eq. 6-8 and Algorithm 1;
+    https://github.com/haofanwang/Score-CAM.
+    """
+
+    name = "scorecam"
+    weightings = ("probability", "channel-softmax")
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 32,
+                 weighting: str = "probability", class_names: Sequence[str] | None = None,
+                 eigen_smooth: bool = False, aug_smooth: bool = False):
+        super().__init__(model, target_layer, batch_size=batch_size, class_names=class_names,
+                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        if weighting not in self.weightings:
+            raise ValueError(f"weighting must be one of {', '.join(self.weightings)}; got {weighting!r}")
+        self.weighting = weighting
+
+    def sample_masks(self, masks: Tensor, keys: Tensor) -> Iterator[Tensor]:
+        """The masks whose scores are averaged into a channel's score; ``masks`` (B, 1, H, W)
+        are the scaled channel activations, ``keys`` (B,) number them within the call."""
+        yield masks
+
+    def channel_weights(self, captured: Captured, layer: str) -> Tensor:
+        activations = captured.activations[layer]
+        images = captured.images
+        n, channels = activations.shape[:2]
+        softmax_over_channels = self.weighting == "channel-softmax"
+        flat = activations.flatten(2)
+        constant = flat.amax(dim=2) == flat.amin(dim=2)
+        # One masked pass per distinct channel of each image (all constant channels share
+        # the all-zero mask, which only the channel-softmax reading scores).
+        owners, rows, slots = [], [], torch.empty(n, channels, dtype=torch.long, device=flat.device)
+        for i in range(n):
+            distinct, inverse = torch.unique(flat[i], dim=0, return_inverse=True)
+            slots[i] = inverse + len(rows)
+            rows.extend(distinct)
+            owners.extend([i] * len(distinct))
+        rows = torch.stack(rows)
+        owners = torch.tensor(owners, device=flat.device)
+        constant_rows = rows.amax(dim=1) == rows.amin(dim=1)
+        wanted = torch.arange(len(rows), device=flat.device)
+        if not softmax_over_channels:
+            wanted = wanted[~constant_rows]
+        scores = torch.zeros(len(rows), captured.num_targets, device=flat.device)
+        size = captured.input_size
+        for chunk in wanted.split(self.batch_size):
+            low = rows[chunk].reshape(len(chunk), 1, *activations.shape[-2:])
+            up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
+            low_end = up.amin(dim=(2, 3), keepdim=True)
+            span = up.amax(dim=(2, 3), keepdim=True) - low_end
+            masks = safe_divide(up - low_end, span)
+            sources = images[owners[chunk]]
+            total = 0.0
+            count = 0
+            for sample in self.sample_masks(masks, chunk):
+                output = self.model(sources * sample.to(images.dtype))
+                total = total + captured.scores(output, owners[chunk], probability=not softmax_over_channels)
+                count += 1
+            scores[chunk] = total / count
+        weights = scores[slots]  # (N, C, num_targets)
+        if softmax_over_channels:
+            weights = weights.softmax(dim=1)
+        else:
+            weights = weights.masked_fill(constant[:, :, None], 0.0)
+        return weights.transpose(1, 2)
+
+
+@register
+class SSCAM(ScoreCAM):
+    """SS-CAM: Score-CAM with each channel's score averaged over noisy masks.
+
+    w_k = 1/N sum_i softmax(f(X * (H^k + delta_i)))_c, delta_i ~ N(0, noise^2) drawn per
+    pixel; L = ReLU(sum_k w_k A^k). ``n_samples`` = 35 and ``noise`` = 2.0 follow torchcam
+    (the paper's noise-on-the-mask variant). The noise of each channel and sample is drawn
+    from its own seeded generator, so the maps do not depend on ``batch_size``; ``seed``
+    makes them repeatable. Constant channels and the ``weighting`` option are as in
+    :class:`ScoreCAM`.
+
+    Wang, Naidu et al., "SS-CAM: Smoothed Score-CAM for Sharper Visual Feature
+    Localization", arXiv:2006.14255 (2020).
+    """
+
+    name = "sscam"
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 35,
+                 noise: float = 2.0, seed: int = 0, batch_size: int = 32, weighting: str = "probability",
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
+        super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
+                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
+        self.n_samples, self.noise, self.seed = n_samples, float(noise), int(seed)
+
+    def sample_masks(self, masks: Tensor, keys: Tensor) -> Iterator[Tensor]:
+        for sample in range(self.n_samples):
+            noise = torch.empty_like(masks)
+            for row, key in enumerate(keys.tolist()):
+                generator = torch.Generator(masks.device).manual_seed(self.seed + 1_000_003 * sample + key)
+                noise[row].normal_(0.0, self.noise, generator=generator)
+            yield masks + noise
+
+
+@register
+class ISCAM(ScoreCAM):
+    """IS-CAM: Score-CAM with each channel's score integrated along a path of growing masks.
+
+    M_i = sum_{j <= i} (j/N) H^k, w_k = 1/N sum_{i=1..N} softmax(f(X * M_i))_c;
+    L = ReLU(sum_k w_k A^k), with ``n_samples`` N = 10 as in torchcam. Constant channels and
+    the ``weighting`` option are as in :class:`ScoreCAM`.
+
+    Naidu et al., "IS-CAM: Integrated Score-CAM for axiomatic-based explanations",
+    arXiv:2010.03023 (2020).
+    """
+
+    name = "iscam"
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 10,
+                 batch_size: int = 32, weighting: str = "probability", class_names: Sequence[str] | None = None,
+                 eigen_smooth: bool = False, aug_smooth: bool = False):
+        super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
+                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
+        self.n_samples = n_samples
+
+    def sample_masks(self, masks: Tensor, keys: Tensor) -> Iterator[Tensor]:
+        coefficient = 0.0
+        for i in range(1, self.n_samples + 1):
+            coefficient += i / self.n_samples
+            yield masks * coefficient
+
+
+@register
+class AblationCAM(PerturbationCAM):
+    """Ablation-CAM: channels weighted by the relative drop of the score when zeroed.
+
+    w_k = (y_c - y_c^k) / y_c, y_c^k the score with channel k of the layer set to zero
+    (w_k = 0 where y_c = 0); L = ReLU(sum_k w_k A^k). Only the layers after the target run
+    for each ablation, where the model can be split there (see
+    :class:`~explain.methods.layer_replay.LayerReplay`); otherwise the whole model runs with
+    the layer's output replaced. An all-zero channel gets w_k = 0 with no pass, since
+    zeroing it changes nothing. (pytorch-grad-cam sets an ablated channel to min(A) - 1e7
+    where the layer has negative values; the paper zeroes it, as here.)
+
+    Desai & Ramaswamy, "Ablation-CAM: Visual Explanations for Deep Convolutional Network
+    via Gradient-free Localization", WACV 2020, eq. 3-4.
+    """
+
+    name = "ablationcam"
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 64,
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
+        super().__init__(model, target_layer, batch_size=batch_size, class_names=class_names,
+                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        self._replays: dict[str, LayerReplay] = {}
+
+    def replay(self, layer: str) -> LayerReplay:
+        """The (cached) replay of the layers after ``layer``."""
+        if layer not in self._replays:
+            self._replays[layer] = LayerReplay(self.model, layer)
+        return self._replays[layer]
+
+    def channel_weights(self, captured: Captured, layer: str) -> Tensor:
+        activations = captured.activations[layer]
+        n, channels = activations.shape[:2]
+        replay = self.replay(layer)
+        replay.prepare(captured.images, activations, captured.output)
+        everyone = torch.arange(n, device=activations.device)
+        original = captured.scores(replay(activations, everyone), everyone)  # (N, num_targets)
+        ablated = original[:, None, :].repeat(1, channels, 1)  # (N, C, num_targets)
+        image_ids, channel_ids = (activations.flatten(2) != 0).any(dim=2).nonzero(as_tuple=True)
+        for chunk in torch.arange(len(image_ids), device=activations.device).split(self.batch_size):
+            rows, ablate = image_ids[chunk], channel_ids[chunk]
+            changed = activations[rows]
+            changed[torch.arange(len(chunk), device=changed.device), ablate] = 0
+            ablated[rows, ablate] = captured.scores(replay(changed, rows), rows)
+        return safe_divide(original[:, None, :] - ablated, original[:, None, :]).transpose(1, 2)
