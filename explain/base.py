@@ -41,6 +41,15 @@ class Explainer:
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         raise NotImplementedError
 
+    def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
+        """Raise now what a call on such images would raise for a mistake in the setup (the
+        model, layer or targets); methods whose calls are costly check more cheaply."""
+        self(images, targets, topk=topk)
+
+    def layer_names(self, images: Tensor) -> tuple[str, ...]:
+        """Names of the layers the maps of ``images`` come from (``Explanation.layers``)."""
+        return self(images[:1]).layers
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.model).__name__})"
 

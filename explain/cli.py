@@ -39,8 +39,8 @@ from torchvision import transforms
 from tqdm import tqdm
 
 from . import __version__, models
-from .base import describe_methods, explainer, methods
-from .methods import explain_together
+from .base import describe_methods, explainer, method_class, methods
+from .methods import BaseCAM, explain_together
 from .heap import ReusedHeap
 from .images import IMAGE_EXTENSIONS, ImageError, load_rgb
 from .layers import candidate_layers, find_target_layer
@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--target", default="top1",
                      help="class to explain: top1, a class id, a class name, or topk:K for the K best")
     run.add_argument("--batch-size", "-b", type=_positive_int, default=16)
+    run.add_argument("--eigen-smooth", action="store_true",
+                     help="map by the first principal component of each method's per-channel terms "
+                     "(CAMs that are a sum over channels)")
+    run.add_argument("--aug-smooth", action="store_true",
+                     help="average each map over flipped and rescaled copies of the image (6 passes)")
     run.add_argument("--cmap", default="jet", help="matplotlib colormap of the heatmap")
     run.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity, 0..1")
     run.add_argument("--save-maps", action="store_true",
@@ -361,23 +366,32 @@ def parse_target(text: str, class_names: list[str]) -> TargetSpec:
     return TargetSpec((str(class_id),), targets=class_id)
 
 
-def build_explainers(names: str, loaded: LoadedModel, layer: str, target: TargetSpec) -> list:
-    """One explainer per method, each run once on a blank image so that mistakes in the
-    method, layer or target surface now, as usage errors, and the auto layer is fixed."""
+def build_explainers(names: str, loaded: LoadedModel, layer: str, target: TargetSpec, **options) -> list:
+    """One explainer per method, each checked once on a blank image so that mistakes in the
+    method, layer or target surface now, as usage errors, and the auto layer is fixed.
+    ``options`` (eigen_smooth, aug_smooth) go to every method that is given them."""
     wanted = methods() if names.strip().lower() == "all" else [n.strip() for n in names.split(",") if n.strip()]
     if not wanted:
         raise UsageError("--method is empty; see `explain methods`")
     layers = None if layer.strip().lower() == "auto" else [n.strip() for n in layer.split(",") if n.strip()]
     explainers = []
     for name in wanted:
+        given = options
+        if names.strip().lower() == "all":  # each option where it applies
+            given = {option: value for option, value in options.items() if _takes(method_class(name), option)}
         try:
-            cam = explainer(name, loaded.model, target_layer=layers, class_names=loaded.class_names)
-            cam(loaded.example, target.targets, topk=target.topk)
+            cam = explainer(name, loaded.model, target_layer=layers, class_names=loaded.class_names, **given)
+            cam.check(loaded.example, target.targets, topk=target.topk)
         except Exception as error:  # on a blank image, any failure is a setup problem
             raise UsageError(f"--method {name} --layer {layer}: {type(error).__name__}: {error}") from None
         if cam.name not in (e.name for e in explainers):
             explainers.append(cam)
     return explainers
+
+
+def _takes(cls: type, option: str) -> bool:
+    """Whether a method accepts ``option`` (eigen_smooth only applies to sums over channels)."""
+    return issubclass(cls, BaseCAM) and (option != "eigen_smooth" or cls.channel_sum)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -639,16 +653,18 @@ def run_command(args) -> int:
     if args.workers is None:
         args.workers = default_workers(loaded.device)
     target = parse_target(args.target, loaded.class_names)
-    explainers = build_explainers(args.method, loaded, args.layer, target)
-    layer = ",".join(explainers[0].target_layers(loaded.example))
+    options = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
+    explainers = build_explainers(args.method, loaded, args.layer, target, **options)
+    layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
     settings = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
+    settings += "".join(f" {name}=1" for name in options)
     if loaded.random_weights:
         print(f"explain: warning: {args.model} has random weights, so its maps explain an untrained model; "
               "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _sole_run(out_dir), _pixel_limit(args.max_pixels):
         remove_temp_files(out_dir)
-        return _Run(args, out_dir, sources, loaded, target, explainers, layer, settings).execute()
+        return _Run(args, out_dir, sources, loaded, target, explainers, layers, settings).execute()
 
 
 @contextmanager
@@ -690,9 +706,9 @@ def _pixel_limit(max_pixels: int | None) -> Iterator[None]:
 class _Run:
     """One ``explain run``: plans which outputs are missing, makes them, and reports."""
 
-    def __init__(self, args, out_dir, sources, loaded, target, explainers, layer, settings):
+    def __init__(self, args, out_dir, sources, loaded, target, explainers, layers, settings):
         self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
-        self.target, self.explainers, self.layer, self.settings = target, explainers, layer, settings
+        self.target, self.explainers, self.layers, self.settings = target, explainers, layers, settings
         self.inputs = _Inputs(loaded.preprocess)
         self.rows: dict[tuple, dict] = {}
         for row in read_manifest(out_dir / MANIFEST):
@@ -712,7 +728,7 @@ class _Run:
         row = self.rows.get(key)
         return bool(
             row and row.get("status") in ("ok", "skipped")
-            and row.get("settings") == self.settings and row.get("layer") == self.layer
+            and row.get("settings") == self.settings and row.get("layer") == self.layers.get(key[1])
             and row.get("output") and (self.out_dir / row["output"]).is_file()
             and (not self.args.save_maps or (row.get("maps") and (self.out_dir / row["maps"]).is_file()))
         )
@@ -736,7 +752,7 @@ class _Run:
     def _row(self, source: Source, method: str, label: str, **values) -> dict:
         row = dict.fromkeys(("target_id", "target_name", "target_probability", "predicted_id",
                              "predicted_name", "predicted_probability", "output", "maps", "error"))
-        row.update(input=source.input, method=method, layer=self.layer, target=label, settings=self.settings)
+        row.update(input=source.input, method=method, layer=self.layers[method], target=label, settings=self.settings)
         row.update(values)
         return row
 

@@ -112,13 +112,32 @@ def _batch_size(output) -> int:
     raise ValueError(f"cannot tell the batch size of a model output of type {type(output).__name__}")
 
 
+def _is_rows(targets) -> bool:
+    """Whether ``targets`` holds a list of targets per image: (N, k)."""
+    if isinstance(targets, (Tensor, np.ndarray)):
+        return targets.ndim == 2
+    return (isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)) and len(targets) > 0
+            and all(isinstance(row, (Sequence, Tensor, np.ndarray)) and not isinstance(row, (str, bytes))
+                    for row in targets))
+
+
 def _class_ids(targets, n: int, num_classes: int, class_names) -> Tensor:
+    if _is_rows(targets):
+        if len(targets) != n:
+            raise ValueError(f"got target lists for {len(targets)} images, but there are {n} images")
+        rows = [_class_ids(row, len(row), num_classes, class_names) for row in targets]
+        if len({len(row) for row in rows}) != 1 or len(rows[0]) == 0:
+            raise ValueError("with several targets per image, give every image the same number (at least one)")
+        return torch.stack(rows)
     if isinstance(targets, (Tensor, np.ndarray)):
         if targets.ndim == 0:
             targets = targets.item()
         else:
             if targets.ndim != 1:
-                raise ValueError(f"targets must be one class per image, shape ({n},); got {tuple(targets.shape)}")
+                raise ValueError(
+                    f"targets must be one class per image, shape ({n},), or k per image, shape ({n}, k); "
+                    f"got {tuple(targets.shape)}"
+                )
             if isinstance(targets, Tensor) and targets.is_floating_point() or (
                 isinstance(targets, np.ndarray) and targets.dtype.kind not in "iu"
             ):

@@ -14,15 +14,29 @@ from torch import nn
 import explain
 from conftest import hook_count
 
-METHODS = ["gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "gradcam-elementwise", "eigengradcam"]
+METHODS = [
+    "gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "gradcam-elementwise", "eigengradcam",
+    "smoothgradcam++", "shapleycam", "finercam", "cam", "eigencam", "kpcacam", "fem", "randomcam",
+    "scorecam", "sscam", "iscam", "ablationcam", "fullgrad",
+]
+GRADIENT_CAMS = METHODS[:10]
 
 
 def test_methods_and_factory():
     assert explain.methods() == METHODS
     model = torchvision.models.resnet18()
     for name in METHODS:
-        cam = explain.explainer(name, model, target_layer="layer4")
-        assert cam.name == name and isinstance(cam, explain.GradientCAM)
+        cam = explain.explainer(name, model, target_layer=None if name == "fullgrad" else "layer4")
+        assert cam.name == name
+        assert isinstance(cam, explain.GradientCAM) == (name in GRADIENT_CAMS)
+        assert isinstance(cam, explain.BaseCAM) == (name != "fullgrad")
+    # Every name the package exported before it grew a package of methods still imports.
+    from explain.cam import GradCAM, explain_together
+    from explain.methods import explain_together as from_package
+    from explain.methods.gradient_free_cams import EigenCAM
+
+    assert explain_together is from_package is explain.explain_together and GradCAM is explain.GradCAM
+    assert callable(explain.methods) and explain.EigenCAM is EigenCAM
     assert isinstance(explain.explainer("Grad-CAM++", model), explain.GradCAMPlusPlus)
     assert isinstance(explain.explainer("grad_cam_elementwise", model), explain.GradCAMElementWise)
     descriptions = explain.describe_methods()
@@ -95,7 +109,9 @@ def test_example_script_draws_every_method(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(":")[0].strip() for line in lines[:-1]] == explain.methods()
-    assert all("cat" in line and "at layer bn2" in line for line in lines[:-1])
+    layers = {"fullgrad": "input+biases"}
+    for method, line in zip(explain.methods(), lines):
+        assert "cat" in line and f"at layer {layers.get(method, 'bn2')}," in line, line
     with Image.open(out) as figure:
         assert figure.width > 1000 and figure.height > 500
 

@@ -326,6 +326,32 @@ def test_demo_command_on_the_sample_photos(tmp_path, capsys):
     assert summary_counts(capsys.readouterr().out) == (0, 12, 0)
 
 
+def test_score_cam_ablation_cam_fullgrad_and_smoothing_options_end_to_end(tmp_path, capsys):
+    images = str(REPO / "data" / "images")
+    code = main(["run", images, "--out", str(tmp_path), "--method", "scorecam,ablationcam,fullgrad", "-b", "2", "-q"])
+    assert code == 0
+    assert summary_counts(capsys.readouterr().out) == (12, 0, 0)
+    rows = read_rows(tmp_path / "manifest.jsonl")
+    assert {(r["method"], r["layer"]) for r in rows} == {
+        ("scorecam", "bn2"), ("ablationcam", "bn2"), ("fullgrad", "input+biases")}
+    for row in rows:
+        check_png(tmp_path / row["output"])
+    predicted = {Path(r["input"]).stem: r["predicted_name"] for r in rows}
+    assert predicted["coffee"] == "espresso"
+    check_index(tmp_path, rows)
+
+    # The smoothing options are part of the settings: outputs made without them are redone.
+    smoothed = main(["run", images, "--out", str(tmp_path), "--method", "ablationcam", "--eigen-smooth",
+                     "--aug-smooth", "-q"])
+    assert smoothed == 0 and summary_counts(capsys.readouterr().out) == (4, 0, 0)
+    rows = [r for r in read_rows(tmp_path / "manifest.jsonl") if r["method"] == "ablationcam"]
+    assert {r["settings"] for r in rows} == {SETTINGS + " eigen_smooth=1 aug_smooth=1"}
+    # --eigen-smooth where it cannot apply is a usage error that names the method.
+    assert main(["run", images, "--out", str(tmp_path), "--method", "eigencam", "--eigen-smooth", "-q"]) == 2
+    error = capsys.readouterr().err
+    assert "--method eigencam" in error and "eigen_smooth does not apply" in error
+
+
 def _tiny_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(),

@@ -30,11 +30,40 @@ ZOO = {
 
 CASES = [(arch, layer) for arch, layers in ZOO.items() for layer in layers]
 
+# CAM's premise (global average pooling, then one linear layer) holds only at these
+# automatic layers; VGG, DenseNet (a ReLU after `features`), MobileNetV3, ConvNeXt (a norm
+# after pooling) and SqueezeNet (a convolutional head) do not end that way.
+CAM_APPLIES = {"resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "regnet_x_400mf", "shufflenet_v2_x0_5"}
+
+# One masked forward pass per channel: these run in test_score_cams on a smaller matrix.
+SCORE_CAMS = ["scorecam", "sscam", "iscam"]
+FEWER_SAMPLES = {"sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2}}
+
 
 @lru_cache(maxsize=2)
 def make(arch):
     torch.manual_seed(0)
     return tvm.get_model(arch, weights=None, num_classes=20).eval()
+
+
+def check(res, n, layer, size=SIZE):
+    method = res.method
+    assert res.maps.shape == (n, size, size), method
+    assert res.maps.dtype == torch.float32
+    assert torch.isfinite(res.maps).all(), method
+    assert res.maps.min() >= 0 and res.maps.max() <= 1, method
+    # Each map is either scaled to reach exactly 1 or carries no evidence at all.
+    peaks = res.maps.flatten(1).amax(dim=1)
+    assert all(p in (0.0, 1.0) for p in peaks.tolist()), method
+    (name,) = res.layers
+    raw = res.raw
+    assert raw.dim() == 3 and raw.shape[0] == n, method
+    assert torch.isfinite(raw).all(), method
+    if method != "cam":  # CAM, as its paper, has no final ReLU
+        assert raw.min() >= 0, method
+    assert res.targets.tolist() == res.logits.argmax(dim=1).tolist()
+    if layer is not None and method != "fullgrad":
+        assert name == layer
 
 
 @pytest.mark.parametrize("grad_mode", ["grad", "no_grad"])
@@ -46,21 +75,33 @@ def test_every_method(arch, layer, grad_mode):
     state = ModelState(model)
     context = torch.no_grad() if grad_mode == "no_grad" else torch.enable_grad()
     for method in explain.methods():
-        cam = explain.explainer(method, model, target_layer=layer)
+        if method in SCORE_CAMS or (method == "fullgrad" and layer is not None):
+            continue
+        cam = explain.explainer(method, model, target_layer=layer, **FEWER_SAMPLES.get(method, {}))
         with context:
+            if method == "cam" and (layer is not None or arch not in CAM_APPLIES):
+                with pytest.raises(ValueError, match="CAM|pooled"):
+                    cam(images)
+                continue
             res = cam(images)
-        assert res.maps.shape == (2, SIZE, SIZE), method
-        assert res.maps.dtype == torch.float32
-        assert torch.isfinite(res.maps).all(), method
-        assert res.maps.min() >= 0 and res.maps.max() <= 1, method
-        # Each map is either scaled to reach exactly 1 or carries no evidence at all.
-        peaks = res.maps.flatten(1).amax(dim=1)
-        assert all(p in (0.0, 1.0) for p in peaks.tolist()), method
-        (name,) = res.layers
-        raw = res.raw
-        assert raw.dim() == 3 and raw.shape[0] == 2 and raw.min() >= 0, method
-        assert torch.isfinite(raw).all(), method
-        assert res.targets.tolist() == res.logits.argmax(dim=1).tolist()
-        if layer is not None:
-            assert name == layer
+        check(res, 2, layer)
     state.assert_unchanged()  # anything a call changed would still show here
+
+
+def test_fullgrad_refuses_a_target_layer():
+    with pytest.raises(ValueError, match="takes no target_layer"):
+        explain.explainer("fullgrad", make("resnet18"), target_layer="layer4")
+
+
+@pytest.mark.parametrize("arch", list(ZOO))
+def test_score_cams(arch):
+    # One image at 64 px keeps the one-pass-per-channel methods affordable (2,048 passes
+    # for resnet50); SS-CAM and IS-CAM share Score-CAM's machinery and run with one sample.
+    model = make(arch)
+    torch.manual_seed(1)
+    images = torch.randn(1, 3, 64, 64)
+    state = ModelState(model)
+    for method in SCORE_CAMS:
+        res = explain.explainer(method, model, batch_size=64, **FEWER_SAMPLES.get(method, {}))(images)
+        check(res, 1, None, size=64)
+    state.assert_unchanged()

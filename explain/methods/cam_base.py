@@ -207,12 +207,15 @@ class BaseCAM(Explainer):
             self._layers = {name: self.model.get_submodule(name)}
         return self._layers
 
+    def layer_names(self, images: Tensor) -> tuple[str, ...]:
+        return tuple(self.target_layers(images))
+
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         """Explain ``targets`` (default: each image's top class) for a batch of images.
 
-        ``targets`` is a class id, a class name, a list with one of those per image, or a
-        callable ``f(output) -> (N,) scores``; ``topk=k`` explains each image's k best classes
-        in one pass and gives maps of shape (N, k, H, W).
+        ``targets`` is a class id, a class name, a list with one of those per image (or with
+        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
+        each image's k best classes in one pass and gives maps of shape (N, k, H, W).
         """
         if self.aug_smooth:
             return self._augmented(images, targets, topk)

@@ -72,11 +72,17 @@ class FullGrad(Explainer):
 
     name = "fullgrad"
 
-    def __init__(self, model: nn.Module, target_layer=None, *, class_names: Sequence[str] | None = None):
+    def __init__(self, model: nn.Module, target_layer=None, *, class_names: Sequence[str] | None = None,
+                 eigen_smooth: bool = False, aug_smooth: bool = False):
         super().__init__(model, class_names=class_names)
         if target_layer is not None:
             raise ValueError("FullGrad explains through every layer with a bias; it takes no target_layer (pass None)")
+        if eigen_smooth or aug_smooth:
+            raise ValueError("FullGrad is no sum over one layer's channels: eigen_smooth and aug_smooth do not apply to it")
         self._layers: dict[str, tuple[nn.Module, nn.Module]] | None = None
+
+    def layer_names(self, images: Tensor) -> tuple[str, ...]:
+        return ("input+biases",)
 
     def bias_layers(self, images: Tensor) -> dict[str, tuple[nn.Module, nn.Module]]:
         """``{name: (module whose output is captured, module that holds the bias)}`` for every
@@ -118,5 +124,5 @@ class FullGrad(Explainer):
                 maps.append(total)
         raw = torch.stack(maps, dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
-        return Explanation(scale_maps(raw, size), {"input+biases": raw}, detached(output), ids, self.name,
+        return Explanation(scale_maps(raw, size), {self.layer_names(images)[0]: raw}, detached(output), ids, self.name,
                            self.class_names)

@@ -174,8 +174,9 @@ class KPCACAM(BaseCAM):
     channel_sum = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, kernel: str = "sigmoid",
-                 gamma: float | None = None, class_names: Sequence[str] | None = None, aug_smooth: bool = False):
-        super().__init__(model, target_layer, class_names=class_names, aug_smooth=aug_smooth)
+                 gamma: float | None = None, class_names: Sequence[str] | None = None, eigen_smooth: bool = False,
+                 aug_smooth: bool = False):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
         kernel_principal_component(torch.ones(1, 1, 1, 2), kernel)  # an unknown kernel fails now
         self.kernel, self.gamma = kernel, gamma
 
@@ -231,8 +232,10 @@ class RandomCAM(BaseCAM):
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
         activations = captured.activations[layer]
-        generator = None
-        if self.seed is not None:
-            generator = torch.Generator(activations.device).manual_seed(self.seed + k)
-        weights = torch.rand(activations.shape[:2], generator=generator, device=activations.device) * 2 - 1
+        if self.seed is None:
+            weights = torch.rand(activations.shape[:2], device=activations.device)
+        else:  # the same draws for target k whatever else is explained
+            generator = torch.Generator(activations.device).manual_seed(self.seed)
+            weights = torch.rand((k + 1, *activations.shape[:2]), generator=generator, device=activations.device)[k]
+        weights = weights * 2 - 1
         return weights[:, :, None, None] * activations

@@ -177,7 +177,8 @@ class LayerReplay:
     def __call__(self, activations: Tensor, rows: Tensor):
         """The model output for images ``rows`` (of the prepared batch) with the layer's
         output replaced by ``activations`` (one per row)."""
-        activations = activations.to(self._dtype)
+        # A copy: the later layers may change their input in place (ReLU(inplace=True), +=).
+        activations = activations.to(self._dtype, copy=True)
         if self.split:
             _, tail, _ = self._split
             return tail(activations, *(value[rows] for value in self._frontier))

@@ -48,6 +48,11 @@ class PerturbationCAM(BaseCAM):
         super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
         self.batch_size = _check_batch_size(batch_size)
 
+    def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
+        """The unperturbed pass alone: it meets every mistake in the model, layer or targets,
+        at the cost of one forward pass instead of one per channel."""
+        self.capture(images, targets, topk=topk)
+
     def channel_weights(self, captured: Captured, layer: str) -> Tensor:
         """(N, num_targets, C) weights of the channels of ``layer``."""
         raise NotImplementedError
@@ -96,9 +101,9 @@ class ScoreCAM(PerturbationCAM):
             raise ValueError(f"weighting must be one of {', '.join(self.weightings)}; got {weighting!r}")
         self.weighting = weighting
 
-    def sample_masks(self, masks: Tensor, keys: Tensor) -> Iterator[Tensor]:
+    def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         """The masks whose scores are averaged into a channel's score; ``masks`` (B, 1, H, W)
-        are the scaled channel activations, ``keys`` (B,) number them within the call."""
+        are the scaled activations of ``channels`` (B,)."""
         yield masks
 
     def channel_weights(self, captured: Captured, layer: str) -> Tensor:
@@ -110,14 +115,19 @@ class ScoreCAM(PerturbationCAM):
         constant = flat.amax(dim=2) == flat.amin(dim=2)
         # One masked pass per distinct channel of each image (all constant channels share
         # the all-zero mask, which only the channel-softmax reading scores).
-        owners, rows, slots = [], [], torch.empty(n, channels, dtype=torch.long, device=flat.device)
+        owners, rows, firsts = [], [], []
+        slots = torch.empty(n, channels, dtype=torch.long, device=flat.device)
+        every_channel = torch.arange(channels, device=flat.device)
         for i in range(n):
             distinct, inverse = torch.unique(flat[i], dim=0, return_inverse=True)
             slots[i] = inverse + len(rows)
             rows.extend(distinct)
             owners.extend([i] * len(distinct))
+            first = torch.full((len(distinct),), channels, device=flat.device)
+            firsts.append(first.scatter_reduce(0, inverse, every_channel, "amin"))
         rows = torch.stack(rows)
         owners = torch.tensor(owners, device=flat.device)
+        firsts = torch.cat(firsts)  # each distinct row's first channel
         constant_rows = rows.amax(dim=1) == rows.amin(dim=1)
         wanted = torch.arange(len(rows), device=flat.device)
         if not softmax_over_channels:
@@ -133,7 +143,7 @@ class ScoreCAM(PerturbationCAM):
             sources = images[owners[chunk]]
             total = 0.0
             count = 0
-            for sample in self.sample_masks(masks, chunk):
+            for sample in self.sample_masks(masks, firsts[chunk]):
                 output = self.model(sources * sample.to(images.dtype))
                 total = total + captured.scores(output, owners[chunk], probability=not softmax_over_channels)
                 count += 1
@@ -153,9 +163,10 @@ class SSCAM(ScoreCAM):
     w_k = 1/N sum_i softmax(f(X * (H^k + delta_i)))_c, delta_i ~ N(0, noise^2) drawn per
     pixel; L = ReLU(sum_k w_k A^k). ``n_samples`` = 35 and ``noise`` = 2.0 follow torchcam
     (the paper's noise-on-the-mask variant). The noise of each channel and sample is drawn
-    from its own seeded generator, so the maps do not depend on ``batch_size``; ``seed``
-    makes them repeatable. Constant channels and the ``weighting`` option are as in
-    :class:`ScoreCAM`.
+    from a generator seeded with (``seed``, sample, channel), so an image's map depends
+    neither on ``batch_size`` nor on the images beside it, and repeats. Channels with equal
+    activations share one mask and its noise. Constant channels and the ``weighting``
+    option are as in :class:`ScoreCAM`.
 
     Wang, Naidu et al., "SS-CAM: Smoothed Score-CAM for Sharper Visual Feature
     Localization", arXiv:2006.14255 (2020).
@@ -172,11 +183,11 @@ class SSCAM(ScoreCAM):
             raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
         self.n_samples, self.noise, self.seed = n_samples, float(noise), int(seed)
 
-    def sample_masks(self, masks: Tensor, keys: Tensor) -> Iterator[Tensor]:
+    def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         for sample in range(self.n_samples):
             noise = torch.empty_like(masks)
-            for row, key in enumerate(keys.tolist()):
-                generator = torch.Generator(masks.device).manual_seed(self.seed + 1_000_003 * sample + key)
+            for row, channel in enumerate(channels.tolist()):
+                generator = torch.Generator(masks.device).manual_seed(self.seed + 1_000_003 * sample + channel)
                 noise[row].normal_(0.0, self.noise, generator=generator)
             yield masks + noise
 
@@ -204,7 +215,7 @@ class ISCAM(ScoreCAM):
             raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
         self.n_samples = n_samples
 
-    def sample_masks(self, masks: Tensor, keys: Tensor) -> Iterator[Tensor]:
+    def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         coefficient = 0.0
         for i in range(1, self.n_samples + 1):
             coefficient += i / self.n_samples
