@@ -14,6 +14,7 @@ repeatability, independence of ``batch_size``, and their noise-free limits.
 
 import copy
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -441,6 +442,9 @@ def test_randomcam_weights_are_uniform_in_minus_one_one_and_repeatable():
     assert unseeded.abs().max() <= 1 and not torch.equal(unseeded, random_cam_weights(seed=None))
     per_target = random_cam_weights(seed=11, topk=2)  # (3, 2, 16): drawn per target too
     assert per_target.shape == (3, 2, 16) and not torch.allclose(per_target[:, 0], per_target[:, 1])
+    # A seed's first target draws what it draws alone, and no other seed's draws.
+    assert torch.equal(per_target[:, 0], random_cam_weights(seed=11, channels=16))
+    assert not torch.allclose(per_target[:, 1], random_cam_weights(seed=12, channels=16))
 
 
 # ---------------------------------------------------------------------------------------
@@ -511,6 +515,9 @@ def test_sscam_is_repeatable_and_its_seed_matters():
     # Averaging probabilities keeps every weight in [0, 1], so the map is at most sum_k A^k.
     activation, _ = layer_output(model, LAYER, x)
     assert (first <= activation.sum(1) + 1e-6).all()
+    # An image's noise is its own: explained alone or beside another, its map is the same.
+    alone = explain.SSCAM(model, LAYER, n_samples=3, noise=1.0, seed=5)(x[1:], targets=[2]).raw
+    close(alone[0], first[1], atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------
@@ -563,7 +570,8 @@ def test_ablationcam_fallback_path_matches_whole_model_reference(inplace):
     x = images(2)
     cam = explain.AblationCAM(model, "conv2", batch_size=4)
     assert not cam.replay("conv2").split
-    res = cam(x, targets=[0, 2])
+    with pytest.warns(RuntimeWarning, match="could not be split at 'conv2'.*runs the whole model"):
+        res = cam(x, targets=[0, 2])
     close(res.raw, ablation_cam_reference(model, "conv2", x, [0, 2]))
 
 
@@ -1002,9 +1010,12 @@ def test_ablationcam_does_not_ablate_all_zero_channels(fallback):
     handle = after.register_forward_pre_hook(hook)
     try:
         cam = explain.AblationCAM(model, layer)
-        res = cam(x, targets=[2, 4])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = cam(x, targets=[2, 4])
     finally:
         handle.remove()
+    assert [str(w.message).startswith("the model could not be split") for w in caught] == [True] * fallback
     assert cam.replay(layer).split == (not fallback)
     # Rows with one more zero channel than the images have are the ablations: one per image
     # and non-zero channel. The other rows are unperturbed; were the 8 zero channels ablated

@@ -17,6 +17,8 @@ forward pass with the layer's output replaced (``reason`` says why).
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.fx as fx
 from torch import Tensor, nn
@@ -86,6 +88,7 @@ class LayerReplay:
         self.layer_name = layer_name
         self.layer = model.get_submodule(layer_name)
         self.reason: str | None = None
+        self._warned = False
         self._split: tuple[fx.GraphModule, fx.GraphModule, list[fx.Node]] | None = None
         self._frontier: list[Tensor] = []
         self._images: Tensor | None = None
@@ -148,6 +151,7 @@ class LayerReplay:
         self._images = images
         self._frontier = []
         if self._split is None:
+            self._warn()
             return
         full, _, wanted = self._split
         recorder = _Recorder(full, wanted)
@@ -158,12 +162,14 @@ class LayerReplay:
         layer_value = recorder.values[wanted[0]]
         if not isinstance(layer_value, Tensor):
             self.reason = f"layer {self.layer_name!r} does not return a tensor"
+            self._warn()
             return
         self._dtype = layer_value.dtype
         n = images.shape[0]
         frontier = [recorder.values[node] for node in wanted[1:]]
         if not all(isinstance(v, Tensor) and v.dim() > 0 and v.shape[0] == n for v in frontier):
             self.reason = "a value the later layers take from before the layer is not one row per image"
+            self._warn()
             return
         self._frontier = frontier
         self.reason = None
@@ -173,6 +179,13 @@ class LayerReplay:
         if not (same and reordered):
             self.reason = "replaying the later layers did not reproduce the model's output"
             self._frontier = []
+        self._warn()
+
+    def _warn(self) -> None:
+        if self.reason is not None and not self._warned:
+            self._warned = True
+            warnings.warn(f"{self.reason}; each replay runs the whole model instead (slower, same result)",
+                          RuntimeWarning, stacklevel=4)
 
     def __call__(self, activations: Tensor, rows: Tensor):
         """The model output for images ``rows`` (of the prepared batch) with the layer's

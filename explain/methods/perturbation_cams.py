@@ -134,6 +134,7 @@ class ScoreCAM(PerturbationCAM):
             wanted = wanted[~constant_rows]
         scores = torch.zeros(len(rows), captured.num_targets, device=flat.device)
         size = captured.input_size
+        buffer = images.new_empty((min(self.batch_size, len(wanted)), *images.shape[1:]))  # reused
         for chunk in wanted.split(self.batch_size):
             low = rows[chunk].reshape(len(chunk), 1, *activations.shape[-2:])
             up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
@@ -144,7 +145,8 @@ class ScoreCAM(PerturbationCAM):
             total = 0.0
             count = 0
             for sample in self.sample_masks(masks, firsts[chunk]):
-                output = self.model(sources * sample.to(images.dtype))
+                masked = torch.mul(sources, sample.to(images.dtype), out=buffer[:len(chunk)])
+                output = self.model(masked)
                 total = total + captured.scores(output, owners[chunk], probability=not softmax_over_channels)
                 count += 1
             scores[chunk] = total / count
