@@ -27,11 +27,10 @@ ru_maxrss would not do: in a spawned child it keeps the parent's size from befor
 exec.) Model, inputs and imports are not counted; a cold call's one-time costs (explain
 tracing the layers after a target, say) are.
 
-Agreement: both maps brought to the input size (bilinear, align_corners=False; torchcam
-returns maps at layer resolution) and min-max scaled to [0, 1]; Pearson correlation of the
-worst image of the batch and the largest absolute difference. For Score-CAM and IS-CAM,
-explain's maps are those of weighting="channel-softmax", the peers' reading. Methods with
-random noise are compared on time only.
+Agreement: both maps at the input size (bilinear, align_corners=False: torchcam's are at
+layer size) and min-max scaled to [0, 1]; Pearson correlation of the batch's worst image
+and the largest absolute difference. For Score-CAM and IS-CAM, explain's maps are those of
+weighting="channel-softmax", the peers' reading. Random methods: time only.
 
 Prints a markdown table and the issue's goals, met or not. Other processes on the same
 cores distort the numbers.
@@ -304,22 +303,17 @@ def machine(device: str) -> str:
     if device.startswith("cuda"):
         where = torch.cuda.get_device_name()
     else:
-        where = platform.processor() or platform.machine()
-        if os.path.exists("/proc/cpuinfo"):
-            with open("/proc/cpuinfo") as f:
-                where = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), where)
-        where += f", {torch.get_num_threads()} threads"
+        cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+        where = f"{names[0] if names else platform.processor()}, {torch.get_num_threads()} threads"
     return (f"{device} ({where}), torch {torch.__version__}, explain {explain.__version__}, "
             f"pytorch-grad-cam {version('grad-cam')}, torchcam {version('torchcam')}")
-
-
-def seconds(t: float) -> str:
-    return f"{t * 1e3:.0f} ms" if t < 1 else f"{t:.1f} s"
 
 
 def print_table(rows: list[dict], args) -> None:
     print("| model | method | peer | explain | peer | ratio | explain peak | peer peak | correlation | max abs diff |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    seconds = lambda t: f"{t * 1e3:.0f} ms" if t < 1 else f"{t:.1f} s"  # noqa: E731
     for r in rows:
         c = r["case"]
         start = f"| {c.model} b{c.batch} | {r.get('label', c.method)} | {c.peer} |"

@@ -119,8 +119,10 @@ class FullGrad(Explainer):
                 (input_gradient,) = capture.backward(column, inputs=(x,))
                 total = _postprocess(input_gradient.float() * images.float()).sum(dim=1)
                 for name, bias in biases.items():
-                    term = _postprocess(capture.gradients[name].float() * bias)
-                    total = total + F.interpolate(term, size=size, mode="bilinear", align_corners=True).sum(dim=1)
+                    # Resizing is linear, so the channels are summed first: one map per layer
+                    # to resize instead of one per channel.
+                    term = _postprocess(capture.gradients[name].float() * bias).sum(dim=1, keepdim=True)
+                    total = total + F.interpolate(term, size=size, mode="bilinear", align_corners=True)[:, 0]
                 maps.append(total)
         raw = torch.stack(maps, dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw

@@ -262,8 +262,6 @@ class ShapleyCAM(GradientCAM):
     cross-entropy), per image; ``rest=False`` explains the logit instead. Where the layers
     after A are piecewise linear (ReLU, pooling, a linear head) and the score is the logit,
     H = 0 and the map equals Grad-CAM's. For a callable target, its score is used as it is.
-    (pytorch-grad-cam's ReST target averages the cross-entropy over the batch, which scales
-    that term by 1/N; here each image has its own.)
 
     Cai et al., "CAMs as Shapley Value-based Explainers", arXiv:2501.06261 (2025), eq. 11-13.
     """
