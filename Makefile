@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-peers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_gradcam.py
 	$(BIN)/python benchmarks/bench_cli.py
+
+# The peers (pytorch-grad-cam, torchcam) are an optional extra, installed for this alone.
+bench-peers: $(VENV)/.installed
+	$(BIN)/python -m pip install -e ".[peers]"
+	$(BIN)/python benchmarks/bench_peers.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -199,16 +199,16 @@ class LayerCapture:
         self.gradients.clear()
         self._calls.clear()
 
-    def backward(self, scores: Tensor, inputs: Sequence[Tensor] = ()) -> tuple[Tensor, ...]:
+    def backward(self, scores: Tensor, inputs: Sequence[Tensor] = ()) -> tuple[Tensor, ...] | None:
         """Back-propagate ``scores`` to the captured layers and store their gradients.
 
         ``scores`` holds one score per image (or is a scalar); images are independent in
         eval mode, so their sum yields each image's own gradient in one pass. (A model whose
         eval-mode output mixes the images of a batch, such as batch norm without running
         statistics, must be explained one image at a time.) The graph is kept, so
-        ``backward`` can be called again for another target. The gradients with respect to
-        ``inputs`` (tensors that require grad, such as the images, for methods that need the
-        input gradient too) are returned.
+        ``backward`` can be called again for another target. Where ``inputs`` are given
+        (tensors that require grad, such as the images, for methods that need the input
+        gradient too), their gradients are returned.
         """
         if not self.track_gradients:
             raise RuntimeError("this LayerCapture was made with gradients=False")
@@ -232,4 +232,6 @@ class LayerCapture:
         unused = [name for name in self.layers if name not in self.gradients]
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")
-        return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(extra, grads))
+        if extra:
+            return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(extra, grads))
+        return None

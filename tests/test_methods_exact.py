@@ -146,14 +146,21 @@ def test_constant_and_zero_maps_scale_to_zero_not_nan():
 
 
 def test_dead_layer_gives_zero_maps():
-    # ReLU'd features with a target whose weights are all negative: no positive evidence.
-    # (EigenGrad-CAM is left out: it centres G*A, so it maps relative variation, not sign.)
+    # ReLU'd features with a target whose weights are all negative: no positive evidence, for
+    # every method that weighs channels by the score's gradient. (Not for the others, by
+    # their definitions: EigenGrad-CAM centres G*A, so it maps relative variation, not sign;
+    # Score-CAMs weigh by probabilities, which are positive; Ablation-CAM divides by the
+    # score, negative here; the gradient-free CAMs ignore the class; CAM has no final ReLU;
+    # FullGrad takes absolute values.)
     model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2, 1))
     with torch.no_grad():
         model[0].weight.fill_(1.0)
         model[0].bias.zero_()
         model[4].weight.fill_(-1.0)
-    for name in set(explain.methods()) - {"eigengradcam"}:
+    gradient_weighted = [name for name in explain.methods()
+                         if issubclass(explain.base.method_class(name), explain.GradientCAM) and name != "eigengradcam"]
+    assert len(gradient_weighted) == 9
+    for name in gradient_weighted:
         res = explain.explainer(name, model, target_layer="1")(torch.rand(1, 1, 4, 4) + 0.1, targets=0)
         assert torch.isfinite(res.maps).all()
         assert res.maps.max() == 0, name

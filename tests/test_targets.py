@@ -34,6 +34,15 @@ def test_target_forms(targets, expected):
     assert scores.tolist() == [LOGITS[i, c].item() for i, c in enumerate(expected)]
 
 
+def test_several_targets_per_image():
+    # k ids per image, as topk gives them: the scores of each image's own classes, (N, k).
+    for targets in (torch.tensor([[1, 0], [3, 2]]), np.array([[1, 0], [3, 2]]), [["dog", 0], [3, "Tiger Cat"]]):
+        scores, ids = select_targets(LOGITS, targets, class_names=NAMES)
+        assert ids.tolist() == [[1, 0], [3, 2]] and scores.tolist() == [[5.0, 0.0], [4.0, 1.0]]
+    ids = select_targets(LOGITS, topk=2)[1]
+    assert select_targets(LOGITS, ids)[1].tolist() == ids.tolist()
+
+
 def test_numpy_integers_as_targets_and_topk():
     assert select_targets(LOGITS, np.int64(2))[1].tolist() == [2, 2]
     assert select_targets(LOGITS, topk=np.int64(1))[1].tolist() == [[1], [3]]
@@ -72,7 +81,10 @@ def test_callable():
         (1.0, {}, TypeError, "class id"),
         (True, {}, TypeError, "class id"),
         (torch.tensor([0.0, 1.0]), {}, ValueError, "integer class ids"),
-        (torch.zeros(2, 2, dtype=torch.long), {}, ValueError, "one class per image"),
+        (torch.zeros(2, 2, 1, dtype=torch.long), {}, ValueError, r"one class per image.*or k per image, shape \(2, k\)"),
+        ([[0, 1], [2]], {}, ValueError, "give every image the same number"),
+        ([[0], [1], [2]], {}, ValueError, "target lists for 3 images, but there are 2"),
+        (torch.tensor([[0, 4], [1, 2]]), {}, ValueError, "class id 4 is out of range"),
         ({"a": 1}, {}, TypeError, "targets must be"),
         (None, {"topk": 0}, ValueError, "topk must be an int between 1 and 4"),
         (None, {"topk": 5}, ValueError, "topk must be"),

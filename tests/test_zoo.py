@@ -83,6 +83,11 @@ def test_every_method(arch, layer, grad_mode):
                 with pytest.raises(ValueError, match="CAM|pooled"):
                     cam(images)
                 continue
+            if method == "shapleycam" and (arch, layer) == ("mobilenet_v3_small", "features.9.block"):
+                # Its squeeze-excitation's hardsigmoid has no second derivative in PyTorch.
+                with pytest.raises(ValueError, match="Shapley-CAM needs second derivatives.*hardsigmoid"):
+                    cam(images)
+                continue
             res = cam(images)
         check(res, 2, layer)
     state.assert_unchanged()  # anything a call changed would still show here
@@ -93,15 +98,20 @@ def test_fullgrad_refuses_a_target_layer():
         explain.explainer("fullgrad", make("resnet18"), target_layer="layer4")
 
 
+# Score-CAM on these costs 15-30 s (512-2,048 channels of a large network, each a pass).
+LARGE = {"resnet50", "vgg11", "vgg16_bn", "densenet121", "convnext_tiny"}
+
+
 @pytest.mark.parametrize("arch", list(ZOO))
 def test_score_cams(arch):
-    # One image at 64 px keeps the one-pass-per-channel methods affordable (2,048 passes
-    # for resnet50); SS-CAM and IS-CAM share Score-CAM's machinery and run with one sample.
+    # One image at 64 px keeps the one-pass-per-channel methods affordable. SS-CAM and IS-CAM
+    # only change the masks Score-CAM scores (one sample each here), so on the large
+    # networks Score-CAM alone runs.
     model = make(arch)
     torch.manual_seed(1)
     images = torch.randn(1, 3, 64, 64)
     state = ModelState(model)
-    for method in SCORE_CAMS:
+    for method in SCORE_CAMS[:1] if arch in LARGE else SCORE_CAMS:
         res = explain.explainer(method, model, batch_size=64, **FEWER_SAMPLES.get(method, {}))(images)
         check(res, 1, None, size=64)
     state.assert_unchanged()

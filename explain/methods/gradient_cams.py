@@ -292,8 +292,16 @@ class ShapleyCAM(GradientCAM):
         recorded = {}
         for name, activation, gradient in zip(names, activations, first):
             if gradient.requires_grad:
-                (hvp,) = torch.autograd.grad(gradient, activation, grad_outputs=activation.detach(),
-                                             retain_graph=True, allow_unused=True)
+                try:
+                    (hvp,) = torch.autograd.grad(gradient, activation, grad_outputs=activation.detach(),
+                                                 retain_graph=True, allow_unused=True)
+                except RuntimeError as error:
+                    if "not implemented" not in str(error):
+                        raise
+                    raise ValueError(
+                        f"Shapley-CAM needs second derivatives of the layers after {name!r}, and PyTorch "
+                        f"has none for one of them ({error}); pick a later target layer, or Grad-CAM"
+                    ) from None
             else:  # the score is linear in this activation
                 hvp = None
             hvp = torch.zeros_like(gradient) if hvp is None else hvp
@@ -310,6 +318,7 @@ class FinerCAM(GradientCAM):
     (default 1, 2, 3; rank 0 is c itself), p the softmax probabilities (differentiated too,
     as in the authors' code). The map is the ``base`` method's (default Grad-CAM) for that
     score, so it shows what sets the class apart from its look-alikes. alpha = 1 by default.
+    Ranks beyond the number of classes are left out (with one class, the score is y_c).
 
     Zhang et al., "Finer-CAM: Spotting the Difference Reveals Finer Details for Visual
     Explanation", CVPR 2025, arXiv:2501.11309; https://github.com/Imageomics/Finer-CAM.
@@ -334,8 +343,9 @@ class FinerCAM(GradientCAM):
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
         if (ids == -1).any() or not isinstance(output, Tensor) or output.dim() != 2:
             raise ValueError("Finer-CAM compares class logits; pass class targets, not a callable")
-        if max(self.comparison) >= output.shape[1]:
-            raise ValueError(f"comparison ranks {self.comparison} need more than {output.shape[1]} classes")
+        ranks = [rank for rank in self.comparison if rank < output.shape[1]]
+        if not ranks:  # a single class: nothing to compare with
+            return scores
         columns = ids if ids.dim() == 2 else ids[:, None]
         logits = output.float()
         probabilities = logits.softmax(dim=1)
@@ -343,7 +353,7 @@ class FinerCAM(GradientCAM):
         for c in columns.unbind(dim=1):
             own = logits.gather(1, c[:, None])
             distance = (logits - own).abs().scatter(1, c[:, None], -1.0)  # c itself comes first
-            similar = distance.argsort(dim=1, stable=True)[:, self.comparison]
+            similar = distance.argsort(dim=1, stable=True)[:, ranks]
             p = probabilities.gather(1, similar)
             finer.append((p * (own - self.alpha * logits.gather(1, similar))).sum(1) / p.sum(1))
         finer = torch.stack(finer, dim=1).to(scores.dtype)
