@@ -104,7 +104,8 @@ def test_example_script_draws_every_method(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "examples" / "explain_one_image.py"
     out = tmp_path / "figure.png"
-    done = subprocess.run([sys.executable, str(script), "--out", str(out), "--samples", "1"], capture_output=True, text=True,
+    command = [sys.executable, str(script), "--out", str(out), "--samples", "1", "--batch-size", "8"]
+    done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "MPLBACKEND": "Agg"}, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
