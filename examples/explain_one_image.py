@@ -1,6 +1,6 @@
 """Explain one photo with every method of the library and save a comparison figure.
 
-    .venv/bin/python examples/explain_one_image.py [IMAGE] [--out out/figure.png] [--samples 4] [--batch-size 32]
+    .venv/bin/python examples/explain_one_image.py [IMAGE] [--out out/figure.png] [--samples 4] [--batch-size 32] [--methods all]
 
 Prints each method's prediction, layer and time. The perturbation CAMs cost one forward
 pass per channel of the layer (Score-CAM), times the samples for SS-CAM and IS-CAM, so
@@ -20,13 +20,14 @@ parser.add_argument("image", nargs="?", default=Path(__file__).parent.parent / "
 parser.add_argument("--out", default="out/figure.png")
 parser.add_argument("--samples", type=int, default=4, help="samples for SS-CAM and IS-CAM")
 parser.add_argument("--batch-size", type=int, default=32, help="masked images per pass of the perturbation CAMs")
+parser.add_argument("--methods", default="all", help="comma-separated methods, or all")
 args = parser.parse_args()
 
 model, preprocess, class_names = explain.models.load("efficientnet_lite0")
 x = preprocess(Image.open(args.image).convert("RGB")).unsqueeze(0)
 
 results = []
-for name in explain.methods():
+for name in explain.methods() if args.methods == "all" else args.methods.split(","):
     options = {"n_samples": args.samples} if name in ("sscam", "iscam") else {}
     if name in ("scorecam", "sscam", "iscam", "ablationcam"):
         options["batch_size"] = args.batch_size

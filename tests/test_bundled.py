@@ -51,18 +51,18 @@ def test_map_is_class_discriminative_at_an_earlier_layer(bundled, photos, method
             assert value > 0.1, (name, unrelated, value)
 
 
-# Random-CAM is the random baseline; it is not meant to find anything.
-@pytest.mark.parametrize("method", [m for m in explain.methods() if m != "randomcam"])
+# Random-CAM is the random baseline, not meant to find anything. SS-CAM and IS-CAM score the
+# same masks as Score-CAM many times over (their formulas are checked in
+# test_methods_reference.py); Score-CAM itself runs here on the coffee photo alone: one
+# pass per channel, about 450 on this model, in batches of 8 (fastest on one CPU thread).
+@pytest.mark.parametrize("method", [m for m in explain.methods() if m not in ("randomcam", "sscam", "iscam")])
 def test_map_concentrates_on_the_object(bundled, photos, method):
     model, _, _ = bundled
     names, batch = photos
-    boxed = [names.index(name) for name in OBJECT_BOX]
-    # One pass per channel (and sample): batches of 8 run fastest on one CPU thread.
-    options = {"batch_size": 8} if method in ("scorecam", "sscam", "iscam", "ablationcam") else {}
-    if method in ("sscam", "iscam"):
-        options["n_samples"] = 2
-    res = explain.explainer(method, model, **options)(batch[boxed])
-    for position, (name, (x0, y0, x1, y1)) in enumerate(OBJECT_BOX.items()):
+    boxes = {"coffee": OBJECT_BOX["coffee"]} if method == "scorecam" else OBJECT_BOX
+    options = {"batch_size": 8} if method in ("scorecam", "ablationcam") else {}
+    res = explain.explainer(method, model, **options)(batch[[names.index(name) for name in boxes]])
+    for position, (name, (x0, y0, x1, y1)) in enumerate(boxes.items()):
         heat = res.maps[position]
         inside = heat[y0:y1, x0:x1].sum() / heat.sum()
         area = (x1 - x0) * (y1 - y0) / heat.numel()

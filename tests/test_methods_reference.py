@@ -1205,3 +1205,26 @@ def test_explain_together_shares_one_unperturbed_pass(inplace):
     close(together[0].raw, torch.relu(torch.stack([gradcam_reference(a[i], g[i]).sum(0) for i in range(2)])))
     close(together[1].raw, score_cam_reference(model, layer, x, [1, 2]))
     close(together[2].raw, ablation_cam_reference(model, layer, x, [1, 2]))
+
+
+@pytest.mark.parametrize("name, layer", [("resnet18", "layer4"), ("efficientnet_b0", "bn2"),
+                                         ("mobilenetv3_small_050", None)])
+def test_cam_finds_the_linear_head_of_timm_cnns(name, layer):
+    # timm's ResNet and EfficientNet end in global pooling and one linear layer; its
+    # MobileNetV3 puts a 1x1 convolution and an activation between them, where CAM does not apply.
+    import timm
+
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=7).eval()
+    x = images(2, size=64)
+    cam = explain.CAM(model)
+    if layer is None:
+        with pytest.raises(ValueError, match="CAM needs a linear layer from the 288 channels of layer 'blocks'"):
+            cam(x, targets=[1, 5])
+        return
+    res = cam(x, targets=[1, 5])
+    assert res.layers == (layer,)
+    activation, _ = layer_output(model, layer, x)
+    weight = model.get_classifier().weight.detach()
+    expected = torch.stack([torch.einsum("k,khw->hw", weight[c], activation[i]) for i, c in enumerate([1, 5])])
+    close(res.raw, expected)
