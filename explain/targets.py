@@ -117,8 +117,8 @@ def _is_rows(targets) -> bool:
     if isinstance(targets, (Tensor, np.ndarray)):
         return targets.ndim == 2
     return (isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)) and len(targets) > 0
-            and all(isinstance(row, (Sequence, Tensor, np.ndarray)) and not isinstance(row, (str, bytes))
-                    for row in targets))
+            and all((isinstance(row, Sequence) and not isinstance(row, (str, bytes)))
+                    or (isinstance(row, (Tensor, np.ndarray)) and row.ndim == 1) for row in targets))
 
 
 def _class_ids(targets, n: int, num_classes: int, class_names) -> Tensor:

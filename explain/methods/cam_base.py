@@ -31,7 +31,15 @@ from ..hooks import LayerCapture
 from ..layers import LayerSpec, find_target_layer, on_input_grid, resolve_layers
 from ..targets import Targets, select_targets
 
-__all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "explain_together", "principal_component", "safe_divide"]
+__all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "explain_together", "positive_int", "principal_component",
+           "safe_divide"]
+
+
+def positive_int(name: str, value) -> int:
+    """``value``, checked to be a positive int (a count such as ``n_samples``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
 
 
 def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
@@ -89,17 +97,22 @@ def check_spatial(activations: dict[str, Tensor], images: Tensor) -> None:
             )
 
 
+def map_tensors(function: Callable[[Tensor], Tensor], output):
+    """A model output with ``function`` applied to every tensor, whatever container holds it."""
+    if isinstance(output, Tensor):
+        return function(output)
+    if isinstance(output, dict):
+        return {key: map_tensors(function, value) for key, value in output.items()}
+    if isinstance(output, tuple) and hasattr(output, "_fields"):  # a namedtuple
+        return type(output)(*(map_tensors(function, value) for value in output))
+    if isinstance(output, (tuple, list)):
+        return type(output)(map_tensors(function, value) for value in output)
+    return output
+
+
 def detached(output):
     """The model output without its autograd graph, whatever container holds it."""
-    if isinstance(output, Tensor):
-        return output.detach()
-    if isinstance(output, dict):
-        return {key: detached(value) for key, value in output.items()}
-    if isinstance(output, tuple) and hasattr(output, "_fields"):  # a namedtuple
-        return type(output)(*(detached(value) for value in output))
-    if isinstance(output, (tuple, list)):
-        return type(output)(detached(value) for value in output)
-    return output
+    return map_tensors(Tensor.detach, output)
 
 
 @dataclass(frozen=True)
@@ -168,6 +181,7 @@ class BaseCAM(Explainer):
     aug_smooth:
         Average the maps of the images as given, flipped, and rescaled by 0.9 and 1.1 (six
         passes), each mapped back onto the input; targets are those of the images as given.
+        ``maps`` is that average; ``raw_layers`` stay those of the images as given.
 
     Subclasses set ``uses_gradients`` and implement :meth:`channel_terms` (or
     :meth:`layer_map` for maps that are not a sum over channels).

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..base import method_class, register
 from ..layers import LayerSpec
 from ..targets import Targets
-from .cam_base import BaseCAM, Captured, principal_component, safe_divide
+from .cam_base import BaseCAM, Captured, positive_int, principal_component, safe_divide
 
 __all__ = [
     "EigenGradCAM",
@@ -224,14 +224,12 @@ class SmoothGradCAMPlusPlus(GradientCAM):
                  seed: int = 0, class_names: Sequence[str] | None = None, eigen_smooth: bool = False,
                  aug_smooth: bool = False):
         super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-            raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
-        self.n_samples, self.noise, self.seed = n_samples, float(noise), int(seed)
+        self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
     def capture(self, images: Tensor, targets: Targets = None, *, topk: int | None = None,
                 gradients: bool | None = None) -> Captured:
         clean = super().capture(images, targets, topk=topk)
-        fixed = clean.custom_target or clean.targets
+        fixed = clean.custom_target if clean.custom_target is not None else clean.targets
         moments = {power: {name: [torch.zeros_like(g) for g in grads] for name, grads in clean.gradients.items()}
                    for power in (1, 2, 3)}
         generator = torch.Generator(clean.images.device).manual_seed(self.seed)
@@ -285,10 +283,16 @@ class ShapleyCAM(GradientCAM):
         return scores + picked.to(scores.dtype)
 
     def record_gradients(self, capture, scores: Tensor) -> dict[str, Tensor]:
-        capture.backward(scores)  # checks that every layer is reached
         names = list(capture.layers)
+        missing = [name for name in names if name not in capture.activations]
+        if missing:
+            raise ValueError(f"layer(s) {missing} did not run in the forward pass; pick layers the model uses")
         activations = [capture.activations[name] for name in names]
-        first = torch.autograd.grad(scores.sum(), activations, create_graph=True, retain_graph=True)
+        first = torch.autograd.grad(scores.sum(), activations, create_graph=True, retain_graph=True,
+                                    allow_unused=True)
+        unused = [name for name, gradient in zip(names, first) if gradient is None]
+        if unused:
+            raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")
         recorded = {}
         for name, activation, gradient in zip(names, activations, first):
             if gradient.requires_grad:
@@ -341,8 +345,10 @@ class FinerCAM(GradientCAM):
         self.contributions = base_class.contributions
 
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
-        if (ids == -1).any() or not isinstance(output, Tensor) or output.dim() != 2:
+        if (ids == -1).any():
             raise ValueError("Finer-CAM compares class logits; pass class targets, not a callable")
+        if not isinstance(output, Tensor) or output.dim() != 2:
+            raise ValueError("Finer-CAM compares class logits, and the model does not return (N, num_classes) logits")
         ranks = [rank for rank in self.comparison if rank < output.shape[1]]
         if not ranks:  # a single class: nothing to compare with
             return scores

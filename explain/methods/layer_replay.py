@@ -24,6 +24,8 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from .cam_base import map_tensors
+
 __all__ = ["LayerReplay"]
 
 
@@ -150,6 +152,7 @@ class LayerReplay:
         and whose model output is ``reference``, and check the replay against it."""
         self._images = images
         self._frontier = []
+        self._dtype = images.dtype  # the model's, which check_images made the images'
         if self._split is None:
             self._warn()
             return
@@ -175,7 +178,7 @@ class LayerReplay:
         self.reason = None
         rows = torch.cat([torch.arange(n - 1, -1, -1), torch.zeros(1, dtype=torch.long)]).to(images.device)
         same = _close(self(activation, torch.arange(n, device=images.device)), reference)
-        reordered = _close(self(activation[rows], rows), _rows_of(reference, rows))
+        reordered = _close(self(activation[rows], rows), map_tensors(lambda tensor: tensor[rows], reference))
         if not (same and reordered):
             self.reason = "replaying the later layers did not reproduce the model's output"
             self._frontier = []
@@ -201,15 +204,3 @@ class LayerReplay:
         finally:
             handle.remove()
 
-
-def _rows_of(output, rows: Tensor):
-    """The rows ``rows`` of every tensor in a model output."""
-    if isinstance(output, Tensor):
-        return output[rows]
-    if isinstance(output, dict):
-        return {key: _rows_of(value, rows) for key, value in output.items()}
-    if isinstance(output, tuple) and hasattr(output, "_fields"):
-        return type(output)(*(_rows_of(value, rows) for value in output))
-    if isinstance(output, (tuple, list)):
-        return type(output)(_rows_of(value, rows) for value in output)
-    return output

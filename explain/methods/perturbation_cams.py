@@ -26,16 +26,10 @@ from torch import Tensor, nn
 from ..base import register
 from ..hooks import preserved_state
 from ..layers import LayerSpec
-from .cam_base import BaseCAM, Captured, principal_component, safe_divide
+from .cam_base import BaseCAM, Captured, positive_int, principal_component, safe_divide
 from .layer_replay import LayerReplay
 
 __all__ = ["AblationCAM", "ISCAM", "SSCAM", "ScoreCAM"]
-
-
-def _check_batch_size(batch_size: int) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    return batch_size
 
 
 class PerturbationCAM(BaseCAM):
@@ -46,7 +40,7 @@ class PerturbationCAM(BaseCAM):
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 32,
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
         super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
-        self.batch_size = _check_batch_size(batch_size)
+        self.batch_size = positive_int("batch_size", batch_size)
 
     def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
         """The unperturbed pass alone: it meets every mistake in the model, layer or targets,
@@ -112,7 +106,6 @@ class ScoreCAM(PerturbationCAM):
         n, channels = activations.shape[:2]
         softmax_over_channels = self.weighting == "channel-softmax"
         flat = activations.flatten(2)
-        constant = flat.amax(dim=2) == flat.amin(dim=2)
         # One masked pass per distinct channel of each image (all constant channels share
         # the all-zero mask, which only the channel-softmax reading scores).
         owners, rows, firsts = [], [], []
@@ -150,11 +143,9 @@ class ScoreCAM(PerturbationCAM):
                 total = total + captured.scores(output, owners[chunk], probability=not softmax_over_channels)
                 count += 1
             scores[chunk] = total / count
-        weights = scores[slots]  # (N, C, num_targets)
+        weights = scores[slots]  # (N, C, num_targets); constant channels unscored: 0
         if softmax_over_channels:
             weights = weights.softmax(dim=1)
-        else:
-            weights = weights.masked_fill(constant[:, :, None], 0.0)
         return weights.transpose(1, 2)
 
 
@@ -181,15 +172,14 @@ class SSCAM(ScoreCAM):
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
         super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
                          eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-            raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
-        self.n_samples, self.noise, self.seed = n_samples, float(noise), int(seed)
+        self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         for sample in range(self.n_samples):
             noise = torch.empty_like(masks)
             for row, channel in enumerate(channels.tolist()):
-                generator = torch.Generator(masks.device).manual_seed(self.seed + 1_000_003 * sample + channel)
+                key = hash((self.seed, sample, channel)) & 0x7FFF_FFFF_FFFF_FFFF  # ints hash the same in every run
+                generator = torch.Generator(masks.device).manual_seed(key)
                 noise[row].normal_(0.0, self.noise, generator=generator)
             yield masks + noise
 
@@ -213,9 +203,7 @@ class ISCAM(ScoreCAM):
                  eigen_smooth: bool = False, aug_smooth: bool = False):
         super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
                          eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-            raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
-        self.n_samples = n_samples
+        self.n_samples = positive_int("n_samples", n_samples)
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         coefficient = 0.0
