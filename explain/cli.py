@@ -370,14 +370,15 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
     """One explainer per method, each checked once on a blank image so that mistakes in the
     method, layer or target surface now, as usage errors, and the auto layer is fixed.
     ``options`` (eigen_smooth, aug_smooth) go to every method that is given them."""
-    wanted = methods() if names.strip().lower() == "all" else [n.strip() for n in names.split(",") if n.strip()]
+    everything = names.strip().lower() == "all"
+    wanted = methods() if everything else [n.strip() for n in names.split(",") if n.strip()]
     if not wanted:
         raise UsageError("--method is empty; see `explain methods`")
     layers = None if layer.strip().lower() == "auto" else [n.strip() for n in layer.split(",") if n.strip()]
     explainers = []
     for name in wanted:
         given = options
-        if names.strip().lower() == "all":  # each option where it applies
+        if everything:  # each option where it applies
             given = {option: value for option, value in options.items() if _takes(method_class(name), option)}
         try:
             cam = explainer(name, loaded.model, target_layer=layers, class_names=loaded.class_names, **given)

@@ -211,7 +211,7 @@ class SmoothGradCAMPlusPlus(GradientCAM):
     L = ReLU(sum_k w_k A^k) with A from the image as given. The targets are those of the image
     as given. ``noise`` is an absolute standard deviation (as captum's NoiseTunnel takes it);
     n = 4 and noise = 0.3 follow torchcam; ``seed`` makes the noise repeatable. Costs n + 1
-    forward and backward passes.
+    forward passes and n backward passes.
 
     Omeiza et al., "Smooth Grad-CAM++: An Enhanced Inference Level Visualization Technique
     for Deep Convolutional Neural Network Models", arXiv:1908.01224 (2019).
@@ -228,18 +228,19 @@ class SmoothGradCAMPlusPlus(GradientCAM):
 
     def capture(self, images: Tensor, targets: Targets = None, *, topk: int | None = None,
                 gradients: bool | None = None) -> Captured:
-        clean = super().capture(images, targets, topk=topk)
+        # The image as given supplies A and the targets; only the noisy copies need gradients.
+        clean = super().capture(images, targets, topk=topk, gradients=False)
         fixed = clean.custom_target if clean.custom_target is not None else clean.targets
-        moments = {power: {name: [torch.zeros_like(g) for g in grads] for name, grads in clean.gradients.items()}
-                   for power in (1, 2, 3)}
+        moments: dict[int, dict[str, list[Tensor]]] = {1: {}, 2: {}, 3: {}}
         generator = torch.Generator(clean.images.device).manual_seed(self.seed)
         for _ in range(self.n_samples):
             noise = torch.randn(clean.images.shape, generator=generator, device=clean.images.device)
             sample = super().capture(clean.images + self.noise * noise.to(clean.images.dtype), fixed)
             for name, grads in sample.gradients.items():
-                for k, g in enumerate(grads):
-                    for power in (1, 2, 3):
-                        moments[power][name][k] += g.pow(power) / self.n_samples
+                for power in (1, 2, 3):
+                    sums = moments[power].setdefault(name, [torch.zeros_like(g) for g in grads])
+                    for k, g in enumerate(grads):
+                        sums[k] += g.pow(power) / self.n_samples
         return Captured(clean.activations, moments[1], clean.output, clean.targets, clean.input_size,
                         clean.images, clean.custom_target, extra={"second": moments[2], "third": moments[3]})
 
