@@ -27,6 +27,7 @@ test: $(VENV)/.installed-test
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_gradcam.py
 	$(BIN)/python benchmarks/bench_cli.py
+	$(BIN)/python benchmarks/bench_attribution.py
 
 # The peers (pytorch-grad-cam, torchcam) are an optional extra, installed for this alone.
 bench-peers: $(VENV)/.installed

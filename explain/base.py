@@ -31,6 +31,12 @@ class Explainer:
     """
 
     name: ClassVar[str] = ""
+    #: The kind of method, as ``explain methods`` groups them.
+    family: ClassVar[str] = ""
+    #: Passes through the model per image and target, with the default settings.
+    cost: ClassVar[str] = ""
+    #: Whether the method explains through a target layer (``target_layer=``).
+    needs_layer: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):
@@ -71,9 +77,22 @@ def methods() -> list[str]:
     return [cls.name for cls in _REGISTRY.values()]
 
 
-def describe_methods() -> dict[str, str]:
-    """Each method's name with the first line of its docstring."""
-    return {cls.name: (cls.__doc__ or "").strip().splitlines()[0] for cls in _REGISTRY.values()}
+def describe_methods() -> dict[str, dict[str, str | bool]]:
+    """Each method's name with its family, cost, whether it needs a target layer, and the
+    first line of its docstring.
+
+    >>> describe_methods()["gradcam"]["family"], describe_methods()["ig"]["needs_layer"]
+    ('gradient CAM', False)
+    """
+    return {
+        cls.name: {
+            "family": cls.family,
+            "cost": cls.cost,
+            "needs_layer": cls.needs_layer,
+            "description": (cls.__doc__ or "").strip().splitlines()[0],
+        }
+        for cls in _REGISTRY.values()
+    }
 
 
 def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:

@@ -1,6 +1,6 @@
-"""The ``explain`` command: Grad-CAM-family heatmap overlays for folders of images.
+"""The ``explain`` command: CAM and attribution heatmap overlays for folders of images.
 
-    explain run INPUT... --out DIR [--method gradcam,layercam] [--target top1|ID|NAME|topk:K]
+    explain run INPUT... --out DIR [--method gradcam,saliency,ig] [--target top1|ID|NAME|topk:K]
     explain methods
     explain layers MODEL
 
@@ -14,6 +14,7 @@ that are already complete. Exit codes: 0 all done, 1 some inputs failed, 2 usage
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import re
@@ -40,7 +41,8 @@ from tqdm import tqdm
 
 from . import __version__, models
 from .base import describe_methods, explainer, method_class, methods
-from .methods import BaseCAM, explain_together
+from .methods import explain_together
+from .methods.attribution_base import REDUCTIONS
 from .heap import ReusedHeap
 from .images import IMAGE_EXTENSIONS, ImageError, load_rgb
 from .layers import candidate_layers, find_target_layer
@@ -108,7 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "(CAMs that are a sum over channels)")
     run.add_argument("--aug-smooth", action="store_true",
                      help="average each map over flipped and rescaled copies of the image (6 passes)")
+    run.add_argument("--reduction", choices=REDUCTIONS, default="abs-sum",
+                     help="how attribution methods reduce the colour channels to one map; 'sum' keeps "
+                     "the sign (shown with --signed-cmap)")
     run.add_argument("--cmap", default="jet", help="matplotlib colormap of the heatmap")
+    run.add_argument("--signed-cmap", default="RdBu_r",
+                     help="diverging matplotlib colormap of signed maps (--reduction sum)")
     run.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity, 0..1")
     run.add_argument("--save-maps", action="store_true",
                      help="also write each image's maps (scaled and raw) as .npz next to its overlays")
@@ -124,7 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=run_command)
 
     listing = commands.add_parser("methods", help="list the explanation methods",
-                                  description="List the registered methods with one-line descriptions.")
+                                  description="List the registered methods with their family, their cost "
+                                  "per image and target, whether they explain through a --layer, and a "
+                                  "one-line description.")
     listing.set_defaults(handler=methods_command)
 
     layers = commands.add_parser(
@@ -369,19 +378,32 @@ def parse_target(text: str, class_names: list[str]) -> TargetSpec:
 def build_explainers(names: str, loaded: LoadedModel, layer: str, target: TargetSpec, **options) -> list:
     """One explainer per method, each checked once on a blank image so that mistakes in the
     method, layer or target surface now, as usage errors, and the auto layer is fixed.
-    ``options`` (eigen_smooth, aug_smooth) go to every method that is given them."""
+
+    ``options`` (eigen_smooth, aug_smooth, reduction) and the layers go to every named method
+    that takes them (a method that takes one but cannot use it says so); one that no named
+    method takes is a usage error. With ``all``, each goes only where it applies."""
     everything = names.strip().lower() == "all"
     wanted = methods() if everything else [n.strip() for n in names.split(",") if n.strip()]
     if not wanted:
         raise UsageError("--method is empty; see `explain methods`")
-    layers = None if layer.strip().lower() == "auto" else [n.strip() for n in layer.split(",") if n.strip()]
-    explainers = []
+    if layer.strip().lower() != "auto":
+        options = dict(options, target_layer=[n.strip() for n in layer.split(",") if n.strip()])
+    classes = {}
     for name in wanted:
-        given = options
-        if everything:  # each option where it applies
-            given = {option: value for option, value in options.items() if _takes(method_class(name), option)}
         try:
-            cam = explainer(name, loaded.model, target_layer=layers, class_names=loaded.class_names, **given)
+            classes[name] = method_class(name)
+        except ValueError as error:
+            raise UsageError(f"--method: {error}") from None
+    for option in options:
+        if not any(_accepts(cls, option) for cls in classes.values()):
+            flag = "--layer" if option == "target_layer" else "--" + option.replace("_", "-")
+            raise UsageError(f"{flag} applies to none of the methods {', '.join(wanted)}; see `explain methods`")
+    explainers = []
+    for name, cls in classes.items():
+        applies = _takes if everything else _accepts
+        given = {option: value for option, value in options.items() if applies(cls, option)}
+        try:
+            cam = cls(loaded.model, class_names=loaded.class_names, **given)
             cam.check(loaded.example, target.targets, topk=target.topk)
         except Exception as error:  # on a blank image, any failure is a setup problem
             raise UsageError(f"--method {name} --layer {layer}: {type(error).__name__}: {error}") from None
@@ -390,9 +412,28 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
     return explainers
 
 
+def _accepts(cls: type, option: str) -> bool:
+    """Whether ``cls(model, ...)`` takes the keyword ``option``, through ``**options`` too."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters
+        if option in parameters:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return False
+    return False
+
+
 def _takes(cls: type, option: str) -> bool:
-    """Whether a method accepts ``option`` (eigen_smooth only applies to sums over channels)."""
-    return issubclass(cls, BaseCAM) and (option != "eigen_smooth" or cls.channel_sum)
+    """Whether ``option`` applies to a method: it takes it, and eigen_smooth only where the
+    map is a sum over channels, a layer only where the method explains through one."""
+    if option == "eigen_smooth" and not getattr(cls, "channel_sum", False):
+        return False
+    if option == "target_layer" and not cls.needs_layer:
+        return False
+    return _accepts(cls, option)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -620,13 +661,13 @@ class _StopFlag:
 
 
 def _write_outputs(out_dir: Path, picture: np.ndarray, maps: np.ndarray, rows: list[dict],
-                   npz: dict | None, cmap: str, alpha: float) -> list[dict]:
+                   npz: dict | None, cmap: str, alpha: float, signed: bool = False) -> list[dict]:
     """Overlay and save one image's maps for one method (one map per target); runs in a thread."""
     try:
         for heat, row in zip(maps, rows):
             path = out_dir / row["output"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, encode_png(overlay(picture, heat, cmap=cmap, alpha=alpha)))
+            atomic_write(path, encode_png(overlay(picture, heat, cmap=cmap, alpha=alpha, signed=signed)))
         if npz is not None:
             atomic_write(out_dir / rows[0]["maps"], encode_npz(**npz))
     except Exception as error:
@@ -641,6 +682,9 @@ def run_command(args) -> int:
 
     if args.cmap not in matplotlib.colormaps:
         raise UsageError(f"unknown --cmap {args.cmap!r}; use a matplotlib colormap such as jet, turbo, viridis")
+    if args.signed_cmap not in matplotlib.colormaps:
+        raise UsageError(f"unknown --signed-cmap {args.signed_cmap!r}; use a diverging matplotlib colormap such as "
+                         "RdBu_r, bwr, coolwarm")
     out_dir: Path = args.out
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
@@ -655,10 +699,14 @@ def run_command(args) -> int:
         args.workers = default_workers(loaded.device)
     target = parse_target(args.target, loaded.class_names)
     options = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
+    if args.reduction != "abs-sum":
+        options["reduction"] = args.reduction
     explainers = build_explainers(args.method, loaded, args.layer, target, **options)
     layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
     settings = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
-    settings += "".join(f" {name}=1" for name in options)
+    settings += "".join(f" {name}=1" if value is True else f" {name}={value}" for name, value in options.items())
+    if args.reduction == "sum":
+        settings += f" signed_cmap={args.signed_cmap}"
     if loaded.random_weights:
         print(f"explain: warning: {args.model} has random weights, so its maps explain an untrained model; "
               "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
@@ -871,7 +919,8 @@ class _Run:
             if maps.dim() == 3:
                 maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]
             maps, ids, probabilities = maps.cpu().numpy(), ids.cpu().tolist(), probabilities.cpu().tolist()
-            raw = {name: (r if r.dim() == 4 else r[:, None]).cpu().numpy() for name, r in result.raw_layers.items()}
+            one_target = result.targets.dim() == 1  # raw then lacks the targets' axis
+            raw = {name: (r[:, None] if one_target else r).cpu().numpy() for name, r in result.raw_layers.items()}
             for j, i in enumerate(source_indices):
                 if cam not in self.pending[i]:
                     continue
@@ -894,7 +943,8 @@ class _Run:
                     npz = {"maps": maps[j], "targets": np.asarray(ids[j])}
                     npz.update({f"raw_{name}": r[j] for name, r in raw.items()})
                 in_flight.append(saver.submit(
-                    _write_outputs, self.out_dir, pictures[j], maps[j], rows, npz, self.args.cmap, self.args.alpha,
+                    _write_outputs, self.out_dir, pictures[j], maps[j], rows, npz,
+                    self.args.signed_cmap if result.signed else self.args.cmap, self.args.alpha, result.signed,
                 ))
 
     def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
@@ -914,10 +964,13 @@ class _Run:
 
 
 def methods_command(args) -> int:
-    descriptions = describe_methods()
-    width = max(map(len, descriptions))
-    for name, description in descriptions.items():
-        print(f"{name:<{width}}  {description}")
+    described = describe_methods()
+    rows = [("method", "family", "layer", "cost per image and target", "")]
+    rows += [(name, info["family"], "yes" if info["needs_layer"] else "-", info["cost"], info["description"])
+             for name, info in described.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4])
     return EXIT_OK
 
 

@@ -51,11 +51,13 @@ class Explanation:
     Attributes
     ----------
     maps:
-        float32 maps in [0, 1] at the input's resolution: (N, H, W), or (N, k, H, W) when
+        float32 maps in [0, 1] (in [-1, 1] when ``signed``) at the input's resolution: (N, H, W), or (N, k, H, W) when
         ``topk=k`` was asked for. With several layers, the mean of the layers' scaled maps,
         scaled again.
     raw_layers:
-        For each target layer, the unscaled maps at that layer's resolution.
+        For each target layer, the unscaled maps at that layer's resolution. For attribution
+        methods, ``{"input": attributions}``: signed, per channel, (N, C, H, W) or
+        (N, k, C, H, W).
     logits:
         The model output, detached: a tensor, or the model's dict/tuple with a callable target.
     targets:
@@ -64,6 +66,10 @@ class Explanation:
         The registered name of the method.
     class_names:
         Names of the model's classes, when known.
+    signed:
+        Whether ``maps`` carry a sign: then they lie in [-1, 1], positive where the evidence
+        speaks for the target and negative where it speaks against it (attributions
+        reduced with ``reduction="sum"``); shown with a diverging colormap.
     """
 
     maps: Tensor
@@ -72,6 +78,7 @@ class Explanation:
     targets: Tensor
     method: str
     class_names: Sequence[str] | None = field(default=None, repr=False)
+    signed: bool = False
 
     @property
     def layers(self) -> tuple[str, ...]:

@@ -73,7 +73,7 @@ def _to_unit_float(array: np.ndarray) -> np.ndarray:
     return array.clip(0.0, 1.0)
 
 
-def _to_map(heatmap) -> np.ndarray:
+def _to_map(heatmap, signed: bool = False) -> np.ndarray:
     # numpy, not torch: the CLI overlays from several threads at once, and torch would start
     # a thread team for each of them that competes with the model's threads.
     if isinstance(heatmap, Tensor):
@@ -87,13 +87,17 @@ def _to_map(heatmap) -> np.ndarray:
         raise ValueError(f"the map must be 2-D (H, W), got shape {tuple(heatmap.shape)}; pick one map, e.g. res.maps[0]")
     if not np.isfinite(heatmap).all():
         raise ValueError("the map contains NaN or infinite values")
+    if signed:
+        peak = np.abs(heatmap).max()
+        return heatmap / peak if peak > 1 else heatmap
     low, high = heatmap.min(), heatmap.max()
     if low < 0 or high > 1:
         heatmap = (heatmap - low) / (high - low) if high > low else np.zeros_like(heatmap)
     return heatmap
 
 
-def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap = "jet", alpha: float = 0.5) -> np.ndarray:
+def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap | None = None, alpha: float = 0.5, *,
+            signed: bool | None = None) -> np.ndarray:
     """Blend a colour-mapped heatmap over an image; returns (H, W, 3) uint8 RGB.
 
     Parameters
@@ -104,18 +108,31 @@ def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap = "jet", alph
         A 2-D map, e.g. ``res.maps[0]``. Values in [0, 1] are used as they are, others are
         min-max scaled. It is resized (bilinear) to the image when their sizes differ.
     cmap:
-        A matplotlib colormap or its name.
+        A matplotlib colormap or its name; by default ``"jet"``, and the diverging
+        ``"RdBu_r"`` for signed maps.
     alpha:
-        Weight of the heatmap: 0 shows the image only, 1 the heatmap only.
+        Weight of the heatmap: 0 shows the image only, 1 the heatmap only. For signed maps
+        it is scaled by each pixel's magnitude, so that where the evidence is zero the image
+        shows through.
+    signed:
+        Show the map with its sign: values in [-1, 1] (others are divided by the largest
+        magnitude), zero at the colormap's centre, positive evidence red and negative blue
+        by default. ``None`` (default): signed when the map holds negative values, as
+        ``Explanation.maps`` do where ``Explanation.signed``.
 
     >>> out = overlay(np.zeros((4, 6, 3), np.uint8), torch.ones(2, 3), alpha=1.0)
     >>> out.shape, out.dtype, out[0, 0].tolist()   # jet at 1.0 is dark red
     ((4, 6, 3), dtype('uint8'), [128, 0, 0])
+    >>> signed = overlay(np.zeros((1, 2, 3), np.uint8), torch.tensor([[-1.0, 0.0]]), alpha=1.0)
+    >>> signed[0, 0].tolist(), signed[0, 1].tolist()   # blue where negative, the image where zero
+    ([5, 48, 97], [0, 0, 0])
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
     rgb = to_rgb(image)
-    heat = _to_map(heatmap)
+    if signed is None:
+        signed = bool((heatmap < 0).any())
+    heat = _to_map(heatmap, signed)
     height, width = rgb.shape[:2]
     if tuple(heat.shape) != (height, width):
         if abs(heat.shape[0] / heat.shape[1] - height / width) > 0.02 * height / width:
@@ -126,10 +143,17 @@ def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap = "jet", alph
                 stacklevel=2,
             )
         resized = F.interpolate(torch.from_numpy(heat)[None, None], size=(height, width), mode="bilinear", align_corners=False)
-        heat = resized[0, 0].clamp(0.0, 1.0).numpy()
+        heat = resized[0, 0].clamp(-1.0 if signed else 0.0, 1.0).numpy()
+    if cmap is None:
+        cmap = "RdBu_r" if signed else "jet"
     colormap = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
-    colours = colormap(heat)[..., :3].astype(np.float32)
-    blended = (1.0 - alpha) * rgb + alpha * colours
+    if signed:
+        colours = colormap((heat + 1.0) / 2.0)[..., :3].astype(np.float32)
+        weight = alpha * np.abs(heat)[..., None]
+    else:
+        colours = colormap(heat)[..., :3].astype(np.float32)
+        weight = alpha
+    blended = (1.0 - weight) * rgb + weight * colours
     return np.round(blended * 255.0).astype(np.uint8)
 
 
@@ -176,7 +200,7 @@ def plot_explanations(
     explanations: Sequence | Mapping,
     index: int = 0,
     *,
-    cmap: str = "jet",
+    cmap: str | None = None,
     alpha: float = 0.5,
     columns: int | None = None,
 ):
@@ -184,8 +208,9 @@ def plot_explanations(
     method, the explained class and its probability.
 
     ``explanations`` is a list of :class:`~explain.Explanation` (titled by method) or a
-    mapping of title to Explanation or to a 2-D map. ``index`` picks the image in the batch.
-    With ``topk``, the first target is shown.
+    mapping of title to Explanation or to a 2-D map, so CAMs and attributions sit side by
+    side in one grid. ``index`` picks the image in the batch. With ``topk``, the first
+    target is shown. Signed maps are drawn with a diverging colormap (see :func:`overlay`).
     """
     import matplotlib.pyplot as plt
 
@@ -194,7 +219,7 @@ def plot_explanations(
     items = explanations.items() if isinstance(explanations, Mapping) else (
         (e.method, e) for e in explanations
     )
-    panels = [("image", None)]
+    panels = [("image", None, False)]
     for title, item in items:
         if isinstance(item, Explanation):
             heat = item.maps[index]
@@ -203,9 +228,9 @@ def plot_explanations(
             if heat.dim() == 3:
                 heat, name, prob = heat[0], name[0], prob[0]
             label = f"{title}\n{name}" + ("" if torch.isnan(prob) else f" ({float(prob):.0%})")
-            panels.append((label, heat))
+            panels.append((label, heat, item.signed))
         else:
-            panels.append((title, item))
+            panels.append((title, item, None))
     columns = columns or min(len(panels), 4)
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(
@@ -214,7 +239,7 @@ def plot_explanations(
     rgb = to_rgb(image)
     for axis in axes.flat:
         axis.axis("off")
-    for axis, (title, heat) in zip(axes.flat, panels):
-        axis.imshow(rgb if heat is None else overlay(rgb, heat, cmap=cmap, alpha=alpha))
+    for axis, (title, heat, signed) in zip(axes.flat, panels):
+        axis.imshow(rgb if heat is None else overlay(rgb, heat, cmap=cmap, alpha=alpha, signed=signed))
         axis.set_title(title, fontsize=9)
     return figure

@@ -35,6 +35,7 @@ class ModelState:
         self.hooks = hook_count(model)
         self.params = [p.detach().clone() for p in model.parameters()]
         self.buffers = [b.detach().clone() for b in model.buffers()]
+        self.modules = [(name, type(m), frozenset(vars(m))) for name, m in model.named_modules()]
 
     def assert_unchanged(self) -> None:
         model = self.model
@@ -50,6 +51,8 @@ class ModelState:
             assert torch.equal(before, p.detach()), "a parameter changed"
         for before, b in zip(self.buffers, model.buffers()):
             assert torch.equal(before, b), "a buffer (e.g. batch-norm statistics) changed"
+        now = [(name, type(m), frozenset(vars(m))) for name, m in model.named_modules()]
+        assert now == self.modules, "modules were replaced, or attributes left on them"
 
 
 @pytest.fixture(scope="session")

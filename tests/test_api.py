@@ -20,16 +20,24 @@ METHODS = [
     "scorecam", "sscam", "iscam", "ablationcam", "fullgrad",
 ]
 GRADIENT_CAMS = METHODS[:10]
+ATTRIBUTIONS = [
+    "saliency", "inputxgrad", "smoothgrad", "vargrad", "ig", "guidedbp", "deconv", "guidedgradcam",
+    "deeplift", "deepliftshap", "gradientshap", "occlusion", "lime", "kernelshap", "ablation", "lrp",
+]
 
 
 def test_methods_and_factory():
-    assert explain.methods() == METHODS
+    assert sorted(explain.methods()) == sorted(METHODS + ATTRIBUTIONS)
     model = torchvision.models.resnet18()
     for name in METHODS:
         cam = explain.explainer(name, model, target_layer=None if name == "fullgrad" else "layer4")
         assert cam.name == name
         assert isinstance(cam, explain.GradientCAM) == (name in GRADIENT_CAMS)
         assert isinstance(cam, explain.BaseCAM) == (name != "fullgrad")
+    for name in ATTRIBUTIONS:
+        attribution = explain.explainer(name, model)
+        assert attribution.name == name and isinstance(attribution, explain.Attribution)
+    assert isinstance(explain.explainer("IG", model), explain.IntegratedGradients)
     # Every name the package exported before it grew a package of methods still imports.
     from explain.cam import GradCAM, explain_together
     from explain.methods import explain_together as from_package
@@ -39,9 +47,13 @@ def test_methods_and_factory():
     assert callable(explain.methods) and explain.EigenCAM is EigenCAM
     assert isinstance(explain.explainer("Grad-CAM++", model), explain.GradCAMPlusPlus)
     assert isinstance(explain.explainer("grad_cam_elementwise", model), explain.GradCAMElementWise)
-    descriptions = explain.describe_methods()
-    assert descriptions["gradcam"].startswith("Grad-CAM:")
-    assert all(descriptions[name] for name in METHODS)
+    described = explain.describe_methods()
+    assert described["gradcam"]["description"].startswith("Grad-CAM:")
+    assert all(described[name]["description"] and described[name]["cost"] and described[name]["family"]
+               for name in METHODS + ATTRIBUTIONS)
+    assert {described[name]["family"] for name in ATTRIBUTIONS} == {"gradient attribution", "perturbation attribution"}
+    assert [name for name in METHODS + ATTRIBUTIONS if described[name]["needs_layer"]] == (
+        [name for name in METHODS if name != "fullgrad"] + ["guidedgradcam"])
 
 
 def test_unknown_method():
@@ -104,15 +116,19 @@ def test_example_script_draws_every_method(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "examples" / "explain_one_image.py"
     out = tmp_path / "figure.png"
-    # Every method but SS-CAM and IS-CAM, which only repeat Score-CAM's passes per sample.
-    shown = [m for m in explain.methods() if m not in ("sscam", "iscam")]
+    # Every CAM but SS-CAM and IS-CAM, which only repeat Score-CAM's passes per sample, and
+    # the attributions of one or two passes (the others repeat those passes many times).
+    shown = [m for m in explain.methods() if m not in ("sscam", "iscam")
+             and not issubclass(explain.base.method_class(m), explain.Attribution)]
+    shown += ["saliency", "guidedbp", "guidedgradcam", "deeplift", "lrp"]
     command = [sys.executable, str(script), "--out", str(out), "--batch-size", "8", "--methods", ",".join(shown)]
     done = subprocess.run(command, capture_output=True, text=True,
                           env={**os.environ, "MPLBACKEND": "Agg"}, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(":")[0].strip() for line in lines[:-1]] == shown
-    layers = {"fullgrad": "input+biases"}
+    layers = {"fullgrad": "input+biases", "saliency": "input", "guidedbp": "input", "guidedgradcam": "input",
+              "deeplift": "input", "lrp": "input"}
     for method, line in zip(shown, lines):
         assert "cat" in line and f"at layer {layers.get(method, 'bn2')}," in line, line
     with Image.open(out) as figure:

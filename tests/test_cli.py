@@ -352,6 +352,45 @@ def test_score_cam_ablation_cam_fullgrad_and_smoothing_options_end_to_end(tmp_pa
     assert "--method eigencam" in error and "eigen_smooth does not apply" in error
 
 
+def test_attribution_methods_end_to_end(tmp_path, capsys):
+    # Two photos; saliency and IG next to Grad-CAM in one run, signed (--reduction sum).
+    images = [str(REPO / "data" / "images" / name) for name in ("coffee.png", "rocket.jpg")]
+    code = main(["run", *images, "--out", str(tmp_path), "--method", "saliency,ig,gradcam", "--reduction", "sum",
+                 "--save-maps", "-q"])
+    assert code == 0 and summary_counts(capsys.readouterr().out) == (6, 0, 0)
+    rows = read_rows(tmp_path / "manifest.jsonl")
+    assert {(r["method"], r["layer"]) for r in rows} == {("saliency", "input"), ("ig", "input"), ("gradcam", "bn2")}
+    assert {r["settings"] for r in rows} == {SETTINGS + " reduction=sum signed_cmap=RdBu_r"}
+    for row in rows:
+        assert row["status"] == "ok" and row["target_id"] == row["predicted_id"]
+        check_png(tmp_path / row["output"])
+        saved = np.load(tmp_path / row["maps"])
+        if row["method"] == "gradcam":
+            assert saved["maps"].shape == (1, 224, 224) and saved["maps"].min() >= 0
+            assert saved["raw_bn2"].shape == (1, 7, 7)
+        else:  # signed maps and the attributions per colour channel
+            assert saved["maps"].shape == (1, 224, 224) and saved["maps"].min() < 0 < saved["maps"].max()
+            assert saved["raw_input"].shape == (1, 3, 224, 224)
+    # Signed overlays fade to the photo where the evidence is zero: they differ from the
+    # photo less than Grad-CAM's, whose colour covers every pixel.
+    photo = np.asarray(Image.open(images[0]).convert("RGB").resize((256, 256)).crop((16, 16, 240, 240)), float)
+    by_method = {r["method"]: r for r in rows if r["input"] == images[0]}
+    change = {m: np.abs(np.asarray(Image.open(tmp_path / r["output"]), float) - photo).mean() for m, r in by_method.items()}
+    assert change["saliency"] < change["gradcam"] and change["ig"] < change["gradcam"], change
+
+    # A layer for methods that take none, or an option no named method takes, is a usage error.
+    assert main(["run", *images, "--out", str(tmp_path), "--method", "saliency,ig", "--layer", "bn2", "-q"]) == 2
+    assert "--layer applies to none of the methods saliency, ig" in capsys.readouterr().err
+    assert main(["run", *images, "--out", str(tmp_path), "--method", "saliency", "--eigen-smooth", "-q"]) == 2
+    assert "--eigen-smooth applies to none of the methods saliency" in capsys.readouterr().err
+    # With a CAM among them, the layer goes to the CAM and Guided Grad-CAM; the rest need none.
+    assert main(["run", images[0], "--out", str(tmp_path / "layer"), "--method", "saliency,guidedgradcam,gradcam",
+                 "--layer", "blocks.6", "-q"]) == 0
+    rows = read_rows(tmp_path / "layer" / "manifest.jsonl")
+    assert {(r["method"], r["layer"]) for r in rows} == {
+        ("saliency", "input"), ("guidedgradcam", "blocks.6"), ("gradcam", "blocks.6")}
+
+
 def _tiny_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(),
@@ -461,7 +500,11 @@ def test_torchvision_name_with_a_weights_file(photos, capsys):
 def test_methods_layers_and_help(capsys):
     assert main(["methods"]) == 0
     listed = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in listed] == methods()
+    assert listed[0].split()[:3] == ["method", "family", "layer"]
+    assert [line.split()[0] for line in listed[1:]] == methods()
+    rows = {line.split()[0]: line for line in listed[1:]}
+    assert re.match(r"ig +gradient attribution +- +1 forward \+ n_steps \(50\) forward \+ backward +Integrated", rows["ig"])
+    assert re.match(r"gradcam +gradient CAM +yes +1 forward \+ 1 backward to the layer +Grad-CAM:", rows["gradcam"])
     assert main(["layers", "efficientnet_lite0"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"\* bn2 +BatchNormAct2d +1280x7x7 +<- auto", table[-1])

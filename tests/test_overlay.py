@@ -68,9 +68,21 @@ def test_map_is_resized_to_the_image():
     assert (np.diff(out[0, :, 0].astype(int)) >= 0).all()  # bilinear ramp in between
 
 
-def test_map_outside_unit_range_is_min_max_scaled():
-    out = overlay(np.zeros((1, 2, 3), np.uint8), np.array([[-4.0, 6.0]]), cmap="gray", alpha=1.0)
+def test_unsigned_map_outside_unit_range_is_min_max_scaled():
+    out = overlay(np.zeros((1, 2, 3), np.uint8), np.array([[-4.0, 6.0]]), cmap="gray", alpha=1.0, signed=False)
     assert out[0, :, 0].tolist() == [0, 255]
+    out = overlay(np.zeros((1, 2, 3), np.uint8), np.array([[2.0, 6.0]]), cmap="gray", alpha=1.0)
+    assert out[0, :, 0].tolist() == [0, 255]
+
+
+def test_signed_map_is_centred_at_zero_and_fades_where_the_evidence_is_zero():
+    white = np.full((1, 3, 3), 255, np.uint8)
+    heat = np.array([[-4.0, 0.0, 8.0]])  # negative values: shown signed, divided by the largest magnitude
+    out = overlay(white, heat, cmap="gray", alpha=1.0)
+    # gray at (v + 1) / 2, blended with weight |v|: -0.5 -> 0.5 * 0.25 + 0.5 * 1; 0 -> the image; 1 -> white
+    assert abs(int(out[0, 0, 0]) - 255 * 0.625) <= 1 and out[0, 1:, 0].tolist() == [255, 255]  # (256-entry lut)
+    red_blue = overlay(np.zeros((1, 2, 3), np.uint8), np.array([[-1.0, 1.0]]), alpha=1.0)
+    assert red_blue[0, 0, 2] > red_blue[0, 0, 0] and red_blue[0, 1, 0] > red_blue[0, 1, 2]
 
 
 def test_aspect_ratio_mismatch_warns():

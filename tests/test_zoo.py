@@ -39,6 +39,17 @@ CAM_APPLIES = {"resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "regne
 SCORE_CAMS = ["scorecam", "sscam", "iscam"]
 FEWER_SAMPLES = {"sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2}}
 
+CAMS = [m for m in explain.methods() if not issubclass(explain.base.method_class(m), explain.Attribution)]
+ATTRIBUTIONS = [m for m in explain.methods() if m not in CAMS]
+# The fewest passes that still exercise each attribution method's batching and hooks.
+CHEAP = {
+    "smoothgrad": {"n_samples": 3, "internal_batch_size": 2}, "vargrad": {"n_samples": 3, "internal_batch_size": 2},
+    "ig": {"n_steps": 3, "internal_batch_size": 4}, "gradientshap": {"n_samples": 3, "n_baselines": 2, "internal_batch_size": 2},
+    "deepliftshap": {"n_baselines": 3, "internal_batch_size": 4}, "deeplift": {"internal_batch_size": 2},
+    "occlusion": {"window": 48, "stride": 48}, "lime": {"n_samples": 6, "n_segments": 16},
+    "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16},
+}
+
 
 @lru_cache(maxsize=2)
 def make(arch):
@@ -74,7 +85,7 @@ def test_every_method(arch, layer, grad_mode):
     images = torch.randn(2, 3, SIZE, SIZE)
     state = ModelState(model)
     context = torch.no_grad() if grad_mode == "no_grad" else torch.enable_grad()
-    for method in explain.methods():
+    for method in CAMS:
         if method in SCORE_CAMS or (method == "fullgrad" and layer is not None):
             continue
         cam = explain.explainer(method, model, target_layer=layer, **FEWER_SAMPLES.get(method, {}))
@@ -91,6 +102,27 @@ def test_every_method(arch, layer, grad_mode):
             res = cam(images)
         check(res, 2, layer)
     state.assert_unchanged()  # anything a call changed would still show here
+
+
+@pytest.mark.parametrize("arch", list(ZOO))
+def test_every_attribution(arch):
+    # Under no_grad, as a user in an inference loop would call them; Guided Grad-CAM at the
+    # automatic layer (its CAM part is covered above on every layer).
+    model = make(arch)
+    # Smooth noise: SLIC makes one superpixel of pixel noise, and one superpixel is a constant map.
+    images = torch.nn.functional.interpolate(torch.randn(2, 3, 12, 12), size=SIZE, mode="bilinear")
+    state = ModelState(model)
+    for method in ATTRIBUTIONS:
+        with torch.no_grad():
+            res = explain.explainer(method, model, **CHEAP.get(method, {}))(images)
+        assert res.maps.shape == (2, SIZE, SIZE) and res.raw.shape == images.shape, method
+        assert torch.isfinite(res.raw).all() and res.maps.min() >= 0 and res.maps.max() <= 1, method
+        # LIME's Lasso may zero every superpixel of an untrained model (all effects under
+        # its alpha): then the map carries no evidence, which is a valid outcome.
+        peaks = res.maps.flatten(1).amax(dim=1).tolist()
+        assert peaks == [1.0, 1.0] or (method == "lime" and set(peaks) <= {0.0, 1.0}), (method, peaks)
+        assert res.targets.tolist() == res.logits.argmax(dim=1).tolist(), method
+    state.assert_unchanged()
 
 
 def test_fullgrad_refuses_a_target_layer():

@@ -7,11 +7,18 @@
 - :mod:`~explain.methods.gradient_free_cams`: maps from activations alone (CAM, Eigen-CAM,
   KPCA-CAM, FEM, Random-CAM);
 - :mod:`~explain.methods.perturbation_cams`: channel weights from perturbed passes
-  (Score-CAM, SS-CAM, IS-CAM, Ablation-CAM).
+  (Score-CAM, SS-CAM, IS-CAM, Ablation-CAM);
+- :mod:`~explain.methods.gradient_attribution`: maps of the input from gradients, through
+  captum (Saliency, Input x Gradient, SmoothGrad, VarGrad, Integrated Gradients, Guided
+  Backprop, Deconvolution, Guided Grad-CAM, DeepLift, DeepLiftShap, GradientShap);
+- :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
+- :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
+  copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels).
 
 :mod:`~explain.methods.cam_base` holds what they share (the capture, ``eigen_smooth``,
 ``aug_smooth``, :func:`explain_together`); :mod:`~explain.methods.layer_replay` runs the
-layers after a target layer on their own. A new method is one class over
+layers after a target layer on their own; :mod:`~explain.methods.attribution_base` holds
+what the attribution methods share (targets, channel reduction, normalisation, baselines). A new method is one class over
 :class:`~explain.methods.cam_base.BaseCAM` (or :class:`~explain.Explainer`), registered with
 :func:`explain.register`.
 """
@@ -33,6 +40,22 @@ from .gradient_cams import (  # isort: skip
 from .gradient_free_cams import CAM, FEM, KPCACAM, EigenCAM, RandomCAM  # isort: skip
 from .perturbation_cams import ISCAM, SSCAM, AblationCAM, ScoreCAM  # isort: skip
 from .full_gradient import FullGrad  # isort: skip
+from .gradient_attribution import (  # isort: skip
+    Deconvolution,
+    DeepLift,
+    DeepLiftShap,
+    GradientShap,
+    GuidedBackprop,
+    GuidedGradCAM,
+    InputXGradient,
+    IntegratedGradients,
+    Saliency,
+    SmoothGrad,
+    VarGrad,
+)
+from .perturbation_attribution import FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
+from .relevance import LRP  # isort: skip
+from .attribution_base import Attribution  # isort: skip
 from .cam_base import BaseCAM, Captured, explain_together  # isort: skip
 from .layer_replay import LayerReplay  # isort: skip
 
@@ -41,10 +64,27 @@ __all__ = [
     "FEM",
     "ISCAM",
     "KPCACAM",
+    "LRP",
     "SSCAM",
     "AblationCAM",
+    "Attribution",
     "BaseCAM",
     "Captured",
+    "Deconvolution",
+    "DeepLift",
+    "DeepLiftShap",
+    "FeatureAblation",
+    "GradientShap",
+    "GuidedBackprop",
+    "GuidedGradCAM",
+    "InputXGradient",
+    "IntegratedGradients",
+    "KernelShap",
+    "Lime",
+    "Occlusion",
+    "Saliency",
+    "SmoothGrad",
+    "VarGrad",
     "EigenCAM",
     "EigenGradCAM",
     "FinerCAM",

@@ -187,6 +187,7 @@ class BaseCAM(Explainer):
     :meth:`layer_map` for maps that are not a sum over channels).
     """
 
+    needs_layer = True
     #: Whether the capture needs one backward pass per target.
     uses_gradients: ClassVar[bool] = True
     #: Whether the map is clipped at zero, as most CAMs are ("ReLU(sum_k ...)").

@@ -71,6 +71,9 @@ class FullGrad(Explainer):
     """
 
     name = "fullgrad"
+    family = "gradient CAM"
+    cost = "1 forward + 1 backward"
+    needs_layer = False
 
     def __init__(self, model: nn.Module, target_layer=None, *, class_names: Sequence[str] | None = None,
                  eigen_smooth: bool = False, aug_smooth: bool = False):

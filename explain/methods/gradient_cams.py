@@ -38,6 +38,9 @@ __all__ = [
 class GradientCAM(BaseCAM):
     """Base class of the gradient-weighted CAMs; subclasses define :meth:`contributions`."""
 
+    family = "gradient CAM"
+    cost = "1 forward + 1 backward to the layer"
+
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
         """Per-channel terms (N, C, h, w) from A and G of shape (N, C, h, w)."""
@@ -218,6 +221,7 @@ class SmoothGradCAMPlusPlus(GradientCAM):
     """
 
     name = "smoothgradcam++"
+    cost = "1 forward + n_samples (4) forward + backward to the layer"
     shares_capture = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 4, noise: float = 0.3,
@@ -266,6 +270,7 @@ class ShapleyCAM(GradientCAM):
     """
 
     name = "shapleycam"
+    cost = "1 forward + 1 double backward to the layer"
     shares_capture = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, rest: bool = True,
@@ -330,6 +335,7 @@ class FinerCAM(GradientCAM):
     """
 
     name = "finercam"
+    cost = "1 forward + 1 backward to the layer"
     shares_capture = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, alpha: float = 1.0,

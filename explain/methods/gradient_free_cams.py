@@ -38,6 +38,8 @@ class CAM(BaseCAM):
     """
 
     name = "cam"
+    family = "gradient-free CAM"
+    cost = "1 forward"
     uses_gradients = False
     final_relu = False
 
@@ -111,6 +113,8 @@ class EigenCAM(BaseCAM):
     """
 
     name = "eigencam"
+    family = "gradient-free CAM"
+    cost = "1 forward"
     uses_gradients = False
     channel_sum = False
 
@@ -170,6 +174,8 @@ class KPCACAM(BaseCAM):
     """
 
     name = "kpcacam"
+    family = "gradient-free CAM"
+    cost = "1 forward"
     uses_gradients = False
     channel_sum = False
 
@@ -197,6 +203,8 @@ class FEM(BaseCAM):
     """
 
     name = "fem"
+    family = "gradient-free CAM"
+    cost = "1 forward"
     uses_gradients = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, k: float = 2.0,
@@ -223,6 +231,8 @@ class RandomCAM(BaseCAM):
     """
 
     name = "randomcam"
+    family = "gradient-free CAM"
+    cost = "1 forward"
     uses_gradients = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, seed: int | None = None,

@@ -36,6 +36,8 @@ class PerturbationCAM(BaseCAM):
     """Base class: the map is sum_k w_k A^k with channel weights from perturbed passes."""
 
     uses_gradients = False
+    family = "perturbation CAM"
+    cost = "1 + C forward (C channels at the layer)"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 32,
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
@@ -166,6 +168,7 @@ class SSCAM(ScoreCAM):
     """
 
     name = "sscam"
+    cost = "1 + C x n_samples (35) forward"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 35,
                  noise: float = 2.0, seed: int = 0, batch_size: int = 32, weighting: str = "probability",
@@ -197,6 +200,7 @@ class ISCAM(ScoreCAM):
     """
 
     name = "iscam"
+    cost = "1 + C x n_samples (10) forward"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 10,
                  batch_size: int = 32, weighting: str = "probability", class_names: Sequence[str] | None = None,

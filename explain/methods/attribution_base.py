@@ -1,0 +1,373 @@
+"""What the saliency and attribution methods share.
+
+An attribution method explains a score by the input itself: one value per input element,
+(N, C, H, W), computed by captum (by zennit for LRP). :class:`Attribution` adds what those
+libraries leave to their users:
+
+- the CAMs' call shape and targets (top-1, ids, names, ``topk``, a callable) and their
+  :class:`~explain.Explanation`, with the signed attributions as ``raw``;
+- one map per image from the channels (:func:`reduce_channels`), scaled by a high
+  percentile of its magnitude so that a few hot pixels cannot wash it out
+  (:func:`normalize_maps`);
+- baselines chosen by name (:func:`make_baselines`), an internal batch size that bounds
+  memory, a seeded random stream that leaves the caller's untouched;
+- the model as it was after the call, also after an exception: no hooks, no attributes
+  left on its modules, the same train/eval and ``requires_grad`` flags.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..base import Explainer, channel_hint, check_images
+from ..explanation import Explanation
+from ..hooks import preserved_state
+from ..targets import Targets, select_targets
+from .cam_base import detached, positive_int
+
+__all__ = [
+    "BASELINES",
+    "REDUCTIONS",
+    "Attribution",
+    "ScoredModel",
+    "attribution_context",
+    "make_baselines",
+    "normalize_maps",
+    "reduce_channels",
+    "rows_per_pass",
+    "seeded",
+]
+
+#: How the channels of an attribution become one map per image.
+REDUCTIONS = ("abs-sum", "sum", "max-abs", "l2")
+#: The baselines selectable by name (a number or a tensor is taken as it is).
+BASELINES = ("zeros", "blur", "noise")
+
+# Attributes DeepLift (captum's and explain's rules) sets on the modules it hooks, and
+# removes only when the call succeeds.
+_CAPTUM_MODULE_ATTRIBUTES = ("input", "output", "input_ref", "explain_inputs", "explain_outputs")
+
+
+def reduce_channels(attributions: Tensor, reduction: str = "abs-sum") -> Tensor:
+    """One map per image from attributions (..., C, H, W): the sum of absolute values over
+    the channels (``"abs-sum"``), the signed sum (``"sum"``), the largest absolute value
+    (``"max-abs"``, Simonyan et al.'s saliency map) or the Euclidean norm (``"l2"``).
+
+    >>> a = torch.tensor([[[[3.0]], [[-4.0]]]])   # one image, C = 2, 1 x 1
+    >>> [reduce_channels(a, r).item() for r in REDUCTIONS]
+    [7.0, -1.0, 4.0, 5.0]
+    """
+    if reduction == "abs-sum":
+        return attributions.abs().sum(dim=-3)
+    if reduction == "sum":
+        return attributions.sum(dim=-3)
+    if reduction == "max-abs":
+        return attributions.abs().amax(dim=-3)
+    if reduction == "l2":
+        return torch.linalg.vector_norm(attributions, dim=-3)
+    raise ValueError(f"unknown reduction {reduction!r}; use one of {', '.join(REDUCTIONS)}")
+
+
+def normalize_maps(maps: Tensor, clip_percentile: float = 99.0) -> Tensor:
+    """Maps (..., H, W) divided by the ``clip_percentile``-th percentile of their absolute
+    values and clipped: to [0, 1] for non-negative maps, to [-1, 1] for signed ones.
+
+    A single hot pixel would otherwise set the scale and leave the rest of the map near
+    zero; clipping at the 99th percentile keeps the map readable. A map whose percentile is
+    zero (evidence on under 1 % of the pixels) is scaled by its maximum instead, and a
+    constant map gives zeros: it says nothing about where the evidence is.
+
+    >>> m = torch.arange(100.0).reshape(1, 10, 10); m[0, 0, 0] = 1000.0   # one hot pixel
+    >>> round(normalize_maps(m)[0, 5, 0].item(), 3)          # 50 / 99: the outlier is clipped
+    0.505
+    >>> round(normalize_maps(m, 100.0)[0, 5, 0].item(), 3)   # 50 / 1000 without clipping
+    0.05
+    >>> normalize_maps(torch.full((1, 4, 4), 3.0)).abs().sum().item()
+    0.0
+    """
+    if not 0.0 < clip_percentile <= 100.0:
+        raise ValueError(f"clip_percentile must lie in (0, 100], got {clip_percentile}")
+    if not torch.isfinite(maps).all():
+        raise ValueError(
+            "the attributions hold NaN or infinite values: the model's outputs or gradients "
+            "overflowed (float16?); explain in float32"
+        )
+    flat = maps.flatten(-2).float()
+    magnitude = flat.abs()
+    # kthvalue, not quantile: quantile refuses inputs over 16M elements (large batches).
+    rank = max(1, math.ceil(clip_percentile / 100.0 * flat.shape[-1]))
+    scale = magnitude.kthvalue(rank, dim=-1, keepdim=True).values
+    peak = magnitude.amax(dim=-1, keepdim=True)
+    scale = torch.where(scale > 0, scale, peak)
+    span = flat.amax(dim=-1, keepdim=True) - flat.amin(dim=-1, keepdim=True)
+    informative = (span > 1e-6 * peak) & (peak > 0)
+    low = -1.0 if bool((flat < 0).any()) else 0.0
+    scaled = torch.where(informative, (flat / torch.where(informative, scale, 1.0)).clamp(low, 1.0), 0.0)
+    return scaled.reshape(maps.shape)
+
+
+def rows_per_pass(internal_batch_size: int, images: int) -> int:
+    """How many copies of each of ``images`` images fit in one pass of
+    ``internal_batch_size`` rows (at least one)."""
+    return max(1, internal_batch_size // images)
+
+
+@contextmanager
+def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Run a block on its own random streams, torch's and numpy's global one (captum's
+    GradientShap draws from numpy), seeded with ``seed``; the caller's streams are left as
+    they were. ``None``: the caller's streams, unseeded."""
+    if seed is None:
+        yield
+        return
+    numpy_state = np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+
+
+def _gaussian_blur(images: Tensor, sigma: float) -> Tensor:
+    import torchvision.transforms.v2.functional as TF
+
+    height, width = images.shape[-2:]
+    # torchvision pads by reflection, which needs the kernel's half-width below the side.
+    size = min(2 * math.ceil(3 * sigma) + 1, 2 * ((min(height, width) - 1) // 2) + 1)
+    # Two 1-D passes (the kernel is separable): (k + k) rather than k * k products per pixel.
+    blurred = TF.gaussian_blur(images, kernel_size=[size, 1], sigma=[sigma, sigma])
+    return TF.gaussian_blur(blurred, kernel_size=[1, size], sigma=[sigma, sigma])
+
+
+def make_baselines(images: Tensor, baseline: str | float | Tensor = "zeros", *, blur_sigma: float | None = None) -> Tensor:
+    """The reference input of each image, in the model's input space.
+
+    - ``"zeros"``: all zeros. For inputs normalised with ``Normalize(mean, std)``, as
+      torchvision and timm models expect, that is every pixel at the dataset's ``mean``
+      colour (a flat grey-brown for ImageNet), not black;
+    - ``"blur"``: the image under a Gaussian blur (sigma = ``blur_sigma``, default a tenth
+      of the longer side): the image with its details, but not its colours, removed;
+    - ``"noise"``: uniform noise between each channel's minimum and maximum in the image;
+      draw it inside :func:`seeded` for reproducible runs;
+    - a number, or a tensor that broadcasts to ``images``, taken as it is.
+
+    >>> x = torch.rand(2, 3, 8, 8)
+    >>> make_baselines(x).abs().sum().item(), make_baselines(x, "blur").shape
+    (0.0, torch.Size([2, 3, 8, 8]))
+    """
+    if isinstance(baseline, Tensor):
+        try:
+            return torch.broadcast_to(baseline.to(images.device, images.dtype), images.shape).contiguous()
+        except RuntimeError:
+            raise ValueError(
+                f"a baseline tensor of shape {tuple(baseline.shape)} does not broadcast to the "
+                f"images' shape {tuple(images.shape)}"
+            ) from None
+    if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
+        return torch.full_like(images, float(baseline))
+    if baseline == "zeros":
+        return torch.zeros_like(images)
+    if baseline == "blur":
+        sigma = blur_sigma if blur_sigma is not None else max(images.shape[-2:]) / 10
+        if not sigma > 0:
+            raise ValueError(f"blur_sigma must be positive, got {sigma}")
+        return _gaussian_blur(images, float(sigma))
+    if baseline == "noise":
+        low = images.amin(dim=(-2, -1), keepdim=True)
+        high = images.amax(dim=(-2, -1), keepdim=True)
+        return low + (high - low) * torch.rand_like(images)
+    raise ValueError(
+        f"unknown baseline {baseline!r}; use one of {', '.join(BASELINES)}, a number, or a tensor "
+        "that broadcasts to the images"
+    )
+
+
+@contextmanager
+def attribution_context(model: nn.Module) -> Iterator[None]:
+    """Around a captum (or zennit) call: eval mode and frozen parameters, gradients on even
+    under ``torch.no_grad()`` or ``torch.inference_mode()``, and afterwards, whatever
+    happened, the model's flags restored and the attributes captum sets on modules (and
+    removes only when a call succeeds) gone."""
+    before = {module: set(vars(module)) for module in model.modules()}
+    try:
+        with preserved_state(model), torch.inference_mode(False), torch.enable_grad(), warnings.catch_warnings():
+            # captum announces its temporary ReLU hooks on every call; we remove them, as it does.
+            warnings.filterwarnings("ignore", message="Setting backward hooks on ReLU")
+            warnings.filterwarnings("ignore", message="Setting forward, backward hooks and attributes on non-linear")
+            warnings.filterwarnings("ignore", message="Input Tensor 0 did not already require gradients")
+            # captum fits LIME / KernelSHAP one image at a time, as it warns; that is intended.
+            warnings.filterwarnings("ignore", message="You are providing multiple inputs for Lime")
+            yield
+    finally:
+        for module, names in before.items():
+            for name in _CAPTUM_MODULE_ATTRIBUTES:
+                if name not in names and name in vars(module):
+                    delattr(module, name)
+
+
+class ScoredModel(nn.Module):
+    """The model, with the explained targets resolved on its first call.
+
+    The first forward pass must be on the images themselves: it records the model output
+    and resolves ``targets`` (top-1 by default) against it, as the CAMs do. Afterwards it
+    returns the model output (captum picks the target with ``target=``), or, while
+    ``column`` is set, the explained score of target ``column`` itself (N,), for methods
+    whose single forward pass is that first one; a callable target's score is always
+    returned as (N,). It holds the model as a submodule so that captum and zennit find and
+    hook the model's layers through it.
+    """
+
+    def __init__(self, model: nn.Module, targets: Targets, topk: int | None, class_names: Sequence[str] | None):
+        super().__init__()
+        self.model = model
+        self.targets = targets
+        self.topk = topk
+        self.class_names = class_names
+        self.custom: Callable[[Tensor], Tensor] | None = (
+            targets if callable(targets) and not isinstance(targets, Tensor) else None
+        )
+        self.output = None
+        self.ids: Tensor | None = None
+        self.column: int | None = None
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        output = self.model(inputs)
+        if self.ids is None:
+            _, self.ids = select_targets(output, self.targets, topk=self.topk, class_names=self.class_names)
+            self.output = detached(output)
+        if self.custom is not None:
+            return self.custom(output)
+        if self.column is not None:
+            ids = self.ids.view(self.ids.shape[0], -1)[:, self.column]
+            if output.shape[0] != ids.shape[0]:
+                raise RuntimeError("a single-pass method ran the model on more rows than images")
+            return output.gather(1, ids[:, None]).squeeze(1)
+        return output
+
+    def resolve(self, images: Tensor) -> None:
+        """Resolve the targets with one forward pass that records no graph."""
+        with torch.no_grad():
+            self(images)
+
+    @property
+    def num_targets(self) -> int:
+        return 1 if self.ids.dim() == 1 else self.ids.shape[1]
+
+    def explained_scores(self, output, k: int, rows: Tensor | None = None) -> Tensor:
+        """(B,) scores of explained target ``k`` in a model ``output`` on the images (or on
+        images derived from ``images[rows]``, one output row each)."""
+        if self.custom is not None:
+            return self.custom(output)
+        ids = self.ids.view(self.ids.shape[0], -1)[:, k]
+        return output.gather(1, (ids if rows is None else ids[rows])[:, None]).squeeze(1)
+
+    def target(self, k: int) -> Tensor | None:
+        """captum's ``target`` for explained target ``k``: the class ids, or ``None`` when the
+        forward pass returns the score itself."""
+        if self.custom is not None or self.column is not None:
+            return None
+        return self.ids.view(self.ids.shape[0], -1)[:, k]
+
+
+class Attribution(Explainer):
+    """Base class of the saliency and attribution methods.
+
+    Parameters
+    ----------
+    model:
+        A classifier returning (N, num_classes) logits (or any output, with a callable target).
+    class_names:
+        Names of the classes, for targets given by name; defaults to ``model.class_names``.
+    reduction:
+        How the channels become one map: ``"abs-sum"`` (default), ``"sum"`` (signed maps,
+        shown with a diverging colormap), ``"max-abs"`` or ``"l2"``; see
+        :func:`reduce_channels`.
+    clip_percentile:
+        Maps are divided by this percentile of their magnitude and clipped (default 99);
+        100 scales by the maximum.
+
+    Subclasses implement :meth:`attribute`. ``raw`` of the result holds the attributions
+    themselves, signed, per channel: (N, C, H, W), or (N, k, C, H, W) with ``topk=k``.
+    """
+
+    family: ClassVar[str] = "attribution"
+    needs_layer: ClassVar[bool] = False
+    #: Whether the method's only forward pass runs on the images themselves, so that the
+    #: targets are read from it; other methods resolve them with one extra forward pass.
+    single_pass: ClassVar[bool] = False
+    #: The key of ``raw_layers``: attributions are maps of the input.
+    layer_label: ClassVar[str] = "input"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        class_names: Sequence[str] | None = None,
+        reduction: str = "abs-sum",
+        clip_percentile: float = 99.0,
+    ):
+        super().__init__(model, class_names=class_names)
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"unknown reduction {reduction!r}; use one of {', '.join(REDUCTIONS)}")
+        if isinstance(clip_percentile, bool) or not isinstance(clip_percentile, (int, float)) or not 0 < clip_percentile <= 100:
+            raise ValueError(f"clip_percentile must be a number in (0, 100], got {clip_percentile!r}")
+        self.reduction = reduction
+        self.clip_percentile = float(clip_percentile)
+
+    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        """Attributions (N, C, H, W) of explained target ``k`` for ``images``, computed
+        through ``scored`` (whose ``target(k)`` is captum's ``target``)."""
+        raise NotImplementedError
+
+    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """Explain ``targets`` (default: each image's top class) for a batch of images.
+
+        ``targets`` is a class id, a class name, a list with one of those per image (or with
+        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
+        each image's k best classes and gives maps of shape (N, k, H, W).
+        """
+        images = check_images(images, self.model)
+        scored = ScoredModel(self.model, targets, topk, self.class_names)
+        columns = []
+        with attribution_context(self.model), channel_hint(images):
+            if images.is_inference():  # made under inference_mode: autograd cannot use it
+                images = images.clone()
+            if not self.single_pass:
+                scored.resolve(images)
+            k = 0
+            while scored.ids is None or k < scored.num_targets:
+                scored.column = k if self.single_pass else None
+                columns.append(self.attribute(scored, images, k).detach().float())
+                k += 1
+        raw = columns[0] if scored.ids.dim() == 1 else torch.stack(columns, dim=1)
+        return self.explanation(raw, scored)
+
+    def explanation(self, raw: Tensor, scored: ScoredModel) -> Explanation:
+        """The Explanation of attributions ``raw``: channels reduced, maps normalised."""
+        maps = normalize_maps(reduce_channels(raw, self.reduction), self.clip_percentile)
+        return Explanation(maps, {self.layer_label: raw}, scored.output, scored.ids, self.name, self.class_names,
+                           signed=self.reduction == "sum")
+
+    def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
+        """Raise now what a call would raise for a mistake in the model or targets, at the
+        cost of one forward pass."""
+        images = check_images(images, self.model)
+        with attribution_context(self.model), channel_hint(images):
+            ScoredModel(self.model, targets, topk, self.class_names).resolve(images)
+
+    def layer_names(self, images: Tensor) -> tuple[str, ...]:
+        return (self.layer_label,)
+
+
+def check_internal_batch_size(value) -> int:
+    return positive_int("internal_batch_size", value)

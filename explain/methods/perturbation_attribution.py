@@ -1,0 +1,212 @@
+"""Perturbation attributions: what happens to the score when parts of the image are
+replaced by a baseline, computed by captum.
+
+Occlusion slides a square window over the image; LIME, KernelSHAP and Feature Ablation
+switch SLIC superpixels (scikit-image) on and off. All run their perturbed copies in
+internal batches of at most ``internal_batch_size`` rows, and their random draws on a
+stream seeded with ``seed`` (the caller's random stream is left as it was).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import captum.attr as captum_attr
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..base import register
+from .attribution_base import ScoredModel, rows_per_pass, seeded
+from .cam_base import positive_int
+from .gradient_attribution import _WithBaseline
+
+__all__ = ["FeatureAblation", "KernelShap", "Lime", "Occlusion", "superpixels"]
+
+
+def superpixels(images: Tensor, n_segments: int = 50, compactness: float = 10.0) -> Tensor:
+    """SLIC superpixels of each image: (N, 1, H, W) integer ids 0..M-1 on the images' device.
+
+    Each image is min-max scaled to [0, 1] first (model inputs are normalised, SLIC expects
+    pixel values); colour images are segmented in Lab space, as scikit-image does.
+    Achanta et al., "SLIC Superpixels Compared to State-of-the-Art Superpixel Methods",
+    IEEE TPAMI 2012, through :func:`skimage.segmentation.slic`.
+
+    >>> image = torch.zeros(1, 3, 16, 16); image[..., 8:] = 1.0   # two flat halves
+    >>> segments = superpixels(image, n_segments=4)
+    >>> segments.shape, segments.unique().tolist()
+    (torch.Size([1, 1, 16, 16]), [0, 1, 2, 3])
+    >>> set(segments[..., :8].unique().tolist()) & set(segments[..., 8:].unique().tolist())   # none crosses the edge
+    set()
+    """
+    from skimage.segmentation import slic
+
+    positive_int("n_segments", n_segments)
+    pixels = images.detach().float().cpu()
+    low = pixels.amin(dim=(1, 2, 3), keepdim=True)
+    span = (pixels.amax(dim=(1, 2, 3), keepdim=True) - low).clamp_min(1e-12)
+    pixels = ((pixels - low) / span).permute(0, 2, 3, 1).numpy()
+    masks = []
+    for image in pixels:
+        labels = slic(image, n_segments=n_segments, compactness=compactness, start_label=0, channel_axis=-1)
+        _, contiguous = np.unique(labels, return_inverse=True)
+        masks.append(contiguous.reshape(labels.shape))
+    return torch.from_numpy(np.stack(masks)).long()[:, None].to(images.device)
+
+
+@register
+class Occlusion(_WithBaseline):
+    """Occlusion: the drop in the score when a sliding square is replaced by the baseline.
+
+    The square is ``window`` x ``window``, slid with ``stride``; each pixel gets the mean
+    drop over the windows that cover it.
+
+    Zeiler and Fergus, "Visualizing and Understanding Convolutional Networks", ECCV 2014,
+    sec. 4.2. Runs captum's Occlusion. The window defaults to a seventh of the shorter
+    side (32 pixels at 224), the stride to half the window; the baseline to zeros in the
+    model's input space (the mean colour, for normalised inputs).
+    """
+
+    name = "occlusion"
+    family = "perturbation attribution"
+    cost = "2 + 169 forward at 224 x 224 (window 32, stride 16)"
+
+    def __init__(self, model: nn.Module, *, window: int | None = None, stride: int | None = None, **options):
+        super().__init__(model, **options)
+        self.window = None if window is None else positive_int("window", window)
+        self.stride = None if stride is None else positive_int("stride", stride)
+
+    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        channels, height, width = images.shape[1:]
+        window = self.window or max(1, min(height, width) // 7)
+        stride = self.stride or max(1, window // 2)
+        if window > min(height, width):
+            raise ValueError(f"the occlusion window ({window}) is larger than the images ({height} x {width}); pass a smaller window")
+        return captum_attr.Occlusion(scored).attribute(
+            images, sliding_window_shapes=(channels, window, window), strides=(channels, stride, stride),
+            baselines=self.baselines(images), target=scored.target(k),
+            perturbations_per_eval=rows_per_pass(self.internal_batch_size, len(images)),
+        )
+
+
+class _Superpixels(_WithBaseline):
+    """A perturbation method over SLIC superpixels of each image."""
+
+    family = "perturbation attribution"
+
+    def __init__(self, model: nn.Module, *, n_segments: int = 50, compactness: float = 10.0, **options):
+        super().__init__(model, **options)
+        self.n_segments = positive_int("n_segments", n_segments)
+        self.compactness = float(compactness)
+
+    def segments(self, images: Tensor) -> Tensor:
+        return superpixels(images, self.n_segments, self.compactness)
+
+
+class _Sampled(_Superpixels):
+    """LIME and KernelSHAP: a linear model fitted to ``n_samples`` random coalitions."""
+
+    def __init__(self, model: nn.Module, *, n_samples: int = 256, **options):
+        super().__init__(model, **options)
+        self.n_samples = positive_int("n_samples", n_samples)
+
+    def method(self, scored: ScoredModel):
+        raise NotImplementedError
+
+    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        masks = self.segments(images)
+        with seeded(self.seed, images.device):
+            baselines = self.baselines(images)
+            # captum runs LIME and KernelSHAP one image at a time, with its own batches of samples.
+            attributions = self.method(scored).attribute(
+                images, baselines=baselines, target=scored.target(k), feature_mask=masks,
+                n_samples=self.n_samples, perturbations_per_eval=self.internal_batch_size,
+            ) if bool((masks.flatten(1).amax(1) > 0).all()) else self._one_segment(scored, images, baselines, masks, k)
+        # A least-squares fit leaves rounding noise where the scores do not change at all;
+        # weights a million times smaller than the score are that noise, not evidence.
+        scores = scored.explained_scores(scored.output, k).abs().float()
+        tolerance = 1e-6 * scores.clamp_min(1e-12).view(-1, 1, 1, 1)
+        return torch.where(attributions.abs() < tolerance, 0.0, attributions)
+
+    def _one_segment(self, scored, images, baselines, masks, k) -> Tensor:
+        """Where an image is one superpixel (a flat image), its single feature's value is
+        S(x) - S(baseline) (captum's fit needs two features); the others run as usual."""
+        single = masks.flatten(1).amax(1) == 0
+        attributions = torch.zeros_like(images)
+        with torch.no_grad():
+            delta = (scored.explained_scores(scored.model(images[single]), k, single)
+                     - scored.explained_scores(scored.model(baselines[single]), k, single))
+        attributions[single] = delta.view(-1, 1, 1, 1).expand_as(images[single]).to(images.dtype)
+        if not single.all():
+            rest = ~single
+            target = scored.target(k)
+            attributions[rest] = self.method(scored).attribute(
+                images[rest], baselines=baselines[rest], target=None if target is None else target[rest],
+                feature_mask=masks[rest], n_samples=self.n_samples, perturbations_per_eval=self.internal_batch_size,
+            )
+        return attributions
+
+
+@register
+class Lime(_Sampled):
+    """LIME: a sparse linear model of the score over superpixels switched on and off.
+
+    Fitted to ``n_samples`` random coalitions, weighted by their similarity to the image.
+
+    Ribeiro et al., "Why Should I Trust You?: Explaining the Predictions of Any
+    Classifier", KDD 2016, sec. 3.3-3.4. Runs captum's Lime with its defaults (a Lasso fit,
+    alpha ``lasso_alpha`` = 0.01 on the score's scale, an exponential cosine-similarity
+    kernel) over :func:`superpixels`; switched-off superpixels take the baseline. Each pixel
+    gets its superpixel's weight; where every effect is under alpha, the Lasso keeps none
+    and the map is zeros (lower ``lasso_alpha`` for scores on a small scale).
+    """
+
+    name = "lime"
+    cost = "1 + n_samples (256) forward"
+
+    def __init__(self, model: nn.Module, *, lasso_alpha: float = 0.01, **options):
+        super().__init__(model, **options)
+        if isinstance(lasso_alpha, bool) or not isinstance(lasso_alpha, (int, float)) or lasso_alpha < 0:
+            raise ValueError(f"lasso_alpha must be a non-negative number, got {lasso_alpha!r}")
+        self.lasso_alpha = float(lasso_alpha)
+
+    def method(self, scored: ScoredModel):
+        from captum._utils.models.linear_model import SkLearnLasso
+
+        return captum_attr.Lime(scored, interpretable_model=SkLearnLasso(alpha=self.lasso_alpha))
+
+
+@register
+class KernelShap(_Sampled):
+    """KernelSHAP: Shapley values of superpixels, from a kernel-weighted linear model.
+
+    The linear model is fitted with the Shapley kernel to ``n_samples`` random coalitions.
+
+    Lundberg and Lee, "A Unified Approach to Interpreting Model Predictions", NeurIPS 2017,
+    theorem 2. Runs captum's KernelShap over :func:`superpixels`; absent superpixels take
+    the baseline. Each pixel gets its superpixel's value.
+    """
+
+    name = "kernelshap"
+    cost = "1 + n_samples (256) forward"
+
+    def method(self, scored: ScoredModel):
+        return captum_attr.KernelShap(scored)
+
+
+@register
+class FeatureAblation(_Superpixels):
+    """Feature Ablation: the drop in the score when one superpixel is replaced by the baseline.
+
+    The leave-one-out attribution (Zeiler and Fergus 2014, with segments for squares), run
+    by captum's FeatureAblation over :func:`superpixels`.
+    """
+
+    name = "ablation"
+    cost = "2 + n_segments (~50) forward"
+
+    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        return captum_attr.FeatureAblation(scored).attribute(
+            images, baselines=self.baselines(images), target=scored.target(k), feature_mask=self.segments(images),
+            perturbations_per_eval=rows_per_pass(self.internal_batch_size, len(images)),
+        )
