@@ -40,7 +40,7 @@ from torchvision import transforms
 from tqdm import tqdm
 
 from . import __version__, models
-from .base import describe_methods, explainer, method_class, methods
+from .base import describe_methods, method_class, methods
 from .methods import explain_together
 from .methods.attribution_base import REDUCTIONS
 from .heap import ReusedHeap
@@ -703,10 +703,16 @@ def run_command(args) -> int:
         options["reduction"] = args.reduction
     explainers = build_explainers(args.method, loaded, args.layer, target, **options)
     layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
-    settings = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
-    settings += "".join(f" {name}=1" if value is True else f" {name}={value}" for name, value in options.items())
-    if args.reduction == "sum":
-        settings += f" signed_cmap={args.signed_cmap}"
+    # Each method's outputs record the settings that shaped them, so that changing an option
+    # on resume redoes the methods it applies to and no other.
+    common = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
+    settings = {}
+    for cam in explainers:
+        applied = {name: value for name, value in options.items() if _takes(type(cam), name)}
+        settings[cam.name] = common + "".join(
+            f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items())
+        if applied.get("reduction") == "sum":
+            settings[cam.name] += f" signed_cmap={args.signed_cmap}"
     if loaded.random_weights:
         print(f"explain: warning: {args.model} has random weights, so its maps explain an untrained model; "
               "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
@@ -777,7 +783,7 @@ class _Run:
         row = self.rows.get(key)
         return bool(
             row and row.get("status") in ("ok", "skipped")
-            and row.get("settings") == self.settings and row.get("layer") == self.layers.get(key[1])
+            and row.get("settings") == self.settings.get(key[1]) and row.get("layer") == self.layers.get(key[1])
             and row.get("output") and (self.out_dir / row["output"]).is_file()
             and (not self.args.save_maps or (row.get("maps") and (self.out_dir / row["maps"]).is_file()))
         )
@@ -801,7 +807,8 @@ class _Run:
     def _row(self, source: Source, method: str, label: str, **values) -> dict:
         row = dict.fromkeys(("target_id", "target_name", "target_probability", "predicted_id",
                              "predicted_name", "predicted_probability", "output", "maps", "error"))
-        row.update(input=source.input, method=method, layer=self.layers[method], target=label, settings=self.settings)
+        row.update(input=source.input, method=method, layer=self.layers[method], target=label,
+                   settings=self.settings[method])
         row.update(values)
         return row
 
@@ -905,16 +912,26 @@ class _Run:
         cams = [cam for cam in self.explainers if any(cam in self.pending[i] for i in source_indices)]
         try:  # one forward and backward pass serves every method
             results = explain_together(cams, model_input, self.target.targets, topk=self.target.topk)
-        except Exception as error:  # one bad batch must not end the run
-            for i in source_indices:
-                for cam in self.pending[i]:
-                    self._report_error(self.sources[i].input, f"{cam.name}: {error}")
-                    self._fail(self.sources[i], cam.name, f"{type(error).__name__}: {error}")
+        except Exception:  # one bad batch must not end the run, nor one method fail the others
+            results = []
+            for cam in cams:
+                try:
+                    results.append(cam(model_input, self.target.targets, topk=self.target.topk))
+                except Exception as error:
+                    results.append(error)
+        for cam, result in zip(cams, results):
+            if isinstance(result, Exception):
+                for i in source_indices:
+                    if cam in self.pending[i]:
+                        self._report_error(self.sources[i].input, f"{cam.name}: {result}")
+                        self._fail(self.sources[i], cam.name, f"{type(result).__name__}: {result}")
+        done = [(cam, result) for cam, result in zip(cams, results) if not isinstance(result, Exception)]
+        if not done:
             return
-        best_probability, best_id = results[0].logits.float().softmax(dim=1).max(dim=1)
+        best_probability, best_id = done[0][1].logits.float().softmax(dim=1).max(dim=1)
         best_probability, best_id = best_probability.cpu().tolist(), best_id.cpu().tolist()
         names = self.loaded.class_names
-        for cam, result in zip(cams, results):
+        for cam, result in done:
             maps, ids, probabilities = result.maps, result.targets, result.probabilities
             if maps.dim() == 3:
                 maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]

@@ -51,9 +51,9 @@ class Explanation:
     Attributes
     ----------
     maps:
-        float32 maps in [0, 1] (in [-1, 1] when ``signed``) at the input's resolution: (N, H, W), or (N, k, H, W) when
-        ``topk=k`` was asked for. With several layers, the mean of the layers' scaled maps,
-        scaled again.
+        float32 maps in [0, 1] (in [-1, 1] when ``signed``) at the input's resolution:
+        (N, H, W), or (N, k, H, W) when ``topk=k`` was asked for. With several layers, the
+        mean of the layers' scaled maps, scaled again.
     raw_layers:
         For each target layer, the unscaled maps at that layer's resolution. For attribution
         methods, ``{"input": attributions}``: signed, per channel, (N, C, H, W) or
@@ -87,7 +87,8 @@ class Explanation:
 
     @property
     def raw(self) -> Tensor:
-        """The unscaled maps at layer resolution, for a single target layer."""
+        """The unscaled maps at layer resolution, for a single target layer (for attribution
+        methods, the signed attributions per input channel)."""
         if len(self.raw_layers) != 1:
             raise ValueError(f"this explanation has {len(self.raw_layers)} layers {self.layers}; use raw_layers[name]")
         return next(iter(self.raw_layers.values()))

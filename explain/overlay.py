@@ -73,7 +73,9 @@ def _to_unit_float(array: np.ndarray) -> np.ndarray:
     return array.clip(0.0, 1.0)
 
 
-def _to_map(heatmap, signed: bool = False) -> np.ndarray:
+def _to_map(heatmap, signed: bool | None = None) -> tuple[np.ndarray, bool]:
+    """The map as a 2-D float32 array in [0, 1], or in [-1, 1] when signed (by default:
+    when it holds negative values), and whether it is signed."""
     # numpy, not torch: the CLI overlays from several threads at once, and torch would start
     # a thread team for each of them that competes with the model's threads.
     if isinstance(heatmap, Tensor):
@@ -87,13 +89,15 @@ def _to_map(heatmap, signed: bool = False) -> np.ndarray:
         raise ValueError(f"the map must be 2-D (H, W), got shape {tuple(heatmap.shape)}; pick one map, e.g. res.maps[0]")
     if not np.isfinite(heatmap).all():
         raise ValueError("the map contains NaN or infinite values")
-    if signed:
-        peak = np.abs(heatmap).max()
-        return heatmap / peak if peak > 1 else heatmap
     low, high = heatmap.min(), heatmap.max()
+    if signed is None:
+        signed = bool(low < 0)
+    if signed:
+        peak = max(-low, high)
+        return (heatmap / peak if peak > 1 else heatmap), True
     if low < 0 or high > 1:
         heatmap = (heatmap - low) / (high - low) if high > low else np.zeros_like(heatmap)
-    return heatmap
+    return heatmap, False
 
 
 def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap | None = None, alpha: float = 0.5, *,
@@ -130,9 +134,7 @@ def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap | None = None
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
     rgb = to_rgb(image)
-    if signed is None:
-        signed = bool((heatmap < 0).any())
-    heat = _to_map(heatmap, signed)
+    heat, signed = _to_map(heatmap, signed)
     height, width = rgb.shape[:2]
     if tuple(heat.shape) != (height, width):
         if abs(heat.shape[0] / heat.shape[1] - height / width) > 0.02 * height / width:

@@ -154,6 +154,9 @@ def _class_ids(targets, n: int, num_classes: int, class_names) -> Tensor:
         raise ValueError(f"got {len(targets)} targets for {n} images; pass one target per image or a single one for all")
     ids = []
     for target in targets:
+        if isinstance(target, (Tensor, np.ndarray)) and target.ndim == 0 and not (
+                target.dtype.is_floating_point if isinstance(target, Tensor) else target.dtype.kind == "f"):
+            target = int(target)  # one element of an id tensor, such as ids[i]
         if isinstance(target, str):
             target = class_index(target, class_names)
         elif isinstance(target, (bool, float)) or not isinstance(target, (int, np.integer)):

@@ -141,20 +141,38 @@ def test_noise_tunnel_matches_captum_for_one_image(name, cls):
 
 
 def test_smoothgrad_noise_is_relative_to_each_images_range():
-    """Two images of very different ranges: each gets its own stdev, drawn in turn from
-    one stream seeded once."""
+    """Two images of very different ranges: each gets its own stdev, and its noise from a
+    stream seeded for it alone."""
     model = tiny_cnn()
     x = torch.cat([images(1, seed=1), 5 * images(1, seed=2)])
     res = explain.SmoothGrad(model, n_samples=5, noise_level=0.1, seed=3)(x, IDS)
     tunnel = ca.NoiseTunnel(ca.Saliency(model))
-    with torch.random.fork_rng():
-        torch.manual_seed(3)
-        expected = torch.cat([
-            captum(tunnel, x[i:i + 1], nt_type="smoothgrad", nt_samples=5, nt_samples_batch_size=64,
-                   stdevs=0.1 * (x[i].max() - x[i].min()).item(), target=IDS[i:i + 1], abs=False)
-            for i in range(2)
-        ])
-    torch.testing.assert_close(res.raw, expected)
+    expected = []
+    for i in range(2):
+        with torch.random.fork_rng():
+            torch.manual_seed(3)
+            expected.append(captum(tunnel, x[i:i + 1], nt_type="smoothgrad", nt_samples=5, nt_samples_batch_size=64,
+                                   stdevs=0.1 * (x[i].max() - x[i].min()).item(), target=IDS[i:i + 1], abs=False))
+    torch.testing.assert_close(res.raw, torch.cat(expected))
+
+
+RANDOM = [("smoothgrad", {"n_samples": 4}), ("vargrad", {"n_samples": 4}), ("ig", {"baseline": "noise", "n_steps": 4}),
+          ("gradientshap", {"n_samples": 4, "n_baselines": 3}), ("deepliftshap", {"n_baselines": 3}),
+          ("occlusion", {"baseline": "noise", "window": 4, "stride": 4}), ("lime", {"n_samples": 16, "n_segments": 6}),
+          ("kernelshap", {"n_samples": 16, "n_segments": 6}), ("ablation", {"baseline": "noise", "n_segments": 6})]
+
+
+@pytest.mark.parametrize("name, options", RANDOM, ids=[name for name, _ in RANDOM])
+def test_a_seeded_images_map_does_not_depend_on_its_batch(name, options):
+    """In the CLI a batch holds whichever images are pending: an image's map must be the
+    same alone, second in a batch, or with another neighbour."""
+    model, x = tiny_cnn(), images(3)
+    alone = make(name, model, seed=2, **options)(x[1:2], [IDS[1]]).raw
+    in_batch = make(name, model, seed=2, **options)(x[:2], IDS).raw[1]
+    other = make(name, model, seed=2, **options)(torch.stack([x[2], x[1]]), IDS).raw[1]
+    torch.testing.assert_close(in_batch[None], alone)
+    torch.testing.assert_close(other[None], alone)
+    assert alone.abs().max() > 0
 
 
 def test_occlusion_matches_captum():
@@ -201,9 +219,8 @@ def test_deepliftshap_matches_captum_with_explicit_baselines():
 
 @pytest.mark.parametrize("stdevs", [0.0, 0.1])
 def test_gradientshap_matches_captum_with_explicit_baselines_and_seed(stdevs):
-    """captum draws the baselines and the path coefficients from numpy's global stream
-    (which explain's seed does not cover yet: see test_gradientshap_is_reproducible_with_a_seed),
-    the input noise from torch's: both are seeded with the seed here."""
+    """captum draws the baselines and the path coefficients from numpy's global stream,
+    the input noise from torch's: explain seeds both, and so does the direct call here."""
     model, x = tiny_cnn(), images(1)
     distribution = images(3, seed=9) * 0.7
     np.random.seed(5)
@@ -223,10 +240,14 @@ def test_lime_and_kernelshap_match_captum_with_the_same_mask_and_seed(name, capt
     model, x = tiny_cnn(), images()
     mask = superpixels(x, n_segments=6)
     res = method_class(name)(model, n_segments=6, n_samples=24, seed=11, internal_batch_size=8)(x, IDS)
-    with torch.random.fork_rng():
-        torch.manual_seed(11)
-        expected = captum(captum_cls(model), x, baselines=torch.zeros_like(x), target=IDS, feature_mask=mask,
-                          n_samples=24, perturbations_per_eval=8)
+    expected = []
+    for i in range(len(x)):  # each image on its own seeded stream
+        with torch.random.fork_rng():
+            torch.manual_seed(11)
+            expected.append(captum(captum_cls(model), x[i:i + 1], baselines=torch.zeros_like(x[i:i + 1]),
+                                   target=IDS[i:i + 1], feature_mask=mask[i:i + 1], n_samples=24,
+                                   perturbations_per_eval=8))
+    expected = torch.cat(expected)
     torch.testing.assert_close(res.raw, expected)
     assert expected.abs().max() > 0
 

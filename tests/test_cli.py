@@ -360,7 +360,9 @@ def test_attribution_methods_end_to_end(tmp_path, capsys):
     assert code == 0 and summary_counts(capsys.readouterr().out) == (6, 0, 0)
     rows = read_rows(tmp_path / "manifest.jsonl")
     assert {(r["method"], r["layer"]) for r in rows} == {("saliency", "input"), ("ig", "input"), ("gradcam", "bn2")}
-    assert {r["settings"] for r in rows} == {SETTINGS + " reduction=sum signed_cmap=RdBu_r"}
+    assert {(r["method"], r["settings"]) for r in rows} == {
+        ("saliency", SETTINGS + " reduction=sum signed_cmap=RdBu_r"), ("ig", SETTINGS + " reduction=sum signed_cmap=RdBu_r"),
+        ("gradcam", SETTINGS)}  # the option shapes the attributions only
     for row in rows:
         assert row["status"] == "ok" and row["target_id"] == row["predicted_id"]
         check_png(tmp_path / row["output"])

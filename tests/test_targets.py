@@ -26,6 +26,7 @@ def test_default_is_top1():
         ("dog", [1, 1]),
         ("tiger cat", [2, 2]),  # case-insensitive
         (["cat", 3], [0, 3]),
+        ([torch.tensor(2), np.int64(1)], [2, 1]),  # elements of id tensors, such as ids[i]
     ],
 )
 def test_target_forms(targets, expected):
@@ -80,6 +81,7 @@ def test_callable():
         ("dog", {}, ValueError, "carries no class names"),
         (1.0, {}, TypeError, "class id"),
         (True, {}, TypeError, "class id"),
+        ([torch.tensor(1.0), 0], {}, TypeError, "class id"),
         (torch.tensor([0.0, 1.0]), {}, ValueError, "integer class ids"),
         (torch.zeros(2, 2, 1, dtype=torch.long), {}, ValueError, r"one class per image.*or k per image, shape \(2, k\)"),
         ([[0, 1], [2]], {}, ValueError, "give every image the same number"),

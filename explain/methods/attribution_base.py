@@ -31,7 +31,7 @@ from ..base import Explainer, channel_hint, check_images
 from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..targets import Targets, select_targets
-from .cam_base import detached, positive_int
+from .cam_base import detached
 
 __all__ = [
     "BASELINES",
@@ -129,8 +129,10 @@ def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
         yield
         return
     numpy_state = np.random.get_state()
+    # manual_seed reseeds every CUDA device, so every one is forked, not just the input's.
+    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
     try:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed)
             np.random.seed(seed)
             yield
@@ -239,6 +241,8 @@ class ScoredModel(nn.Module):
         self.output = None
         self.ids: Tensor | None = None
         self.column: int | None = None
+        #: What a method computes once per call and reuses for every target (superpixels, baselines).
+        self.memo: dict = {}
 
     def forward(self, inputs: Tensor) -> Tensor:
         output = self.model(inputs)
@@ -307,6 +311,8 @@ class Attribution(Explainer):
     single_pass: ClassVar[bool] = False
     #: The key of ``raw_layers``: attributions are maps of the input.
     layer_label: ClassVar[str] = "input"
+    #: Whether the attributions are never negative, so that no reduction makes them signed.
+    nonnegative: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -329,6 +335,11 @@ class Attribution(Explainer):
         through ``scored`` (whose ``target(k)`` is captum's ``target``)."""
         raise NotImplementedError
 
+    def attribute_targets(self, scored: ScoredModel, images: Tensor) -> list[Tensor]:
+        """The attributions of every explained target, once the targets are resolved;
+        methods that can share work between targets override this."""
+        return [self.attribute(scored, images, k) for k in range(scored.num_targets)]
+
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         """Explain ``targets`` (default: each image's top class) for a batch of images.
 
@@ -342,21 +353,24 @@ class Attribution(Explainer):
         with attribution_context(self.model), channel_hint(images):
             if images.is_inference():  # made under inference_mode: autograd cannot use it
                 images = images.clone()
-            if not self.single_pass:
+            if self.single_pass:
+                k = 0
+                while scored.ids is None or k < scored.num_targets:  # the first call resolves them
+                    scored.column = k
+                    columns.append(self.attribute(scored, images, k))
+                    k += 1
+            else:
                 scored.resolve(images)
-            k = 0
-            while scored.ids is None or k < scored.num_targets:
-                scored.column = k if self.single_pass else None
-                columns.append(self.attribute(scored, images, k).detach().float())
-                k += 1
+                columns = self.attribute_targets(scored, images)
+        columns = [column.detach() if column.dtype == torch.float64 else column.detach().float() for column in columns]
         raw = columns[0] if scored.ids.dim() == 1 else torch.stack(columns, dim=1)
         return self.explanation(raw, scored)
 
     def explanation(self, raw: Tensor, scored: ScoredModel) -> Explanation:
         """The Explanation of attributions ``raw``: channels reduced, maps normalised."""
         maps = normalize_maps(reduce_channels(raw, self.reduction), self.clip_percentile)
-        return Explanation(maps, {self.layer_label: raw}, scored.output, scored.ids, self.name, self.class_names,
-                           signed=self.reduction == "sum")
+        return Explanation(maps.float(), {self.layer_label: raw}, scored.output, scored.ids, self.name,
+                           self.class_names, signed=self.reduction == "sum" and not self.nonnegative)
 
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
         """Raise now what a call would raise for a mistake in the model or targets, at the
@@ -368,6 +382,3 @@ class Attribution(Explainer):
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         return (self.layer_label,)
 
-
-def check_internal_batch_size(value) -> int:
-    return positive_int("internal_batch_size", value)

@@ -12,7 +12,10 @@ What this module adds to captum:
   completeness hold on ReLU6 models, and support an activation module used more than once
   in a forward pass (torchvision's ResNet blocks call their ReLU twice);
 - every method that multiplies the batch (IG steps, noise samples, Shap baselines) runs it
-  in internal batches of at most ``internal_batch_size`` rows, with the same result.
+  in internal batches of at most ``internal_batch_size`` rows, with the same result
+  (GradientShap: draws from the same distribution, as captum draws per call);
+- random draws are seeded per image (``seed``), so an image's map does not depend on the
+  other images of its batch.
 
 Activations applied as functions inside ``forward`` (``F.relu(x)``, as torchvision's
 Inception and GoogLeNet do) are not modules, so no hook reaches them: there, Guided
@@ -56,7 +59,7 @@ __all__ = [
 #: The rectifier-like activation modules of torch (and so of torchvision) that Guided
 #: Backprop and Deconvolution guide. Gates (Sigmoid, Tanh) are not rectifiers and are left alone.
 RELU_LIKE: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.CELU, nn.SELU,
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.CELU, nn.SELU,
     nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Softplus,
 )
 # timm's own activation modules (timm.layers.activations and activations_me), by class name,
@@ -66,6 +69,8 @@ _TIMM_RELU_LIKE = frozenset({
     "GELU", "GELUTanh", "QuickGELU", "PReLU",
 })
 _TIMM_GATES = frozenset({"Sigmoid", "Tanh", "HardSigmoid", "HardSigmoidMe"})
+#: captum's quadratures for Integrated Gradients.
+QUADRATURES = ("gausslegendre", "riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle")
 
 
 def is_relu_like(module: nn.Module) -> bool:
@@ -107,9 +112,25 @@ class _RescaleEverywhere:
     one record per call of a module, so a module may run several times in a forward pass.
 
     A module's calls are undone in reverse order in the backward pass when each call feeds
-    the next (the ReLU a ResNet block calls twice); a module applied to parallel branches
-    is not supported, and a mismatch of shapes is reported.
+    the next (the ReLU a ResNet block calls twice). A call whose output does not reach the
+    score leaves its record behind, which is reported; a module applied to parallel
+    branches is not supported (a mismatch of shapes is reported, equal shapes are not seen).
     """
+
+    def attribute(self, inputs, *args, **kwargs):
+        modules = [module for module in self.model.modules() if self._is_non_linear(module)]
+        for module in modules:
+            module.__dict__.pop("explain_inputs", None)
+            module.__dict__.pop("explain_outputs", None)
+        attributions = super().attribute(inputs, *args, **kwargs)
+        left = [type(module).__name__ for module in modules if module.__dict__.get("explain_inputs")]
+        if left:
+            raise RuntimeError(
+                f"DeepLift: a {left[0]} module ran in the forward pass on a path that does not reach the "
+                "explained score, so its calls cannot be matched to the backward pass; explain a model "
+                "without unused branches"
+            )
+        return attributions
 
     def _is_non_linear(self, module: nn.Module) -> bool:
         return type(module) in SUPPORTED_NON_LINEAR or _is_elementwise_activation(module)
@@ -225,8 +246,8 @@ class _NoiseTunnel(Attribution):
         # so each image has its own stdev: captum takes one per call.
         spans = (images.flatten(1).amax(1) - images.flatten(1).amin(1)).tolist()
         results = []
-        with seeded(self.seed, images.device):
-            for i, span in enumerate(spans):
+        for i, span in enumerate(spans):
+            with seeded(self.seed, images.device):
                 results.append(tunnel.attribute(
                     images[i:i + 1], nt_type=self.nt_type, nt_samples=self.n_samples,
                     nt_samples_batch_size=self.internal_batch_size, stdevs=self.noise_level * span,
@@ -265,6 +286,7 @@ class VarGrad(_NoiseTunnel):
 
     name = "vargrad"
     nt_type = "vargrad"
+    nonnegative = True
 
 
 class _WithBaseline(Attribution):
@@ -288,9 +310,18 @@ class _WithBaseline(Attribution):
         if isinstance(baseline, str) and baseline != "noise":  # "noise" would draw from the caller's stream
             make_baselines(torch.zeros(1, 1, 2, 2), baseline)  # an unknown name fails now
 
-    def baselines(self, images: Tensor) -> Tensor:
-        with seeded(self.seed, images.device):
-            return make_baselines(images, self.baseline)
+    def baselines(self, scored: ScoredModel, images: Tensor) -> Tensor:
+        """The baselines of ``images``, made once per call; noise is drawn per image."""
+        if "baselines" not in scored.memo:
+            if isinstance(self.baseline, str) and self.baseline == "noise":
+                draws = []
+                for image in images.split(1):
+                    with seeded(self.seed, images.device):
+                        draws.append(make_baselines(image, "noise"))
+                scored.memo["baselines"] = torch.cat(draws)
+            else:
+                scored.memo["baselines"] = make_baselines(images, self.baseline)
+        return scored.memo["baselines"]
 
 
 @register
@@ -314,11 +345,13 @@ class IntegratedGradients(_WithBaseline):
     def __init__(self, model: nn.Module, *, n_steps: int = 50, method: str = "gausslegendre", **options):
         super().__init__(model, **options)
         self.n_steps = positive_int("n_steps", n_steps)
+        if method not in QUADRATURES:
+            raise ValueError(f"unknown method {method!r}; use one of {', '.join(QUADRATURES)}")
         self.method = method
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         return captum_attr.IntegratedGradients(scored).attribute(
-            images, baselines=self.baselines(images), target=scored.target(k), n_steps=self.n_steps,
+            images, baselines=self.baselines(scored, images), target=scored.target(k), n_steps=self.n_steps,
             method=self.method, internal_batch_size=self.internal_batch_size,
         )
 
@@ -389,8 +422,10 @@ class GuidedGradCAM(Attribution):
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         guided = _CaptumGuidedBackprop(scored).attribute(images, target=scored.target(k))
         targets = scored.custom if scored.custom is not None else scored.ids.view(len(images), -1)[:, k]
-        cams = self.cam(images, targets).raw_layers.values()
+        cams = list(self.cam(images, targets).raw_layers.values())
         size = tuple(images.shape[-2:])
+        if len(cams) > 1:  # each layer on the same scale, as the CAMs average their scaled maps
+            cams = [c / c.flatten(1).amax(1).clamp_min(1e-12)[:, None, None] for c in cams]
         cam = torch.stack([F.interpolate(c[:, None], size=size, mode="bilinear", align_corners=False) for c in cams])
         return guided * cam.mean(dim=0)
 
@@ -422,8 +457,12 @@ class DeepLift(_WithBaseline):
     family = "gradient attribution"
     cost = "1 forward + 1 forward + backward of 2 rows"
 
+    def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
+        """Run on one image: what the rule's hooks refuse shows only in a full pass."""
+        self(images[:1], targets, topk=topk)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        baselines = self.baselines(images)
+        baselines = self.baselines(scored, images)
         target = scored.target(k)
         step = rows_per_pass(self.internal_batch_size, 2)
         deeplift = _CaptumDeepLift(scored)
@@ -460,13 +499,17 @@ class _Shap(Attribution):
         self.internal_batch_size = _internal_batch_size(internal_batch_size)
 
     def distribution(self, image: Tensor) -> Tensor:
-        """The baselines (B, C, H, W) of one image (1, C, H, W)."""
+        """The baselines (B, C, H, W) of one image (1, C, H, W); noise is drawn on the image's
+        own seeded stream, so it does not depend on the rest of the batch."""
         if isinstance(self.baseline, Tensor):
             if self.baseline.dim() != 4 or self.baseline.shape[1:] != image.shape[1:]:
                 raise ValueError(f"a baseline distribution must have shape (B, {', '.join(map(str, image.shape[1:]))}), "
                                  f"got {tuple(self.baseline.shape)}")
             return self.baseline.to(image.device, image.dtype)
-        return make_baselines(image.expand(self.n_baselines, -1, -1, -1), self.baseline)
+        if self.baseline != "noise":  # one fixed baseline: a distribution of one
+            return make_baselines(image, self.baseline)
+        with seeded(self.seed, image.device):
+            return make_baselines(image.expand(self.n_baselines, -1, -1, -1), "noise")
 
 
 @register
@@ -476,32 +519,33 @@ class DeepLiftShap(_Shap):
     Lundberg and Lee, "A Unified Approach to Interpreting Model Predictions", NeurIPS 2017,
     sec. 4.2 (Deep SHAP). Runs captum's DeepLiftShap with explain's DeepLift rules. The
     baselines default to ``n_baselines`` draws of uniform noise in each image's channel
-    ranges: SHAP is an expectation over a background distribution, and captum refuses
-    fewer than two baselines. The baselines run in internal batches; the result is their
-    mean either way.
+    ranges: SHAP is an expectation over a background distribution. With one fixed baseline
+    (``"zeros"``, a number) it is DeepLift's result, at DeepLift's cost. The baselines run
+    in internal batches; the result is their mean either way.
     """
 
     name = "deepliftshap"
     cost = "1 forward + 1 forward + backward of 2 x n_baselines (16) rows"
+
+    def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
+        """Run on one image: what the rule's hooks refuse shows only in a full pass."""
+        self(images[:1], targets, topk=topk)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         target = scored.target(k)
         deeplift = _CaptumDeepLiftShap(scored)
         step = max(2, self.internal_batch_size // 2)
         results = []
-        with seeded(self.seed, images.device):
-            for i in range(len(images)):
-                baselines = self.distribution(images[i:i + 1])
-                if len(baselines) < 2:
-                    raise ValueError("DeepLiftShap needs at least two baselines")
-                total = torch.zeros_like(images[i:i + 1])
-                for start in range(0, len(baselines), step):
-                    chunk = baselines[start:start + step]
-                    if len(chunk) == 1:  # captum wants two; the last one is repeated, weighted half each
-                        chunk = chunk.expand(2, -1, -1, -1)
-                    part = deeplift.attribute(images[i:i + 1], baselines=chunk, target=_slice_target(target, slice(i, i + 1)))
-                    total += part * min(len(chunk), len(baselines) - start)
-                results.append(total / len(baselines))
+        for i in range(len(images)):
+            baselines = self.distribution(images[i:i + 1])
+            total = torch.zeros_like(images[i:i + 1])
+            for start in range(0, len(baselines), step):
+                chunk = baselines[start:start + step]
+                if len(chunk) == 1:  # captum wants two: the same one twice has the same mean
+                    chunk = chunk.expand(2, -1, -1, -1)
+                part = deeplift.attribute(images[i:i + 1], baselines=chunk, target=_slice_target(target, slice(i, i + 1)))
+                total += part * min(len(chunk), len(baselines) - start)
+            results.append(total / len(baselines))
         return torch.cat(results)
 
 
@@ -516,7 +560,8 @@ class GradientShap(_Shap):
     Lundberg and Lee, "A Unified Approach to Interpreting Model Predictions", NeurIPS 2017;
     as implemented by captum's GradientShap (expected gradients, Erion et al., Nature
     Machine Intelligence 2021). Baselines as in :class:`DeepLiftShap`. Samples run in
-    internal batches of ``internal_batch_size`` rows.
+    internal batches of ``internal_batch_size`` rows; captum draws each batch's baselines
+    and path positions anew, so the batch size changes the draws, not their distribution.
     """
 
     name = "gradientshap"
@@ -525,20 +570,22 @@ class GradientShap(_Shap):
     def __init__(self, model: nn.Module, *, n_samples: int = 50, stdevs: float = 0.0, **options):
         super().__init__(model, **options)
         self.n_samples = positive_int("n_samples", n_samples)
+        if isinstance(stdevs, bool) or not isinstance(stdevs, (int, float)) or stdevs < 0:
+            raise ValueError(f"stdevs (the input noise's standard deviation) must be a number >= 0, got {stdevs!r}")
         self.stdevs = float(stdevs)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         target = scored.target(k)
         shap = captum_attr.GradientShap(scored)
         results = []
-        with seeded(self.seed, images.device):
-            for i in range(len(images)):
-                baselines = self.distribution(images[i:i + 1])
-                total = torch.zeros_like(images[i:i + 1])
+        for i in range(len(images)):
+            baselines = self.distribution(images[i:i + 1])
+            total = torch.zeros_like(images[i:i + 1])
+            with seeded(self.seed, images.device):
                 for start in range(0, self.n_samples, self.internal_batch_size):
                     count = min(self.internal_batch_size, self.n_samples - start)
                     part = shap.attribute(images[i:i + 1], baselines=baselines, n_samples=count, stdevs=self.stdevs,
                                           target=_slice_target(target, slice(i, i + 1)))
                     total += part * count
-                results.append(total / self.n_samples)
+            results.append(total / self.n_samples)
         return torch.cat(results)

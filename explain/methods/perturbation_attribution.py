@@ -9,8 +9,6 @@ stream seeded with ``seed`` (the caller's random stream is left as it was).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import captum.attr as captum_attr
 import numpy as np
 import torch
@@ -84,7 +82,7 @@ class Occlusion(_WithBaseline):
             raise ValueError(f"the occlusion window ({window}) is larger than the images ({height} x {width}); pass a smaller window")
         return captum_attr.Occlusion(scored).attribute(
             images, sliding_window_shapes=(channels, window, window), strides=(channels, stride, stride),
-            baselines=self.baselines(images), target=scored.target(k),
+            baselines=self.baselines(scored, images), target=scored.target(k),
             perturbations_per_eval=rows_per_pass(self.internal_batch_size, len(images)),
         )
 
@@ -99,8 +97,11 @@ class _Superpixels(_WithBaseline):
         self.n_segments = positive_int("n_segments", n_segments)
         self.compactness = float(compactness)
 
-    def segments(self, images: Tensor) -> Tensor:
-        return superpixels(images, self.n_segments, self.compactness)
+    def segments(self, scored: ScoredModel, images: Tensor) -> Tensor:
+        """The superpixels of ``images``, made once per call."""
+        if "segments" not in scored.memo:
+            scored.memo["segments"] = superpixels(images, self.n_segments, self.compactness)
+        return scored.memo["segments"]
 
 
 class _Sampled(_Superpixels):
@@ -114,37 +115,29 @@ class _Sampled(_Superpixels):
         raise NotImplementedError
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        masks = self.segments(images)
-        with seeded(self.seed, images.device):
-            baselines = self.baselines(images)
-            # captum runs LIME and KernelSHAP one image at a time, with its own batches of samples.
-            attributions = self.method(scored).attribute(
-                images, baselines=baselines, target=scored.target(k), feature_mask=masks,
-                n_samples=self.n_samples, perturbations_per_eval=self.internal_batch_size,
-            ) if bool((masks.flatten(1).amax(1) > 0).all()) else self._one_segment(scored, images, baselines, masks, k)
+        masks, baselines, target = self.segments(scored, images), self.baselines(scored, images), scored.target(k)
+        method = self.method(scored)
+        attributions = []
+        # One image at a time (as captum would), each on its own seeded stream.
+        for i in range(len(images)):
+            rows = slice(i, i + 1)
+            if masks[i].max() == 0:  # one superpixel: its value is S(x) - S(baseline); captum's fit needs two
+                with torch.no_grad():
+                    pair = scored.model(torch.cat([images[rows], baselines[rows]]))
+                delta = scored.explained_scores(pair, k, torch.tensor([i, i], device=images.device))
+                attributions.append((delta[0] - delta[1]).to(images.dtype).expand_as(images[rows]))
+                continue
+            with seeded(self.seed, images.device):
+                attributions.append(method.attribute(
+                    images[rows], baselines=baselines[rows], target=None if target is None else target[rows],
+                    feature_mask=masks[rows], n_samples=self.n_samples, perturbations_per_eval=self.internal_batch_size,
+                ))
+        attributions = torch.cat(attributions)
         # A least-squares fit leaves rounding noise where the scores do not change at all;
         # weights a million times smaller than the score are that noise, not evidence.
         scores = scored.explained_scores(scored.output, k).abs().float()
         tolerance = 1e-6 * scores.clamp_min(1e-12).view(-1, 1, 1, 1)
         return torch.where(attributions.abs() < tolerance, 0.0, attributions)
-
-    def _one_segment(self, scored, images, baselines, masks, k) -> Tensor:
-        """Where an image is one superpixel (a flat image), its single feature's value is
-        S(x) - S(baseline) (captum's fit needs two features); the others run as usual."""
-        single = masks.flatten(1).amax(1) == 0
-        attributions = torch.zeros_like(images)
-        with torch.no_grad():
-            delta = (scored.explained_scores(scored.model(images[single]), k, single)
-                     - scored.explained_scores(scored.model(baselines[single]), k, single))
-        attributions[single] = delta.view(-1, 1, 1, 1).expand_as(images[single]).to(images.dtype)
-        if not single.all():
-            rest = ~single
-            target = scored.target(k)
-            attributions[rest] = self.method(scored).attribute(
-                images[rest], baselines=baselines[rest], target=None if target is None else target[rest],
-                feature_mask=masks[rest], n_samples=self.n_samples, perturbations_per_eval=self.internal_batch_size,
-            )
-        return attributions
 
 
 @register
@@ -207,6 +200,7 @@ class FeatureAblation(_Superpixels):
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         return captum_attr.FeatureAblation(scored).attribute(
-            images, baselines=self.baselines(images), target=scored.target(k), feature_mask=self.segments(images),
+            images, baselines=self.baselines(scored, images), target=scored.target(k),
+            feature_mask=self.segments(scored, images),
             perturbations_per_eval=rows_per_pass(self.internal_batch_size, len(images)),
         )

@@ -207,11 +207,12 @@ class TracedMergeBatchNorm(MergeBatchNorm):
         batch_norm.running_var.data = batch_norm.running_var.data - batch_norm.eps
 
 
-def traced_batch_norm_pairs(model: nn.Module, images: Tensor) -> list[tuple[nn.Module, nn.Module]]:
+def traced_batch_norm_pairs(model: nn.Module, images: Tensor) -> tuple[list[tuple[nn.Module, nn.Module]], nn.Module | None]:
     """The (convolution or linear layer, batch norm) pairs of ``model`` where the batch norm
     receives the very tensor the layer returned, unchanged in place, each called once: the
-    pairs a merge leaves the model's function unchanged for. One forward pass on the first
-    image, with hooks removed afterwards, finds them."""
+    pairs a merge leaves the model's function unchanged for; and the first convolution that
+    runs (the one that sees the pixels; not necessarily the first registered). One forward
+    pass on the first image, with hooks removed afterwards, finds them."""
     producers: dict[int, tuple[nn.Module, Tensor, int]] = {}
     calls: dict[nn.Module, int] = {}
     pairs = []
@@ -239,7 +240,9 @@ def traced_batch_norm_pairs(model: nn.Module, images: Tensor) -> list[tuple[nn.M
     finally:
         for handle in handles:
             handle.remove()
-    return [(layer, norm) for layer, norm in pairs if calls.get(layer) == 1 and calls.get(norm) == 1]
+    pairs = [(layer, norm) for layer, norm in pairs if calls.get(layer) == 1 and calls.get(norm) == 1]
+    first = next((module for module in calls if isinstance(module, ConvolutionStandard)), None)
+    return pairs, first
 
 
 @contextmanager
@@ -396,23 +399,22 @@ class LRP(Attribution):
         self.mean, self.std = mean, std
 
     def bounds(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        """The z-box bounds (1, C, 1, 1): pixels 0 and 1 normalised, widened to ``images``."""
+        """The z-box bounds (N, C, 1, 1): pixels 0 and 1 normalised, widened to each image."""
         low = (-self.mean / self.std).to(images).reshape(1, -1, 1, 1)
         high = ((1 - self.mean) / self.std).to(images).reshape(1, -1, 1, 1)
-        return (torch.minimum(low, images.amin(dim=(0, 2, 3), keepdim=True)),
-                torch.maximum(high, images.amax(dim=(0, 2, 3), keepdim=True)))
+        return (torch.minimum(low, images.amin(dim=(2, 3), keepdim=True)),
+                torch.maximum(high, images.amax(dim=(2, 3), keepdim=True)))
 
     def composite(self, model: nn.Module, images: Tensor) -> Composite:
         """The rules and canonizers for ``model`` on ``images``."""
         first: Hook = zbox_rule(*self.bounds(images)) if self.first_rule == "zbox" else Flat()
         gamma, epsilon = gamma_rule(self.gamma), epsilon_rule(self.epsilon)
         proportional, passed = proportional_rule(), Pass()
+        pairs, first_convolution = traced_batch_norm_pairs(model, images)
 
         def rule_for(context: dict, name: str, module: nn.Module) -> Hook | None:
             if isinstance(module, ConvolutionStandard):
-                is_first = not context.get("seen_convolution")
-                context["seen_convolution"] = True
-                return first if is_first else gamma
+                return first if module is first_convolution else gamma
             if isinstance(module, nn.Linear):
                 return epsilon
             if isinstance(module, (Sum, AvgPool)):
@@ -421,7 +423,7 @@ class LRP(Attribution):
                 return passed
             return None
 
-        canonizers = [TracedMergeBatchNorm(traced_batch_norm_pairs(model, images)), ResNetBasicBlockCanonizer(),
+        canonizers = [TracedMergeBatchNorm(pairs), ResNetBasicBlockCanonizer(),
                       ResNetBottleneckCanonizer(), TimmResidualCanonizer()]
         return Composite(module_map=rule_for, canonizers=canonizers)
 
@@ -435,11 +437,13 @@ class LRP(Attribution):
         finally:
             composite.remove()
 
-    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+    def attribute_targets(self, scored: ScoredModel, images: Tensor) -> list[Tensor]:
+        """One canonical forward pass with the rules registered, one backward pass per target."""
         model, reference = scored.model, scored.output
         if not isinstance(reference, Tensor):
             raise TypeError(f"LRP needs a model that returns one tensor, got {type(reference).__name__}")
         inputs = images.detach().requires_grad_()
+        relevances = []
         with restored_modules(model), self.registered(self.composite(model, images), model):
             output = model(inputs)
             if not torch.allclose(output.detach(), reference, rtol=1e-3, atol=1e-4 * float(reference.abs().max())):
@@ -449,11 +453,21 @@ class LRP(Attribution):
                     "also used elsewhere; LRP cannot explain this model"
                 )
             merges = unseen_merges(output)
-            start = self._start(scored, output, k)
-            (relevance,) = torch.autograd.grad(output, inputs, grad_outputs=start)
-        if k == 0:
-            self._check_conservation(relevance, start, merges)
-        return relevance
+            for k in range(scored.num_targets):
+                start = self._start(scored, output, k)
+                last = k == scored.num_targets - 1
+                (relevance,) = torch.autograd.grad(output, inputs, grad_outputs=start, retain_graph=not last)
+                if k == 0:
+                    self._check_conservation(relevance, start, merges)
+                relevances.append(relevance)
+        return relevances
+
+    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        return self.attribute_targets(scored, images)[k]
+
+    def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
+        """Run on one image: a model LRP's canonical form cannot reproduce shows only then."""
+        self(images[:1], targets, topk=topk)
 
     def _check_conservation(self, relevance: Tensor, start: Tensor, merges: int) -> None:
         """Warn where the pixels' relevance does not sum to the output's: a larger epsilon
@@ -467,7 +481,8 @@ class LRP(Attribution):
             cause = "relevance is lost or copied where no rule applies (e.g. activations called as functions)"
         else:
             return
-        warnings.warn(f"LRP: the pixels' relevance misses the score by up to {gap:.0%}: {cause}", stacklevel=4)
+        # One message per cause (no figures in it), so Python shows it once, not per batch.
+        warnings.warn(f"LRP: the pixels' relevance does not sum to the score: {cause}", stacklevel=4)
 
     @staticmethod
     def _start(scored: ScoredModel, output: Tensor, k: int) -> Tensor:
