@@ -24,6 +24,18 @@ def hook_count(model: nn.Module) -> int:
     )
 
 
+class BackwardFails(torch.autograd.Function):
+    """The identity, whose backward pass raises: an error in the middle of a backward pass."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("backward failed")
+
+
 class ModelState:
     """Everything an explainer promises not to change, captured for comparison."""
 

@@ -29,7 +29,7 @@ import torchvision
 from torch import nn
 
 import explain
-from conftest import ModelState
+from conftest import BackwardFails, ModelState
 from explain.base import method_class
 from explain.methods.attribution_base import make_baselines, normalize_maps, reduce_channels, seeded
 from explain.methods.gradient_attribution import is_relu_like
@@ -649,6 +649,25 @@ def test_smoothgrad_internal_batch_size_changes_nothing():
     torch.testing.assert_close(small, large)
 
 
+@pytest.mark.parametrize("targets", [{}, {"topk": 2}, {"targets": lambda out: out[:, 2] - out[:, 0]}],
+                         ids=["top1", "topk", "callable"])
+def test_deeplift_reads_its_targets_from_its_own_pass_or_resolves_them_for_batches(targets):
+    """Up to internal_batch_size / 2 images run in one pass, which also reads the targets;
+    more run in internal batches after one pass that resolves them: the same numbers."""
+    model, x = tiny_cnn(), images(3)
+    one_pass = explain.DeepLift(model)(x, **targets)
+    batched = explain.DeepLift(model, internal_batch_size=2)(x, **targets)
+    torch.testing.assert_close(batched.raw, one_pass.raw)
+    assert torch.equal(batched.targets, one_pass.targets)
+    torch.testing.assert_close(one_pass.logits, model(x).detach())
+    if "targets" not in targets:  # completeness against the zero baseline, target by target
+        ids = one_pass.targets.view(3, -1)
+        raw = one_pass.raw.view(3, ids.shape[1], *x.shape[1:])
+        with torch.no_grad():
+            delta = model(x).gather(1, ids) - model(torch.zeros_like(x)).gather(1, ids)
+        torch.testing.assert_close(raw.flatten(2).sum(2), delta, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("internal_batch_size", [1, 4, 6])
 def test_deepliftshap_in_chunks_equals_unchunked(internal_batch_size):
     model, x = tiny_cnn(), images()
@@ -850,16 +869,6 @@ class RaisingTarget:
         return out[:, 0]
 
 
-class _BackwardBoom(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("backward failed")
-
-
 @pytest.mark.parametrize("where", ["forward", "target"])
 @pytest.mark.parametrize("model_name", list(MODELS))
 @pytest.mark.parametrize("name", METHODS)
@@ -890,7 +899,7 @@ def test_model_is_unchanged_after_an_exception_during_backward(name, model_name)
     model = build()
     state, attributes = ModelState(model), module_attributes(model)
     with pytest.raises(RuntimeError, match="backward failed"):
-        make(name, model, **extra.get(name, {}))(images(1, size), lambda out: _BackwardBoom.apply(out[:, 0]))
+        make(name, model, **extra.get(name, {}))(images(1, size), lambda out: BackwardFails.apply(out[:, 0]))
     state.assert_unchanged()
     assert module_attributes(model) == attributes
     # and the model still explains normally afterwards

@@ -20,7 +20,7 @@ import torchvision
 from torch import nn
 
 import explain
-from conftest import ModelState, hook_count
+from conftest import BackwardFails, ModelState, hook_count
 from explain.methods.relevance import LRP
 
 # Epsilon (epsilon ~ 0), bias 0.5 shared by the two inputs: R2_i = (a2_i w_0i + 0.25) / 3 * 3.
@@ -190,15 +190,6 @@ def test_resnet_restored_after_exception():
     assert not any("forward" in vars(m) or hasattr(m, "canonizer_sum") for m in model.modules())
 
 
-class _BackwardFails(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("backward failed")
-
 
 class Failing(nn.Module):
     """The model, failing from its ``fail_at``-th forward pass on (1: resolving the
@@ -214,7 +205,7 @@ class Failing(nn.Module):
         if self.fail_at is not None and self.calls >= self.fail_at:
             raise RuntimeError("forward failed")
         out = self.model(x)
-        return out if self.fail_at is not None else _BackwardFails.apply(out)
+        return out if self.fail_at is not None else BackwardFails.apply(out)
 
 
 @pytest.mark.parametrize("fail_at", [2, 3, None], ids=["tracing", "under-hooks", "backward"])

@@ -31,12 +31,13 @@ from ..base import Explainer, channel_hint, check_images
 from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..targets import Targets, select_targets
-from .cam_base import detached
+from .cam_base import detached, map_tensors, positive_int
 
 __all__ = [
     "BASELINES",
     "REDUCTIONS",
     "Attribution",
+    "Batched",
     "ScoredModel",
     "attribution_context",
     "make_baselines",
@@ -220,18 +221,22 @@ def attribution_context(model: nn.Module) -> Iterator[None]:
 class ScoredModel(nn.Module):
     """The model, with the explained targets resolved on its first call.
 
-    The first forward pass must be on the images themselves: it records the model output
-    and resolves ``targets`` (top-1 by default) against it, as the CAMs do. Afterwards it
-    returns the model output (captum picks the target with ``target=``), or, while
-    ``column`` is set, the explained score of target ``column`` itself (N,), for methods
-    whose single forward pass is that first one; a callable target's score is always
-    returned as (N,). It holds the model as a submodule so that captum and zennit find and
-    hook the model's layers through it.
+    The first forward pass must start with the ``rows`` images themselves (the images, or
+    the images followed by copies such as DeepLift's baselines): it records the model
+    output of the images and resolves ``targets`` (top-1 by default) against it, as the
+    CAMs do. Afterwards it returns the model output (captum picks the target with
+    ``target=``), or, while ``column`` is set, the explained score of target ``column``
+    itself, one per row, for methods whose first pass is that one (rows beyond the
+    images are taken as copies of them in the same order); a callable target's score is
+    always returned as one per row. It holds the model as a submodule so that captum and
+    zennit find and hook the model's layers through it.
     """
 
-    def __init__(self, model: nn.Module, targets: Targets, topk: int | None, class_names: Sequence[str] | None):
+    def __init__(self, model: nn.Module, targets: Targets, topk: int | None, class_names: Sequence[str] | None,
+                 rows: int):
         super().__init__()
         self.model = model
+        self.rows = rows
         self.targets = targets
         self.topk = topk
         self.class_names = class_names
@@ -247,15 +252,18 @@ class ScoredModel(nn.Module):
     def forward(self, inputs: Tensor) -> Tensor:
         output = self.model(inputs)
         if self.ids is None:
-            _, self.ids = select_targets(output, self.targets, topk=self.topk, class_names=self.class_names)
-            self.output = detached(output)
+            if inputs.shape[0] % self.rows:
+                raise RuntimeError(f"the first pass ran {inputs.shape[0]} rows, not copies of the {self.rows} images")
+            images = map_tensors(lambda tensor: tensor[:self.rows], output)
+            _, self.ids = select_targets(images, self.targets, topk=self.topk, class_names=self.class_names)
+            self.output = detached(images)
         if self.custom is not None:
             return self.custom(output)
         if self.column is not None:
-            ids = self.ids.view(self.ids.shape[0], -1)[:, self.column]
-            if output.shape[0] != ids.shape[0]:
-                raise RuntimeError("a single-pass method ran the model on more rows than images")
-            return output.gather(1, ids[:, None]).squeeze(1)
+            ids = self.ids.view(self.rows, -1)[:, self.column]
+            if output.shape[0] % self.rows:
+                raise RuntimeError(f"a single-pass method ran {output.shape[0]} rows, not copies of the {self.rows} images")
+            return output.gather(1, ids.repeat(output.shape[0] // self.rows)[:, None]).squeeze(1)
         return output
 
     def resolve(self, images: Tensor) -> None:
@@ -306,8 +314,8 @@ class Attribution(Explainer):
 
     family: ClassVar[str] = "attribution"
     needs_layer: ClassVar[bool] = False
-    #: Whether the method's only forward pass runs on the images themselves, so that the
-    #: targets are read from it; other methods resolve them with one extra forward pass.
+    #: Whether the method's first forward pass starts with the images themselves, so that
+    #: the targets are read from it; other methods resolve them with one extra forward pass.
     single_pass: ClassVar[bool] = False
     #: The key of ``raw_layers``: attributions are maps of the input.
     layer_label: ClassVar[str] = "input"
@@ -348,7 +356,7 @@ class Attribution(Explainer):
         each image's k best classes and gives maps of shape (N, k, H, W).
         """
         images = check_images(images, self.model)
-        scored = ScoredModel(self.model, targets, topk, self.class_names)
+        scored = ScoredModel(self.model, targets, topk, self.class_names, len(images))
         columns = []
         with attribution_context(self.model), channel_hint(images):
             if images.is_inference():  # made under inference_mode: autograd cannot use it
@@ -377,8 +385,24 @@ class Attribution(Explainer):
         cost of one forward pass."""
         images = check_images(images, self.model)
         with attribution_context(self.model), channel_hint(images):
-            ScoredModel(self.model, targets, topk, self.class_names).resolve(images)
+            ScoredModel(self.model, targets, topk, self.class_names, len(images)).resolve(images)
 
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         return (self.layer_label,)
+
+
+class Batched(Attribution):
+    """Base class of the methods that multiply the batch (steps, samples, windows,
+    baselines) and may draw at random.
+
+    ``internal_batch_size`` bounds the rows of one pass through the model (default 64);
+    ``seed`` seeds the random draws of each image (``None``: the caller's random streams).
+    """
+
+    def __init__(self, model: nn.Module, *, seed: int | None = 0, internal_batch_size: int = 64, **options):
+        super().__init__(model, **options)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"seed must be an int, or None for the caller's random streams; got {seed!r}")
+        self.seed = seed
+        self.internal_batch_size = positive_int("internal_batch_size", internal_batch_size)
 

@@ -24,7 +24,6 @@ Backprop and Deconvolution follow the plain gradient and DeepLift the gradient r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
 import captum.attr as captum_attr
@@ -36,7 +35,7 @@ from torch import Tensor, nn
 
 from ..base import register
 from ..layers import LayerSpec
-from .attribution_base import Attribution, ScoredModel, make_baselines, rows_per_pass, seeded
+from .attribution_base import BASELINES, Attribution, Batched, ScoredModel, make_baselines, rows_per_pass, seeded
 from .cam_base import positive_int
 from .gradient_cams import GradCAM
 
@@ -169,16 +168,26 @@ class _CaptumDeepLiftShap(_RescaleEverywhere, captum_attr.DeepLiftShap):
     pass
 
 
-def _internal_batch_size(value) -> int:
-    return positive_int("internal_batch_size", value)
-
-
 def _slice_target(target: Tensor | None, rows: slice) -> Tensor | None:
     return None if target is None else target[rows]
 
 
+class _OnePass(Attribution):
+    """A captum method of one forward and one backward pass on the images."""
+
+    family = "gradient attribution"
+    cost = "1 forward + 1 backward"
+    single_pass = True
+    #: The captum class that computes it, and the options it is called with.
+    captum_method: ClassVar[type]
+    captum_options: ClassVar[dict] = {}
+
+    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        return self.captum_method(scored).attribute(images, target=scored.target(k), **self.captum_options)
+
+
 @register
-class Saliency(Attribution):
+class Saliency(_OnePass):
     """Saliency: the gradient of the score with respect to the input, dS/dx.
 
     Simonyan et al., "Deep Inside Convolutional Networks: Visualising Image Classification
@@ -187,16 +196,12 @@ class Saliency(Attribution):
     """
 
     name = "saliency"
-    family = "gradient attribution"
-    cost = "1 forward + 1 backward"
-    single_pass = True
-
-    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        return captum_attr.Saliency(scored).attribute(images, target=scored.target(k), abs=False)
+    captum_method = captum_attr.Saliency
+    captum_options = {"abs": False}  # raw keeps the sign; the reduction takes magnitudes
 
 
 @register
-class InputXGradient(Attribution):
+class InputXGradient(_OnePass):
     """Input x Gradient: x * dS/dx, each input's first-order contribution to the score.
 
     Shrikumar et al., "Not Just a Black Box: Learning Important Features Through
@@ -204,40 +209,22 @@ class InputXGradient(Attribution):
     """
 
     name = "inputxgrad"
-    family = "gradient attribution"
-    cost = "1 forward + 1 backward"
-    single_pass = True
-
-    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        return captum_attr.InputXGradient(scored).attribute(images, target=scored.target(k))
+    captum_method = captum_attr.InputXGradient
 
 
-class _NoiseTunnel(Attribution):
+class _NoiseTunnel(Batched):
     """The saliency of noisy copies of the image, aggregated by ``nt_type``."""
 
     nt_type: ClassVar[str] = ""
     family = "gradient attribution"
     cost = "1 forward + n_samples (50) forward + backward"
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        n_samples: int = 50,
-        noise_level: float = 0.15,
-        seed: int | None = 0,
-        internal_batch_size: int = 64,
-        class_names: Sequence[str] | None = None,
-        reduction: str = "abs-sum",
-        clip_percentile: float = 99.0,
-    ):
-        super().__init__(model, class_names=class_names, reduction=reduction, clip_percentile=clip_percentile)
+    def __init__(self, model: nn.Module, *, n_samples: int = 50, noise_level: float = 0.15, **options):
+        super().__init__(model, **options)
         self.n_samples = positive_int("n_samples", n_samples)
         if isinstance(noise_level, bool) or not isinstance(noise_level, (int, float)) or not noise_level > 0:
             raise ValueError(f"noise_level must be a positive number, got {noise_level!r}")
         self.noise_level = float(noise_level)
-        self.seed = seed
-        self.internal_batch_size = _internal_batch_size(internal_batch_size)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         tunnel = captum_attr.NoiseTunnel(captum_attr.Saliency(scored))
@@ -289,26 +276,14 @@ class VarGrad(_NoiseTunnel):
     nonnegative = True
 
 
-class _WithBaseline(Attribution):
+class _WithBaseline(Batched):
     """An attribution relative to a baseline input (see :func:`make_baselines`)."""
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        baseline: str | float | Tensor = "zeros",
-        seed: int | None = 0,
-        internal_batch_size: int = 64,
-        class_names: Sequence[str] | None = None,
-        reduction: str = "abs-sum",
-        clip_percentile: float = 99.0,
-    ):
-        super().__init__(model, class_names=class_names, reduction=reduction, clip_percentile=clip_percentile)
+    def __init__(self, model: nn.Module, *, baseline: str | float | Tensor = "zeros", **options):
+        super().__init__(model, **options)
         self.baseline = baseline
-        self.seed = seed
-        self.internal_batch_size = _internal_batch_size(internal_batch_size)
-        if isinstance(baseline, str) and baseline != "noise":  # "noise" would draw from the caller's stream
-            make_baselines(torch.zeros(1, 1, 2, 2), baseline)  # an unknown name fails now
+        if isinstance(baseline, str) and baseline not in BASELINES:
+            make_baselines(torch.zeros(1, 1, 2, 2), baseline)  # raises, naming the choices
 
     def baselines(self, scored: ScoredModel, images: Tensor) -> Tensor:
         """The baselines of ``images``, made once per call; noise is drawn per image."""
@@ -357,7 +332,7 @@ class IntegratedGradients(_WithBaseline):
 
 
 @register
-class GuidedBackprop(Attribution):
+class GuidedBackprop(_OnePass):
     """Guided Backprop: the gradient with negative gradients stopped at every ReLU.
 
     Negative gradients are zeroed at every ReLU-like module on the way back, on top of
@@ -370,16 +345,11 @@ class GuidedBackprop(Attribution):
     """
 
     name = "guidedbp"
-    family = "gradient attribution"
-    cost = "1 forward + 1 backward"
-    single_pass = True
-
-    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        return _CaptumGuidedBackprop(scored).attribute(images, target=scored.target(k))
+    captum_method = _CaptumGuidedBackprop
 
 
 @register
-class Deconvolution(Attribution):
+class Deconvolution(_OnePass):
     """Deconvolution: the gradient passed through a ReLU of itself at every ReLU.
 
     Every ReLU-like module passes back ReLU(gradient), whatever its forward input was.
@@ -389,12 +359,7 @@ class Deconvolution(Attribution):
     """
 
     name = "deconv"
-    family = "gradient attribution"
-    cost = "1 forward + 1 backward"
-    single_pass = True
-
-    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        return _CaptumDeconvolution(scored).attribute(images, target=scored.target(k))
+    captum_method = _CaptumDeconvolution
 
 
 @register
@@ -455,7 +420,8 @@ class DeepLift(_WithBaseline):
 
     name = "deeplift"
     family = "gradient attribution"
-    cost = "1 forward + 1 forward + backward of 2 rows"
+    cost = "1 forward + backward of 2 rows"
+    single_pass = True  # its pass starts with the images (up to internal_batch_size / 2 of them)
 
     def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
         """Run on one image: what the rule's hooks refuse shows only in a full pass."""
@@ -463,9 +429,14 @@ class DeepLift(_WithBaseline):
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         baselines = self.baselines(scored, images)
-        target = scored.target(k)
         step = rows_per_pass(self.internal_batch_size, 2)
         deeplift = _CaptumDeepLift(scored)
+        if len(images) <= step:  # one pass, on the images then their baselines: it reads the targets
+            return deeplift.attribute(images, baselines=baselines)
+        if scored.ids is None:
+            scored.resolve(images)
+        scored.column = None  # each internal batch gets its targets from captum
+        target = scored.target(k)
         return torch.cat([
             deeplift.attribute(images[i:i + step], baselines=baselines[i:i + step],
                                target=_slice_target(target, slice(i, i + step)))
@@ -473,30 +444,17 @@ class DeepLift(_WithBaseline):
         ])
 
 
-class _Shap(Attribution):
+class _Shap(Batched):
     """An attribution averaged over a distribution of ``n_baselines`` baselines per image."""
 
     family = "gradient attribution"
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        baseline: str | float | Tensor = "noise",
-        n_baselines: int = 16,
-        seed: int | None = 0,
-        internal_batch_size: int = 64,
-        class_names: Sequence[str] | None = None,
-        reduction: str = "abs-sum",
-        clip_percentile: float = 99.0,
-    ):
-        super().__init__(model, class_names=class_names, reduction=reduction, clip_percentile=clip_percentile)
+    def __init__(self, model: nn.Module, *, baseline: str | float | Tensor = "noise", n_baselines: int = 16, **options):
+        super().__init__(model, **options)
         if isinstance(baseline, str) and baseline not in ("noise", "zeros"):
             raise ValueError(f"baseline {baseline!r} is not a distribution; use 'noise', 'zeros', or a tensor (B, C, H, W) of baselines")
         self.baseline = baseline
         self.n_baselines = positive_int("n_baselines", n_baselines)
-        self.seed = seed
-        self.internal_batch_size = _internal_batch_size(internal_batch_size)
 
     def distribution(self, image: Tensor) -> Tensor:
         """The baselines (B, C, H, W) of one image (1, C, H, W); noise is drawn on the image's
