@@ -260,7 +260,7 @@ class ScoredModel(nn.Module):
         if self.custom is not None:
             return self.custom(output)
         if self.column is not None:
-            ids = self.ids.view(self.rows, -1)[:, self.column]
+            ids = self.ids_of(self.column)
             if output.shape[0] % self.rows:
                 raise RuntimeError(f"a single-pass method ran {output.shape[0]} rows, not copies of the {self.rows} images")
             return output.gather(1, ids.repeat(output.shape[0] // self.rows)[:, None]).squeeze(1)
@@ -275,12 +275,16 @@ class ScoredModel(nn.Module):
     def num_targets(self) -> int:
         return 1 if self.ids.dim() == 1 else self.ids.shape[1]
 
+    def ids_of(self, k: int) -> Tensor:
+        """(N,) class ids of explained target ``k``."""
+        return self.ids.view(self.rows, -1)[:, k]
+
     def explained_scores(self, output, k: int, rows: Tensor | None = None) -> Tensor:
         """(B,) scores of explained target ``k`` in a model ``output`` on the images (or on
         images derived from ``images[rows]``, one output row each)."""
         if self.custom is not None:
             return self.custom(output)
-        ids = self.ids.view(self.ids.shape[0], -1)[:, k]
+        ids = self.ids_of(k)
         return output.gather(1, (ids if rows is None else ids[rows])[:, None]).squeeze(1)
 
     def target(self, k: int) -> Tensor | None:
@@ -288,7 +292,7 @@ class ScoredModel(nn.Module):
         forward pass returns the score itself."""
         if self.custom is not None or self.column is not None:
             return None
-        return self.ids.view(self.ids.shape[0], -1)[:, k]
+        return self.ids_of(k)
 
 
 class Attribution(Explainer):

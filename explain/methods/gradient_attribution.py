@@ -386,7 +386,7 @@ class GuidedGradCAM(Attribution):
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         guided = _CaptumGuidedBackprop(scored).attribute(images, target=scored.target(k))
-        targets = scored.custom if scored.custom is not None else scored.ids.view(len(images), -1)[:, k]
+        targets = scored.custom if scored.custom is not None else scored.ids_of(k)
         cams = list(self.cam(images, targets).raw_layers.values())
         size = tuple(images.shape[-2:])
         if len(cams) > 1:  # each layer on the same scale, as the CAMs average their scaled maps
