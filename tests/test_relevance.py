@@ -78,9 +78,10 @@ def test_callable_target_starts_from_z_times_gradient():
     assert raw.sum().item() == pytest.approx(4.25, rel=1e-5)
 
 
-def resnet18_with_statistics() -> nn.Module:
+def with_statistics(arch: str = "resnet18") -> nn.Module:
     """Random weights and random batch-norm statistics, so merging them matters."""
-    model = torchvision.models.resnet18().eval()
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(arch, weights=None).eval()
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, nn.BatchNorm2d):
@@ -101,7 +102,14 @@ def assert_conserved(model, images):
 
 
 def test_conserved_on_resnet18():
-    assert_conserved(resnet18_with_statistics(), torch.randn(2, 3, 64, 64))
+    assert_conserved(with_statistics(), torch.randn(2, 3, 64, 64))
+
+
+@pytest.mark.parametrize("arch", ["mobilenet_v2", "regnet_x_400mf"])
+def test_conserved_on_torchvision_blocks_that_add_in_forward(arch):
+    """MobileNetV2's inverted residuals and RegNet's bottlenecks add their shortcut in
+    forward; the canonizer turns the addition into a module with a rule."""
+    assert_conserved(with_statistics(arch), torch.randn(2, 3, 64, 64))
 
 
 def test_conserved_on_the_bundled_model(bundled, photos):
@@ -175,7 +183,7 @@ def test_model_restored(bundled, photos, fail):
 
 
 def test_resnet_restored_after_exception():
-    model = resnet18_with_statistics()
+    model = with_statistics()
     state, storage = ModelState(model), snapshot(model)
 
     def target(output):
@@ -210,7 +218,7 @@ class Failing(nn.Module):
 
 @pytest.mark.parametrize("fail_at", [2, 3, None], ids=["tracing", "under-hooks", "backward"])
 def test_resnet_restored_after_a_failing_pass(fail_at):
-    model = Failing(resnet18_with_statistics(), fail_at)
+    model = Failing(with_statistics(), fail_at)
     state, storage, attributes = ModelState(model), snapshot(model), [set(vars(m)) for m in model.modules()]
     with pytest.raises(RuntimeError, match="forward failed|backward failed"):
         LRP(model)(torch.randn(1, 3, 32, 32))
@@ -220,14 +228,14 @@ def test_resnet_restored_after_a_failing_pass(fail_at):
 
 
 def test_topk_shapes():
-    result = LRP(resnet18_with_statistics())(torch.randn(2, 3, 32, 32), topk=2)
+    result = LRP(with_statistics())(torch.randn(2, 3, 32, 32), topk=2)
     assert result.maps.shape == (2, 2, 32, 32)
     assert result.raw.shape == (2, 2, 3, 32, 32)
     assert result.targets.shape == (2, 2)
 
 
 def test_constant_input_gives_finite_maps():
-    maps = LRP(resnet18_with_statistics())(torch.zeros(1, 3, 32, 32)).maps
+    maps = LRP(with_statistics())(torch.zeros(1, 3, 32, 32)).maps
     assert torch.isfinite(maps).all()
     assert maps.min() >= 0 and maps.max() <= 1
 
@@ -272,7 +280,7 @@ def test_restored_modules_undoes_a_half_done_canonization():
 
 
 def test_canonizers_undo_a_half_done_registration(bundled):
-    from explain.methods.relevance import TimmResidualCanonizer, TracedMergeBatchNorm
+    from explain.methods.relevance import ResidualSumCanonizer, TracedMergeBatchNorm
 
     model = copy.deepcopy(bundled[0])
     blocks = [m for m in model.modules() if vars(m).get("has_skip") is True]
@@ -281,11 +289,11 @@ def test_canonizers_undo_a_half_done_registration(bundled):
     with pytest.raises(AttributeError):
         TracedMergeBatchNorm([(model.conv_stem, model.bn1), (model.conv_head, broken)]).apply(model)
 
-    class FailsOnTheThird(TimmResidualCanonizer):
+    class FailsOnTheThird(ResidualSumCanonizer):
         registered = 0
 
-        def register(self, block):
-            super().register(block)
+        def register(self, block, flag):
+            super().register(block, flag)
             FailsOnTheThird.registered += 1
             if FailsOnTheThird.registered == 3:
                 raise RuntimeError("third")

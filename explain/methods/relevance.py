@@ -4,8 +4,8 @@ LRP hands the explained score from the output back to the pixels, layer by layer
 rule per kind of layer. Residual additions and batch norms are not layers a rule can read,
 so the model is first put in a canonical form (zennit's *canonizers*, undone after the
 call): each batch norm that receives a layer's output is merged into that layer, and the
-residual additions of torchvision's ResNet blocks and timm's EfficientNet / MobileNet
-blocks become zennit ``Sum`` modules.
+residual additions of torchvision's ResNet, MobileNetV2 / V3, EfficientNet and RegNet
+blocks and timm's EfficientNet / MobileNet blocks become zennit ``Sum`` modules.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from ..models import IMAGENET_MEAN, IMAGENET_STD
 from .attribution_base import Attribution, ScoredModel
 from .gradient_attribution import is_relu_like
 
-__all__ = ["FIRST_RULES", "LRP", "SharingRule", "TimmResidualCanonizer", "traced_batch_norm_pairs"]
+__all__ = ["FIRST_RULES", "LRP", "SharingRule", "ResidualSumCanonizer", "traced_batch_norm_pairs"]
 
 #: The rules selectable for the first convolution, the one that sees the pixels.
 FIRST_RULES = ("zbox", "flat")
@@ -154,36 +154,62 @@ def _register_each(make: Callable[[], Canonizer], targets: Sequence[tuple]) -> l
     return instances
 
 
-class TimmResidualCanonizer(Canonizer):
-    """timm's EfficientNet / MobileNet blocks with a shortcut (``has_skip``) add it through a
-    zennit ``Sum`` module: the block's own forward runs with ``has_skip`` off, then
-    ``drop_path`` and the addition ``drop_path(x) + shortcut`` it would have done."""
+# Blocks that add their input to their output where a flag says so: (module prefix, flag,
+# the module that drops the branch in training, an identity at inference).
+_FLAGGED_RESIDUALS = (("timm.", "has_skip", "drop_path"), ("torchvision.models.", "use_res_connect", "stochastic_depth"))
+
+
+class ResidualSumCanonizer(Canonizer):
+    """Residual blocks that add in ``forward`` (no module, so no rule) add through a zennit
+    ``Sum`` module instead, whose rule shares relevance in proportion to the two terms:
+
+    - blocks whose addition a flag switches on: timm's EfficientNet / MobileNet blocks
+      (``has_skip``) and torchvision's MobileNetV2 / V3 and EfficientNet blocks
+      (``use_res_connect``). Their own forward runs with the flag off, then the branch's
+      stochastic-depth module (an identity at inference) and the addition;
+    - torchvision's RegNet blocks, activation(proj(x) + f(x)).
+    """
 
     def __init__(self):
         self.block: nn.Module | None = None
+        self.flag: str | None = None
 
     def apply(self, root_module: nn.Module) -> list[Canonizer]:
-        blocks = [(module,) for module in root_module.modules()
-                  if type(module).__module__.startswith("timm.") and vars(module).get("has_skip") is True
-                  and isinstance(getattr(module, "drop_path", None), nn.Module)]
+        blocks = []
+        for module in root_module.modules():
+            kind = type(module)
+            blocks += [(module, flag) for prefix, flag, _ in _FLAGGED_RESIDUALS
+                       if kind.__module__.startswith(prefix) and vars(module).get(flag) is True]
+            if kind.__module__ == "torchvision.models.regnet" and kind.__name__ == "ResBottleneckBlock":
+                blocks.append((module, None))
         return _register_each(type(self), blocks)
 
-    def register(self, block: nn.Module) -> None:
-        self.block = block
-        block.has_skip = False
+    def register(self, block: nn.Module, flag: str | None) -> None:
+        self.block, self.flag = block, flag
+        if flag is not None:
+            setattr(block, flag, False)
         block.explain_residual_sum = Sum()
-        block.forward = self.forward.__get__(block)
+        block.forward = (self.flagged_forward if flag is not None else self.regnet_forward).__get__(block)
 
     def remove(self) -> None:
         if self.block is not None:
             vars(self.block).pop("forward", None)
             self.block._modules.pop("explain_residual_sum", None)
-            self.block.has_skip = True
+            if self.flag is not None:
+                setattr(self.block, self.flag, True)
 
     @staticmethod
-    def forward(block: nn.Module, x: Tensor) -> Tensor:
-        branch = block.drop_path(type(block).forward(block, x))
+    def flagged_forward(block: nn.Module, x: Tensor) -> Tensor:
+        branch = type(block).forward(block, x)
+        for _, _, dropping in _FLAGGED_RESIDUALS:
+            if isinstance(getattr(block, dropping, None), nn.Module):
+                branch = getattr(block, dropping)(branch)
         return block.explain_residual_sum(torch.stack([branch, x], dim=-1))
+
+    @staticmethod
+    def regnet_forward(block: nn.Module, x: Tensor) -> Tensor:
+        shortcut = x if block.proj is None else block.proj(x)
+        return block.activation(block.explain_residual_sum(torch.stack([block.f(x), shortcut], dim=-1)))
 
 
 class TracedMergeBatchNorm(MergeBatchNorm):
@@ -349,9 +375,10 @@ class LRP(Attribution):
     zennit, with the rules above.
 
     Not covered: residual additions and gates that no canonizer here turns into a module
-    (torchvision's MobileNet, EfficientNet, ConvNeXt and RegNet blocks, squeeze-excitation)
-    copy relevance, and activations called as functions (``F.relu``: GoogLeNet, DenseNet)
-    drop the relevance that reaches their inactive units. The call warns when the graph
+    (torchvision's ConvNeXt blocks; the squeeze-excitation gates of MobileNetV3 and
+    EfficientNet) copy relevance, and activations called as functions (``F.relu``:
+    GoogLeNet, DenseNet) drop the relevance that reaches their inactive units. A score
+    near epsilon (an untrained network's logits of 1e-9) is absorbed. The call warns when the graph
     holds such an addition or product of two activations, or, with epsilon at most 1e-4,
     when the pixels' relevance misses the score by over 1 %. Batch norms that do not follow
     a layer (pre-activation blocks, DenseNet) are not merged: R passes them unchanged. The
@@ -424,7 +451,7 @@ class LRP(Attribution):
             return None
 
         canonizers = [TracedMergeBatchNorm(pairs), ResNetBasicBlockCanonizer(),
-                      ResNetBottleneckCanonizer(), TimmResidualCanonizer()]
+                      ResNetBottleneckCanonizer(), ResidualSumCanonizer()]
         return Composite(module_map=rule_for, canonizers=canonizers)
 
     @staticmethod
