@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from . import __version__, models
 from .base import describe_methods, method_class, methods
-from .methods import explain_together
+from .methods import BaseCAM, explain_together
 from .methods.attribution_base import REDUCTIONS
 from .heap import ReusedHeap
 from .images import IMAGE_EXTENSIONS, ImageError, load_rgb
@@ -910,15 +910,22 @@ class _Run:
         model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
         pictures = self.inputs.pictures(images, model_input)
         cams = [cam for cam in self.explainers if any(cam in self.pending[i] for i in source_indices)]
-        try:  # one forward and backward pass serves every method
-            results = explain_together(cams, model_input, self.target.targets, topk=self.target.topk)
-        except Exception:  # one bad batch must not end the run, nor one method fail the others
-            results = []
-            for cam in cams:
+        # One bad batch must not end the run, nor one method fail the others. The CAMs share
+        # one forward and backward pass; the other methods run, and may fail, on their own.
+        targets, topk = self.target.targets, self.target.topk
+        shared = [cam for cam in cams if isinstance(cam, BaseCAM)]
+        outcome: dict = {}
+        try:
+            outcome.update(zip(shared, explain_together(shared, model_input, targets, topk=topk)))
+        except Exception:
+            pass  # each CAM on its own, below, so that the error lands on the one that fails
+        for cam in cams:
+            if cam not in outcome:
                 try:
-                    results.append(cam(model_input, self.target.targets, topk=self.target.topk))
+                    outcome[cam] = cam(model_input, targets, topk=topk)
                 except Exception as error:
-                    results.append(error)
+                    outcome[cam] = error
+        results = [outcome[cam] for cam in cams]
         for cam, result in zip(cams, results):
             if isinstance(result, Exception):
                 for i in source_indices:

@@ -16,7 +16,6 @@ trimming below about 44 images/s and +1 to +3.5 %.
 from __future__ import annotations
 
 import ctypes
-import os
 import platform
 import sys
 

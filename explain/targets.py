@@ -13,6 +13,7 @@ __all__ = ["CUSTOM_TARGET", "Targets", "class_index", "select_targets"]
 
 #: The class id recorded when the score comes from a callable rather than a class.
 CUSTOM_TARGET = -1
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 Targets = int | str | Sequence[int | str] | Tensor | np.ndarray | Callable[[Tensor], Tensor] | None
 
@@ -154,8 +155,8 @@ def _class_ids(targets, n: int, num_classes: int, class_names) -> Tensor:
         raise ValueError(f"got {len(targets)} targets for {n} images; pass one target per image or a single one for all")
     ids = []
     for target in targets:
-        if isinstance(target, (Tensor, np.ndarray)) and target.ndim == 0 and not (
-                target.dtype.is_floating_point if isinstance(target, Tensor) else target.dtype.kind == "f"):
+        if isinstance(target, (Tensor, np.ndarray)) and target.ndim == 0 and (
+                target.dtype in _INTEGER_DTYPES if isinstance(target, Tensor) else target.dtype.kind in "iu"):
             target = int(target)  # one element of an id tensor, such as ids[i]
         if isinstance(target, str):
             target = class_index(target, class_names)

@@ -668,6 +668,27 @@ def test_deeplift_reads_its_targets_from_its_own_pass_or_resolves_them_for_batch
         torch.testing.assert_close(raw.flatten(2).sum(2), delta, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["deeplift", "deepliftshap", "lrp"])
+def test_check_runs_the_method_on_the_first_image_with_its_target(name):
+    """These methods run once in check (what their rules refuse shows only in a full
+    pass); one target per image is cut to the first image's, as the images are."""
+    model, x = tiny_cnn(), images(3)
+    checker = make(name, model) if name != "lrp" else explain.LRP(model)
+    for targets in ([1, 2, 3], torch.tensor([1, 2, 3]), [[1, 2], [0, 1], [3, 4]], 2, None, lambda out: out[:, 0]):
+        checker.check(x, targets)
+    checker.check(x, topk=2)
+    with pytest.raises(ValueError, match="out of range"):
+        checker.check(x, [9, 1, 2])
+
+
+def test_seed_must_be_a_numpy_seed():
+    model = tiny_cnn()
+    assert explain.SmoothGrad(model, seed=np.int64(3)).seed == 3
+    for bad in (-1, 2**32, 1.5, True, "0"):
+        with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*32\)"):
+            explain.SmoothGrad(model, seed=bad)
+
+
 @pytest.mark.parametrize("internal_batch_size", [1, 4, 6])
 def test_deepliftshap_in_chunks_equals_unchunked(internal_batch_size):
     model, x = tiny_cnn(), images()

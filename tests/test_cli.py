@@ -393,6 +393,33 @@ def test_attribution_methods_end_to_end(tmp_path, capsys):
         ("saliency", "input"), ("guidedgradcam", "blocks.6"), ("gradcam", "blocks.6")}
 
 
+def test_a_method_that_fails_on_every_batch_fails_alone(tmp_path, capsys, monkeypatch):
+    # DeepLift passes its start-up check here but raises on every batch: its rows fail with
+    # the reason, Grad-CAM's and saliency's are written, and nothing runs twice.
+    import explain
+
+    def broken(self, scored, images, k):
+        raise RuntimeError("DeepLift broke")
+
+    calls = {"saliency": 0}
+    plain_call = explain.Saliency.__call__
+
+    def counted(self, *args, **kwargs):
+        calls["saliency"] += 1
+        return plain_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(explain.DeepLift, "check", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(explain.DeepLift, "attribute", broken)
+    monkeypatch.setattr(explain.Saliency, "__call__", counted)
+    images = [str(REPO / "data" / "images" / name) for name in ("coffee.png", "rocket.jpg", "chelsea.png")]
+    code = main(["run", *images, "--out", str(tmp_path), "--method", "gradcam,deeplift,saliency", "-b", "2", "-q"])
+    assert code == 1 and summary_counts(capsys.readouterr().out) == (6, 0, 3)
+    rows = read_rows(tmp_path / "manifest.jsonl")
+    assert {r["status"] for r in rows if r["method"] != "deeplift"} == {"ok"}
+    assert {(r["status"], r["error"]) for r in rows if r["method"] == "deeplift"} == {("failed", "RuntimeError: DeepLift broke")}
+    assert calls["saliency"] == 2  # two batches, once each
+
+
 def _tiny_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(),

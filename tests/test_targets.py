@@ -82,6 +82,7 @@ def test_callable():
         (1.0, {}, TypeError, "class id"),
         (True, {}, TypeError, "class id"),
         ([torch.tensor(1.0), 0], {}, TypeError, "class id"),
+        ([torch.tensor(True), 0], {}, TypeError, "class id"),
         (torch.tensor([0.0, 1.0]), {}, ValueError, "integer class ids"),
         (torch.zeros(2, 2, 1, dtype=torch.long), {}, ValueError, r"one class per image.*or k per image, shape \(2, k\)"),
         ([[0, 1], [2]], {}, ValueError, "give every image the same number"),

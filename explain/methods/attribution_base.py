@@ -18,6 +18,7 @@ libraries leave to their users:
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -325,6 +326,9 @@ class Attribution(Explainer):
     layer_label: ClassVar[str] = "input"
     #: Whether the attributions are never negative, so that no reduction makes them signed.
     nonnegative: ClassVar[bool] = False
+    #: Whether :meth:`check` runs the method on the first image: where what the method
+    #: cannot handle in a model shows only in a full pass.
+    check_runs: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -386,8 +390,13 @@ class Attribution(Explainer):
 
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
         """Raise now what a call would raise for a mistake in the model or targets, at the
-        cost of one forward pass."""
+        cost of one forward pass (of a call on the first image, where ``check_runs``)."""
         images = check_images(images, self.model)
+        if self.check_runs:
+            per_image = not callable(targets) and not isinstance(targets, (str, int)) and targets is not None and (
+                len(targets) == len(images) if isinstance(targets, Sequence) else getattr(targets, "ndim", 0) >= 1)
+            self(images[:1], targets[:1] if per_image else targets, topk=topk)
+            return
         with attribution_context(self.model), channel_hint(images):
             ScoredModel(self.model, targets, topk, self.class_names, len(images)).resolve(images)
 
@@ -405,8 +414,9 @@ class Batched(Attribution):
 
     def __init__(self, model: nn.Module, *, seed: int | None = 0, internal_batch_size: int = 64, **options):
         super().__init__(model, **options)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"seed must be an int, or None for the caller's random streams; got {seed!r}")
-        self.seed = seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                                 or not 0 <= seed < 2**32):
+            raise ValueError(f"seed must be an int in [0, 2**32), or None for the caller's random streams; got {seed!r}")
+        self.seed = None if seed is None else int(seed)
         self.internal_batch_size = positive_int("internal_batch_size", internal_batch_size)
 

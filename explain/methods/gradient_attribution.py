@@ -422,10 +422,7 @@ class DeepLift(_WithBaseline):
     family = "gradient attribution"
     cost = "1 forward + backward of 2 rows"
     single_pass = True  # its pass starts with the images (up to internal_batch_size / 2 of them)
-
-    def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
-        """Run on one image: what the rule's hooks refuse shows only in a full pass."""
-        self(images[:1], targets, topk=topk)
+    check_runs = True  # what its rules refuse (a module on parallel branches) shows only in a full pass
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         baselines = self.baselines(scored, images)
@@ -484,10 +481,7 @@ class DeepLiftShap(_Shap):
 
     name = "deepliftshap"
     cost = "1 forward + 1 forward + backward of 2 x n_baselines (16) rows"
-
-    def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
-        """Run on one image: what the rule's hooks refuse shows only in a full pass."""
-        self(images[:1], targets, topk=topk)
+    check_runs = True
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         target = scored.target(k)

@@ -395,6 +395,7 @@ class LRP(Attribution):
     name = "lrp"
     family = "gradient attribution"
     cost = "3 forward + 1 backward, each layer rerun about 8 times by its rule"
+    check_runs = True  # a model its canonical form cannot reproduce shows only in a full pass
 
     def __init__(
         self,
@@ -491,10 +492,6 @@ class LRP(Attribution):
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         return self.attribute_targets(scored, images)[k]
-
-    def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
-        """Run on one image: a model LRP's canonical form cannot reproduce shows only then."""
-        self(images[:1], targets, topk=topk)
 
     def _check_conservation(self, relevance: Tensor, start: Tensor, merges: int) -> None:
         """Warn where the pixels' relevance does not sum to the output's: a larger epsilon
