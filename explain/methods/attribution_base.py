@@ -46,6 +46,7 @@ __all__ = [
     "reduce_channels",
     "rows_per_pass",
     "seeded",
+    "slice_target",
 ]
 
 #: How the channels of an attribution become one map per image.
@@ -120,6 +121,11 @@ def rows_per_pass(internal_batch_size: int, images: int) -> int:
     """How many copies of each of ``images`` images fit in one pass of
     ``internal_batch_size`` rows (at least one)."""
     return max(1, internal_batch_size // images)
+
+
+def slice_target(target: Tensor | None, rows: slice) -> Tensor | None:
+    """captum's ``target`` for ``images[rows]`` (``None`` stays ``None``)."""
+    return None if target is None else target[rows]
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from ..hooks import LayerCapture
 from ..layers import LayerSpec, find_target_layer, on_input_grid, resolve_layers
 from ..targets import Targets, select_targets
 
-__all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "explain_together", "positive_int", "principal_component",
+__all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "checked_number", "explain_together", "positive_int", "principal_component",
            "safe_divide"]
 
 
@@ -40,6 +40,17 @@ def positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+def checked_number(name: str, value, *, positive: bool) -> float:
+    """``value`` as a float, checked to be a positive (or non-negative) number.
+
+    >>> checked_number("gamma", 0, positive=False)
+    0.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 if positive else value >= 0):
+        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}")
+    return float(value)
 
 
 def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:

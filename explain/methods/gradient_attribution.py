@@ -35,8 +35,17 @@ from torch import Tensor, nn
 
 from ..base import register
 from ..layers import LayerSpec
-from .attribution_base import BASELINES, Attribution, Batched, ScoredModel, make_baselines, rows_per_pass, seeded
-from .cam_base import positive_int
+from .attribution_base import (
+    BASELINES,
+    Attribution,
+    Batched,
+    ScoredModel,
+    make_baselines,
+    rows_per_pass,
+    seeded,
+    slice_target,
+)
+from .cam_base import checked_number, positive_int
 from .gradient_cams import GradCAM
 
 __all__ = [
@@ -168,10 +177,6 @@ class _CaptumDeepLiftShap(_RescaleEverywhere, captum_attr.DeepLiftShap):
     pass
 
 
-def _slice_target(target: Tensor | None, rows: slice) -> Tensor | None:
-    return None if target is None else target[rows]
-
-
 class _OnePass(Attribution):
     """A captum method of one forward and one backward pass on the images."""
 
@@ -222,9 +227,7 @@ class _NoiseTunnel(Batched):
     def __init__(self, model: nn.Module, *, n_samples: int = 50, noise_level: float = 0.15, **options):
         super().__init__(model, **options)
         self.n_samples = positive_int("n_samples", n_samples)
-        if isinstance(noise_level, bool) or not isinstance(noise_level, (int, float)) or not noise_level > 0:
-            raise ValueError(f"noise_level must be a positive number, got {noise_level!r}")
-        self.noise_level = float(noise_level)
+        self.noise_level = checked_number("noise_level", noise_level, positive=True)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         tunnel = captum_attr.NoiseTunnel(captum_attr.Saliency(scored))
@@ -238,7 +241,7 @@ class _NoiseTunnel(Batched):
                 results.append(tunnel.attribute(
                     images[i:i + 1], nt_type=self.nt_type, nt_samples=self.n_samples,
                     nt_samples_batch_size=self.internal_batch_size, stdevs=self.noise_level * span,
-                    target=_slice_target(target, slice(i, i + 1)), abs=False,
+                    target=slice_target(target, slice(i, i + 1)), abs=False,
                 ))
         return torch.cat(results)
 
@@ -436,7 +439,7 @@ class DeepLift(_WithBaseline):
         target = scored.target(k)
         return torch.cat([
             deeplift.attribute(images[i:i + step], baselines=baselines[i:i + step],
-                               target=_slice_target(target, slice(i, i + step)))
+                               target=slice_target(target, slice(i, i + step)))
             for i in range(0, len(images), step)
         ])
 
@@ -495,7 +498,7 @@ class DeepLiftShap(_Shap):
                 chunk = baselines[start:start + step]
                 if len(chunk) == 1:  # captum wants two: the same one twice has the same mean
                     chunk = chunk.expand(2, -1, -1, -1)
-                part = deeplift.attribute(images[i:i + 1], baselines=chunk, target=_slice_target(target, slice(i, i + 1)))
+                part = deeplift.attribute(images[i:i + 1], baselines=chunk, target=slice_target(target, slice(i, i + 1)))
                 total += part * min(len(chunk), len(baselines) - start)
             results.append(total / len(baselines))
         return torch.cat(results)
@@ -522,9 +525,7 @@ class GradientShap(_Shap):
     def __init__(self, model: nn.Module, *, n_samples: int = 50, stdevs: float = 0.0, **options):
         super().__init__(model, **options)
         self.n_samples = positive_int("n_samples", n_samples)
-        if isinstance(stdevs, bool) or not isinstance(stdevs, (int, float)) or stdevs < 0:
-            raise ValueError(f"stdevs (the input noise's standard deviation) must be a number >= 0, got {stdevs!r}")
-        self.stdevs = float(stdevs)
+        self.stdevs = checked_number("stdevs (the input noise's standard deviation)", stdevs, positive=False)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         target = scored.target(k)
@@ -537,7 +538,7 @@ class GradientShap(_Shap):
                 for start in range(0, self.n_samples, self.internal_batch_size):
                     count = min(self.internal_batch_size, self.n_samples - start)
                     part = shap.attribute(images[i:i + 1], baselines=baselines, n_samples=count, stdevs=self.stdevs,
-                                          target=_slice_target(target, slice(i, i + 1)))
+                                          target=slice_target(target, slice(i, i + 1)))
                     total += part * count
             results.append(total / self.n_samples)
         return torch.cat(results)

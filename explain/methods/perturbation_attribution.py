@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from ..base import register
-from .attribution_base import ScoredModel, rows_per_pass, seeded
-from .cam_base import positive_int
+from .attribution_base import ScoredModel, rows_per_pass, seeded, slice_target
+from .cam_base import checked_number, positive_int
 from .gradient_attribution import _WithBaseline
 
 __all__ = ["FeatureAblation", "KernelShap", "Lime", "Occlusion", "superpixels"]
@@ -129,7 +129,7 @@ class _Sampled(_Superpixels):
                 continue
             with seeded(self.seed, images.device):
                 attributions.append(method.attribute(
-                    images[rows], baselines=baselines[rows], target=None if target is None else target[rows],
+                    images[rows], baselines=baselines[rows], target=slice_target(target, rows),
                     feature_mask=masks[rows], n_samples=self.n_samples, perturbations_per_eval=self.internal_batch_size,
                 ))
         attributions = torch.cat(attributions)
@@ -159,9 +159,7 @@ class Lime(_Sampled):
 
     def __init__(self, model: nn.Module, *, lasso_alpha: float = 0.01, **options):
         super().__init__(model, **options)
-        if isinstance(lasso_alpha, bool) or not isinstance(lasso_alpha, (int, float)) or lasso_alpha < 0:
-            raise ValueError(f"lasso_alpha must be a non-negative number, got {lasso_alpha!r}")
-        self.lasso_alpha = float(lasso_alpha)
+        self.lasso_alpha = checked_number("lasso_alpha", lasso_alpha, positive=False)
 
     def method(self, scored: ScoredModel):
         from captum._utils.models.linear_model import SkLearnLasso

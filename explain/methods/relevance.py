@@ -27,6 +27,7 @@ from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
 from ..base import register
 from ..models import IMAGENET_MEAN, IMAGENET_STD
 from .attribution_base import Attribution, ScoredModel
+from .cam_base import checked_number
 from .gradient_attribution import is_relu_like
 
 __all__ = ["FIRST_RULES", "LRP", "SharingRule", "ResidualSumCanonizer", "traced_batch_norm_pairs"]
@@ -315,12 +316,6 @@ def unseen_merges(output: Tensor) -> int:
     return count
 
 
-def _number(name: str, value, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 if positive else value >= 0):
-        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}")
-    return float(value)
-
-
 @register
 class LRP(Attribution):
     """Layer-wise Relevance Propagation (LRP): the score handed back to the pixels, layer by layer.
@@ -408,8 +403,8 @@ class LRP(Attribution):
         **options,
     ):
         super().__init__(model, **options)
-        self.epsilon = _number("epsilon", epsilon, positive=True)
-        self.gamma = _number("gamma", gamma, positive=False)
+        self.epsilon = checked_number("epsilon", epsilon, positive=True)
+        self.gamma = checked_number("gamma", gamma, positive=False)
         if first_rule not in FIRST_RULES:
             raise ValueError(f"unknown first_rule {first_rule!r}; use one of {', '.join(FIRST_RULES)}")
         self.first_rule = first_rule
