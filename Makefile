@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-peers clean
+.PHONY: demo test bench bench-peers bench-metrics clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -e ".[test]"
+	$(BIN)/python -m pip install -e ".[test,quantus]"
 	touch $(VENV)/.installed $@
 
 demo: $(VENV)/.installed
@@ -28,11 +28,18 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_gradcam.py
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_attribution.py
+	$(BIN)/python benchmarks/bench_metrics.py
 
 # The peers (pytorch-grad-cam, torchcam) are an optional extra, installed for this alone.
 bench-peers: $(VENV)/.installed
 	$(BIN)/python -m pip install -e ".[peers]"
 	$(BIN)/python benchmarks/bench_peers.py
+
+# The metrics against the bare model passes and Quantus (the `quantus` extra, installed for
+# this alone); about 15-20 minutes on 2 cores.
+bench-metrics: $(VENV)/.installed
+	$(BIN)/python -m pip install -e ".[quantus]"
+	$(BIN)/python benchmarks/bench_metrics.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -8,7 +8,7 @@
 (('layer4',), (2, 64, 64), torch.Size([2]))
 """
 
-from . import models
+from . import metrics, models
 from .base import Explainer, describe_methods, explainer, methods, register
 from .methods import (
     AblationCAM,
@@ -113,6 +113,7 @@ __all__ = [
     "explainer",
     "find_target_layer",
     "methods",
+    "metrics",
     "models",
     "normalization_of",
     "overlay",

@@ -1,20 +1,23 @@
 """The ``explain`` command: CAM and attribution heatmap overlays for folders of images.
 
     explain run INPUT... --out DIR [--method gradcam,saliency,ig] [--target top1|ID|NAME|topk:K]
+    explain evaluate INPUT... --out DIR [--methods gradcam,ig] [--metrics deletion,insertion,road]
     explain methods
     explain layers MODEL
 
 ``explain run`` decodes images in DataLoader workers, explains them in batches on the
 model's device and writes overlays from a thread pool, so decoding, compute and PNG
-encoding overlap. Every file is written atomically; re-running a command skips outputs
-that are already complete. Exit codes: 0 all done, 1 some inputs failed, 2 usage error,
-130 stopped by Ctrl-C.
+encoding overlap. ``explain evaluate`` scores the maps with :mod:`explain.metrics` through
+:mod:`explain.evaluation`. Every file is written atomically (scores.csv by whole-line
+appends); re-running a command skips outputs (scores) that are already complete. Exit
+codes: 0 all done, 1 some inputs failed, 2 usage error, 130 stopped by Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import io
 import logging
 import os
 import re
@@ -44,7 +47,19 @@ from .base import describe_methods, method_class, methods
 from .methods import BaseCAM, explain_together
 from .methods.attribution_base import REDUCTIONS
 from .heap import ReusedHeap
+from .evaluation import (
+    evaluate,
+    format_summary,
+    plot_curves,
+    plot_randomisation,
+    plot_summary,
+    read_regions,
+    score,
+    summary_table,
+)
+from .evaluation import files as evaluation_files
 from .images import IMAGE_EXTENSIONS, ImageError, load_rgb
+from .metrics.registry import METRICS, metric
 from .layers import candidate_layers, find_target_layer
 from .overlay import denormalize, normalization_of, overlay
 from .report import (
@@ -63,6 +78,9 @@ __all__ = ["main"]
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MANIFEST = "manifest.jsonl"
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")
+#: Metrics that need --regions, and those that take --step.
+LOCALISATION = tuple(name for name, spec in METRICS.items() if spec.needs == "regions")
+STEP_METRICS = ("deletion", "insertion", "pixel-flipping")
 
 
 class UsageError(Exception):
@@ -128,7 +146,48 @@ def build_parser() -> argparse.ArgumentParser:
                      help="refuse images with more pixels as decompression bombs (0: no limit) "
                      "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary line still print")
+    run.add_argument("--metrics", default=None,
+                     help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
+                     "values per row in the manifest, their summary in index.html")
+    _add_step_option(run)
     run.set_defaults(handler=run_command)
+
+    scoring = commands.add_parser(
+        "evaluate", formatter_class=defaults, help="score methods with faithfulness and other metrics",
+        description="Explain the images with each method and score the maps with each metric. Writes under --out: "
+        "scores.csv (one row per image, method, target and metric column), failures.csv, curves.jsonl, "
+        "summary.csv, summary.md and plots/*.png; prints the summary (mean ± std per method and metric, * marks "
+        "the best). Re-running skips the scores already in scores.csv. Exit status: 0 all ok, 1 some images "
+        "or metrics failed, 2 usage error, 130 interrupted.",
+    )
+    scoring.add_argument("inputs", nargs="+", metavar="INPUT",
+                          help="image files, folders (searched recursively), glob patterns (quoted), "
+                          "or @list.txt naming one input per line")
+    scoring.add_argument("--out", "-o", required=True, type=Path, help="output folder")
+    _add_model_options(scoring)
+    scoring.add_argument("--methods", "--method", "-m", default="gradcam",
+                          help="method(s), comma-separated, or 'all'; see `explain methods`")
+    scoring.add_argument("--metrics", default="deletion,insertion",
+                          help="metric(s), comma-separated, or 'all' (every metric; the localisation ones only "
+                          "with --regions): " + ", ".join(METRICS))
+    scoring.add_argument("--layer", default="auto",
+                          help="target layer(s), comma-separated; see `explain layers MODEL`")
+    scoring.add_argument("--target", default="top1",
+                          help="class to explain: top1, a class id, a class name, or topk:K for the K best")
+    scoring.add_argument("--batch-size", "-b", type=_positive_int, default=16)
+    _add_step_option(scoring)
+    scoring.add_argument("--regions", type=Path, metavar="FILE",
+                          help="where the objects are, for " + ", ".join(LOCALISATION) + ": a CSV with the header "
+                          "image,x0,y0,x1,y1 (boxes in pixels of the model input, after resizing and cropping; "
+                          "image: file name, stem or path) or a folder of masks named by the images' stems")
+    scoring.add_argument("--workers", "-j", type=_non_negative_int, default=None,
+                          help="processes decoding images (0: decode in the main process) [default: as for run]")
+    scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
+    scoring.add_argument("--max-pixels", type=_non_negative_int, default=None,
+                          help="refuse images with more pixels as decompression bombs (0: no limit) "
+                          "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
+    scoring.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary still print")
+    scoring.set_defaults(handler=evaluate_command)
 
     listing = commands.add_parser("methods", help="list the explanation methods",
                                   description="List the registered methods with their family, their cost "
@@ -157,6 +216,13 @@ def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True)
     parser.add_argument("--trust-model-file", action="store_true",
                         help="allow loading a pickled nn.Module, which runs code from the file")
     parser.add_argument("--device", help="torch device [default: cuda if available, else cpu]")
+
+
+def _add_step_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--step", type=_positive_int, default=None,
+                        help="pixels removed or inserted per step by " + ", ".join(STEP_METRICS) + " (fewer steps "
+                        "run faster) [default: each metric's own: one row of the image for deletion and insertion, "
+                        "1 %% of it for pixel-flipping]")
 
 
 def default_workers(device: torch.device) -> int:
@@ -698,6 +764,13 @@ def run_command(args) -> int:
     if args.workers is None:
         args.workers = default_workers(loaded.device)
     target = parse_target(args.target, loaded.class_names)
+    metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
+    if any(name in LOCALISATION for name in metrics):
+        raise UsageError(f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION)} need the objects' regions, "
+                         "which `explain evaluate --regions FILE` takes")
+    if args.step is not None and not metrics:
+        raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
+    metric_options = _metric_options(metrics, args.step)
     options = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
     if args.reduction != "abs-sum":
         options["reduction"] = args.reduction
@@ -713,17 +786,16 @@ def run_command(args) -> int:
             f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items())
         if applied.get("reduction") == "sum":
             settings[cam.name] += f" signed_cmap={args.signed_cmap}"
-    if loaded.random_weights:
-        print(f"explain: warning: {args.model} has random weights, so its maps explain an untrained model; "
-              "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
+    _warn_if_random(loaded, args.model)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _sole_run(out_dir), _pixel_limit(args.max_pixels):
         remove_temp_files(out_dir)
-        return _Run(args, out_dir, sources, loaded, target, explainers, layers, settings).execute()
+        return _Run(args, out_dir, sources, loaded, target, explainers, layers, settings,
+                    metrics, metric_options).execute()
 
 
 @contextmanager
-def _sole_run(out_dir: Path) -> Iterator[None]:
+def _sole_run(out_dir: Path, command: str = "run") -> Iterator[None]:
     """Hold a lock on ``out_dir`` for the run: a second run there would delete this one's
     temporary files and both would rewrite the manifest. The kernel drops the lock when the
     process ends, even by SIGKILL, so it never goes stale. Where there is no flock (Windows),
@@ -739,7 +811,7 @@ def _sole_run(out_dir: Path) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise UsageError(
-                f"another `explain run` is writing to {out_dir}; wait for it to finish or pass another --out"
+                f"another `explain {command}` is writing to {out_dir}; wait for it to finish or pass another --out"
             ) from None
         yield
     finally:
@@ -761,9 +833,13 @@ def _pixel_limit(max_pixels: int | None) -> Iterator[None]:
 class _Run:
     """One ``explain run``: plans which outputs are missing, makes them, and reports."""
 
-    def __init__(self, args, out_dir, sources, loaded, target, explainers, layers, settings):
+    def __init__(self, args, out_dir, sources, loaded, target, explainers, layers, settings,
+                 metrics=(), metric_options=None):
         self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
         self.target, self.explainers, self.layers, self.settings = target, explainers, layers, settings
+        self.metrics, self.metric_options = list(metrics), metric_options or {}
+        self.metric_columns = [column for name in self.metrics for column in METRICS[name].columns]
+        self.reported: set[str] = set()
         self.inputs = _Inputs(loaded.preprocess)
         self.rows: dict[tuple, dict] = {}
         for row in read_manifest(out_dir / MANIFEST):
@@ -786,6 +862,7 @@ class _Run:
             and row.get("settings") == self.settings.get(key[1]) and row.get("layer") == self.layers.get(key[1])
             and row.get("output") and (self.out_dir / row["output"]).is_file()
             and (not self.args.save_maps or (row.get("maps") and (self.out_dir / row["maps"]).is_file()))
+            and all(column in (row.get("metrics") or {}) for column in self.metric_columns)
         )
 
     def _make_plan(self) -> None:
@@ -806,7 +883,7 @@ class _Run:
 
     def _row(self, source: Source, method: str, label: str, **values) -> dict:
         row = dict.fromkeys(("target_id", "target_name", "target_probability", "predicted_id",
-                             "predicted_name", "predicted_probability", "output", "maps", "error"))
+                             "predicted_name", "predicted_probability", "output", "maps", "error", "metrics"))
         row.update(input=source.input, method=method, layer=self.layers[method], target=label,
                    settings=self.settings[method])
         row.update(values)
@@ -832,9 +909,32 @@ class _Run:
         start = time.monotonic()
         planned = [self.rows[key] for key in self.plan if key in self.rows]
         write_manifest(self.out_dir / MANIFEST, planned if final else list(self.rows.values()))
-        write_index(self.out_dir, planned, summary or "in progress")
+        table = self._metric_table(planned)
+        write_index(self.out_dir, planned, summary or "in progress", format_summary(table, "html") if table else "")
         self.reports_written = time.monotonic()
         self.reports_cost = self.reports_written - start
+
+    def _metric_table(self, rows: list[dict]) -> list[dict]:
+        """The summary of the metric values of ``rows`` (mean ± std per method and column)."""
+        if not self.metrics:
+            return []
+        return summary_table({"method": row["method"], "metric": column, "value": value}
+                             for row in rows if row.get("status") in ("ok", "skipped")
+                             for column, value in (row.get("metrics") or {}).items())
+
+    def _scores(self, cam, images: Tensor, result) -> dict[tuple[int, int], dict]:
+        """--metrics for one method's explanation of a batch: {(image, target rank): {column: value}};
+        a metric that fails is reported and left out."""
+        found = score(cam, images, result, self.metrics, options=self.metric_options, method=cam.name)
+        for failure in found.failures:
+            message = f"{cam.name} {failure['metric']}: {failure['error']}"
+            if message not in self.reported:
+                self.reported.add(message)
+                self._report_error("--metrics", message)
+        values: dict[tuple[int, int], dict] = {}
+        for row in found.rows:
+            values.setdefault((row["image"], row["rank"]), {})[row["metric"]] = round(row["value"], 6)
+        return values
 
     def _maybe_save_reports(self) -> None:
         # Rewriting both files after every batch is cheap until they are large; this keeps
@@ -901,6 +1001,9 @@ class _Run:
             progress.close()
             summary = self._summary(done, time.perf_counter() - started, not completed)
             self._save_reports(final=completed, summary=summary)
+        table = self._metric_table([self.rows[key] for key in self.plan if key in self.rows])
+        if table:
+            print(format_summary(table))
         print(summary)
         if interrupted:
             return EXIT_INTERRUPTED
@@ -939,6 +1042,7 @@ class _Run:
         best_probability, best_id = best_probability.cpu().tolist(), best_id.cpu().tolist()
         names = self.loaded.class_names
         for cam, result in done:
+            scores = self._scores(cam, model_input, result) if self.metrics else {}
             maps, ids, probabilities = result.maps, result.targets, result.probabilities
             if maps.dim() == 3:
                 maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]
@@ -959,8 +1063,9 @@ class _Run:
                         predicted_probability=round(best_probability[j], 6),
                         output=f"{prefix}__{_safe(cam.name)}__{class_id}-{_safe(names[class_id])}.png",
                         maps=f"{prefix}__{_safe(cam.name)}.npz" if self.args.save_maps else None,
+                        metrics=scores.get((j, rank)),
                     )
-                    for label, class_id, probability in zip(self.target.labels, ids[j], probabilities[j])
+                    for rank, (label, class_id, probability) in enumerate(zip(self.target.labels, ids[j], probabilities[j]))
                 ]
                 npz = None
                 if self.args.save_maps:
@@ -982,6 +1087,302 @@ class _Run:
         if interrupted:
             text = "explain: interrupted, run the same command again to finish. " + text[len("explain: "):]
         return text
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def parse_metrics(text: str, with_regions: bool = False, flag: str = "--metrics") -> list[str]:
+    """Metric names from a comma-separated list or ``all`` (every metric, the localisation
+    ones only ``with_regions``); unknown names and localisation metrics without regions are
+    usage errors that say what to pass."""
+    if text.strip().lower() == "all":
+        return [name for name, spec in METRICS.items() if with_regions or spec.needs != "regions"]
+    names = []
+    for part in (p for p in text.split(",") if p.strip()):
+        try:
+            names.append(metric(part).name)
+        except ValueError as error:
+            raise UsageError(f"{flag}: {error}") from None
+    if not names:
+        raise UsageError(f"{flag} is empty; known metrics: {', '.join(METRICS)}")
+    needing = [name for name in names if name in LOCALISATION]
+    if needing and not with_regions:
+        raise UsageError(f"{flag} {','.join(needing)}: these metrics need the objects' regions; pass --regions FILE "
+                         "(a CSV of boxes image,x0,y0,x1,y1 in model-input pixels, or a folder of masks)")
+    return list(dict.fromkeys(names))
+
+
+def _metric_options(metrics: list[str], step: int | None) -> dict[str, dict]:
+    if step is None:
+        return {}
+    if not any(name in STEP_METRICS for name in metrics):
+        raise UsageError(f"--step applies to none of the metrics {', '.join(metrics)}; it sets the pixels per step "
+                         f"of {', '.join(STEP_METRICS)}")
+    return {name: {"step": step} for name in metrics if name in STEP_METRICS}
+
+
+def _mask_geometry(preprocess):
+    """The resizing and cropping of ``preprocess`` with nearest-neighbour resampling, for
+    masks drawn on the original images; None where the preprocessing is not made of them."""
+    nearest = transforms.InterpolationMode.NEAREST
+    if _is_torchvision_classification_preset(preprocess):
+        return transforms.Compose([transforms.Resize(preprocess.resize_size, nearest),
+                                   transforms.CenterCrop(preprocess.crop_size)])
+    if not isinstance(preprocess, transforms.Compose):
+        return None
+    steps = []
+    for step in preprocess.transforms:
+        if type(step) is transforms.Resize:
+            steps.append(transforms.Resize(step.size, nearest, max_size=step.max_size))
+        elif type(step) is transforms.CenterCrop:
+            steps.append(step)
+        elif type(step) not in (transforms.ToTensor, transforms.PILToTensor, transforms.Normalize,
+                                transforms.ConvertImageDtype):
+            return None
+    return transforms.Compose(steps)
+
+
+def _save_figure(path: Path, figure) -> None:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    atomic_write(path, buffer.getvalue())
+
+
+class _Evaluate:
+    """One ``explain evaluate``: plans which (image, method, metric) scores are missing from
+    scores.csv, computes them batch by batch, appends them, and rebuilds the summary."""
+
+    def __init__(self, args, out_dir, sources, loaded, target, explainers, metrics, options, regions):
+        self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
+        self.target, self.metrics, self.options, self.regions = target, metrics, options, regions
+        self.explainers = {cam.name: cam for cam in explainers}
+        self.layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+        self.metric_of = {column: name for name, spec in METRICS.items() for column in spec.columns}
+        self.inputs = _Inputs(loaded.preprocess)
+        self.scores_path, self.curves_path = out_dir / evaluation_files.SCORES, out_dir / evaluation_files.CURVES
+        self.pending: dict[int, dict[str, list[str]]] = {}  # source index -> method -> metrics to compute
+        self.failures: list[dict] = []
+        self.reported: set[str] = set()
+        self.stats = {"computed": 0, "skipped": 0, "failed": 0}
+
+    def _settings(self, method: str, name: str) -> str:
+        text = f"model={self.args.model} weights={self.args.weights or '-'} layer={self.layers[method]}"
+        if "step" in self.options.get(name, {}):
+            text += f" step={self.options[name]['step']}"
+        if name in LOCALISATION:
+            text += f" regions={self.args.regions}"
+        return text
+
+    # -- files
+
+    def _compact(self) -> list[dict]:
+        """Rewrite scores.csv and curves.jsonl with the latest row of each key; returns the scores."""
+        rows = evaluation_files.latest(evaluation_files.read_csv(self.scores_path), ("image", "method", "target", "metric"))
+        evaluation_files.rewrite(self.scores_path, evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS, header=True))
+        curves = evaluation_files.latest(evaluation_files.read_jsonl(self.curves_path),
+                                         ("image", "method", "target", "metric", "curve"))
+        evaluation_files.rewrite(self.curves_path, evaluation_files.jsonl_lines(curves))
+        self.curves = curves
+        return rows
+
+    # -- planning
+
+    def _make_plan(self, rows: list[dict]) -> None:
+        done = {(r.get("image"), r.get("method"), r.get("target"), r.get("metric"), r.get("settings")) for r in rows}
+        for index, source in enumerate(self.sources):
+            for method in self.explainers:
+                for name in self.metrics:
+                    settings = self._settings(method, name)
+                    complete = all((source.input, method, label, column, settings) in done
+                                   for label in self.target.labels for column in METRICS[name].columns)
+                    if source.error:
+                        self._fail([index], method, [name], source.error, per_image=True)
+                    elif name in LOCALISATION and self.regions[index] is None:
+                        self._fail([index], method, [name], f"no region for this image in {self.args.regions}",
+                                   per_image=True)
+                    elif complete and not self.args.overwrite:
+                        self.stats["skipped"] += 1
+                    else:
+                        self.pending.setdefault(index, {}).setdefault(method, []).append(name)
+
+    # -- recording
+
+    def _fail(self, indices: list[int], method: str, names: list[str], error: str, per_image: bool = False) -> None:
+        for index in indices:
+            for name in names:
+                self.failures.append({"image": self.sources[index].input, "method": method, "metric": name,
+                                      "error": error})
+                self.stats["failed"] += 1
+            message = f"{self.sources[index].input}: {error}" if per_image else f"{method} {', '.join(names)}: {error}"
+            if message not in self.reported:  # a method's or metric's error once, an image's once per image
+                self.reported.add(message)
+                tqdm.write(f"explain: failed: {message}", file=sys.stderr)
+
+    def _record(self, indices: list[int], wanted: dict[str, list[str]], found) -> tuple[str, str]:
+        """Failures noted; the new rows of scores.csv and curves.jsonl as text."""
+        for failure in found.failures:
+            names = wanted[failure["method"]] if failure["metric"] is None else [failure["metric"]]
+            self._fail(indices, failure["method"], names, failure["error"])
+        names, labels = self.loaded.class_names, self.target.labels
+        order = {name: i for i, name in enumerate(self.metrics)}
+        methods = list(self.explainers)
+        rows = []
+        for row in found.rows:
+            name = self.metric_of[row["metric"]]
+            target_id = row["target_id"]
+            rows.append({
+                "image": self.sources[indices[row["image"]]].input, "method": row["method"],
+                "target": labels[row["rank"]], "target_id": target_id,
+                "target_name": names[target_id] if 0 <= target_id < len(names) else "",
+                "metric": row["metric"], "value": row["value"], "layer": self.layers[row["method"]],
+                "settings": self._settings(row["method"], name),
+                "_order": (row["image"], methods.index(row["method"]), order[name]),
+            })
+        rows.sort(key=lambda r: r.pop("_order"))
+        self.stats["computed"] += len({(r["image"], r["method"], self.metric_of[r["metric"]]) for r in rows})
+        curves = [
+            {"image": self.sources[indices[c["image"]]].input, "method": c["method"], "target": labels[c["rank"]],
+             "target_id": c["target_id"], "metric": c["metric"], "curve": c["curve"],
+             "settings": self._settings(c["method"], c["metric"]), "steps": c["steps"].tolist(),
+             "values": c["values"].tolist(), "step_labels": list(c["step_labels"]) if c["step_labels"] else None}
+            for c in found.curves
+        ]
+        return (evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS),
+                evaluation_files.jsonl_lines(curves))
+
+    # -- the loop
+
+    def execute(self) -> int:
+        self._make_plan(self._compact())
+        work = sorted(self.pending)
+        args = self.args
+        batch_size = 1 if self.loaded.fixed_batch else args.batch_size
+        loader = torch.utils.data.DataLoader(
+            _Decode([self.sources[i].path for i in work], self.inputs.in_workers, 2 * max(self.loaded.example.shape[-2:])),
+            batch_size=batch_size, num_workers=args.workers, collate_fn=_collate,
+            pin_memory=self.loaded.device.type == "cuda", worker_init_fn=partial(_init_worker, args.max_pixels),
+        )
+        progress = tqdm(total=len(work), unit="img", disable=args.quiet or not work, file=sys.stderr, dynamic_ncols=True)
+        stop = _StopFlag()
+        heap = ReusedHeap()
+        started = time.perf_counter()
+        done = 0
+        interrupted = False
+        try:
+            with stop:
+                for batch in loader:
+                    for index, error in batch.failures:
+                        source_index = work[index]
+                        for method, names in self.pending[source_index].items():
+                            self._fail([source_index], method, names, error, per_image=True)
+                    texts = [self._evaluate([work[i] for i in indices], images) for indices, images in batch.groups]
+                    evaluation_files.append_lines(self.scores_path, "".join(t[0] for t in texts))
+                    evaluation_files.append_lines(self.curves_path, "".join(t[1] for t in texts))
+                    count = len(batch.failures) + sum(len(i) for i, _ in batch.groups)
+                    done += count
+                    progress.update(count)
+                    heap.after_batch()
+                    if stop.set:
+                        interrupted = True
+                        break
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            progress.close()
+            elapsed = time.perf_counter() - started
+            self._report(done, elapsed, interrupted)
+        if interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED if self.stats["failed"] else EXIT_OK
+
+    def _evaluate(self, indices: list[int], images: Tensor) -> tuple[str, str]:
+        """Score one decoded group; images with the same work to do are scored together."""
+        model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
+        groups: dict[tuple, list[int]] = {}
+        for position, index in enumerate(indices):
+            key = tuple((method, tuple(names)) for method, names in self.pending[index].items())
+            groups.setdefault(key, []).append(position)
+        texts = []
+        for key, positions in groups.items():
+            wanted = {method: list(names) for method, names in key}
+            members = [indices[p] for p in positions]
+            regions = None
+            if any(name in LOCALISATION for names in wanted.values() for name in names):
+                regions = torch.stack([self.regions[i] for i in members]).to(self.loaded.device)
+            found = evaluate(self.explainers, model_input[positions], wanted, targets=self.target.targets,
+                             topk=self.target.topk, regions=regions, options=self.options)
+            texts.append(self._record(members, wanted, found))
+        return "".join(t[0] for t in texts), "".join(t[1] for t in texts)
+
+    def _report(self, images: int, elapsed: float, interrupted: bool) -> None:
+        """Rewrite the files from every row, draw the plots, print the summary."""
+        rows = self._compact()
+        out = self.out_dir
+        evaluation_files.rewrite(out / evaluation_files.FAILURES,
+                                 evaluation_files.csv_lines(self.failures, evaluation_files.FAILURE_FIELDS, header=True))
+        table = summary_table(rows)
+        evaluation_files.rewrite(out / "summary.csv",
+                                 evaluation_files.csv_lines(table, evaluation_files.SUMMARY_FIELDS, header=True))
+        legend = "mean ± std over images and targets; the arrow says which way is better; best per column marked"
+        evaluation_files.rewrite(out / "summary.md", f"{format_summary(table, 'markdown')}\n\n{legend} in bold.\n"
+                                 if table else "No scores yet.\n")
+        if table:
+            plots = out / "plots"
+            plots.mkdir(exist_ok=True)
+            for name, figure in plot_curves(self.curves).items():
+                _save_figure(plots / f"curves_{_safe(name)}.png", figure)
+            _save_figure(plots / "summary.png", plot_summary(table))
+            randomisation = plot_randomisation(self.curves)
+            if randomisation is not None:
+                _save_figure(plots / "randomisation.png", randomisation)
+            print(format_summary(table))
+            print(legend + " with *.")
+        computed, skipped, failed = self.stats["computed"], self.stats["skipped"], self.stats["failed"]
+        rate = images / elapsed if elapsed > 0 else 0.0
+        text = (f"explain: {computed} scored, {skipped} skipped (already in {evaluation_files.SCORES}), {failed} failed "
+                f"(image x method x metric); {images} images in {elapsed:.1f} s ({rate:.2f} images/s); "
+                f"see {out / 'summary.md'}, {out / evaluation_files.SCORES} and {out / 'plots'}")
+        if interrupted:
+            text = "explain: interrupted, run the same command again to finish. " + text[len("explain: "):]
+        print(text)
+
+
+def evaluate_command(args) -> int:
+    out_dir: Path = args.out
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    metrics = parse_metrics(args.metrics, with_regions=args.regions is not None)
+    if args.regions is not None:
+        if not args.regions.exists():
+            raise UsageError(f"--regions {args.regions}: no such file or folder")
+        if not any(name in LOCALISATION for name in metrics):
+            raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
+    options = _metric_options(metrics, args.step)
+    sources = collect_inputs(args.inputs, out_dir)
+    loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
+    if args.workers is None:
+        args.workers = default_workers(loaded.device)
+    target = parse_target(args.target, loaded.class_names)
+    explainers = build_explainers(args.methods, loaded, args.layer, target)
+    regions = [None] * len(sources)
+    if args.regions is not None:
+        try:
+            regions = read_regions(args.regions, [s.path for s in sources], tuple(loaded.example.shape[-2:]),
+                                   _mask_geometry(loaded.preprocess))
+        except ValueError as error:
+            raise UsageError(f"--regions: {error}") from None
+    _warn_if_random(loaded, args.model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _sole_run(out_dir, "evaluate"), _pixel_limit(args.max_pixels):
+        remove_temp_files(out_dir)
+        return _Evaluate(args, out_dir, sources, loaded, target, explainers, metrics, options, regions).execute()
+
+
+def _warn_if_random(loaded: LoadedModel, model: str) -> None:
+    if loaded.random_weights:
+        print(f"explain: warning: {model} has random weights, so its maps explain an untrained model; "
+              "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- other commands

@@ -54,6 +54,8 @@ MANIFEST_FIELDS = (
     "error",                  # why it failed
     "settings",               # options that change the pixels; resume only reuses a match
 )
+#: Written after those only with ``explain run --metrics``: {metric column: value} for the map.
+METRICS_FIELD = "metrics"
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
@@ -102,15 +104,21 @@ def remove_temp_files(root: str | os.PathLike) -> int:
 def _json_value(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict):
+        return {key: _json_value(item) for key, item in value.items()}
     return value
 
 
 def write_manifest(path: str | os.PathLike, rows: Iterable[dict]) -> None:
-    """Write rows as JSON Lines with the columns of :data:`MANIFEST_FIELDS`, atomically."""
-    lines = [
-        json.dumps({key: _json_value(row.get(key)) for key in MANIFEST_FIELDS}, ensure_ascii=False)
-        for row in rows
-    ]
+    """Write rows as JSON Lines with the columns of :data:`MANIFEST_FIELDS` (and ``metrics``
+    where a row has them), atomically."""
+    def line(row: dict) -> str:
+        fields = {key: _json_value(row.get(key)) for key in MANIFEST_FIELDS}
+        if row.get(METRICS_FIELD) is not None:
+            fields[METRICS_FIELD] = _json_value(row[METRICS_FIELD])
+        return json.dumps(fields, ensure_ascii=False)
+
+    lines = [line(row) for row in rows]
     atomic_write(path, ("\n".join(lines) + "\n" if lines else "").encode("utf-8"))
 
 
@@ -149,10 +157,11 @@ def _percent(value) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1%}"
 
 
-def write_index(out_dir: str | os.PathLike, rows: Sequence[dict], summary: str = "") -> None:
+def write_index(out_dir: str | os.PathLike, rows: Sequence[dict], summary: str = "", metrics_html: str = "") -> None:
     """Write ``out_dir/index.html``: a grid of overlays, one row per image, one column per method.
 
     Only outputs that exist on disk are referenced; failures are shown as text.
+    ``metrics_html``, a table of metric scores (``explain run --metrics``), goes above the grid.
     """
     out_dir = Path(out_dir)
     methods = list(dict.fromkeys(row["method"] for row in rows if row.get("method")))
@@ -191,7 +200,9 @@ def write_index(out_dir: str | os.PathLike, rows: Sequence[dict], summary: str =
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f"<title>explain: {len(images)} images</title><style>{_STYLE}</style></head><body>\n"
         f"<h1>explain: {len(images)} images</h1>\n<p>{html.escape(summary)}</p>\n"
-        f"<table><thead><tr><th>image (prediction)</th>{header}</tr></thead><tbody>\n"
+        + (f"<h2>Metrics</h2>\n{metrics_html}\n<p class=\"muted\">mean ± std over the images; the arrow says which "
+           "way is better; the best per column in bold</p>\n<h2>Maps</h2>\n" if metrics_html else "")
+        + f"<table><thead><tr><th>image (prediction)</th>{header}</tr></thead><tbody>\n"
         + "\n".join(body)
         + "\n</tbody></table>\n</body></html>\n"
     )

@@ -1,0 +1,52 @@
+"""Is the map faithful? Metrics that score explanations, batched through the model.
+
+Each metric is a plain function that returns a :class:`Score`. Faithfulness metrics take
+the model, the images and an :class:`~explain.Explanation` (or maps with their targets);
+robustness and randomisation metrics take the explainer, which they call again; localisation
+metrics take the explanation and the object's region; complexity metrics the explanation
+alone.
+
+>>> import explain, torch, torchvision
+>>> from explain import metrics
+>>> model = torchvision.models.resnet18().eval()
+>>> images = torch.rand(2, 3, 64, 64)
+>>> result = explain.GradCAM(model)(images)
+>>> score = metrics.deletion(model, images, result, step=0.1)
+>>> score.values.shape, score.curves["deletion"].shape
+(torch.Size([2]), torch.Size([2, 11]))
+"""
+
+from .base import Score
+from .concentration import complexity, sparseness
+from .faithfulness import average_drop, deletion, insertion, irof, pixel_flipping, region_perturbation, road
+from .localisation import energy_pointing_game, pointing_game, region_masks, relevance_mass, relevance_rank
+from .randomisation import model_randomisation, random_logit
+from .registry import METRICS, Metric, columns, compute, metric, metric_names
+from .robustness import sensitivity
+
+__all__ = [
+    "METRICS",
+    "Metric",
+    "Score",
+    "average_drop",
+    "columns",
+    "complexity",
+    "compute",
+    "deletion",
+    "energy_pointing_game",
+    "insertion",
+    "irof",
+    "metric",
+    "metric_names",
+    "model_randomisation",
+    "pixel_flipping",
+    "pointing_game",
+    "random_logit",
+    "region_masks",
+    "region_perturbation",
+    "relevance_mass",
+    "relevance_rank",
+    "road",
+    "sensitivity",
+    "sparseness",
+]

@@ -1,0 +1,238 @@
+"""What every metric shares: the result type, the (image, target) pairs a metric scores, and
+the batched, gradient-free model passes over perturbed copies of the images."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..base import channel_hint, check_images
+from ..explanation import Explanation
+from ..hooks import preserved_state
+from ..methods.cam_base import positive_int
+
+__all__ = ["Pairs", "Score", "batched_scores", "draws", "pairs_of", "perturbation_curve", "read_scores"]
+
+
+@dataclass(frozen=True)
+class Score:
+    """One metric's values for a batch of explanations, with the curves behind them.
+
+    Attributes
+    ----------
+    metric:
+        The metric's name.
+    values:
+        One value per explained target: (N,), or (N, k) for an explanation made with ``topk=k``.
+    higher_is_better:
+        Which way is better, or ``None`` for a measure that only describes the map.
+    curves:
+        Named curves behind the values, each (N, S) (or (N, k, S)), over ``steps``:
+        e.g. the target's probability as pixels are deleted.
+    steps:
+        The x-axis of the curves, (S,): a fraction of the image, a percentage, or a layer's
+        position in the cascade.
+    step_labels:
+        Names of the steps where they have names (the randomised layers).
+    extra:
+        Further per-target values the metric computes on the way, shaped like ``values``.
+    """
+
+    metric: str
+    values: Tensor
+    higher_is_better: bool | None
+    curves: dict[str, Tensor] = field(default_factory=dict)
+    steps: Tensor | None = None
+    step_labels: tuple[str, ...] | None = None
+    extra: dict[str, Tensor] = field(default_factory=dict)
+
+    def mean(self) -> float:
+        """The mean over every explained target (NaNs ignored)."""
+        return float(self.values.float().nanmean())
+
+    def __len__(self) -> int:
+        return self.values.shape[0]
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """The (image, map, target) triples a metric scores, one per explained target.
+
+    An explanation made with ``topk=k`` gives k triples per image; ``shape`` is the shape
+    to give the per-triple values back, (N,) or (N, k).
+    """
+
+    images: Tensor  # (M, C, H, W)
+    maps: Tensor  # (M, H, W)
+    targets: Tensor  # (M,)
+    shape: tuple[int, ...]
+    signed: bool
+
+    def unflatten(self, values: Tensor) -> Tensor:
+        """Per-triple values (M, ...) back in the explanation's target layout."""
+        return values.reshape(*self.shape, *values.shape[1:])
+
+    @property
+    def per_image(self) -> int:
+        """Targets per image, k (1 without topk): triple ``i`` is of image ``i // k``."""
+        return 1 if len(self.shape) == 1 else self.shape[1]
+
+
+def pairs_of(model: nn.Module, images: Tensor, explanation: Explanation | Tensor,
+             targets: Tensor | None = None) -> Pairs:
+    """Check that ``explanation`` explains ``images`` and flatten it to one triple per target.
+
+    ``explanation`` is an :class:`~explain.Explanation` or maps of shape (N, H, W) (or
+    (N, k, H, W)) with ``targets`` of shape (N,) (or (N, k)) given separately.
+    """
+    images = check_images(images, model)
+    if isinstance(explanation, Explanation):
+        maps, signed = explanation.maps, explanation.signed
+        targets = explanation.targets if targets is None else targets
+    elif isinstance(explanation, Tensor):
+        maps, signed = explanation, bool((explanation < 0).any())
+        if targets is None:
+            raise ValueError("maps given as a tensor need their targets: pass targets= (class ids, (N,))")
+    else:
+        raise TypeError(f"explanation must be an explain.Explanation or a tensor of maps, got {type(explanation).__name__}")
+    targets = torch.as_tensor(targets, device=images.device)
+    n, height, width = images.shape[0], *images.shape[-2:]
+    if maps.dim() not in (3, 4) or maps.shape[0] != n or tuple(maps.shape[-2:]) != (height, width):
+        raise ValueError(
+            f"maps have shape {tuple(maps.shape)} but the images are {tuple(images.shape)}: a metric needs one "
+            f"map per image at the images' size, ({n}, {height}, {width}) (or ({n}, k, {height}, {width}) with topk)"
+        )
+    if tuple(targets.shape) != tuple(maps.shape[:-2]):
+        raise ValueError(f"targets have shape {tuple(targets.shape)}; the maps need {tuple(maps.shape[:-2])}")
+    if targets.dtype.is_floating_point or (targets < 0).any():
+        raise ValueError(
+            "a metric reads the explained class's score, so targets must be class ids; an explanation "
+            "made with a callable target has none: explain class ids, or pass targets="
+        )
+    if not torch.isfinite(maps).all():
+        raise ValueError(
+            "the maps hold NaN or infinite values: the explainer's scores or gradients overflowed; "
+            "explain in float32 (model.float(), images.float()) and check the model's output is finite"
+        )
+    shape = tuple(targets.shape)
+    k = 1 if maps.dim() == 3 else maps.shape[1]
+    return Pairs(
+        images=images.repeat_interleave(k, dim=0) if k > 1 else images,
+        maps=maps.reshape(-1, height, width).to(images.device, torch.float32),
+        targets=targets.reshape(-1).long(),
+        shape=shape,
+        signed=signed,
+    )
+
+
+SCORES = ("probability", "logit")
+
+
+def read_scores(output: Tensor, targets: Tensor, score: str | Callable[[Tensor, Tensor], Tensor]) -> Tensor:
+    """The targets' softmax probability (or raw logit) in a model output (M, classes);
+    ``score`` may also be a function of the output and the targets."""
+    if not isinstance(output, Tensor) or output.dim() != 2:
+        raise ValueError(
+            f"a metric reads class scores from an (N, classes) output; this model returns "
+            f"{type(output).__name__}{'' if not isinstance(output, Tensor) else tuple(output.shape)}"
+        )
+    output = output.float()
+    if callable(score):
+        return score(output, targets)
+    if score == "probability":
+        output = output.softmax(dim=1)
+    elif score != "logit":
+        raise ValueError(f"unknown score {score!r}; use one of {', '.join(SCORES)}")
+    return output.gather(1, targets[:, None]).squeeze(1)
+
+
+def batched_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]], score) -> Tensor:
+    """Run ``(inputs, targets)`` batches through ``model`` under ``inference_mode``, in eval
+    mode as explainers run it (batch norm neither learns from the perturbed batches nor
+    depends on them), and return the targets' scores, concatenated."""
+    out = []
+    with preserved_state(model), torch.inference_mode():
+        for inputs, targets in batches:
+            with channel_hint(inputs):
+                out.append(read_scores(model(inputs), targets, score))
+    return torch.cat(out)
+
+
+def draws(seed: int | None, indices: list[int], shape: tuple[int, ...], device: torch.device, *,
+          normal: bool = False) -> Tensor:
+    """Random tensors of ``shape``, one per index, uniform in [0, 1) (``normal``: standard
+    normal). Draw ``i`` depends only on ``seed`` and ``i``, so every image gets the same
+    noise at the same step whatever its position or batch; ``seed=None`` draws from the
+    caller's torch stream instead."""
+    sample = torch.randn if normal else torch.rand
+    if seed is None:
+        return sample(len(indices), *shape, device=device)
+    generator = torch.Generator(device=device)
+    out = []
+    for index in indices:
+        generator.manual_seed(seed * 1_000_003 + index)
+        out.append(sample(shape, generator=generator, device=device))
+    return torch.stack(out)
+
+
+def chunks(total: int, size: int) -> Iterator[slice]:
+    for start in range(0, total, size):
+        yield slice(start, min(start + size, total))
+
+
+def perturbation_curve(
+    model: nn.Module,
+    images: Tensor,
+    targets: Tensor,
+    keys: Tensor,
+    thresholds: Tensor,
+    fill: Tensor | Callable[[Tensor, Tensor, Tensor, Tensor], Tensor],
+    *,
+    batch_size: int,
+    score: str | Callable[[Tensor, Tensor], Tensor],
+) -> Tensor:
+    """The targets' scores as ever more of each image is replaced, (M, S).
+
+    At step ``s`` the pixels whose ``keys`` (M, H, W) are below ``thresholds[s]`` are replaced
+    by ``fill``: a tensor (M, C, H, W) of replacement values, or a function
+    ``fill(images, replaced, rows, steps)`` of a batch of images (B, C, H, W), their
+    replaced pixels (B, H, W), their rows in ``images`` and their steps that returns the
+    perturbed batch. ``score`` is read as :func:`read_scores` reads it. Each
+    perturbed image is built in the batch it runs in, so memory stays at ``batch_size``
+    images whatever the number of steps.
+    """
+    positive_int("batch_size", batch_size)
+    m, steps = images.shape[0], thresholds.numel()
+    thresholds = thresholds.to(keys.device)
+    rows = torch.arange(m, device=images.device).repeat_interleave(steps)
+    columns = torch.arange(steps, device=images.device).repeat(m)
+
+    def batches() -> Iterator[tuple[Tensor, Tensor]]:
+        for part in chunks(m * steps, batch_size):
+            r, c = rows[part], columns[part]
+            replaced = keys[r] < thresholds[c].view(-1, 1, 1)
+            if callable(fill):
+                perturbed = fill(images[r], replaced, r, c)
+            else:
+                perturbed = torch.where(replaced[:, None], fill[r], images[r])
+            yield perturbed, targets[r]
+
+    scores = batched_scores(model, batches(), score)
+    return scores.view(m, steps, *scores.shape[1:])
+
+
+def ranks(values: Tensor, descending: bool = True) -> Tensor:
+    """Each element's position (0 = first) when each row of ``values`` (M, ...) is sorted;
+    ties keep their order in the row (a stable sort), so results are reproducible.
+
+    >>> ranks(torch.tensor([[0.2, 0.9, 0.2, 0.5]])).tolist()
+    [[2, 0, 3, 1]]
+    """
+    flat = values.flatten(1)
+    order = flat.argsort(dim=1, descending=descending, stable=True)
+    position = torch.empty_like(order)
+    position.scatter_(1, order, torch.arange(flat.shape[1], device=flat.device).expand_as(order))
+    return position.view(values.shape)

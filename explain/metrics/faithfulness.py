@@ -1,0 +1,449 @@
+"""Faithfulness: does the model's score fall when what the map points at is taken away?
+
+Every metric here perturbs copies of the images in the order the map gives, runs them
+through the model in batches of ``batch_size`` under ``torch.inference_mode``, and reads the
+explained class's score. The perturbed images are built batch by batch on the images'
+device, so memory stays at ``batch_size`` images whatever the number of steps.
+
+Maps order pixels by their value, highest first (a signed map's most positive evidence
+first); ties keep raster order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..explanation import Explanation
+from ..methods.attribution_base import make_baselines, seeded
+from ..methods.cam_base import checked_number, positive_int
+from ..methods.perturbation_attribution import superpixels
+from .base import Score, batched_scores, chunks, draws, pairs_of, perturbation_curve, ranks
+
+__all__ = [
+    "average_drop",
+    "deletion",
+    "insertion",
+    "irof",
+    "pixel_flipping",
+    "region_perturbation",
+    "road",
+]
+
+
+def _baselines(pairs, baseline) -> Tensor:
+    """``make_baselines`` for the pairs; a per-image baseline tensor (N, ...) is repeated
+    for each of an image's k targets."""
+    k = pairs.per_image
+    if isinstance(baseline, Tensor) and k > 1 and baseline.dim() == 4 and baseline.shape[0] * k == len(pairs.images):
+        baseline = baseline.repeat_interleave(k, dim=0)
+    return make_baselines(pairs.images, baseline)
+
+
+def _step_pixels(step: int | float | None, height: int, width: int) -> int:
+    """Pixels per step: an int counts pixels, a float in (0, 1] is a fraction of the image,
+    ``None`` is one row's worth (Petsiuk et al.'s 224 pixels at 224 x 224)."""
+    if step is None:
+        return width
+    if isinstance(step, float) and 0 < step <= 1:
+        return max(1, round(step * height * width))
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step must be a number of pixels (int >= 1) or a fraction of the image in (0, 1], got {step!r}")
+    return step
+
+
+def _petsiuk_curve(model, pairs, *, insert: bool, step, substrate, batch_size, score, name: str) -> Score:
+    height, width = pairs.images.shape[-2:]
+    pixels = height * width
+    per_step = _step_pixels(step, height, width)
+    n_steps = math.ceil(pixels / per_step)
+    counts = torch.clamp(torch.arange(n_steps + 1) * per_step, max=pixels)
+    keys = ranks(pairs.maps)
+    # Deletion moves from the image to the substrate; insertion from the substrate to the image.
+    start, finish = (substrate, pairs.images) if insert else (pairs.images, substrate)
+    curve = perturbation_curve(model, start, pairs.targets, keys, counts, finish, batch_size=batch_size, score=score)
+    # The trapezoid rule on n_steps equal intervals of [0, 1], as in the paper's code.
+    auc = (curve.sum(1) - (curve[:, 0] + curve[:, -1]) / 2) / n_steps
+    return Score(
+        metric=name,
+        values=pairs.unflatten(auc),
+        higher_is_better=insert,
+        curves={name: pairs.unflatten(curve)},
+        steps=counts.float() / pixels,
+    )
+
+
+def deletion(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    step: int | float | None = None,
+    baseline: str | float | Tensor = "zeros",
+    batch_size: int = 64,
+    score: str = "probability",
+) -> Score:
+    """Deletion: the area under the explained class's probability as the most salient
+    pixels are removed first (lower is better).
+
+    Petsiuk, Das & Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box
+    Models", BMVC 2018. Step ``i`` replaces the ``i * step`` highest-ranked pixels (all
+    channels) with the ``baseline`` (zeros in the model's input space, as in the paper's
+    code: the dataset's mean colour for normalised inputs); the curve runs from the intact
+    image to the fully removed one, and the area is the trapezoid rule over equal steps on
+    [0, 1]. ``step`` is pixels per step, a fraction of the image, or ``None`` for one row's
+    worth (224 pixels at 224 x 224, the paper's setting).
+
+    Returns a :class:`Score` whose ``curves["deletion"]`` holds the probabilities at
+    ``steps`` (the fraction of pixels removed).
+
+    >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2, bias=False))
+    >>> with torch.no_grad():
+    ...     _ = model[1].weight.copy_(torch.tensor([[1.0, 1, 0, 0], [0, 0, 0, 0]]))
+    >>> image = torch.ones(1, 1, 2, 2)
+    >>> oracle = torch.tensor([[[1.0, 0.9], [0.1, 0.0]]])   # the two pixels class 0 reads
+    >>> result = deletion(model, image, oracle, torch.tensor([0]), step=1, score="logit")
+    >>> result.curves["deletion"].tolist(), result.values.tolist()
+    ([[2.0, 1.0, 0.0, 0.0, 0.0]], [0.5])
+    """
+    pairs = pairs_of(model, images, explanation, targets)
+    return _petsiuk_curve(model, pairs, insert=False, step=step, substrate=_baselines(pairs, baseline),
+                          batch_size=batch_size, score=score, name="deletion")
+
+
+def blurred(images: Tensor, kernel_size: int = 11, sigma: float = 5.0) -> Tensor:
+    """The images under a Gaussian blur: Petsiuk et al.'s insertion substrate (kernel 11,
+    sigma 5, as in the paper's code), the kernel cut to the image on images smaller than it."""
+    import torchvision.transforms.v2.functional as TF
+
+    # torchvision pads by reflection, which needs the kernel's half-width below the side.
+    kernel_size = min(kernel_size, 2 * min(images.shape[-2:]) - 1)
+
+    return TF.gaussian_blur(images, kernel_size=[kernel_size, kernel_size], sigma=[sigma, sigma])
+
+
+def insertion(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    step: int | float | None = None,
+    blur_kernel: int = 11,
+    blur_sigma: float = 5.0,
+    batch_size: int = 64,
+    score: str = "probability",
+) -> Score:
+    """Insertion: the area under the explained class's probability as the most salient
+    pixels are restored first onto a blurred copy of the image (higher is better).
+
+    Petsiuk, Das & Saenko, "RISE", BMVC 2018. The substrate is the image under a Gaussian
+    blur (kernel ``blur_kernel``, sigma ``blur_sigma``: the paper's 11 and 5); step ``i``
+    puts back the ``i * step`` highest-ranked pixels. The curve and area are as in
+    :func:`deletion`; ``curves["insertion"]`` holds the curve.
+    """
+    pairs = pairs_of(model, images, explanation, targets)
+    substrate = blurred(pairs.images, positive_int("blur_kernel", blur_kernel),
+                        checked_number("blur_sigma", blur_sigma, positive=True))
+    return _petsiuk_curve(model, pairs, insert=True, step=step, substrate=substrate,
+                          batch_size=batch_size, score=score, name="insertion")
+
+
+def average_drop(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    baseline: str | float | Tensor = "zeros",
+    batch_size: int = 64,
+) -> Score:
+    """Average Drop (lower is better), with Increase in Confidence and Average Gain.
+
+    The image is masked by its map, ``x' = b + E * (x - b)`` with ``E`` the map in [0, 1]
+    (a signed map's positive part) and ``b`` the ``baseline`` (zeros in the model's input
+    space, so ``x' = E * x`` as in the papers). With ``Y`` and ``O`` the explained class's
+    softmax probability for ``x`` and ``x'``, per image:
+
+    - Average Drop = 100 * max(0, Y - O) / Y, and
+    - Increase in Confidence = 100 * [Y < O] (Chattopadhay et al., "Grad-CAM++", WACV 2018);
+    - Average Gain = 100 * max(0, O - Y) / (1 - Y) (Zhang et al., "Opti-CAM", 2023).
+
+    ``values`` holds the drop; ``extra`` holds ``"increase"`` and ``"gain"``. Their means
+    over images are the papers' figures.
+
+    >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2, 2, bias=False))
+    >>> with torch.no_grad():
+    ...     _ = model[1].weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
+    >>> image = torch.full((1, 1, 1, 2), math.log(3.0))   # p(class 0) = 3 / 4
+    >>> result = average_drop(model, image, torch.tensor([[[0.0, 1.0]]]), torch.tensor([0]))
+    >>> round(result.values.item(), 4), result.extra["increase"].item()   # O = 1/2: a third lost
+    (33.3333, 0.0)
+    """
+    pairs = pairs_of(model, images, explanation, targets)
+    weights = pairs.maps.clamp(0, 1)[:, None]
+    base = _baselines(pairs, baseline)
+    masked = base + weights * (pairs.images - base)
+    m = len(pairs.targets)
+    both = torch.cat([pairs.images, masked])
+    labels = torch.cat([pairs.targets, pairs.targets])
+    scores = batched_scores(model, ((both[s], labels[s]) for s in chunks(2 * m, batch_size)), "probability")
+    y, o = scores[:m], scores[m:]
+    drop = 100 * (y - o).clamp_min(0) / y.clamp_min(1e-12)
+    increase = 100 * (y < o).float()
+    gain = 100 * (o - y).clamp_min(0) / (1 - y).clamp_min(1e-12)
+    return Score(
+        metric="average-drop",
+        values=pairs.unflatten(drop),
+        higher_is_better=False,
+        extra={"increase": pairs.unflatten(increase), "gain": pairs.unflatten(gain),
+               "probability": pairs.unflatten(y), "masked_probability": pairs.unflatten(o)},
+    )
+
+
+def _probability_and_hit(output: Tensor, targets: Tensor) -> Tensor:
+    probability = output.softmax(1).gather(1, targets[:, None])[:, 0]
+    return torch.stack([probability, (output.argmax(1) == targets).float()], 1)
+
+
+def road(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    percentages: tuple[float, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90),
+    noise: float = 0.01,
+    batch_size: int = 64,
+    seed: int | None = 0,
+) -> Score:
+    """ROAD: RemOve And Debias. The explained class's probability once a percentage of the
+    pixels is removed, most relevant first (MoRF, lower is better) and least relevant first
+    (LeRF, higher is better), the removed pixels imputed so that their shape does not leak.
+
+    Rong et al., "A Consistent and Efficient Evaluation Strategy for Attribution Methods",
+    ICML 2022. Removed pixels (all channels) are filled by noisy linear imputation
+    (:func:`~explain.metrics.imputation.noisy_linear_impute`: each the weighted mean of its
+    eight neighbours, plus Gaussian noise of std ``noise``), at the paper's 10 % ... 90 %.
+
+    ``values`` is the gap between the curves' means, LeRF minus MoRF (higher is better: the
+    map ranks pixels the model needs first and pixels it ignores last). ``curves`` holds
+    ``"morf"`` and ``"lerf"`` (the probability) and ``"morf_accuracy"`` and
+    ``"lerf_accuracy"`` (1 where the target is still the top class: the paper's
+    accuracy, averaged over images); ``extra`` holds each curve's mean. The noise at each
+    percentage depends only on ``seed``, so an image's result does not depend on its batch.
+    """
+    from .imputation import noisy_linear_impute
+
+    pairs = pairs_of(model, images, explanation, targets)
+    noise = checked_number("noise", noise, positive=False)
+    fractions = torch.as_tensor([float(p) for p in percentages])
+    if fractions.numel() == 0 or not ((fractions > 0) & (fractions < 100)).all():
+        raise ValueError(f"percentages must lie strictly between 0 and 100, got {list(percentages)}")
+    height, width = pairs.images.shape[-2:]
+    counts = (fractions / 100 * height * width).long()
+
+    def imputed(order: int):
+        def fill(batch: Tensor, removed: Tensor, rows: Tensor, steps: Tensor) -> Tensor:
+            out = noisy_linear_impute(batch, removed, noise=0.0)
+            if noise > 0:
+                indices = [2 * step + order for step in steps.tolist()]
+                out = out + torch.where(removed[:, None], noise * draws(seed, indices, batch.shape[1:], batch.device,
+                                                                         normal=True), 0.0)
+            return out
+        return fill
+
+    curves = {}
+    for order, name in enumerate(("morf", "lerf")):
+        keys = ranks(pairs.maps, descending=(name == "morf"))
+        read = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, imputed(order),
+                                  batch_size=batch_size, score=_probability_and_hit)
+        curves[name], curves[f"{name}_accuracy"] = read.unbind(-1)
+    extra = {name: pairs.unflatten(curve.mean(1)) for name, curve in curves.items()}
+    gap = curves["lerf"].mean(1) - curves["morf"].mean(1)
+    return Score(
+        metric="road",
+        values=pairs.unflatten(gap),
+        higher_is_better=True,
+        curves={name: pairs.unflatten(curve) for name, curve in curves.items()},
+        steps=fractions,
+        extra=extra,
+    )
+
+
+def pixel_flipping(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    step: int | float = 0.01,
+    baseline: str | float | Tensor = "zeros",
+    batch_size: int = 64,
+    score: str = "logit",
+) -> Score:
+    """Pixel-flipping: the explained class's score as the most relevant pixels are
+    replaced first; the area under that curve (lower is better).
+
+    Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by
+    Layer-Wise Relevance Propagation", PLOS ONE 2015, as Samek et al. (2017) use it. The
+    score is the class's logit (the classifier's output f(x) of the papers; ``score=
+    "probability"`` for the softmax); ``step`` pixels (all channels) are replaced with the
+    ``baseline`` per step: 1 % of the image by default (Quantus flips one channel value per
+    step, which costs C x H x W passes per image). ``curves["pixel-flipping"]`` holds the curve from
+    the intact image on; the area is the trapezoid rule on [0, 1] as in :func:`deletion`.
+    """
+    pairs = pairs_of(model, images, explanation, targets)
+    result = _petsiuk_curve(model, pairs, insert=False, step=step, substrate=_baselines(pairs, baseline),
+                            batch_size=batch_size, score=score, name="pixel-flipping")
+    return result
+
+
+def _block_keys(maps: Tensor, patch_size: int, descending: bool = True) -> tuple[Tensor, int]:
+    """Each pixel's key: the rank of its patch on a grid of ``patch_size`` squares, patches
+    ranked by their summed relevance. Where a side is not a multiple of ``patch_size`` the
+    grid is centred, the border patches cut (as Quantus lays it out)."""
+    m, height, width = maps.shape
+
+    def padding(side: int) -> tuple[int, int]:
+        extra = -side % patch_size
+        return extra // 2, extra - extra // 2
+
+    (top, bottom), (left, right) = padding(height), padding(width)
+    padded = F.pad(maps, (left, right, top, bottom))
+    rows, columns = padded.shape[1] // patch_size, padded.shape[2] // patch_size
+    sums = padded.view(m, rows, patch_size, columns, patch_size).sum((2, 4)).flatten(1)
+    patch_rank = ranks(sums, descending=descending).view(m, rows, columns)
+    keys = patch_rank.repeat_interleave(patch_size, 1).repeat_interleave(patch_size, 2)
+    return keys[:, top:top + height, left:left + width], rows * columns
+
+
+def region_perturbation(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    patch_size: int = 9,
+    regions: int = 100,
+    baseline: str | float | Tensor = "noise",
+    batch_size: int = 64,
+    score: str = "logit",
+    seed: int | None = 0,
+) -> Score:
+    """Region perturbation: the area over the perturbation curve (AOPC) as the most
+    relevant regions are perturbed first (higher is better).
+
+    Samek et al., "Evaluating the Visualization of What a Deep Neural Network Has
+    Learned", IEEE TNNLS 2017: AOPC = 1/(L+1) sum_{k=0..L} (f(x) - f(x_k)), x_k the image
+    with its ``k`` most relevant regions replaced, f the class's logit, L = ``regions``.
+    Regions are the squares of a ``patch_size`` grid (9 x 9, the paper's size; centred
+    where the side is not a multiple) ranked by their summed relevance, as Quantus's
+    RegionPerturbation tiles them (the paper takes
+    the 9 x 9 window around each next most relevant pixel, which may overlap earlier
+    ones). Replaced values come from the ``baseline``: uniform noise within each channel's
+    range by default, as in the paper (Quantus's default is the image's minimum), drawn
+    once per image from ``seed``.
+
+    ``curves["region-perturbation"]`` holds f(x) - f(x_k) for k = 0..L.
+    """
+    pairs = pairs_of(model, images, explanation, targets)
+    patch_size, regions = positive_int("patch_size", patch_size), positive_int("regions", regions)
+    keys, total = _block_keys(pairs.maps, patch_size)
+    regions = min(regions, total)
+    k = pairs.per_image
+    if isinstance(baseline, str) and baseline == "noise":
+        substrate = []
+        for image in pairs.images[::k]:  # each image on the same seeded stream, whatever its position
+            with seeded(seed, pairs.images.device):
+                substrate.append(make_baselines(image[None], baseline))
+        substrate = torch.cat(substrate).repeat_interleave(k, dim=0)
+    else:
+        substrate = _baselines(pairs, baseline)
+    counts = torch.arange(regions + 1)
+    curve = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, substrate,
+                               batch_size=batch_size, score=score)
+    drops = curve[:, :1] - curve
+    return Score(
+        metric="region-perturbation",
+        values=pairs.unflatten(drops.mean(1)),
+        higher_is_better=True,
+        curves={"region-perturbation": pairs.unflatten(drops)},
+        steps=counts.float(),
+    )
+
+
+def irof(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    segments: Tensor | None = None,
+    n_segments: int = 100,
+    compactness: float = 10.0,
+    batch_size: int = 64,
+    score: str = "probability",
+) -> Score:
+    """IROF, Iterative Removal Of Features: the area over the curve of the explained
+    class's score, relative to the intact image's, as superpixels are replaced by the
+    image's mean colour, most relevant (highest mean relevance) first (higher is better).
+
+    Rieger & Hansen, "IROF: a low resource evaluation metric for explanation methods",
+    ICLR Workshop 2020. Superpixels are SLIC's (:func:`~explain.methods.perturbation_attribution.superpixels`,
+    ``n_segments`` and ``compactness``) unless ``segments`` (N, H, W) integer ids are
+    given. The curve runs from the intact image (1) to every segment removed; its area by
+    the trapezoid rule on [0, 1] is taken from 1. (Quantus's IROF starts its curve after
+    the first removal and does not divide by the number of segments n, so its value is n
+    times this plus (1 + r_1) / 2, r_1 the curve after the first removal, less r_n / 2
+    where an image has fewer segments than the longest in its batch, since Quantus pads
+    the curves with zeros. Quantus fills with the mean of the whole batch, recomputed at
+    every step; given the image's mean colour instead, its curves equal these.)
+
+    ``curves["irof"]`` holds the relative score after each removal, padded with its last
+    value where an image has fewer segments than another.
+    """
+    pairs = pairs_of(model, images, explanation, targets)
+    if segments is None:
+        segments = superpixels(pairs.images, positive_int("n_segments", n_segments), compactness)[:, 0]
+    else:
+        segments = torch.as_tensor(segments, device=pairs.images.device).long()
+        if segments.dim() == 4 and segments.shape[1] == 1:
+            segments = segments[:, 0]
+        k = pairs.per_image
+        if segments.dim() != 3 or len(segments) * k != len(pairs.maps) or segments.shape[1:] != pairs.maps.shape[1:] \
+                or (segments < 0).any():
+            raise ValueError(f"segments must be (N, H, W) non-negative integer ids, one per image, at the maps' size "
+                             f"{tuple(pairs.maps.shape[1:])}; got {tuple(segments.shape)}")
+        segments = segments.repeat_interleave(k, dim=0)
+    m = len(pairs.maps)
+    count = int(segments.max()) + 1
+    flat = segments.flatten(1)
+    sums = torch.zeros(m, count, device=flat.device).scatter_add_(1, flat, pairs.maps.flatten(1))
+    sizes = torch.zeros(m, count, device=flat.device).scatter_add_(1, flat, torch.ones_like(pairs.maps.flatten(1)))
+    present = sizes > 0
+    means = torch.where(present, sums / sizes.clamp_min(1), -math.inf)  # absent ids rank last
+    segment_rank = ranks(means)
+    keys = segment_rank.gather(1, flat).view_as(segments)
+    fill = pairs.images.mean((2, 3), keepdim=True).expand_as(pairs.images)
+    counts = torch.arange(count + 1)
+    curve = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, fill, batch_size=batch_size, score=score)
+    relative = curve / curve[:, :1].clamp_min(1e-12)
+    # An image with n < count segments is fully removed at step n; its curve stops there.
+    n = present.sum(1)
+    last = relative.gather(1, n[:, None])
+    relative = torch.where(counts.to(relative.device)[None] > n[:, None], last, relative)
+    area = torch.stack([
+        torch.trapezoid(relative[i, : n[i] + 1], dx=1.0 / n[i].item()) for i in range(m)
+    ])
+    return Score(
+        metric="irof",
+        values=pairs.unflatten(1 - area),
+        higher_is_better=True,
+        curves={"irof": pairs.unflatten(relative)},
+        steps=counts.float(),
+    )

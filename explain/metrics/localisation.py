@@ -1,0 +1,147 @@
+"""Localisation: does the map point at the object, given where the object is?
+
+Each metric takes the object's region per image as a boolean mask (N, H, W) or as boxes
+(N, 4) of ``(x0, y0, x1, y1)`` in pixels (a pixel is inside when its centre is). An image
+with an empty region scores NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..explanation import Explanation
+from ..methods.cam_base import checked_number
+from .base import Score
+
+__all__ = ["energy_pointing_game", "pointing_game", "region_masks", "relevance_mass", "relevance_rank"]
+
+
+def region_masks(regions: Tensor, size: tuple[int, int]) -> Tensor:
+    """Boolean masks (N, H, W) from masks or from ``(x0, y0, x1, y1)`` boxes (N, 4).
+
+    >>> region_masks(torch.tensor([[1, 0, 3, 1]]), (2, 4)).int().tolist()
+    [[[0, 1, 1, 0], [0, 0, 0, 0]]]
+    """
+    regions = torch.as_tensor(regions)
+    height, width = size
+    if regions.dim() == 2 and regions.shape[1] == 4:
+        boxes = regions.float()
+        ys = torch.arange(height, device=boxes.device) + 0.5
+        xs = torch.arange(width, device=boxes.device) + 0.5
+        inside_y = (ys >= boxes[:, 1:2]) & (ys <= boxes[:, 3:4])
+        inside_x = (xs >= boxes[:, 0:1]) & (xs <= boxes[:, 2:3])
+        return inside_y[:, :, None] & inside_x[:, None, :]
+    if regions.dim() == 4 and regions.shape[1] == 1:
+        regions = regions[:, 0]
+    if regions.dim() != 3 or tuple(regions.shape[-2:]) != tuple(size):
+        raise ValueError(
+            f"regions have shape {tuple(regions.shape)}; pass masks (N, {height}, {width}) at the maps' size "
+            "or boxes (N, 4) as (x0, y0, x1, y1) in pixels"
+        )
+    return regions.bool()
+
+
+def _maps_and_masks(explanation: Explanation | Tensor, regions: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
+    maps = explanation.maps if isinstance(explanation, Explanation) else torch.as_tensor(explanation)
+    if maps.dim() not in (3, 4):
+        raise ValueError(f"maps must be (N, H, W) or (N, k, H, W), got {tuple(maps.shape)}")
+    shape = tuple(maps.shape[:-2])
+    masks = region_masks(regions, tuple(maps.shape[-2:])).to(maps.device)
+    if masks.shape[0] != maps.shape[0]:
+        raise ValueError(f"{masks.shape[0]} regions for {maps.shape[0]} maps: give one region per image")
+    if maps.dim() == 4:  # topk: every target of an image is judged against its region
+        masks = masks.repeat_interleave(maps.shape[1], dim=0)
+    return maps.reshape(-1, *maps.shape[-2:]).float(), masks, shape
+
+
+def _empty_is_nan(values: Tensor, masks: Tensor) -> Tensor:
+    return torch.where(masks.flatten(1).any(1), values, float("nan"))
+
+
+def pointing_game(explanation: Explanation | Tensor, regions: Tensor, *, tolerance: float = 15.0) -> Score:
+    """Pointing game: 1 where the map's maximum lies within ``tolerance`` pixels of the
+    region, else 0 (higher is better).
+
+    Zhang et al., "Top-down Neural Attention by Excitation Backprop", ECCV 2016, with the
+    paper's 15-pixel tolerance. Where several pixels share the maximum, any of them
+    counts. (Quantus's PointingGame has no tolerance; ``tolerance=0`` gives its results.)
+
+    >>> maps = torch.zeros(1, 40, 40); maps[0, 0, 0] = 1.0
+    >>> box = torch.tensor([[10, 10, 20, 20]])
+    >>> pointing_game(maps, box).values.item(), pointing_game(maps, box, tolerance=0).values.item()
+    (1.0, 0.0)
+    """
+    maps, masks, shape = _maps_and_masks(explanation, regions)
+    tolerance = checked_number("tolerance", tolerance, positive=False)
+    peaks = maps.flatten(1) == maps.flatten(1).amax(1, keepdim=True)
+    if tolerance > 0:
+        radius = int(tolerance)
+        offsets = torch.arange(-radius, radius + 1, device=maps.device, dtype=torch.float32)
+        disc = ((offsets[:, None] ** 2 + offsets[None, :] ** 2) <= tolerance ** 2).float()[None, None]
+        near = torch.nn.functional.conv2d(masks[:, None].float(), disc, padding=radius)[:, 0] > 0.5
+    else:
+        near = masks
+    hit = (peaks & near.flatten(1)).any(1).float()
+    return Score("pointing-game", _empty_is_nan(hit, masks).reshape(shape), higher_is_better=True)
+
+
+def relevance_mass(explanation: Explanation | Tensor, regions: Tensor) -> Score:
+    """Relevance mass accuracy: the share of the map's positive relevance inside the region
+    (higher is better).
+
+    Arras, Osman & Samek, "CLEVR-XAI", Information Fusion 2022: R_within / R_total over
+    the positive relevance (negative relevance is evidence against the class, not mass
+    that could fall inside the object). Quantus sums signed values; for maps in [0, 1],
+    as CAMs give, the two agree.
+
+    >>> maps = torch.tensor([[[3.0, 1.0], [0.0, -1.0]]])
+    >>> relevance_mass(maps, torch.tensor([[[True, False], [False, False]]])).values.item()
+    0.75
+    """
+    maps, masks, shape = _maps_and_masks(explanation, regions)
+    positive = maps.clamp_min(0).flatten(1)
+    total = positive.sum(1)
+    share = torch.where(total > 0, (positive * masks.flatten(1)).sum(1) / total.clamp_min(1e-30), 0.0)
+    return Score("relevance-mass", _empty_is_nan(share, masks).reshape(shape), higher_is_better=True)
+
+
+def relevance_rank(explanation: Explanation | Tensor, regions: Tensor) -> Score:
+    """Relevance rank accuracy: with K the region's size in pixels, the share of the K
+    highest-ranked pixels that lie in the region (higher is better).
+
+    Arras, Osman & Samek, "CLEVR-XAI", Information Fusion 2022. Ties are broken in
+    raster order.
+
+    >>> maps = torch.tensor([[[3.0, 1.0], [2.0, 0.0]]])
+    >>> relevance_rank(maps, torch.tensor([[[True, True], [False, False]]])).values.item()
+    0.5
+    """
+    maps, masks, shape = _maps_and_masks(explanation, regions)
+    flat_masks = masks.flatten(1)
+    order = maps.flatten(1).argsort(dim=1, descending=True, stable=True)
+    size = flat_masks.sum(1)
+    in_top = torch.arange(order.shape[1], device=maps.device)[None] < size[:, None]
+    hits = (flat_masks.gather(1, order) & in_top).sum(1)
+    share = hits.float() / size.clamp_min(1)
+    return Score("relevance-rank", _empty_is_nan(share, masks).reshape(shape), higher_is_better=True)
+
+
+def energy_pointing_game(explanation: Explanation | Tensor, regions: Tensor) -> Score:
+    """Energy-based pointing game: the share of the map's energy inside the region, the map
+    min-max scaled to [0, 1] first (higher is better).
+
+    Wang et al., "Score-CAM: Score-Weighted Visual Explanations for Convolutional Neural
+    Networks", CVPR Workshops 2020. A constant map has no energy and scores 0.
+
+    >>> maps = torch.tensor([[[1.0, 0.5], [0.5, 0.0]]])
+    >>> energy_pointing_game(maps, torch.tensor([[0, 0, 1, 1]])).values.item()
+    0.5
+    """
+    maps, masks, shape = _maps_and_masks(explanation, regions)
+    flat = maps.flatten(1)
+    low, high = flat.amin(1, keepdim=True), flat.amax(1, keepdim=True)
+    scaled = torch.where(high > low, (flat - low) / (high - low).clamp_min(1e-30), 0.0)
+    total = scaled.sum(1)
+    share = torch.where(total > 0, (scaled * masks.flatten(1)).sum(1) / total.clamp_min(1e-30), 0.0)
+    return Score("energy-pointing-game", _empty_is_nan(share, masks).reshape(shape), higher_is_better=True)

@@ -1,0 +1,1055 @@
+"""The metrics against values worked out by hand on tiny hand-built models, and their
+behaviour: an oracle map beats a random map, which beats an anti-oracle; the sanity check
+tells Grad-CAM from an edge detector; the model is left as it was; batching, seeds and
+``topk`` do not change the numbers.
+
+Most models here are a bias-free ``Linear`` on the flattened image with hand-set weights,
+so the explained logit is a weighted sum of known pixels and every curve is a sum one can
+write down. Worked examples use the 4 x 4 one-channel image X = 1..16 in raster order:
+
+     1  2  3  4
+     5  6  7  8
+     9 10 11 12
+    13 14 15 16
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import explain
+from conftest import ModelState, hook_count
+from explain import Explanation, metrics
+from explain.hooks import preserved_state
+from explain.metrics import registry
+from explain.metrics.randomisation import spearman, ssim
+
+X = torch.arange(1.0, 17.0).view(1, 1, 4, 4)
+
+
+def linear(weights, bias=None) -> nn.Module:
+    """A model whose class-c logit is sum(weights[c] * image) (+ bias[c]); weights (K, C, H, W)."""
+    weights = torch.as_tensor(weights, dtype=torch.float32)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(weights[0].numel(), weights.shape[0], bias=bias is not None))
+    with torch.no_grad():
+        model[1].weight.copy_(weights.reshape(weights.shape[0], -1))
+        if bias is not None:
+            model[1].bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
+    return model.eval()
+
+
+def region_model(pixels, shape=(1, 4, 4), classes=2, bias=None) -> nn.Module:
+    """Class 0's logit is the sum of the listed pixels (raster index, every channel); the
+    other classes' logits are their bias (0 without one)."""
+    weights = torch.zeros(classes, *shape)
+    weights[0].view(shape[0], -1)[:, list(pixels)] = 1.0
+    return linear(weights, bias)
+
+
+def map_from_order(order, shape=(4, 4)) -> torch.Tensor:
+    """A (1, H, W) map that ranks the pixels (raster indices) in ``order``, first = highest."""
+    values = torch.empty(shape[0] * shape[1])
+    values[list(order)] = torch.arange(len(order), 0, -1, dtype=torch.float32)
+    return values.view(1, *shape)
+
+
+def trapezoid(curve) -> float:
+    """The area under ``curve`` by the trapezoid rule on equal intervals of [0, 1]."""
+    curve = list(curve)
+    return sum((a + b) / 2 for a, b in zip(curve, curve[1:])) / (len(curve) - 1)
+
+
+def sigmoid(z: float) -> float:
+    """The softmax probability of a class whose logit exceeds the only other one by z."""
+    return math.exp(z) / (math.exp(z) + 1.0)
+
+
+def close(actual, expected, tol=1e-5):
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32).flatten(),
+                               torch.as_tensor(expected, dtype=torch.float32).flatten(), rtol=tol, atol=tol)
+
+
+class MapExplainer(explain.Explainer):
+    """An explainer whose maps are ``fn(images, targets)``, whatever the model; it records
+    every batch it is called on."""
+
+    def __init__(self, model, fn, fail_on_call=None):
+        super().__init__(model)
+        self.fn, self.fail_on_call, self.calls = fn, fail_on_call, []
+
+    def __call__(self, images, targets=None, *, topk=None):
+        with preserved_state(self.model), torch.no_grad():  # as explainers run the model
+            logits = self.model(images)
+        targets = logits.argmax(1) if targets is None else torch.as_tensor(targets).expand(len(images))
+        self.calls.append((images.clone(), targets.clone()))
+        if self.fail_on_call is not None and len(self.calls) == self.fail_on_call:
+            raise RuntimeError("explainer failed")
+        maps = self.fn(images, targets)
+        return Explanation(maps=maps, raw_layers={"input": maps[:, None]}, logits=logits, targets=targets,
+                           method="test")
+
+
+def sobel(images, targets=None):
+    """Edge strength of the channel mean: a map that ignores the model and the class."""
+    gray = images.mean(1, keepdim=True)
+    kx = torch.tensor([[-1.0, 0.0, 1.0], [-2.0, 0.0, 2.0], [-1.0, 0.0, 1.0]])[None, None]
+    gx, gy = F.conv2d(gray, kx, padding=1), F.conv2d(gray, kx.transpose(-1, -2), padding=1)
+    return (gx ** 2 + gy ** 2).sqrt()[:, 0]
+
+
+def channel_of_target(images, targets):
+    return images[torch.arange(len(images)), targets]
+
+
+# --- deletion, insertion, pixel-flipping -----------------------------------------------
+
+# Class 0 reads the top-left 2 x 2 square, R = pixels {0, 1, 4, 5} with X = 1, 2, 5, 6: 14.
+R = [0, 1, 4, 5]
+# Deleted in this order: pixel 5 (6, in R), 0 (1, in R), 15 (outside), 1 (2, in R), 4 (5, in R), ...
+ORDER = [5, 0, 15, 1, 4, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+# The logit after deleting k pixels (baseline 0), k = 0..16.
+DELETION_LOGITS = [14, 8, 7, 7, 5] + [0] * 12
+
+
+def test_deletion_step_one_logit_by_hand():
+    model = region_model(R)
+    result = metrics.deletion(model, X, map_from_order(ORDER), torch.tensor([0]), step=1, score="logit")
+    close(result.curves["deletion"], DELETION_LOGITS)
+    # ((14 + 8) + (8 + 7) + (7 + 7) + (7 + 5) + (5 + 0)) / 2 / 16 = 34 / 16
+    assert trapezoid(DELETION_LOGITS) == 34 / 16
+    close(result.values, [34 / 16])
+    close(result.steps, [k / 16 for k in range(17)])
+    assert result.higher_is_better is False and result.metric == "deletion"
+
+
+def test_deletion_probability_and_a_number_as_baseline():
+    # Deleted pixels become 0.5: deleting pixel p of R takes X_p - 0.5 from the logit.
+    model = region_model(R)
+    logits = [14, 14 - 5.5, 14 - 5.5 - 0.5, 8, 8 - 1.5, 6.5 - 4.5] + [2.0] * 11
+    result = metrics.deletion(model, X, map_from_order(ORDER), torch.tensor([0]), step=1, baseline=0.5,
+                              score="probability")
+    # Class 1's logit is 0, so the probability of class 0 is e^l / (e^l + 1).
+    probabilities = [sigmoid(l) for l in logits]
+    close(result.curves["deletion"], probabilities)
+    close(result.values, [trapezoid(probabilities)])
+
+
+@pytest.mark.parametrize("step, counts", [
+    (3, [0, 3, 6, 9, 12, 15, 16]),  # 16 is not a multiple of 3: the last step deletes one pixel
+    (4, [0, 4, 8, 12, 16]),
+    (0.25, [0, 4, 8, 12, 16]),  # a quarter of the image
+    (None, [0, 4, 8, 12, 16]),  # one row's worth
+])
+def test_deletion_steps_of_several_pixels(step, counts):
+    model = region_model(R)
+    result = metrics.deletion(model, X, map_from_order(ORDER), torch.tensor([0]), step=step, score="logit")
+    expected = [DELETION_LOGITS[k] for k in counts]
+    close(result.curves["deletion"], expected)
+    close(result.steps, [k / 16 for k in counts])
+    # The paper's code: the trapezoid rule over equal intervals, the partial last one included.
+    close(result.values, [trapezoid(expected)])
+    if step == 3:
+        close(result.values, [(14 + 7) / 2 / 6 + (7 + 0) / 2 / 6])
+
+
+def test_deletion_ties_are_deleted_in_raster_order():
+    model = region_model(R)
+    result = metrics.deletion(model, X, torch.ones(1, 4, 4), torch.tensor([0]), step=1, score="logit")
+    # Pixels 0, 1 (both in R), 2, 3 (outside), 4, 5 (in R), then nothing in R is left.
+    close(result.curves["deletion"], [14, 13, 11, 11, 11, 6, 0] + [0] * 10)
+
+
+def test_deletion_of_three_channels_deletes_every_channel():
+    # Channel c of pixel p holds (c + 1) * X_p; class 0 reads pixel 5 in channels 0 and 2.
+    images = X.repeat(1, 3, 1, 1) * torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1)
+    weights = torch.zeros(2, 3, 4, 4)
+    weights[0, 0].view(-1)[5] = 1.0
+    weights[0, 2].view(-1)[5] = 2.0
+    model = linear(weights)
+    order = [0, 5] + [p for p in range(16) if p not in (0, 5)]
+    result = metrics.pixel_flipping(model, images, map_from_order(order), torch.tensor([0]), step=1)
+    # f(x) = 6 + 2 * 18 = 42, until pixel 5 (all three channels) is replaced by 0 at k = 2.
+    close(result.curves["pixel-flipping"], [42, 42] + [0] * 15)
+    close(result.values, [trapezoid([42, 42] + [0] * 15)])
+    assert result.higher_is_better is False
+
+
+def test_pixel_flipping_defaults_to_the_logit_and_one_percent_steps():
+    model = region_model(R, bias=[0.0, 3.0])
+    # 1 % of 16 pixels rounds to 0: one pixel per step.
+    result = metrics.pixel_flipping(model, X, map_from_order(ORDER), torch.tensor([0]))
+    close(result.curves["pixel-flipping"], DELETION_LOGITS)
+    result = metrics.pixel_flipping(model, X, map_from_order(ORDER), torch.tensor([0]), step=8, baseline=1.0,
+                                    score="probability")
+    # 8 pixels (5, 0, 15, 1, 4, 2, 3, 6) take R to 1 each: logit 4; all 16 deleted: logit 4.
+    close(result.curves["pixel-flipping"], [sigmoid(14 - 3), sigmoid(4 - 3), sigmoid(4 - 3)])
+
+
+def gaussian_blur_by_hand(image: np.ndarray, size: int = 11, sigma: float = 5.0) -> np.ndarray:
+    """A 2-D image under a normalised size x size Gaussian, reflection at the borders (as
+    torchvision pads)."""
+    half = size // 2
+    d = np.arange(-half, half + 1)
+    k = np.exp(-(d ** 2) / (2 * sigma ** 2))
+    kernel = np.outer(k, k) / np.outer(k, k).sum()
+    padded = np.pad(image, half, mode="reflect")
+    out = np.empty_like(image)
+    for i in range(image.shape[0]):
+        for j in range(image.shape[1]):
+            out[i, j] = (kernel * padded[i:i + size, j:j + size]).sum()
+    return out
+
+
+def test_insertion_onto_the_blurred_image_by_hand():
+    image = torch.rand(1, 1, 8, 8)
+    region = [9, 18, 27, 50]
+    model = region_model(region, shape=(1, 8, 8), bias=[0.0, 1.0])
+    order = torch.randperm(64).tolist()
+    saliency = map_from_order(order, (8, 8))
+    substrate = gaussian_blur_by_hand(image[0, 0].double().numpy()).reshape(-1)
+    x = image.view(-1).double().numpy()
+    position = {p: i for i, p in enumerate(order)}
+    # After k insertions a pixel of the region holds the image's value if it is among the
+    # k first, else the blurred value.
+    logits = [sum(x[p] if position[p] < k else substrate[p] for p in region) for k in range(65)]
+    result = metrics.insertion(model, image, saliency, torch.tensor([0]), step=1, score="logit")
+    close(result.curves["insertion"], logits)
+    close(result.values, [trapezoid(logits)])
+    assert result.higher_is_better is True
+    # Eight pixels a step, the probability (class 1's logit is 1).
+    result = metrics.insertion(model, image, saliency, torch.tensor([0]), step=8)
+    probabilities = [sigmoid(logits[k] - 1) for k in range(0, 65, 8)]
+    close(result.curves["insertion"], probabilities)
+    close(result.values, [trapezoid(probabilities)])
+
+
+def test_insertion_of_a_constant_image_is_flat():
+    # Blurring a constant image (reflection at the borders) gives the same image back.
+    model = region_model(R)
+    result = metrics.insertion(model, torch.full((1, 1, 4, 4), 0.25), map_from_order(ORDER), torch.tensor([0]),
+                               step=2, blur_kernel=3, blur_sigma=1.0, score="logit")
+    close(result.curves["insertion"], [1.0] * 9)
+    close(result.values, [1.0])
+
+
+# --- oracle, random and anti-oracle maps ------------------------------------------------
+
+
+def checkerboard_model() -> nn.Module:
+    """Class 0's logit is the checkerboard pattern's strength in the 8 x 8 block at rows and
+    columns 8..15 of a 3 x 32 x 32 image, over 16, minus 3; class 1's logit is 0. Zeros and
+    blur both wipe the pattern out."""
+    conv = nn.Conv2d(3, 1, 8, stride=8, bias=False)
+    head = nn.Linear(16, 2)
+    sign = (-1.0) ** (torch.arange(8)[:, None] + torch.arange(8)[None, :])
+    with torch.no_grad():
+        conv.weight.copy_(sign.expand(1, 3, 8, 8))
+        head.weight.zero_()
+        head.weight[0, 5] = 1 / 16  # block (1, 1) of the 4 x 4 grid
+        head.bias.copy_(torch.tensor([-3.0, 0.0]))
+    return nn.Sequential(conv, nn.Flatten(), head).eval()
+
+
+def test_oracle_beats_random_beats_anti_oracle():
+    n = 2
+    model = checkerboard_model()
+    images = 0.2 * torch.rand(n, 3, 32, 32)
+    images[:, :, 8:16, 8:16] += 0.5 * (-1.0) ** (torch.arange(8)[:, None] + torch.arange(8)[None, :])
+    inside = torch.zeros(32, 32)
+    inside[8:16, 8:16] = 1.0
+    # The region first, then the rest in a fixed order (small decreasing values).
+    oracle = (inside + 0.5 * torch.linspace(1, 0, 1024).view(32, 32)).expand(n, 32, 32)
+    anti = -oracle
+    randoms = [torch.rand(n, 32, 32) for _ in range(5)]
+    targets = torch.zeros(n, dtype=torch.long)
+
+    def scores(metric):
+        return [metric(model, images, m, targets).values for m in (oracle, *randoms, anti)]
+
+    deletion = scores(metrics.deletion)
+    insertion = scores(metrics.insertion)
+    for i in range(n):
+        d = [float(v[i]) for v in deletion]
+        s = [float(v[i]) for v in insertion]
+        assert d[0] < min(d[1:-1]) and max(d[1:-1]) < d[-1], d  # lower is better
+        assert s[0] > max(s[1:-1]) and min(s[1:-1]) > s[-1], s  # higher is better
+    # Deleting the oracle's first 64 pixels (two rows' worth) removes the block: logit -3.
+    curve = metrics.deletion(model, images, oracle, targets).curves["deletion"]
+    close(curve[:, 2:], torch.full((n, 31), sigmoid(-3.0)))
+
+
+# --- average drop, increase in confidence, average gain ---------------------------------
+
+
+def test_average_drop_increase_and_gain_by_hand():
+    # Class 0's logit is x0 - x1, class 1's is 0: p = e^(x0 - x1) / (e^(x0 - x1) + 1).
+    model = linear([[[[1.0, -1.0]]], [[[0.0, 0.0]]]])
+    ln3 = math.log(3.0)
+    images = torch.tensor([[ln3, 0.0], [ln3, ln3], [ln3, 0.0]]).view(3, 1, 1, 2)
+    maps = torch.tensor([
+        [0.5, 1.0],  # drop: x' = (ln 3 / 2, 0); Y = 3/4, O = sqrt 3 / (sqrt 3 + 1)
+        [1.0, 0.0],  # increase: x' = (ln 3, 0); Y = 1/2, O = 3/4
+        [1.0, -0.5],  # unchanged: the negative part counts as 0, x' = x; Y = O = 3/4
+    ]).view(3, 1, 2)
+    result = metrics.average_drop(model, images, maps, torch.zeros(3, dtype=torch.long))
+    y = [0.75, 0.5, 0.75]
+    o = [math.sqrt(3) / (math.sqrt(3) + 1), 0.75, 0.75]
+    close(result.extra["probability"], y)
+    close(result.extra["masked_probability"], o)
+    close(result.values, [100 * (y[0] - o[0]) / y[0], 0.0, 0.0], tol=1e-4)
+    close(result.extra["increase"], [0.0, 100.0, 0.0])
+    close(result.extra["gain"], [0.0, 100 * (0.75 - 0.5) / (1 - 0.5), 0.0], tol=1e-4)
+    assert result.higher_is_better is False
+    # Baseline 1: an empty map gives x' = (1, 1), logit 0, O = 1/2 for Y = 3/4: a third lost.
+    result = metrics.average_drop(model, images[:1], torch.zeros(1, 1, 2), torch.tensor([0]), baseline=1.0)
+    close(result.values, [100 / 3], tol=1e-4)
+    close(result.extra["gain"], [0.0])
+
+
+# --- region perturbation ----------------------------------------------------------------
+
+
+def test_region_perturbation_by_hand_patches_dividing_the_image():
+    # f = the sum of every pixel; patches of 2 x 2 ranked by summed relevance:
+    # BL (12) before TL (10, one bright pixel) before BR (5) before TR (4).
+    model = linear(torch.ones(2, 1, 4, 4) * torch.tensor([1.0, 0.0]).view(2, 1, 1, 1))
+    saliency = torch.tensor([[[10.0, 0, 1, 1], [0, 0, 1, 1], [3, 3, 2, 2], [3, 3, 2, -1]]])
+    result = metrics.region_perturbation(model, X, saliency, torch.tensor([0]), patch_size=2, baseline=1.0)
+    # Replacing a patch by 1s takes sum(X) - 4 from f: BL 46 - 4, TL 14 - 4, BR 54 - 4, TR 22 - 4.
+    drops = [0, 42, 52, 102, 120]
+    close(result.curves["region-perturbation"], drops)
+    close(result.values, [sum(drops) / 5])  # AOPC: the mean over k = 0..L, k = 0 included
+    close(result.steps, [0, 1, 2, 3, 4])
+    assert result.higher_is_better is True
+    result = metrics.region_perturbation(model, X, saliency, torch.tensor([0]), patch_size=2, baseline=1.0, regions=2)
+    close(result.curves["region-perturbation"], [0, 42, 52])
+    close(result.values, [(0 + 42 + 52) / 3])
+
+
+def test_region_perturbation_by_hand_patches_cut_at_the_border():
+    # 5 x 5, X = 1..25; 2 x 2 patches on a 3 x 3 grid, the last row and column cut to one pixel.
+    image = torch.arange(1.0, 26.0).view(1, 1, 5, 5)
+    model = linear(torch.ones(2, 1, 5, 5) * torch.tensor([1.0, 0.0]).view(2, 1, 1, 1))
+    saliency = torch.zeros(1, 5, 5)
+    saliency[0, 4, 4] = 5.0  # the 1 x 1 corner patch: sum 5
+    saliency[0, 0:2, 4] = 2.0  # the 2 x 1 patch at the right: sum 4
+    saliency[0, 0:2, 0:2] = 0.5  # the top-left patch: sum 2
+    result = metrics.region_perturbation(model, image, saliency, torch.tensor([0]), patch_size=2, baseline=0.0,
+                                         regions=3)
+    # Removed: 25; then 5 + 10; then 1 + 2 + 6 + 7.
+    drops = [0, 25, 40, 56]
+    close(result.curves["region-perturbation"], drops)
+    close(result.values, [sum(drops) / 4])
+    # More regions than patches: all nine, the last leaving nothing (f = 0, drop = 325).
+    result = metrics.region_perturbation(model, image, saliency, torch.tensor([0]), patch_size=2, baseline=0.0)
+    assert result.curves["region-perturbation"].shape == (1, 10)
+    close(result.curves["region-perturbation"][0, -1], 325)
+
+
+def test_region_perturbation_noise_is_seeded():
+    model = linear(torch.randn(3, 1, 4, 4))
+    saliency = torch.rand(1, 4, 4)
+    run = lambda **kw: metrics.region_perturbation(model, X, saliency, torch.tensor([1]), patch_size=2, **kw).values
+    assert torch.equal(run(), run())
+    assert torch.equal(run(seed=3), run(seed=3))
+    assert not torch.equal(run(seed=3), run(seed=4))
+
+
+# --- IROF -------------------------------------------------------------------------------
+
+
+def test_irof_by_hand():
+    # X: the left half 4, the top right 2, the bottom right 0; mean 2.5. f = the sum of
+    # the left half and the top right (the bottom right is not read).
+    image = torch.tensor([[4.0, 4, 2, 2], [4, 4, 2, 2], [4, 4, 0, 0], [4, 4, 0, 0]]).view(1, 1, 4, 4)
+    weights = torch.zeros(2, 1, 4, 4)
+    weights[0, 0, :, :2] = 1.0
+    weights[0, 0, :2, 2:] = 1.0
+    model = linear(weights)
+    images = image.repeat(2, 1, 1, 1)
+    # Image 0: three segments, left (0), top right (1), bottom right (2). Image 1: two,
+    # left (0) and right (1).
+    segments = torch.tensor([[[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 2, 2], [0, 0, 2, 2]],
+                             [[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 1, 1]]])
+    saliency = torch.tensor([[0.5, 0.5, 0.9, 0.9], [0.5, 0.5, 0.9, 0.9], [0.5, 0.5, 0.1, 0.1], [0.5, 0.5, 0.1, 0.1]])
+    maps = torch.stack([saliency, saliency.clone()])
+    maps[1, :, :2] = 0.2
+    result = metrics.irof(model, images, maps, torch.tensor([0, 0]), segments=segments, score="logit")
+    # Image 0, by mean relevance: top right (0.9; the left's sum 4 beats its 3.6, its mean
+    # does not), left, bottom right. f: 40; top right at 2.5 -> 32 + 10 = 42; left at 2.5
+    # -> 20 + 10 = 30; bottom right -> 30.
+    # Image 1: right (0.5) before left (0.2): 40 -> 32 + 10 = 42 -> 20 + 10 = 30.
+    relative = [[1.0, 42 / 40, 30 / 40, 30 / 40], [1.0, 42 / 40, 30 / 40, 30 / 40]]
+    close(result.curves["irof"], relative)
+    close(result.values, [1 - trapezoid(relative[0]), 1 - trapezoid(relative[1][:3])])
+    close(result.values, [1 - (1.025 + 0.9 + 0.75) / 3, 1 - (1.025 + 0.9) / 2])
+    assert result.higher_is_better is True
+
+
+def test_irof_segment_ids_need_not_be_contiguous():
+    model = linear(torch.randn(2, 1, 4, 4))
+    saliency = torch.rand(1, 4, 4)
+    segments = torch.tensor([[[0, 0, 1, 1], [0, 0, 1, 1], [0, 0, 2, 2], [0, 0, 2, 2]]])
+    renamed = torch.tensor([0, 5, 9])[segments]
+    a = metrics.irof(model, X, saliency, torch.tensor([0]), segments=segments)
+    b = metrics.irof(model, X, saliency, torch.tensor([0]), segments=renamed)
+    close(a.values, b.values)
+    close(b.curves["irof"][0, :4], a.curves["irof"][0])
+
+
+def test_irof_rejects_segments_that_do_not_match_the_images():
+    model = linear(torch.randn(2, 1, 4, 4))
+    images, maps = X.repeat(4, 1, 1, 1), torch.rand(4, 4, 4)
+    segments = torch.zeros(2, 4, 4, dtype=torch.long)  # two segment maps for four images
+    with pytest.raises(ValueError, match="one per image"):
+        metrics.irof(model, images, maps, torch.zeros(4, dtype=torch.long), segments=segments)
+    with pytest.raises(ValueError, match="one per image"):
+        metrics.irof(model, images, maps, torch.zeros(4, dtype=torch.long), segments=torch.zeros(4, 3, 4))
+
+
+# --- ROAD -------------------------------------------------------------------------------
+
+# 10 x 10, one channel: the first row R (10 pixels = 10 %) holds 1, the rest 0.2. Class 0's
+# logit is the sum of R, class 1's is 5. Removing all of R leaves only 0.2s to impute from,
+# so R is imputed as 0.2 and the logit is 2; removing pixels outside R changes nothing.
+ROAD_IMAGE = torch.full((1, 1, 10, 10), 0.2)
+ROAD_IMAGE[..., 0, :] = 1.0
+
+
+def road_setup():
+    model = region_model(range(10), shape=(1, 10, 10), bias=[0.0, 5.0])
+    saliency = 0.5 * torch.rand(1, 10, 10)
+    saliency[0, 0] += 1.0  # R first
+    return model, saliency
+
+
+def test_road_by_hand():
+    model, saliency = road_setup()
+    result = metrics.road(model, ROAD_IMAGE, saliency, torch.tensor([0]), percentages=(10, 50, 90), noise=0.0)
+    morf, lerf = sigmoid(2.0 - 5.0), sigmoid(10.0 - 5.0)
+    close(result.curves["morf"], [morf] * 3)
+    close(result.curves["lerf"], [lerf] * 3)
+    close(result.curves["morf_accuracy"], [0.0] * 3)
+    close(result.curves["lerf_accuracy"], [1.0] * 3)
+    close(result.extra["morf"], [morf])
+    close(result.extra["lerf_accuracy"], [1.0])
+    close(result.values, [lerf - morf])
+    close(result.steps, [10, 50, 90])
+    assert result.higher_is_better is True
+
+
+def test_road_on_a_constant_image_keeps_the_probability():
+    # The imputation of a constant image is the constant: nothing changes, whatever the order.
+    model = linear(torch.randn(3, 1, 8, 8))
+    image = torch.full((1, 1, 8, 8), 0.3)
+    p = model(image).softmax(1)[0, 2].item()
+    result = metrics.road(model, image, torch.rand(1, 8, 8), torch.tensor([2]), percentages=(25, 75), noise=0.0)
+    close(result.curves["morf"], [p, p])
+    close(result.curves["lerf"], [p, p])
+    close(result.values, [0.0])
+
+
+def test_road_noise_is_seeded_per_image():
+    model, saliency = road_setup()
+    images = torch.cat([ROAD_IMAGE, ROAD_IMAGE.flip(-2)])
+    maps = torch.cat([saliency, saliency.flip(-2)])
+    targets = torch.tensor([0, 0])
+    run = lambda **kw: metrics.road(model, images, maps, targets, percentages=(10, 50), noise=0.1, **kw)
+    a = run()
+    assert torch.equal(a.values, run().values)  # the same seed, the same values
+    for name in ("morf", "lerf"):  # nor the batch (up to the imputation's convergence)
+        torch.testing.assert_close(a.curves[name], run(batch_size=1).curves[name], rtol=0, atol=1e-6)
+    assert not torch.equal(a.curves["morf"], run(seed=1).curves["morf"])
+    # The noise moves the imputed R away from 0.2, so MoRF is no longer exactly sigmoid(-3).
+    assert not torch.allclose(a.curves["morf"][0], torch.tensor(sigmoid(-3.0)))
+
+
+@pytest.mark.parametrize("percentages", [(0, 50), (50, 100), (), (-10,)])
+def test_road_rejects_percentages_outside_0_100(percentages):
+    model, saliency = road_setup()
+    with pytest.raises(ValueError, match="percentages must lie strictly between 0 and 100"):
+        metrics.road(model, ROAD_IMAGE, saliency, torch.tensor([0]), percentages=percentages)
+
+
+# --- sensitivity ------------------------------------------------------------------------
+
+
+def small_linear(channels=3, size=4, classes=3):
+    return linear(torch.randn(classes, channels, size, size))
+
+
+def test_sensitivity_of_a_constant_map_is_zero():
+    explainer = MapExplainer(small_linear(), lambda images, targets: torch.ones(len(images), 4, 4))
+    result = metrics.sensitivity(explainer, torch.rand(2, 3, 4, 4))
+    close(result.values, [0.0, 0.0])
+    close(result.extra["average"], [0.0, 0.0])
+    assert result.higher_is_better is False
+
+
+@pytest.mark.parametrize("normalise", [False, True])
+def test_sensitivity_of_the_first_channel_by_hand(normalise):
+    # Phi(x) = x's first channel: ||Phi(x + d) - Phi(x)|| = ||d's first channel||.
+    explainer = MapExplainer(small_linear(), lambda images, targets: images[:, 0])
+    images = torch.rand(2, 3, 4, 4) + 0.5
+    explanation = explainer(images)
+    explainer.calls.clear()
+    radius, n_samples = 0.1, 5
+    result = metrics.sensitivity(explainer, images, explanation, radius=radius, n_samples=n_samples, batch_size=3,
+                                 normalise=normalise)
+    # n_samples noisy copies of each image, in batches of at most 3, for the same targets.
+    assert [len(batch) for batch, _ in explainer.calls] == [3, 3, 3, 1]
+    noisy = torch.cat([batch for batch, _ in explainer.calls])
+    assert torch.equal(torch.cat([t for _, t in explainer.calls]), explanation.targets.repeat_interleave(n_samples))
+    noise = (noisy - images.repeat_interleave(n_samples, 0)).view(2, n_samples, 3, 4, 4)
+    # Uniform in [-radius, radius] per value: every value within the ball, the ball used.
+    assert noise.abs().max() <= radius + 1e-6 and noise.abs().max() > 0.8 * radius
+    # Draw s is the same for every image (so a score does not depend on the image's position),
+    # and differs between draws.
+    torch.testing.assert_close(noise[0], noise[1], rtol=0, atol=1e-6)
+    assert len(noise[0].flatten().unique()) == noise[0].numel()
+    distances = noise[:, :, 0].flatten(2).norm(dim=2)
+    scale = images[:, 0].flatten(1).norm(dim=1, keepdim=True) if normalise else torch.ones(2, 1)
+    close(result.values, (distances / scale).amax(1))
+    close(result.extra["average"], (distances / scale).mean(1))
+    assert (result.values <= radius * math.sqrt(16) / scale[:, 0] + 1e-6).all()
+
+
+def test_sensitivity_is_seeded_and_batching_does_not_matter():
+    explainer = MapExplainer(small_linear(), lambda images, targets: images[:, 0] ** 2)
+    images = torch.rand(3, 3, 4, 4)
+    explanation = explainer(images)
+    run = lambda **kw: metrics.sensitivity(explainer, images, explanation, n_samples=4, **kw)
+    a = run()
+    assert torch.equal(a.values, run().values) and torch.equal(a.extra["average"], run().extra["average"])
+    assert torch.equal(a.values, run(batch_size=1).values)
+    assert torch.equal(a.values, run(batch_size=5).values)
+    assert not torch.equal(a.values, run(seed=1).values)
+    # Without a seed, the caller's random stream: two runs differ.
+    assert not torch.equal(run(seed=None).values, run(seed=None).values)
+    # The explanation is computed when not given.
+    assert torch.equal(metrics.sensitivity(explainer, images, n_samples=4).values, a.values)
+
+
+def test_an_image_scores_the_same_alone_and_in_a_batch_with_random_draws():
+    # Noise depends on the seed and the step, never on the image's position in the batch.
+    model, saliency = road_setup()
+    other = torch.rand(1, 1, 10, 10)
+    pair, maps = torch.cat([other, ROAD_IMAGE]), torch.cat([torch.rand(1, 10, 10), saliency])
+    targets = torch.tensor([1, 0])
+    alone = metrics.road(model, ROAD_IMAGE, saliency, targets[1:], percentages=(10, 50), noise=0.1)
+    second = metrics.road(model, pair, maps, targets, percentages=(10, 50), noise=0.1)
+    torch.testing.assert_close(second.curves["morf"][1:], alone.curves["morf"], rtol=0, atol=1e-6)
+    alone = metrics.region_perturbation(model, ROAD_IMAGE, saliency, targets[1:], patch_size=2, regions=5)
+    second = metrics.region_perturbation(model, pair, maps, targets, patch_size=2, regions=5)
+    torch.testing.assert_close(second.values[1:], alone.values)
+    explainer = MapExplainer(small_linear(channels=1, size=10), lambda images, targets: images[:, 0] ** 2)
+    alone = metrics.sensitivity(explainer, ROAD_IMAGE, n_samples=3)
+    second = metrics.sensitivity(explainer, pair, n_samples=3)
+    torch.testing.assert_close(second.values[1:], alone.values)
+
+
+# --- randomisation ----------------------------------------------------------------------
+
+
+def small_cnn(width=16, classes=10) -> nn.Module:
+    return nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, width, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes)).eval()
+
+
+def smooth_images(n, size=32):
+    """Images with structure: noise upsampled from 8 x 8, so blobs and edges."""
+    return F.interpolate(torch.randn(n, 3, 8, 8), size=size, mode="bilinear", align_corners=False)
+
+
+def test_model_randomisation_of_grad_cam_and_of_an_edge_detector():
+    last = []
+    for s in range(8):
+        torch.manual_seed(s)
+        model, images = small_cnn(), smooth_images(4)
+        cam = explain.GradCAM(model)
+        result = metrics.model_randomisation(cam, images, seed=s)
+        # Top down: the linear head first, then the second convolution, then the first.
+        assert result.step_labels == ("6", "2", "0")
+        close(result.steps, [1, 2, 3])
+        assert result.curves["spearman"].shape == result.curves["ssim"].shape == (4, 3)
+        close(result.extra["spearman_last"], result.curves["spearman"][:, -1])
+        close(result.values, result.curves["spearman"].mean(1))
+        assert result.higher_is_better is False
+        last.append(result.extra["spearman_last"])
+        # A map that ignores the model survives every layer's randomisation.
+        edges = metrics.model_randomisation(MapExplainer(model, sobel), images, seed=s)
+        close(edges.curves["spearman"], torch.ones(4, 3))
+        close(edges.curves["ssim"], torch.ones(4, 3))
+        close(edges.values, torch.ones(4))
+    last = torch.stack(last)  # (models, images)
+    # Grad-CAM's maps after the whole cascade are unrelated to the original ones: near-zero
+    # correlation on average (per model it scatters around 0, within about +-0.5).
+    assert abs(last.mean().item()) < 0.25, last.mean(1)
+    assert last.mean(1).abs().max() < 0.6, last.mean(1)
+
+
+def test_model_randomisation_compares_at_evenly_spaced_checkpoints_of_the_cascade():
+    layers = [nn.Conv2d(3, 4, 3, padding=1)] + [nn.Conv2d(4, 4, 3, padding=1) for _ in range(10)]
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5)).eval()
+    images, cam = smooth_images(2, size=16), explain.GradCAM(model, target_layer="5")
+    every = metrics.model_randomisation(cam, images, checkpoints=None)
+    assert every.step_labels == ("13", "10", "9", "8", "7", "6", "5", "4", "3", "2", "1", "0")
+    some = metrics.model_randomisation(cam, images, checkpoints=4)
+    # 12 layers, 4 checkpoints: after 1, 5 (round(4.67)), 8 (round(8.33)) and all 12 layers.
+    close(some.steps, [1, 5, 8, 12])
+    assert some.step_labels == ("13", "7", "4", "0")
+    close(some.curves["spearman"], every.curves["spearman"][:, [0, 4, 7, 11]])
+    close(metrics.model_randomisation(cam, images, checkpoints=1).steps, [12])
+
+
+def model_with_state():
+    """A small CNN with batch norm, one frozen parameter and a .grad on another."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    model[0].bias.requires_grad_(False)
+    model[3].weight.grad = torch.randn_like(model[3].weight)
+    return model.eval()
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_model_randomisation_restores_the_model_also_after_an_error(training):
+    model, images = model_with_state().train(training), smooth_images(2, 16)
+    state = ModelState(model)
+    result = metrics.model_randomisation(explain.GradCAM(model), images)
+    assert result.step_labels == ("7", "3", "1", "0")  # batch norm has reset_parameters too
+    state.assert_unchanged()
+    assert torch.is_grad_enabled()
+    cam = explain.GradCAM(model)
+    failing = MapExplainer(model, lambda images, targets: cam(images, targets).maps, fail_on_call=3)
+    with pytest.raises(RuntimeError, match="explainer failed"):
+        metrics.model_randomisation(failing, images)
+    assert len(failing.calls) == 3  # the original maps, the head randomised, then the error
+    state.assert_unchanged()
+    assert hook_count(model) == 0 and torch.is_grad_enabled()
+    # The same numbers again: nothing of the failed run was left behind.
+    close(metrics.model_randomisation(explain.GradCAM(model), images).values, result.values)
+
+
+def test_random_logit_draws_another_class():
+    model = small_linear(classes=5, size=8)
+    images = torch.rand(100, 3, 8, 8)
+    targets = torch.arange(100) % 5
+    explainer = MapExplainer(model, sobel)
+    explanation = explainer(images, targets)
+    explainer.calls.clear()
+    result = metrics.random_logit(explainer, images, explanation)
+    explained_again = torch.cat([t for _, t in explainer.calls])
+    others = result.extra["class"].long()
+    assert (others != targets).all() and ((others >= 0) & (others < 5)).all()
+    # Uniform over the other four classes: every one drawn for some image of each target.
+    for t in range(5):
+        assert set(others[targets == t].tolist()) == set(range(5)) - {t}
+    assert torch.equal(metrics.random_logit(explainer, images, explanation).extra["class"], result.extra["class"])
+    assert not torch.equal(metrics.random_logit(explainer, images, explanation, seed=1).extra["class"],
+                           result.extra["class"])
+    # The edge map is the same for every class: SSIM and Spearman 1.
+    close(result.values, torch.ones(100))
+    close(result.extra["spearman"], torch.ones(100))
+    assert explained_again.tolist() == others.tolist()  # explained again for the drawn class
+
+
+def test_random_logit_ssim_by_hand():
+    from skimage.metrics import structural_similarity
+
+    # Two classes: the other class is always the other one. The map is the class's channel.
+    model = small_linear(channels=2, size=16, classes=2)
+    images = torch.rand(3, 2, 16, 16)
+    targets = torch.tensor([0, 1, 1])
+    explainer = MapExplainer(model, channel_of_target)
+    result = metrics.random_logit(explainer, images, explainer(images, targets))
+    close(result.extra["class"], [1, 0, 0])
+    expected = []
+    for image, t in zip(images.double().numpy(), targets.tolist()):
+        a, b = image[t], image[1 - t]
+        expected.append(structural_similarity(a, b, data_range=max(a.max(), b.max()) - min(a.min(), b.min())))
+    close(result.values, expected)
+
+
+def test_spearman_and_ssim_helpers_match_scipy_and_skimage():
+    from scipy.stats import spearmanr
+    from skimage.metrics import structural_similarity
+
+    a = torch.randint(0, 4, (5, 9, 9)).float()  # many ties
+    b = torch.randint(0, 4, (5, 9, 9)).float()
+    b[0] = a[0] * 2 + 1  # a monotone function of a: 1
+    b[1] = -a[1]  # reversed: -1
+    expected = [spearmanr(x.flatten(), y.flatten())[0] for x, y in zip(a.numpy(), b.numpy())]
+    close(spearman(a, b), expected)
+    close(spearman(a, b)[:2], [1.0, -1.0])
+    # A constant map has no ranking: 0 (scipy says NaN).
+    close(spearman(torch.ones(1, 9, 9), a[:1]), [0.0])
+    close(spearman(torch.ones(1, 9, 9), torch.ones(1, 9, 9)), [0.0])
+
+    x, y = torch.rand(3, 12, 12), torch.rand(3, 12, 12)
+    y[1] = x[1] * 0.5 + 0.25
+    expected = [structural_similarity(p, q, data_range=max(p.max(), q.max()) - min(p.min(), q.min()))
+                for p, q in zip(x.double().numpy(), y.double().numpy())]
+    close(ssim(x, y), expected)
+    close(ssim(x, x), torch.ones(3))
+    close(ssim(torch.full((1, 9, 9), 0.3), torch.full((1, 9, 9), 0.3)), [1.0])  # identical constants
+    zeros, ones = np.zeros((9, 9)), np.ones((9, 9))
+    close(ssim(torch.zeros(1, 9, 9), torch.ones(1, 9, 9)), [structural_similarity(zeros, ones, data_range=1.0)])
+
+
+# --- localisation -----------------------------------------------------------------------
+
+
+def one_peak(y, x, size=40):
+    maps = torch.zeros(1, size, size)
+    maps[0, y, x] = 1.0
+    return maps
+
+
+def one_pixel(y, x, size=40):
+    mask = torch.zeros(1, size, size, dtype=torch.bool)
+    mask[0, y, x] = True
+    return mask
+
+
+def test_pointing_game_hit_miss_and_the_15_pixel_tolerance():
+    game = lambda maps, region, **kw: metrics.pointing_game(maps, region, **kw).values.item()
+    assert game(one_peak(20, 20), one_pixel(20, 20), tolerance=0) == 1.0  # hit
+    assert game(one_peak(20, 20), one_pixel(20, 21), tolerance=0) == 0.0  # miss
+    assert game(one_peak(20, 20), one_pixel(20, 35)) == 1.0  # 15 px away
+    assert game(one_peak(20, 20), one_pixel(20, 36)) == 0.0  # 16 px away
+    assert game(one_peak(0, 0), one_pixel(9, 12)) == 1.0  # sqrt(81 + 144) = 15
+    assert game(one_peak(0, 0), one_pixel(9, 13)) == 0.0  # sqrt(81 + 169) > 15
+    assert game(one_peak(0, 0), one_pixel(9, 12), tolerance=14.9) == 0.0
+    assert metrics.pointing_game(one_peak(0, 0), one_pixel(9, 12)).higher_is_better is True
+
+
+def test_pointing_game_ties_and_empty_regions():
+    maps = one_peak(0, 0)
+    maps[0, 30, 30] = 1.0  # a second maximum, inside the region
+    assert metrics.pointing_game(maps, one_pixel(30, 30), tolerance=0).values.item() == 1.0
+    assert metrics.pointing_game(maps, one_pixel(2, 2), tolerance=0).values.item() == 0.0
+    empty = torch.zeros(1, 40, 40, dtype=torch.bool)
+    for metric in (metrics.pointing_game, metrics.relevance_mass, metrics.relevance_rank,
+                   metrics.energy_pointing_game):
+        assert math.isnan(metric(maps, empty).values.item())
+
+
+def test_boxes_and_masks_give_the_same_results():
+    maps = torch.rand(3, 30, 30)
+    boxes = torch.tensor([[10, 10, 20, 20], [0, 5, 7, 25], [10.2, 3.4, 19.6, 3.6]])
+    masks = torch.zeros(3, 30, 30, dtype=torch.bool)
+    masks[0, 10:20, 10:20] = True  # pixel centres 10.5 .. 19.5 inside [10, 20]
+    masks[1, 5:25, 0:7] = True
+    masks[2, 3, 10:20] = True  # only row 3's centre (3.5) lies within [3.4, 3.6]
+    assert torch.equal(metrics.region_masks(boxes, (30, 30)), masks)
+    for metric in (metrics.pointing_game, metrics.relevance_mass, metrics.relevance_rank,
+                   metrics.energy_pointing_game):
+        torch.testing.assert_close(metric(maps, boxes).values, metric(maps, masks).values, equal_nan=True)
+        torch.testing.assert_close(metric(maps, boxes).values, metric(maps, masks[:, None]).values, equal_nan=True)
+
+
+def test_relevance_mass_counts_positive_relevance_only():
+    maps = torch.tensor([[[3.0, 1.0, -4.0], [0.0, 2.0, -1.0], [0.5, 0.5, 1.0]]])
+    region = torch.tensor([[[True, False, True], [False, True, False], [False, False, False]]])
+    # Positive total 3 + 1 + 2 + 0.5 + 0.5 + 1 = 8; inside 3 + 2 (the -4 is not mass).
+    close(metrics.relevance_mass(maps, region).values, [5 / 8])
+    close(metrics.relevance_mass(-torch.ones(1, 3, 3), region).values, [0.0])  # no positive relevance
+
+
+def test_relevance_rank_takes_the_region_size_top_pixels():
+    maps = torch.tensor([[[9.0, 1.0, 8.0], [2.0, 7.0, 3.0], [4.0, 5.0, 6.0]]])
+    region = torch.tensor([[[True, True, False], [False, True, False], [False, False, False]]])
+    # K = 3: the top three are 9 (in), 8 (out), 7 (in).
+    close(metrics.relevance_rank(maps, region).values, [2 / 3])
+    # Ties in raster order: a flat map's top K are the first K pixels, 0 and 1 of them inside.
+    close(metrics.relevance_rank(torch.ones(1, 3, 3), region).values, [2 / 3])
+
+
+def test_energy_pointing_game_scales_to_0_1_first():
+    maps = torch.tensor([[[5.0, 3.0], [1.0, 1.0]]])  # scaled: 1, 0.5, 0, 0
+    region = torch.tensor([[[False, True], [True, False]]])
+    close(metrics.energy_pointing_game(maps, region).values, [0.5 / 1.5])
+    close(metrics.energy_pointing_game(torch.full((1, 2, 2), 7.0), region).values, [0.0])  # no energy
+
+
+# --- sparseness and complexity ----------------------------------------------------------
+
+
+def test_sparseness_gini_by_hand():
+    maps = torch.tensor([
+        [[0.0, 0.0], [0.0, 1.0]],  # one-hot: (2*4 - 5) * 1 / (4 * 1) = 0.75
+        [[1.0, 1.0], [1.0, 1.0]],  # flat: 0
+        [[4.0, 2.0], [3.0, 1.0]],  # (-3*1 - 1*2 + 1*3 + 3*4) / (4 * 10) = 0.25
+        [[0.0, -1.0], [0.0, 0.0]],  # magnitudes: one-hot
+        [[0.0, 0.0], [0.0, 0.0]],  # all zero: 0
+    ])
+    result = metrics.sparseness(maps)
+    close(result.values, [0.75, 0.0, 0.25, 0.75, 0.0])
+    assert result.higher_is_better is True
+
+
+def test_complexity_entropy_by_hand():
+    maps = torch.tensor([
+        [[1.0, 1.0], [1.0, 1.0]],  # ln 4
+        [[0.0, 3.0], [0.0, 0.0]],  # 0
+        [[1.0, -1.0], [2.0, 0.0]],  # p = 1/4, 1/4, 1/2, 0: 2 * (1/4) ln 4 + (1/2) ln 2 = 1.5 ln 2
+        [[0.0, 0.0], [0.0, 0.0]],  # all zero: 0
+    ])
+    result = metrics.complexity(maps)
+    close(result.values, [math.log(4), 0.0, 1.5 * math.log(2), 0.0])
+    assert result.higher_is_better is False
+
+
+# --- topk explanations ------------------------------------------------------------------
+
+
+def topk_setup():
+    model = linear(torch.randn(3, 1, 4, 4))
+    images = torch.rand(2, 1, 4, 4)
+    maps = torch.rand(2, 2, 4, 4)
+    targets = torch.tensor([[0, 2], [1, 0]])
+    explanation = Explanation(maps=maps, raw_layers={}, logits=model(images).detach(), targets=targets, method="test")
+    return model, images, explanation
+
+
+SEGMENTS = torch.tensor([[[0, 0, 1, 1], [0, 0, 1, 1], [2, 2, 3, 3], [2, 2, 3, 3]],
+                         [[0, 1, 1, 1], [0, 1, 1, 1], [0, 0, 2, 2], [0, 0, 2, 2]]])
+
+MODEL_METRICS = {
+    "deletion": lambda *a: metrics.deletion(*a, step=3),
+    "insertion": lambda *a: metrics.insertion(*a, step=3, blur_kernel=3),
+    "average-drop": metrics.average_drop,
+    "pixel-flipping": metrics.pixel_flipping,
+    "region-perturbation": lambda *a: metrics.region_perturbation(*a, patch_size=2, baseline=0.5),
+    "irof": lambda *a: metrics.irof(*a, segments=SEGMENTS),
+    "road": lambda *a: metrics.road(*a, percentages=(25, 50), noise=0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(MODEL_METRICS))
+def test_topk_equals_one_target_at_a_time(name):
+    model, images, explanation = topk_setup()
+    metric = MODEL_METRICS[name]
+    together = metric(model, images, explanation)
+    assert together.values.shape == (2, 2)
+    for j in range(2):
+        alone = metric(model, images, explanation.maps[:, j], explanation.targets[:, j])
+        close(together.values[:, j], alone.values)
+        for key, curve in together.curves.items():
+            close(curve[:, j], alone.curves[key])
+        for key, value in together.extra.items():
+            close(value[:, j], alone.extra[key])
+
+
+@pytest.mark.parametrize("name", ["region-perturbation", "road", "sensitivity", "random-logit"])
+def test_topk_equals_one_target_at_a_time_with_random_draws(name):
+    # The random draws (noise, the other class) belong to the image, not to its row among
+    # the explained targets. (8 x 8: SSIM's window is 7 x 7.)
+    model = linear(torch.randn(3, 1, 8, 8))
+    images = torch.rand(2, 1, 8, 8)
+    explanation = Explanation(maps=torch.rand(2, 2, 8, 8), raw_layers={}, logits=model(images).detach(),
+                              targets=torch.tensor([[0, 2], [1, 0]]), method="test")
+    explainer = MapExplainer(model, lambda images, targets: images[:, 0] * (targets + 1).view(-1, 1, 1))
+    run = {
+        "region-perturbation": lambda e, t=None: metrics.region_perturbation(model, images, e, t, patch_size=2),
+        "road": lambda e, t=None: metrics.road(model, images, e, t, percentages=(25, 50)),
+        "sensitivity": lambda e, t=None: metrics.sensitivity(explainer, images, e, t, n_samples=3),
+        "random-logit": lambda e, t=None: metrics.random_logit(explainer, images, e, t),
+    }[name]
+    together = run(explanation)
+    assert together.values.shape == (2, 2)
+    for j in range(2):
+        alone = Explanation(maps=explanation.maps[:, j], raw_layers={}, logits=explanation.logits,
+                            targets=explanation.targets[:, j], method="test")
+        close(together.values[:, j], run(alone).values)
+
+
+def test_topk_localisation_and_concentration():
+    maps = torch.rand(2, 3, 8, 8)
+    boxes = torch.tensor([[0, 0, 4, 4], [2, 2, 8, 6]])
+    for metric in (metrics.pointing_game, metrics.relevance_mass, metrics.relevance_rank,
+                   metrics.energy_pointing_game):
+        together = metric(maps, boxes).values
+        assert together.shape == (2, 3)
+        for j in range(3):
+            close(together[:, j], metric(maps[:, j], boxes).values)
+    for metric in (metrics.sparseness, metrics.complexity):
+        together = metric(maps).values
+        assert together.shape == (2, 3)
+        for j in range(3):
+            close(together[:, j], metric(maps[:, j]).values)
+
+
+# --- input validation -------------------------------------------------------------------
+
+
+def test_errors_name_the_fix():
+    model = small_cnn(width=4)
+    images = torch.rand(2, 3, 16, 16)
+    targets = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match=r"one map per image at the images' size, \(2, 16, 16\)"):
+        metrics.deletion(model, images, torch.rand(2, 8, 8), targets)
+    with pytest.raises(ValueError, match=r"one map per image"):
+        metrics.deletion(model, images, torch.rand(3, 16, 16), targets)
+    with pytest.raises(ValueError, match="pass targets="):
+        metrics.deletion(model, images, torch.rand(2, 16, 16))
+    with pytest.raises(ValueError, match=r"targets have shape \(3,\)"):
+        metrics.deletion(model, images, torch.rand(2, 16, 16), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="must be class ids"):
+        metrics.deletion(model, images, torch.rand(2, 16, 16), torch.tensor([0.0, 1.0]))
+    # An explanation of a callable target has no class ids (targets -1).
+    custom = explain.GradCAM(model)(images, targets=lambda output: output[:, 0] - output[:, 1])
+    assert (custom.targets == -1).all()
+    for metric in (metrics.deletion, metrics.average_drop, metrics.road):
+        with pytest.raises(ValueError, match="explain class ids, or pass targets="):
+            metric(model, images, custom)
+    # ... and passing them works.
+    assert metrics.deletion(model, images, custom, targets, step=64).values.shape == (2,)
+    nan_maps = torch.rand(2, 16, 16)
+    nan_maps[0, 3, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        metrics.insertion(model, images, nan_maps, targets)
+    with pytest.raises(TypeError, match="explain.Explanation or a tensor"):
+        metrics.deletion(model, images, nan_maps.numpy(), targets)
+    for step in (0, -2, 1.5, 0.0, True, "row"):
+        with pytest.raises(ValueError, match=r"step must be a number of pixels \(int >= 1\) or a fraction"):
+            metrics.deletion(model, images, torch.rand(2, 16, 16), targets, step=step)
+    with pytest.raises(ValueError, match="unknown score 'prob'; use one of probability, logit"):
+        metrics.deletion(model, images, torch.rand(2, 16, 16), targets, score="prob")
+    with pytest.raises(ValueError, match="n_samples must be a positive int"):
+        metrics.sensitivity(explain.GradCAM(model), images, n_samples=0)
+    with pytest.raises(ValueError, match="maps must be"):
+        metrics.sparseness(torch.rand(16, 16))
+    with pytest.raises(ValueError, match="one region per image"):
+        metrics.pointing_game(torch.rand(2, 16, 16), torch.tensor([[0, 0, 4, 4]]))
+    with pytest.raises(ValueError, match=r"masks \(N, 16, 16\) at the maps' size or boxes \(N, 4\)"):
+        metrics.relevance_mass(torch.rand(2, 16, 16), torch.ones(2, 8, 8, dtype=torch.bool))
+
+
+# --- hygiene: the model is left alone, no graph, batching does not matter ---------------
+
+
+class NoGraph(nn.Module):
+    """A small CNN with batch norm whose forward refuses to run with gradients on."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(2),
+                                 nn.Flatten(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        assert not torch.is_grad_enabled(), "a metric's forward pass would build a graph"
+        return self.net(x)
+
+
+HYGIENE = {
+    "deletion": lambda model, images, maps, t, b: metrics.deletion(model, images, maps, t, step=7, batch_size=b),
+    "insertion": lambda model, images, maps, t, b: metrics.insertion(model, images, maps, t, step=7, batch_size=b),
+    "average-drop": lambda model, images, maps, t, b: metrics.average_drop(model, images, maps, t, batch_size=b),
+    "road": lambda model, images, maps, t, b: metrics.road(model, images, maps, t, percentages=(20, 60),
+                                                           batch_size=b),
+    "pixel-flipping": lambda model, images, maps, t, b: metrics.pixel_flipping(model, images, maps, t, step=0.1,
+                                                                               batch_size=b),
+    "region-perturbation": lambda model, images, maps, t, b: metrics.region_perturbation(
+        model, images, maps, t, patch_size=4, batch_size=b),
+    "irof": lambda model, images, maps, t, b: metrics.irof(model, images, maps, t, n_segments=8, batch_size=b),
+}
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("name", list(HYGIENE))
+def test_model_metrics_leave_the_model_alone_and_batching_changes_nothing(name, training):
+    # A model left in training mode too: batch norm must not learn from (nor depend on)
+    # the perturbed batches.
+    model = NoGraph().train(training)
+    with torch.no_grad():
+        model.net[1].running_mean.uniform_(-0.5, 0.5)
+    model.net[5].weight.grad = torch.ones_like(model.net[5].weight)
+    images = torch.rand(3, 3, 12, 12)
+    maps = torch.rand(3, 12, 12)
+    targets = torch.tensor([0, 2, 1])
+    state = ModelState(model)
+    one = HYGIENE[name](model, images, maps, targets, 1)
+    state.assert_unchanged()
+    many = HYGIENE[name](model, images, maps, targets, 64)
+    state.assert_unchanged()
+    assert not one.values.requires_grad and torch.isfinite(one.values).all()
+    # Equal up to float rounding (a convolution's batch of 1 and of 64 may sum in another
+    # order); average drop's 100 (Y - O) / Y magnifies it.
+    tol = 1e-4 if name == "average-drop" else 1e-6
+    torch.testing.assert_close(one.values, many.values, rtol=tol, atol=tol)
+    for key in one.curves:
+        torch.testing.assert_close(one.curves[key], many.curves[key], rtol=1e-6, atol=1e-6)
+
+
+def test_explainer_metrics_leave_the_model_alone():
+    model, images = model_with_state(), smooth_images(2, 16)
+    state = ModelState(model)
+    cam = explain.GradCAM(model)
+    explanation = cam(images)
+    a = metrics.sensitivity(cam, images, explanation, n_samples=3, batch_size=2)
+    b = metrics.sensitivity(cam, images, explanation, n_samples=3, batch_size=64)
+    torch.testing.assert_close(a.values, b.values, rtol=1e-5, atol=1e-6)
+    one = metrics.random_logit(cam, images, explanation, batch_size=1)
+    torch.testing.assert_close(one.values, metrics.random_logit(cam, images, explanation).values)
+    one = metrics.model_randomisation(cam, images, explanation, batch_size=1)
+    torch.testing.assert_close(one.values, metrics.model_randomisation(cam, images, explanation).values)
+    state.assert_unchanged()
+
+
+# --- the registry -----------------------------------------------------------------------
+
+
+def test_every_registered_metric_runs_on_resnet18():
+    import torchvision
+
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    images = torch.rand(2, 3, 32, 32)
+    cam = explain.GradCAM(model)
+    explanation = cam(images)
+    boxes = torch.tensor([[4, 4, 20, 20], [10, 0, 32, 16]])
+    state = ModelState(model)
+    assert metrics.metric_names()[:3] == ["deletion", "insertion", "average-drop"]
+    assert len(metrics.metric_names()) == 16
+    for name in metrics.metric_names():
+        options = {"randomisation": {"layers": ["fc", "layer4.1.conv2", "layer4.0.conv1"]},
+                   "sensitivity": {"n_samples": 2}}.get(name, {})
+        score = metrics.compute(name, cam, images, explanation, regions=boxes, **options)
+        assert score.values.shape == (2,), name
+        assert torch.isfinite(score.values).all(), name
+        spec = metrics.METRICS[name]
+        columns = registry.columns(name, score)
+        assert list(columns) == list(spec.columns), name
+        assert columns[name][1] == score.higher_is_better, name
+        for column, (values, higher) in columns.items():
+            assert values.shape == (2,) and torch.isfinite(values).all(), (name, column)
+            assert higher in (True, False), (name, column)
+    state.assert_unchanged()
+    # Names ignore case and underscores; unknown names list the known ones.
+    assert metrics.compute("Average_Drop", cam, images, explanation).metric == "average-drop"
+    with pytest.raises(ValueError, match="did you mean deletion"):
+        metrics.compute("deletoin", cam, images, explanation)
+    with pytest.raises(ValueError, match="pointing-game needs the objects' regions: pass regions="):
+        metrics.compute("pointing-game", cam, images, explanation)
+
+
+def test_declared_columns():
+    assert {name: list(spec.columns) for name, spec in metrics.METRICS.items()} == {
+        "deletion": ["deletion"], "insertion": ["insertion"],
+        "average-drop": ["average-drop", "increase-in-confidence", "average-gain"],
+        "road": ["road", "road-morf", "road-lerf"], "pixel-flipping": ["pixel-flipping"],
+        "region-perturbation": ["region-perturbation"], "irof": ["irof"],
+        "sensitivity": ["sensitivity", "avg-sensitivity"], "randomisation": ["randomisation", "randomisation-ssim"],
+        "random-logit": ["random-logit"], "pointing-game": ["pointing-game"], "relevance-mass": ["relevance-mass"],
+        "relevance-rank": ["relevance-rank"], "energy-pointing-game": ["energy-pointing-game"],
+        "sparseness": ["sparseness"], "complexity": ["complexity"],
+    }
+    assert metrics.METRICS["road"].columns["road-morf"] == ("morf", False)
+    assert metrics.METRICS["average-drop"].columns["average-gain"] == ("gain", True)

@@ -1,0 +1,553 @@
+"""explain.metrics against Quantus (0.6), the reference toolkit, for each metric both have.
+
+Issue 12: on the same model, inputs, maps and settings, each of explain's metrics must equal
+Quantus's within 1e-3 (tighter where both compute exactly the same thing), and a randomised
+one must agree, with the same seed, within a stated tolerance. Where Quantus departs from
+the metric's paper, explain follows the paper; the test then configures Quantus to the
+paper's choice (through Quantus's own options: ``perturb_func``, ``similarity_func``,
+``normalise_func``) and says so where it does. Skipped without the ``quantus`` extra
+(``pip install explain[quantus]``); CI installs it.
+
+Compared here: PixelFlipping, RegionPerturbation, IROF, ROAD, MaxSensitivity and
+AvgSensitivity, MPRT (model parameter randomisation), RandomLogit, PointingGame,
+RelevanceMassAccuracy, RelevanceRankAccuracy, Sparseness and Complexity.
+
+Not compared, because Quantus 0.6 has no counterpart: deletion and insertion (Petsiuk et
+al.'s RISE curves; Quantus has no insertion curve, and its deletion-like PixelFlipping is
+compared instead), Average Drop / Increase in Confidence / Average Gain, the energy-based
+pointing game (Score-CAM), the pointing game's 15-pixel tolerance, ROAD's LeRF curve and
+the SSIM of model randomisation.
+
+Every map is a tie-free continuous one: explain sorts stably (ties in raster order) and
+Quantus with numpy's default, unstable argsort, so on ties the two may legitimately rank
+pixels differently. Models are tiny (one convolution, average pooling to 3 x 3, a linear
+layer) and images 12 x 12 (16 x 16 for IROF), so the file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+quantus = pytest.importorskip("quantus")
+
+import explain  # noqa: E402
+from explain import metrics  # noqa: E402
+
+SIZE = 12  # 144 pixels: 12 pixels x 3 channels = 36 values divide it (PixelFlipping's step)
+CLASSES = 10
+EXACT = 1e-5  # float32 model passes in different batch layouts, the same arithmetic otherwise
+
+
+# ---------------------------------------------------------------------------------------
+# Shared set-up
+# ---------------------------------------------------------------------------------------
+
+
+def tiny_model(channels: int = 3, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(3), nn.Flatten(), nn.Linear(72, CLASSES)
+    )
+    # Pooling to 3 x 3 (not 1 x 1) and larger output weights make the model's decision depend
+    # on where the pixels are, with top-class probabilities of 0.25 to 0.9: a perturbation
+    # moves the scores, and removing pixels changes the class (ROAD's accuracy falls).
+    with torch.no_grad():
+        model[4].weight.mul_(10)
+    return model.eval()
+
+
+def images(n: int = 4, channels: int = 3, seed: int = 1, uniform: bool = False, size: int = SIZE) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    shape = (n, channels, size, size)
+    return torch.rand(shape, generator=generator) if uniform else torch.randn(shape, generator=generator)
+
+
+def tie_free_maps(n: int = 4, seed: int = 2, signed: bool = False, size: int = SIZE) -> torch.Tensor:
+    maps = torch.rand(n, size, size, generator=torch.Generator().manual_seed(seed))
+    if signed:
+        maps = 2 * maps - 1
+    assert all(len(m.unique()) == m.numel() for m in maps), "the maps must be tie-free"
+    return maps
+
+
+def predicted(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(x).argmax(1)
+
+
+def np_(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def a_batch(maps: torch.Tensor) -> np.ndarray:
+    """Maps (N, H, W) as Quantus takes them: a float32 array (N, 1, H, W)."""
+    return np_(maps[:, None].float())
+
+
+def run_quantus(metric, **kwargs):
+    """Call a Quantus metric on the CPU with its warnings silenced (it warns, e.g., whenever a
+    perturbation leaves an image unchanged) and torch's random stream left as it was (MPRT
+    reseeds it)."""
+    with warnings.catch_warnings(), torch.random.fork_rng():
+        warnings.simplefilter("ignore")
+        return metric(device="cpu", **kwargs)
+
+
+def assert_close(name: str, ours, theirs, atol: float) -> float:
+    """|ours - theirs| <= atol everywhere; prints the largest difference (pytest -rP shows it)."""
+    ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+    assert ours.shape == theirs.shape, (name, ours.shape, theirs.shape)
+    assert np.isfinite(ours).all() and np.isfinite(theirs).all(), name
+    difference = float(np.abs(ours - theirs).max())
+    print(f"{name}: max |explain - quantus| = {difference:.3g} (tolerance {atol:g})")
+    assert difference <= atol, f"{name}: max difference {difference:.3g} > {atol:g}\nours={ours}\nquantus={theirs}"
+    return difference
+
+
+class Recorder:
+    """A forward hook that keeps every output of ``model``: what Quantus saw inside a call."""
+
+    def __init__(self, model: nn.Module):
+        self.outputs: list[torch.Tensor] = []
+        self.handle = model.register_forward_hook(lambda module, args, out: self.outputs.append(out.detach().clone()))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+@pytest.fixture
+def trapz():
+    """numpy 2 removed ``np.trapz``, which Quantus 0.6 calls (IROF, AUCs): put it back for the
+    test alone."""
+    if hasattr(np, "trapz"):
+        yield
+        return
+    np.trapz = np.trapezoid
+    try:
+        yield
+    finally:
+        del np.trapz
+
+
+@pytest.fixture
+def numpy_rng():
+    """Quantus draws from numpy's global random stream (and RandomLogit reseeds it): leave it
+    as it was."""
+    state = np.random.get_state()
+    yield
+    np.random.set_state(state)
+
+
+def quantus_explain_func(make_explainer):
+    """An explainer of explain as Quantus's ``explain_func``: called with the (possibly
+    randomised) model, float32 inputs and targets as numpy arrays, it returns the maps
+    (n, 1, H, W) as a numpy array."""
+
+    def explain_func(model, inputs, targets, **kwargs):
+        inputs, targets = torch.as_tensor(np.asarray(inputs)), torch.as_tensor(np.asarray(targets)).long()
+        explanation = make_explainer(model)(inputs, targets)
+        return np_(explanation.maps[:, None])
+
+    return explain_func
+
+
+def saliency(model: nn.Module) -> explain.Saliency:
+    # Non-negative maps (abs-sum over channels), each scaled by its own maximum.
+    return explain.Saliency(model, clip_percentile=100.0)
+
+
+# ---------------------------------------------------------------------------------------
+# Faithfulness
+# ---------------------------------------------------------------------------------------
+
+
+def test_pixel_flipping(trapz):
+    """Quantus flips single channel values (``features_in_step`` of them per step); with
+    k * C values per step on a map broadcast to the channels, it flips k whole pixels, as
+    Bach et al. and explain do. Its "black" baseline is each image's minimum over all
+    channels, given to explain as a tensor. explain's curve starts at the intact image,
+    Quantus's after the first step."""
+    model, x, maps = tiny_model(), images(), tie_free_maps()
+    y = predicted(model, x)
+    k, channels = 12, x.shape[1]
+    ours = metrics.pixel_flipping(model, x, maps, y, step=k, baseline=x.amin((1, 2, 3), keepdim=True),
+                                  score="probability")
+    curve = np_(ours.curves["pixel-flipping"])
+    pf = quantus.PixelFlipping(features_in_step=k * channels, disable_warnings=True)
+    theirs = np.array(run_quantus(pf, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps)))
+    assert theirs.shape == (len(x), SIZE * SIZE // k)
+    assert_close("PixelFlipping curve", curve[:, 1:], theirs, EXACT)
+    # Quantus's AUC, trapz over its curve in steps: from explain's area on [0, 1] over the
+    # curve from the intact image, less the first interval.
+    pf_auc = quantus.PixelFlipping(features_in_step=k * channels, return_auc_per_sample=True, disable_warnings=True)
+    auc = run_quantus(pf_auc, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps))
+    steps = curve.shape[1] - 1
+    derived = np_(ours.values) * steps - (curve[:, 0] + curve[:, 1]) / 2
+    assert_close("PixelFlipping AUC", derived, auc, EXACT)
+
+
+@pytest.mark.parametrize("patch_size, regions", [(4, 6), (5, 9), (3, 100)])
+def test_region_perturbation(patch_size, regions):
+    """Same grid (5 does not divide 12: both centre it, padding (1, 2)), same order, the
+    image's minimum as the baseline and probabilities as the score. Quantus returns the
+    drops f(x) - f(x_k) for k = 1..L; explain's curve has the k = 0 term (0) first, and its
+    value is the paper's AOPC, sum / (L + 1). regions=100 exceeds the 16 patches: both stop
+    at the last one."""
+    model, x, maps = tiny_model(), images(), tie_free_maps()
+    y = predicted(model, x)
+    ours = metrics.region_perturbation(model, x, maps, y, patch_size=patch_size, regions=regions,
+                                       baseline=x.amin((1, 2, 3), keepdim=True), score="probability")
+    rp = quantus.RegionPerturbation(patch_size=patch_size, regions_evaluation=regions, disable_warnings=True)
+    theirs = np.stack(run_quantus(rp, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps)))
+    drops = np_(ours.curves["region-perturbation"])
+    assert np.all(drops[:, 0] == 0)
+    assert_close(f"RegionPerturbation drops (patch {patch_size}, {regions} regions)", drops[:, 1:], theirs, EXACT)
+    aopc = theirs.sum(1) / (theirs.shape[1] + 1)
+    assert_close(f"RegionPerturbation AOPC (patch {patch_size})", np_(ours.values), aopc, EXACT)
+
+
+def test_irof(trapz):
+    """The same SLIC segments (computed exactly as Quantus does and passed to explain), the
+    same order (mean relevance per segment). Quantus fills a removed segment with the mean
+    of the whole current batch (one number, drifting as segments are replaced, and
+    dependent on which images share the batch); Rieger & Hansen fill with the image's mean,
+    as explain does (per channel, of the original image): Quantus is given that fill as its
+    ``perturb_func``. Then the curves (read off the model's outputs inside Quantus's call)
+    agree, and Quantus's final number, AOC = n - trapz(curve in segment units, padded with
+    zeros to the batch's largest n), follows from explain's curve."""
+    from skimage.segmentation import slic
+
+    # 16 x 16 images in [0, 1]: SLIC (100 segments asked) gives 29 to 35 segments of a few
+    # pixels each, a different number per image.
+    model, x, maps = tiny_model(), images(uniform=True, size=16), tie_free_maps(size=16)
+    y = predicted(model, x)
+    segments = np.stack([slic(np.moveaxis(image, 0, -1).astype("double"), start_label=0) for image in np_(x)])
+    n = np.array([len(np.unique(s)) for s in segments])
+    assert all(s.max() + 1 == k for s, k in zip(segments, n)), "SLIC's labels are 0..n-1"
+    assert len(set(n)) > 1  # Quantus pads the shorter curves with zeros
+    ours = metrics.irof(model, x, maps, y, segments=torch.as_tensor(segments), score="probability")
+    curve = np_(ours.curves["irof"]).astype(np.float64)  # (N, L + 1): the intact image (1.0), then each removal
+    longest = int(n.max())
+    assert curve.shape == (len(x), longest + 1)
+
+    means = np_(x.mean((2, 3), keepdim=True))
+
+    def image_mean_fill(arr, mask, **kwargs):
+        assert arr.shape == x.shape  # one batch: the means line up with the images
+        return np.where(mask, means, arr).astype(arr.dtype)
+
+    irof = quantus.IROF(perturb_func=image_mean_fill, return_aggregate=False, disable_warnings=True)
+    with Recorder(model) as seen:
+        theirs = np.array(run_quantus(irof, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps)))
+    probabilities = torch.stack(seen.outputs[-(longest + 1):]).softmax(-1)[..., torch.arange(len(x)), y].T
+    their_curve = np_(probabilities[:, 1:] / probabilities[:, :1])  # (N, L): Quantus's p_t / p_0
+    valid = np.arange(longest)[None] < n[:, None]
+    assert_close("IROF curve", curve[:, 1:][valid], their_curve[valid], EXACT)
+    derived = n - np.trapezoid(np.where(valid, curve[:, 1:], 0.0), axis=1)
+    assert_close("IROF Quantus AOC from explain's curve", derived, theirs, EXACT)
+    # In explain's value (the area over the curve on [0, 1], from the intact image):
+    # Quantus = n * value + (1 + r_1) / 2, less r_n / 2 where n is below the batch's longest.
+    r_1, r_n = curve[:, 1], curve[np.arange(len(x)), n]
+    from_value = n * np_(ours.values) + (1 + r_1) / 2 - np.where(n < longest, r_n / 2, 0.0)
+    assert_close("IROF Quantus AOC from explain's value", from_value, theirs, EXACT)
+
+
+def test_road():
+    """MoRF, noise 0 (noisy linear imputation is then deterministic), a one-channel model
+    (Quantus 0.6's ROAD indexes the channel-broadcast map with pixel indices and fails for
+    C > 1). Quantus returns the accuracy per percentage, against the labels (here the
+    predicted classes); explain's ``morf_accuracy`` curve averaged over images is that. The
+    probabilities inside Quantus's call (read off the model) match explain's ``morf``
+    curve too. Quantus has no LeRF curve."""
+    model, x, maps = tiny_model(channels=1), images(n=6, channels=1), tie_free_maps(n=6)
+    y = predicted(model, x)
+    percentages = [10, 30, 50, 70, 90]  # 14.4, 43.2, 72, 100.8, 129.6 pixels: int() takes 14, 43, ...
+    ours = metrics.road(model, x, maps, y, percentages=tuple(percentages), noise=0.0)
+    road = quantus.ROAD(percentages=percentages, noise=0.0, disable_warnings=True)
+    with Recorder(model) as seen:
+        theirs = run_quantus(road, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps))
+    assert list(theirs) == percentages
+    accuracy = np_(ours.curves["morf_accuracy"]).mean(0)
+    assert 0 < accuracy.min() < accuracy.max()  # removing pixels changes some classes
+    assert_close("ROAD MoRF accuracy", accuracy, [theirs[p] for p in percentages], 1e-6)  # float32 means
+    outputs = torch.stack(seen.outputs[-len(percentages):])  # (percentages, N, classes)
+    hits = (outputs.argmax(-1) == y).T.float()
+    assert_close("ROAD MoRF hits per image", np_(ours.curves["morf_accuracy"]), np_(hits), 0)
+    probabilities = outputs.softmax(-1)[..., torch.arange(len(x)), y].T
+    # explain's imputation solves the linear system iteratively (to 1e-5); Quantus exactly.
+    assert_close("ROAD MoRF probability", np_(ours.curves["morf"]), np_(probabilities), 1e-4)
+    # Quantus scores only the first batch; explain every image.
+    road = quantus.ROAD(percentages=percentages, noise=0.0, disable_warnings=True)
+    first = run_quantus(road, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps), batch_size=2)
+    assert_close("ROAD first batch only", np_(ours.curves["morf_accuracy"][:2]).mean(0),
+                 [first[p] for p in percentages], 1e-6)
+    assert any(first[p] != theirs[p] for p in percentages)
+
+
+# ---------------------------------------------------------------------------------------
+# Robustness
+# ---------------------------------------------------------------------------------------
+
+
+class RecordingExplainer:
+    """An explainer that keeps the images it is asked to explain (the noisy copies)."""
+
+    def __init__(self, explainer):
+        self.explainer, self.model, self.calls = explainer, explainer.model, []
+
+    def __call__(self, images, targets=None, **options):
+        self.calls.append(images.detach().clone())
+        return self.explainer(images, targets, **options)
+
+
+def sensitivity_metrics(n_samples, radius):
+    """Quantus's two sensitivities with their own noise, uniform in [-radius, radius]."""
+    return {
+        "max": quantus.MaxSensitivity(nr_samples=n_samples, lower_bound=radius, disable_warnings=True),
+        "average": quantus.AvgSensitivity(nr_samples=n_samples, lower_bound=radius, disable_warnings=True),
+    }
+
+
+def test_sensitivity_same_noise():
+    """Given explain's noisy copies (recorded from explain's own call and handed to Quantus
+    as its ``perturb_func``), Quantus's Max- and AvgSensitivity equal explain's: the
+    distance ||Phi(x + d) - Phi(x)|| / ||Phi(x)|| with Phi(x) the given maps."""
+    model, x = tiny_model(), images()
+    explainer = RecordingExplainer(saliency(model))
+    explanation = explainer.explainer(x)
+    n_samples = 8
+    ours = metrics.sensitivity(explainer, x, explanation, radius=0.2, n_samples=n_samples)
+    noisy = torch.cat(explainer.calls).view(len(x), n_samples, -1)  # rows repeat each image n_samples times
+    assert 0 < float((noisy - x.flatten(1)[:, None]).abs().max()) <= 0.2 + 1e-6
+
+    for name, metric in (("max", quantus.MaxSensitivity), ("average", quantus.AvgSensitivity)):
+        step = iter(range(n_samples))
+
+        def explain_noise(arr, indices, **kwargs):
+            return np_(noisy[:, next(step)])
+
+        metric = metric(nr_samples=n_samples, perturb_func=explain_noise, disable_warnings=True)
+        theirs = run_quantus(metric, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                             a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(saliency))
+        value = ours.values if name == "max" else ours.extra["average"]
+        assert_close(f"{name} sensitivity, the same noise", np_(value), theirs, EXACT)
+
+
+def test_sensitivity_without_noise(numpy_rng):
+    """Radius 0: no perturbation, both exactly 0."""
+    model, x = tiny_model(), images()
+    explanation = saliency(model)(x)
+    ours = metrics.sensitivity(saliency(model), x, explanation, radius=0.0, n_samples=3)
+    assert torch.equal(ours.values, torch.zeros(len(x))) and torch.equal(ours.extra["average"], torch.zeros(len(x)))
+    for name, metric in sensitivity_metrics(3, 0.0).items():
+        theirs = run_quantus(metric, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                             a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(saliency))
+        assert np.array_equal(theirs, np.zeros(len(x))), (name, theirs)
+
+
+def test_sensitivity_statistically(numpy_rng):
+    """Quantus's own noise (numpy's global stream, seeded 0) against explain's (seed 0): the
+    same distribution, uniform in [-0.2, 0.2] per input value, different draws. With 64
+    samples each, the averages agree within 4 standard errors of their difference,
+    4 * sd * sqrt(2 / 64), sd the spread of one image's distances over explain's samples
+    (a 4-sigma band: about 1 in 16 000 to fail by chance). A maximum has no such error
+    band: Quantus's must lie above the 90th percentile of explain's distances (the largest
+    of 64 draws falls below it with probability 0.9 ** 64 = 0.1 %) and below their mean
+    + 6 sd (beyond any 64-draw maximum seen over 5 seeds, at most 4.2 sd)."""
+    model, x = tiny_model(), images()
+    explainer = RecordingExplainer(saliency(model))
+    explanation = explainer.explainer(x)
+    n_samples = 64
+    ours = metrics.sensitivity(explainer, x, explanation, radius=0.2, n_samples=n_samples, seed=0)
+    # explain's distances, one per noisy copy, from the copies it explained.
+    again = saliency(model)(torch.cat(explainer.calls), explanation.targets.repeat_interleave(n_samples)).maps
+    distances = ((again.view(len(x), n_samples, -1) - explanation.maps.flatten(1)[:, None]).norm(dim=2)
+                 / explanation.maps.flatten(1).norm(dim=1, keepdim=True))
+    torch.testing.assert_close(distances.amax(1), ours.values)
+    torch.testing.assert_close(distances.mean(1), ours.extra["average"])
+
+    np.random.seed(0)
+    theirs = {name: np.asarray(run_quantus(metric, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                                           a_batch=a_batch(explanation.maps),
+                                           explain_func=quantus_explain_func(saliency)))
+              for name, metric in sensitivity_metrics(n_samples, 0.2).items()}
+    tolerance = 4 * np_(distances.std(1)) * np.sqrt(2 / n_samples)
+    difference = np.abs(np_(ours.extra["average"]) - theirs["average"])
+    print(f"average sensitivity: |explain - quantus| = {difference.round(4)} (tolerance {tolerance.round(4)})")
+    assert np.all(difference <= tolerance)
+    low = np_(distances.quantile(0.9, dim=1))
+    high = np_(distances.mean(1) + 6 * distances.std(1))
+    print(f"max sensitivity: explain {np_(ours.values).round(4)}, quantus {theirs['max'].round(4)} "
+          f"(band {low.round(4)} to {high.round(4)})")
+    assert np.all((low <= theirs["max"]) & (theirs["max"] <= high))
+
+
+# ---------------------------------------------------------------------------------------
+# Randomisation
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", ["top_down", "bottom_up"])
+def test_model_randomisation(order):
+    """Cascading randomisation with seed 42 in both (``torch.manual_seed(43)`` before each
+    layer's ``reset_parameters``): explain's Spearman curve per layer equals Quantus's
+    MPRT per layer name. Quantus compares each randomised explanation with the given maps,
+    as explain does; it first scores the given maps against a fresh explanation of the
+    intact model ("original", 1 here), which explain has no use for. The maps are
+    non-negative, so Quantus's ``abs=True`` changes nothing."""
+    model, x = tiny_model(), images()
+    explainer = saliency(model)
+    explanation = explainer(x)
+    layers = None if order == "top_down" else ["0", "4"]
+    ours = metrics.model_randomisation(explainer, x, explanation, layers=layers, seed=42)
+    mprt = quantus.MPRT(seed=42, layer_order=order, disable_warnings=True)
+    theirs = run_quantus(mprt, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                         a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(saliency))
+    assert list(theirs) == ["original", *ours.step_labels]
+    assert ours.step_labels == (("4", "0") if order == "top_down" else ("0", "4"))
+    assert_close("MPRT original", theirs["original"], np.ones(len(x)), 1e-6)
+    for j, layer in enumerate(ours.step_labels):
+        assert_close(f"MPRT {order} layer {layer}", np_(ours.curves["spearman"][:, j]), theirs[layer], EXACT)
+
+
+def test_random_logit(numpy_rng):
+    """Seed 42 in both: the same random other classes. Quantus computes SSIM on the maps
+    flattened to 1-D signals (its window runs across rows), Sixt et al. (and explain) on
+    the 2-D maps; Quantus is given the 2-D SSIM (scikit-image's, 7 x 7 window, data range
+    of both maps) as its ``similarity_func``, and per-map scaling, so that its
+    normalisation (by the largest value of the whole batch by default) leaves explain's
+    maps, already scaled per map, as they are."""
+    from skimage.metrics import structural_similarity
+
+    def ssim_2d(a, b, batched=True, **kwargs):
+        assert batched
+        scores = []
+        for u, v in zip(a.reshape(-1, SIZE, SIZE).astype(np.float64), b.reshape(-1, SIZE, SIZE).astype(np.float64)):
+            span = max(u.max(), v.max()) - min(u.min(), v.min())
+            scores.append(structural_similarity(u, v, data_range=span))
+        return np.array(scores)
+
+    model, x = tiny_model(), images(n=6)
+    explainer = saliency(model)
+    explanation = explainer(x)
+    ours = metrics.random_logit(explainer, x, explanation, seed=42)
+    asked = []
+
+    def make(model):
+        def recorded(images, targets):
+            asked.append(np_(targets))
+            return saliency(model)(images, targets)
+
+        return recorded
+
+    rl = quantus.RandomLogit(num_classes=CLASSES, seed=42, similarity_func=ssim_2d,
+                             normalise_func_kwargs={"normalise_axes": (1, 2, 3)}, disable_warnings=True)
+    theirs = run_quantus(rl, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                         a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(make))
+    assert len(asked) == 1
+    assert np.array_equal(np_(ours.extra["class"]).astype(int), asked[0])
+    assert np.all(asked[0] != np_(explanation.targets))
+    assert_close("RandomLogit (2-D SSIM)", np_(ours.values), theirs, EXACT)
+
+
+# ---------------------------------------------------------------------------------------
+# Localisation and complexity: the map alone (and the region)
+# ---------------------------------------------------------------------------------------
+
+
+def regions(maps: torch.Tensor) -> torch.Tensor:
+    """One box per image, of varied sizes; the first image's holds its maximum, the second's
+    does not, so that the pointing game has hits and misses."""
+    masks = torch.zeros(maps.shape, dtype=torch.bool)
+    boxes = [(2, 9, 3, 10), (0, 5, 0, 12), (4, 10, 1, 7), (6, 12, 6, 12), (3, 4, 3, 11), (1, 11, 1, 11)]
+    for i, (top, bottom, left, right) in enumerate(boxes[: len(maps)]):
+        masks[i, top:bottom, left:right] = True
+    peak = divmod(int(maps[0].argmax()), SIZE)
+    masks[0, max(0, peak[0] - 1):peak[0] + 2, max(0, peak[1] - 1):peak[1] + 2] = True
+    masks[1].view(-1)[maps[1].argmax()] = False
+    return masks
+
+
+def localisation(metric, maps, masks):
+    x = np.zeros((len(maps), 3, SIZE, SIZE), np.float32)
+    return np.asarray(run_quantus(metric, model=None, x_batch=x, y_batch=np.zeros(len(maps), int),
+                                  a_batch=a_batch(maps), s_batch=a_batch(masks.float())), dtype=np.float64)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_pointing_game(signed):
+    """explain with ``tolerance=0`` (Zhang et al. allow 15 pixels; Quantus has no
+    tolerance) is Quantus's PointingGame."""
+    maps = tie_free_maps(n=6, signed=signed)
+    masks = regions(maps)
+    ours = metrics.pointing_game(maps, masks, tolerance=0).values
+    theirs = localisation(quantus.PointingGame(disable_warnings=True), maps, masks)
+    assert 0 < ours.sum() < len(maps)  # hits and misses
+    assert_close("PointingGame", np_(ours), theirs, 0)
+
+
+def test_relevance_mass():
+    """Non-negative maps: R_within / R_total, as in both."""
+    maps = tie_free_maps(n=6)
+    masks = regions(maps)
+    ours = metrics.relevance_mass(maps, masks).values
+    theirs = localisation(quantus.RelevanceMassAccuracy(disable_warnings=True), maps, masks)
+    assert_close("RelevanceMassAccuracy", np_(ours), theirs, 1e-6)
+
+
+def test_relevance_mass_signed():
+    """Signed maps: Arras et al. count positive relevance only, as explain does; Quantus
+    sums the signed values (the total may then be near 0 or negative, the share outside
+    [0, 1]). Quantus is given the positive part through its ``normalise_func``."""
+    maps = tie_free_maps(n=6, signed=True)
+    masks = regions(maps)
+    ours = metrics.relevance_mass(maps, masks).values
+    positive = quantus.RelevanceMassAccuracy(normalise_func=lambda a, **kwargs: np.clip(a, 0, None),
+                                             disable_warnings=True)
+    assert_close("RelevanceMassAccuracy (signed maps, positive part)", np_(ours),
+                 localisation(positive, maps, masks), 1e-6)
+    signed = localisation(quantus.RelevanceMassAccuracy(normalise=False, disable_warnings=True), maps, masks)
+    assert np.abs(np_(ours) - signed).max() > 1e-3  # Quantus's default departs from the paper
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_relevance_rank(signed):
+    maps = tie_free_maps(n=6, signed=signed)
+    masks = regions(maps)
+    ours = metrics.relevance_rank(maps, masks).values
+    theirs = localisation(quantus.RelevanceRankAccuracy(disable_warnings=True), maps, masks)
+    assert_close("RelevanceRankAccuracy", np_(ours), theirs, 1e-6)
+
+
+def concentration(metric, maps):
+    x = np.zeros((len(maps), 3, SIZE, SIZE), np.float32)
+    return np.asarray(run_quantus(metric, model=None, x_batch=x, y_batch=np.zeros(len(maps), int),
+                                  a_batch=a_batch(maps)), dtype=np.float64)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_sparseness(signed):
+    """The Gini index of |a|. Quantus adds 1e-7 to every (max-scaled) value first, and
+    works in float32: within 1e-5."""
+    maps = tie_free_maps(n=6, signed=signed) ** 3  # less flat than uniform values
+    ours = metrics.sparseness(maps).values
+    theirs = concentration(quantus.Sparseness(disable_warnings=True), maps)
+    assert_close("Sparseness", np_(ours), theirs, 1e-5)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_complexity(signed):
+    """The entropy of |a| / sum |a| (natural log). Quantus adds 1e-12 inside the log and
+    works in float32: within 1e-5."""
+    maps = tie_free_maps(n=6, signed=signed) ** 3
+    ours = metrics.complexity(maps).values
+    theirs = concentration(quantus.Complexity(disable_warnings=True), maps)
+    assert_close("Complexity", np_(ours), theirs, 1e-5)
