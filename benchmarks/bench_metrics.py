@@ -247,7 +247,7 @@ def build_cases(args, model, x, explanation, cam) -> list[Case]:
                           "explainer", q(sens_q, model=model, a_batch=aq, explain_func=gradcam_numpy),
                           notes=["sensitivity: 10 samples, radius 0.2; ours returns max and average in one call; "
                                  "the Quantus column is MaxSensitivity alone (AvgSensitivity costs as much again). "
-                                 "Quantus explains each sample's 8 noisy images as one batch; ours 64 at a time."]))
+                                 "Quantus explains each sample's 8 noisy images as one batch; ours 8 at a time on the CPU (its default there)."]))
     if want("model_randomisation"):
         all_layers = randomisable_layers(model, x)[::-1]
         layers = all_layers if args.layers <= 0 else all_layers[:args.layers]
@@ -388,7 +388,7 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
     print(f"Metrics on resnet18 (random weights), {len(x)} images at {args.size}x{args.size}, GradCAM maps, {args.device} ({device}), "
           f"torch {torch.__version__}" + (f", quantus {quantus.__version__}" if quantus else ", quantus not installed")
-          + f"; batch_size {args.batch_size or 'default (64)'}"
+          + f"; batch_size {args.batch_size or 'default (8 on the CPU, 64 on a GPU)'}"
           + f"; median of {args.repeats} rounds ({args.slow_repeats} for the costly metrics)\n")
     print("| metric | forwards (+ explanations) | ours (s) | bare (s) | ours / bare | Quantus (s) | Quantus / ours |")
     print("|---|---|---|---|---|---|---|")

@@ -9,9 +9,11 @@
 """
 
 from . import metrics, models
-from .base import Explainer, describe_methods, explainer, methods, register
+from .base import Explainer, NotApplicable, describe_methods, explainer, methods, register
 from .methods import (
     AblationCAM,
+    AttentionRelevance,
+    AttentionRollout,
     Attribution,
     BaseCAM,
     CAM,
@@ -39,6 +41,7 @@ from .methods import (
     KernelShap,
     LRP,
     LayerCAM,
+    LeGrad,
     Lime,
     Occlusion,
     RandomCAM,
@@ -56,6 +59,7 @@ from .explanation import Explanation
 from .hooks import LayerCapture
 from .layers import candidate_layers, find_target_layer
 from .overlay import denormalize, normalization_of, overlay, plot_explanations, to_rgb
+from .tokens import TokenLayout
 
 # Importing the package explain.methods bound its name here; the name stays the function
 # that lists the methods (the package is reached by `from explain.methods import ...`).
@@ -65,6 +69,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AblationCAM",
+    "AttentionRelevance",
+    "AttentionRollout",
     "Attribution",
     "BaseCAM",
     "CAM",
@@ -94,6 +100,8 @@ __all__ = [
     "KernelShap",
     "LRP",
     "LayerCAM",
+    "LeGrad",
+    "NotApplicable",
     "LayerCapture",
     "Lime",
     "Occlusion",
@@ -104,6 +112,7 @@ __all__ = [
     "ShapleyCAM",
     "SmoothGrad",
     "SmoothGradCAMPlusPlus",
+    "TokenLayout",
     "VarGrad",
     "XGradCAM",
     "candidate_layers",

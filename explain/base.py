@@ -14,9 +14,15 @@ from torch import Tensor, nn
 from .explanation import Explanation
 from .targets import Targets
 
-__all__ = ["Explainer", "check_images", "channel_hint", "describe_methods", "explainer", "method_class", "methods", "register"]
+__all__ = ["Explainer", "NotApplicable", "check_images", "channel_hint", "describe_methods", "explainer", "method_class", "methods", "register"]
 
 _REGISTRY: dict[str, type[Explainer]] = {}
+
+
+class NotApplicable(ValueError):
+    """The method's definition does not apply to this model (CAM without a linear head over
+    a pooled map, attention methods on a model without global self-attention). ``explain run
+    --method all`` leaves such methods out instead of failing."""
 
 
 def _key(name: str) -> str:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from .base import channel_hint
 from .hooks import preserved_state
 
-__all__ = ["LayerInfo", "LayerSpec", "candidate_layers", "find_target_layer", "resolve_layers"]
+__all__ = ["LayerInfo", "LayerSpec", "candidate_layers", "find_target_layer", "resolve_layers", "transformer_blocks"]
 
 LayerSpec = str | nn.Module | Sequence[str | nn.Module] | None
 
@@ -133,30 +133,91 @@ def _candidates(trace, example: Tensor) -> list[tuple[int, LayerInfo]]:
     ]
 
 
+def _is_sequence_output(shape: tuple[int, ...] | None, example: Tensor) -> bool:
+    """Whether ``shape`` looks like what a transformer block outputs: (N, tokens, C), or a
+    channels-last (N, h, w, C) grid of the input."""
+    if shape is None:
+        return False
+    if len(shape) == 3:
+        return shape[1] > 1
+    return len(shape) == 4 and not on_input_grid(shape, example) and on_input_grid(
+        (shape[0], shape[3], shape[1], shape[2]), example)
+
+
+def _block_norms(trace, example: Tensor) -> list[list[str]]:
+    """The transformer blocks of a traced forward pass, in the order they run, each as the
+    names of its LayerNorms over tokens (or a channels-last grid), in the order they run.
+    A block is a module with two or more such norms."""
+    from .tokens import infer_layout
+
+    calls = Counter(name for name, _, _ in trace)
+    norms: dict[str, list[str]] = {}
+    for name, module, shape in trace:
+        if calls[name] != 1 or not isinstance(module, nn.LayerNorm) or not _is_sequence_output(shape, example):
+            continue
+        try:
+            infer_layout(shape, tuple(example.shape[-2:]))
+        except ValueError:
+            continue
+        norms.setdefault(name.rpartition(".")[0], []).append(name)
+    return [names for names in norms.values() if len(names) >= 2]
+
+
+def transformer_blocks(model: nn.Module, example: Tensor) -> list[str]:
+    """Names of the transformer blocks of ``model`` in the order they run (one dry forward
+    pass on ``example``): the modules with two or more LayerNorms over tokens.
+
+    >>> import torchvision
+    >>> vit = torchvision.models.VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
+    >>> transformer_blocks(vit, torch.rand(1, 3, 32, 32))
+    ['encoder.layers.encoder_layer_0', 'encoder.layers.encoder_layer_1']
+    """
+    return [names[0].rpartition(".")[0] for names in _block_norms(_trace(model, example[:1]), example[:1])]
+
+
+def _transformer_layer(trace, example: Tensor) -> str | None:
+    """The first norm of the last transformer block: the usual target of a CAM on a vision
+    transformer. In a class-token model the patch tokens reach the logits only through the
+    last block's attention, which reads that norm's output; after it, a patch token's
+    gradient is zero. A block is a module with two or more norms (``norm1``/``norm2``,
+    ``ln_1``/``ln_2``, ``layernorm_before``/``layernorm_after``) whose outputs are tokens
+    or a channels-last grid."""
+    blocks = _block_norms(trace, example)
+    return blocks[-1][0] if blocks else None
+
+
 def find_target_layer(model: nn.Module, example: Tensor) -> str:
-    """Pick the last spatial layer before global pooling: the usual Grad-CAM choice.
+    """Pick the target layer a person would pick: for a CNN, the last spatial layer before
+    global pooling (the usual Grad-CAM choice); for a vision transformer, the first norm of
+    its last block (``blocks.11.norm1`` in timm's ViT, ``encoder.layers.encoder_layer_11.ln_1``
+    in torchvision's, ``features.7.1.norm1`` in torchvision's Swin).
 
     One dry forward pass on ``example`` (a single image is enough) records which layers
     produce spatial outputs (see :func:`candidate_layers`); pooling layers are skipped, and
     when a block and its last child produce the same output the block wins, being the name
-    a person would pick (``layer4`` rather than ``layer4.2.relu`` in a ResNet).
+    a person would pick (``layer4`` rather than ``layer4.2.relu`` in a ResNet). A model with
+    transformer blocks (two LayerNorms over tokens or a channels-last grid) is explained at
+    the first norm of its last block, even where a spatial layer follows (Swin's final
+    norm, permuted): see :func:`_transformer_layer` for why.
     """
     example = example[:1]
     trace = _trace(model, example)
+    chosen = _transformer_layer(trace, example)
+    if chosen is not None:
+        return chosen
     candidates = [(position, info) for position, info in _candidates(trace, example)
                   if not isinstance(model.get_submodule(info.name), _POOLING)]
+    after = trace[candidates[-1][0] + 1:] if candidates else trace
+    sequences = [(name, shape) for name, _, shape in after if _is_sequence_output(shape, example)]
+    if sequences:
+        name, shape = sequences[0]
+        raise ValueError(
+            f"the model works on token sequences ({name!r} outputs {shape}), as vision transformers do, but "
+            "no transformer block with two LayerNorms was found to pick a target layer from; pass "
+            "target_layer explicitly (`explain layers MODEL` lists the layers)"
+        )
     if not candidates:
         raise ValueError(
             "found no layer with a spatial (N, C, H, W) output; pass target_layer explicitly"
         )
-    position, chosen = candidates[-1]
-    tokens = [(name, shape) for name, _, shape in trace[position + 1:]
-              if shape is not None and len(shape) == 3 and shape[1] > 1]
-    if tokens:
-        name, shape = tokens[0]
-        raise ValueError(
-            f"after {chosen.name!r} the model works on token sequences ({name!r} outputs {shape}), "
-            "as vision transformers do, so no layer suits an automatic CAM; pass target_layer "
-            "explicitly"
-        )
-    return chosen.name
+    return candidates[-1][1].name

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CUSTOM_TARGET", "Targets", "class_index", "select_targets"]
+__all__ = ["CUSTOM_TARGET", "Targets", "class_index", "class_logits", "select_targets"]
 
 #: The class id recorded when the score comes from a callable rather than a class.
 CUSTOM_TARGET = -1
@@ -39,6 +39,18 @@ def class_index(name: str, class_names: Sequence[str] | None) -> int:
     close = difflib.get_close_matches(name, list(class_names), n=5, cutoff=0.6)
     hint = f"; did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
     raise ValueError(f"unknown class name {name!r}{hint}")
+
+
+def class_logits(output):
+    """The class logits in a model output: the output itself, or the ``"logits"`` entry of
+    a mapping (a Hugging Face ``ModelOutput`` is one); anything else is returned as it is.
+
+    >>> class_logits({"logits": torch.zeros(1, 3)}).shape
+    torch.Size([1, 3])
+    """
+    if isinstance(output, Mapping) and "logits" in output:
+        return output["logits"]
+    return output
 
 
 def select_targets(
@@ -79,6 +91,7 @@ def select_targets(
         ids = torch.full((n,), CUSTOM_TARGET, dtype=torch.long, device=scores.device)
         return scores, ids
 
+    logits = class_logits(logits)
     if not isinstance(logits, Tensor) or logits.dim() != 2:
         got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(

@@ -12,6 +12,7 @@ import torchvision
 from torch import nn
 
 import explain
+from explain.methods import TransformerAttention
 from conftest import hook_count
 
 METHODS = [
@@ -24,10 +25,11 @@ ATTRIBUTIONS = [
     "saliency", "inputxgrad", "smoothgrad", "vargrad", "ig", "guidedbp", "deconv", "guidedgradcam",
     "deeplift", "deepliftshap", "gradientshap", "occlusion", "lime", "kernelshap", "ablation", "lrp",
 ]
+TRANSFORMER = ["attention-rollout", "attention-relevance", "legrad"]
 
 
 def test_methods_and_factory():
-    assert sorted(explain.methods()) == sorted(METHODS + ATTRIBUTIONS)
+    assert sorted(explain.methods()) == sorted(METHODS + ATTRIBUTIONS + TRANSFORMER)
     model = torchvision.models.resnet18()
     for name in METHODS:
         cam = explain.explainer(name, model, target_layer=None if name == "fullgrad" else "layer4")
@@ -38,6 +40,10 @@ def test_methods_and_factory():
         attribution = explain.explainer(name, model)
         assert attribution.name == name and isinstance(attribution, explain.Attribution)
     assert isinstance(explain.explainer("IG", model), explain.IntegratedGradients)
+    vit = torchvision.models.VisionTransformer(32, 8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32)
+    for name in TRANSFORMER:
+        method = explain.explainer(name, vit)
+        assert method.name == name and isinstance(method, TransformerAttention)
     # Every name the package exported before it grew a package of methods still imports.
     from explain.cam import GradCAM, explain_together
     from explain.methods import explain_together as from_package
@@ -52,6 +58,7 @@ def test_methods_and_factory():
     assert all(described[name]["description"] and described[name]["cost"] and described[name]["family"]
                for name in METHODS + ATTRIBUTIONS)
     assert {described[name]["family"] for name in ATTRIBUTIONS} == {"gradient attribution", "perturbation attribution"}
+    assert {described[name]["family"] for name in TRANSFORMER} == {"transformer attention"}
     assert [name for name in METHODS + ATTRIBUTIONS if described[name]["needs_layer"]] == (
         [name for name in METHODS if name != "fullgrad"] + ["guidedgradcam"])
 
@@ -119,7 +126,7 @@ def test_example_script_draws_every_method(tmp_path):
     # Every CAM but SS-CAM and IS-CAM, which only repeat Score-CAM's passes per sample, and
     # the attributions of one or two passes (the others repeat those passes many times).
     shown = [m for m in explain.methods() if m not in ("sscam", "iscam")
-             and not issubclass(explain.base.method_class(m), explain.Attribution)]
+             and issubclass(explain.base.method_class(m), (explain.BaseCAM, explain.FullGrad))]
     shown += ["saliency", "guidedbp", "guidedgradcam", "deeplift", "lrp"]
     command = [sys.executable, str(script), "--out", str(out), "--batch-size", "8", "--methods", ",".join(shown)]
     done = subprocess.run(command, capture_output=True, text=True,

@@ -83,24 +83,15 @@ def test_layer_specs():
         resolve_layers(model, 3)
 
 
-def test_vision_transformers_are_refused_by_the_automatic_choice():
-    model = tvm.vit_b_16(image_size=64).eval()
-    with pytest.raises(ValueError, match=r"after 'conv_proj' the model works on token sequences.*target_layer"):
-        explain.find_target_layer(model, torch.randn(1, 3, 64, 64))
-
-
-def test_channels_last_stages_are_not_mistaken_for_spatial_maps():
-    # Swin's stages output (N, h, w, C); only its final Permute gives (N, C, h, w).
-    model = tvm.swin_t().eval()
-    x = torch.randn(1, 3, 96, 96)
-    assert explain.find_target_layer(model, x) == "permute"
-    assert all(not c.name.startswith("features.7") for c in explain.candidate_layers(model, x))
-    res = explain.GradCAM(model)(torch.randn(2, 3, 96, 96))
-    assert res.raw.shape == (2, 3, 3) and torch.isfinite(res.maps).all()
-    # Chosen by hand, a channels-last stage would be read as C = 3, h = 3, w = 768.
-    with pytest.raises(ValueError, match=r"'features\.7' outputs shape \(1, 3, 3, 768\).*channels-last"):
-        explain.GradCAM(model, "features.7")(x)
-    assert hook_count(model) == 0
+def test_vision_transformers_get_the_first_norm_of_their_last_block():
+    # After conv_proj a ViT works on tokens; Swin's stages are channels-last (N, h, w, C),
+    # and its final Permute gives (N, C, h, w) after pooling's norm: neither is the usual choice.
+    x = torch.randn(1, 3, 64, 64)
+    assert explain.find_target_layer(tvm.vit_b_16(image_size=64).eval(), x) == "encoder.layers.encoder_layer_11.ln_1"
+    swin = tvm.swin_t().eval()
+    assert explain.find_target_layer(swin, torch.randn(1, 3, 96, 96)) == "features.7.1.norm1"
+    assert all(not c.name.startswith("features.7") for c in explain.candidate_layers(swin, torch.randn(1, 3, 96, 96)))
+    assert hook_count(swin) == 0
 
 
 @pytest.mark.parametrize("layer, shape", [("fc", r"\(1, 1000\)"), ("avgpool", r"\(1, 512, 1, 1\)")])

@@ -13,7 +13,9 @@
   Backprop, Deconvolution, Guided Grad-CAM, DeepLift, DeepLiftShap, GradientShap);
 - :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
-  copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels).
+  copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels);
+- :mod:`~explain.methods.transformer_attention`: maps from a vision transformer's attention
+  matrices (attention rollout, gradient-weighted attention relevance, LeGrad).
 
 :mod:`~explain.methods.cam_base` holds what they share (the capture, ``eigen_smooth``,
 ``aug_smooth``, :func:`explain_together`); :mod:`~explain.methods.layer_replay` runs the
@@ -55,6 +57,7 @@ from .gradient_attribution import (  # isort: skip
 )
 from .perturbation_attribution import FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
 from .relevance import LRP  # isort: skip
+from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
 from .attribution_base import Attribution  # isort: skip
 from .cam_base import BaseCAM, Captured, explain_together  # isort: skip
 from .layer_replay import LayerReplay  # isort: skip
@@ -67,6 +70,8 @@ __all__ = [
     "LRP",
     "SSCAM",
     "AblationCAM",
+    "AttentionRelevance",
+    "AttentionRollout",
     "Attribution",
     "BaseCAM",
     "Captured",
@@ -96,10 +101,12 @@ __all__ = [
     "HiResCAM",
     "LayerCAM",
     "LayerReplay",
+    "LeGrad",
     "RandomCAM",
     "ScoreCAM",
     "ShapleyCAM",
     "SmoothGradCAMPlusPlus",
+    "TransformerAttention",
     "XGradCAM",
     "explain_together",
 ]

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..base import Explainer, channel_hint, check_images
 from ..explanation import Explanation
 from ..hooks import preserved_state
-from ..targets import Targets, select_targets
+from ..targets import Targets, class_logits, select_targets
 from .cam_base import detached, map_tensors, positive_int
 
 __all__ = [
@@ -263,9 +263,10 @@ class ScoredModel(nn.Module):
                 raise RuntimeError(f"the first pass ran {inputs.shape[0]} rows, not copies of the {self.rows} images")
             images = map_tensors(lambda tensor: tensor[:self.rows], output)
             _, self.ids = select_targets(images, self.targets, topk=self.topk, class_names=self.class_names)
-            self.output = detached(images)
+            self.output = detached(images if self.custom is not None else class_logits(images))
         if self.custom is not None:
             return self.custom(output)
+        output = class_logits(output)
         if self.column is not None:
             ids = self.ids_of(self.column)
             if output.shape[0] % self.rows:
@@ -291,6 +292,7 @@ class ScoredModel(nn.Module):
         images derived from ``images[rows]``, one output row each)."""
         if self.custom is not None:
             return self.custom(output)
+        output = class_logits(output)
         ids = self.ids_of(k)
         return output.gather(1, (ids if rows is None else ids[rows])[:, None]).squeeze(1)
 

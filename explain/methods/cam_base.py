@@ -29,7 +29,8 @@ from ..base import Explainer, channel_hint, check_images
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
 from ..layers import LayerSpec, find_target_layer, on_input_grid, resolve_layers
-from ..targets import Targets, select_targets
+from ..targets import Targets, class_logits, select_targets
+from ..tokens import Reshape, ReshapeFunction, TokenLayout, infer_layout
 
 __all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "checked_number", "explain_together", "positive_int", "principal_component",
            "safe_divide"]
@@ -91,21 +92,24 @@ def principal_component(terms: Tensor) -> Tensor:
     return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, h, w)
 
 
-def check_spatial(activations: dict[str, Tensor], images: Tensor) -> None:
-    for name, activation in activations.items():
-        shape = tuple(activation.shape)
-        if activation.dim() != 4 or activation.shape[-2:].numel() < 2:
-            raise ValueError(
-                f"layer {name!r} outputs shape {shape}; a CAM needs an (N, C, h, w) "
-                "output with more than one location: pick an earlier convolutional layer"
-            )
-        # (N, h, w, C), as Swin and ConvNeXt-style blocks keep it, would be read as C = h.
-        if not on_input_grid(shape, images) and on_input_grid((shape[0], shape[3], shape[1], shape[2]), images):
-            raise ValueError(
-                f"layer {name!r} outputs shape {shape}, which looks channels-last (N, h, w, C); a CAM "
-                "needs (N, C, h, w): pick the layer that permutes it back, or a convolution "
-                "(`explain layers MODEL` lists the spatial ones)"
-            )
+def layer_layout(reshape: Reshape | None, model: nn.Module, name: str, output: Tensor, images: Tensor):
+    """How ``output`` of layer ``name`` becomes an (N, C, h, w) grid: ``reshape`` as given,
+    or the layout :func:`~explain.tokens.infer_layout` finds (spatial, tokens or
+    channels-last), checked to leave more than one location."""
+    if reshape is None:
+        layout = infer_layout(tuple(output.shape), tuple(images.shape[-2:]), model, name)
+    elif isinstance(reshape, TokenLayout):
+        layout = reshape
+    else:
+        layout = ReshapeFunction(reshape)
+    grid = layout.to_spatial(output)
+    if not isinstance(grid, Tensor) or grid.dim() != 4 or grid.shape[0] != output.shape[0] or grid.shape[-2:].numel() < 2:
+        got = tuple(grid.shape) if isinstance(grid, Tensor) else type(grid).__name__
+        raise ValueError(
+            f"layer {name!r} outputs shape {tuple(output.shape)}, {got} as a grid; a CAM needs an (N, C, h, w) "
+            "grid with more than one location: pick an earlier layer, or pass reshape="
+        )
+    return layout
 
 
 def map_tensors(function: Callable[[Tensor], Tensor], output):
@@ -144,6 +148,14 @@ class Captured:
     custom_target: Callable[[Tensor], Tensor] | None = None
     #: What a method's own capture adds, e.g. SmoothGrad-CAM++'s averaged higher derivatives.
     extra: dict = field(default_factory=dict)
+    #: Each layer's layout (:class:`~explain.tokens.TokenLayout`) and its output as the layer
+    #: gave it, for methods that put a changed activation back (Ablation-CAM).
+    layouts: dict = field(default_factory=dict)
+    layer_outputs: dict[str, Tensor] = field(default_factory=dict)
+
+    def in_layer_layout(self, layer: str, activations: Tensor, rows: Tensor) -> Tensor:
+        """``activations`` (B, C, h, w) of images ``rows`` in ``layer``'s own layout."""
+        return self.layouts[layer].to_layer(activations, self.layer_outputs[layer][rows])
 
     @property
     def num_targets(self) -> int:
@@ -163,7 +175,7 @@ class Captured:
         """
         if self.custom_target is not None:
             return self.custom_target(output)[:, None].float()
-        output = output.float()
+        output = class_logits(output).float()
         if probability:
             output = output.softmax(dim=1)
         ids = self.targets.view(self.targets.shape[0], -1)[rows]  # (B, num_targets)
@@ -193,6 +205,13 @@ class BaseCAM(Explainer):
         Average the maps of the images as given, flipped, and rescaled by 0.9 and 1.1 (six
         passes), each mapped back onto the input; targets are those of the images as given.
         ``maps`` is that average; ``raw_layers`` stay those of the images as given.
+    reshape:
+        How a target layer's output becomes an (N, C, h, w) grid: ``None`` to infer it
+        (vision transformers' tokens and Swin's channels-last grids are recognised, see
+        :func:`~explain.tokens.infer_layout`), an :class:`~explain.TokenLayout`, or a
+        function from the layer's output to (N, C, h, w) (pytorch-grad-cam's
+        ``reshape_transform``; Ablation-CAM, which must put a changed activation back, needs
+        a ``TokenLayout``).
 
     Subclasses set ``uses_gradients`` and implement :meth:`channel_terms` (or
     :meth:`layer_map` for maps that are not a sum over channels).
@@ -216,8 +235,12 @@ class BaseCAM(Explainer):
         class_names: Sequence[str] | None = None,
         eigen_smooth: bool = False,
         aug_smooth: bool = False,
+        reshape: Reshape | None = None,
     ):
         super().__init__(model, class_names=class_names)
+        if reshape is not None and not isinstance(reshape, TokenLayout) and not callable(reshape):
+            raise TypeError(f"reshape must be None, an explain.TokenLayout or a function, got {type(reshape).__name__}")
+        self.reshape = reshape
         if eigen_smooth and not self.channel_sum:
             raise ValueError(
                 f"{type(self).__name__} is not a sum over channels, so eigen_smooth does not apply to it"
@@ -259,17 +282,24 @@ class BaseCAM(Explainer):
             with channel_hint(images):
                 output = self.model(images)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
-            check_spatial(capture.activations, images)
+            missing = [name for name in layers if name not in capture.activations]
+            if missing:
+                raise ValueError(f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
+                                 "at inference (`explain layers MODEL` lists them)")
+            layouts = {name: layer_layout(self.reshape, self.model, name, capture.activations[name], images)
+                       for name in layers}
             recorded: dict[str, list[Tensor]] = {}
             if with_gradients:
                 scores = self.explained_scores(output, scores, ids)
                 recorded = {name: [] for name in layers}
                 for column in (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1):
                     for name, gradient in self.record_gradients(capture, column).items():
-                        recorded[name].append(gradient)
-            activations = {name: capture.activations[name].detach().float() for name in layers}
+                        recorded[name].append(layouts[name].to_spatial(gradient))
+            outputs = {name: capture.activations[name].detach().float() for name in layers}
+        activations = {name: layouts[name].to_spatial(output_) for name, output_ in outputs.items()}
         custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
-        return Captured(activations, recorded, detached(output), ids, tuple(images.shape[-2:]), images, custom)
+        return Captured(activations, recorded, detached(output), ids, tuple(images.shape[-2:]), images, custom,
+                        layouts=layouts, layer_outputs=outputs)
 
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
         """The scores to differentiate, from the target scores (logits) that were selected;
@@ -332,7 +362,8 @@ def _explanation(raw_layers: dict[str, Tensor], captured: Captured, method: str,
     maps = torch.stack([scale_maps(raw, size) for raw in raw_layers.values()]).mean(dim=0)
     if len(raw_layers) > 1:
         maps = scale_maps(maps, size)
-    return Explanation(maps, raw_layers, captured.output, captured.targets, method, class_names)
+    logits = captured.output if captured.custom_target is not None else class_logits(captured.output)
+    return Explanation(maps, raw_layers, logits, captured.targets, method, class_names)
 
 
 def explain_together(

@@ -17,7 +17,7 @@ from ..base import Explainer, channel_hint, check_images, register
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
 from ..layers import _trace
-from ..targets import Targets, select_targets
+from ..targets import Targets, class_logits, select_targets
 from .cam_base import detached
 
 __all__ = ["FullGrad", "bias_of"]
@@ -129,5 +129,7 @@ class FullGrad(Explainer):
                 maps.append(total)
         raw = torch.stack(maps, dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
-        return Explanation(scale_maps(raw, size), {self.layer_names(images)[0]: raw}, detached(output), ids, self.name,
+        custom = callable(targets) and not isinstance(targets, Tensor)
+        logits = detached(output if custom else class_logits(output))
+        return Explanation(scale_maps(raw, size), {self.layer_names(images)[0]: raw}, logits, ids, self.name,
                            self.class_names)

@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..attention import explicit_attention_kernels
 from ..base import method_class, register
 from ..layers import LayerSpec
-from ..targets import Targets
+from ..tokens import Reshape
+from ..targets import Targets, class_logits
 from .cam_base import BaseCAM, Captured, positive_int, principal_component, safe_divide
 
 __all__ = [
@@ -226,8 +228,8 @@ class SmoothGradCAMPlusPlus(GradientCAM):
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 4, noise: float = 0.3,
                  seed: int = 0, class_names: Sequence[str] | None = None, eigen_smooth: bool = False,
-                 aug_smooth: bool = False):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                 aug_smooth: bool = False, reshape: Reshape | None = None):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
     def capture(self, images: Tensor, targets: Targets = None, *, topk: int | None = None,
@@ -246,7 +248,8 @@ class SmoothGradCAMPlusPlus(GradientCAM):
                     for k, g in enumerate(grads):
                         sums[k] += g.pow(power) / self.n_samples
         return Captured(clean.activations, moments[1], clean.output, clean.targets, clean.input_size,
-                        clean.images, clean.custom_target, extra={"second": moments[2], "third": moments[3]})
+                        clean.images, clean.custom_target, extra={"second": moments[2], "third": moments[3]},
+                        layouts=clean.layouts, layer_outputs=clean.layer_outputs)
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
         activations = captured.activations[layer]
@@ -274,16 +277,22 @@ class ShapleyCAM(GradientCAM):
     shares_capture = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, rest: bool = True,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.rest = bool(rest)
 
     contributions = staticmethod(GradCAM.contributions)
 
+    def capture(self, images: Tensor, targets: Targets = None, *, topk: int | None = None,
+                gradients: bool | None = None) -> Captured:
+        # Fused attention kernels have no second derivative; the explicit one has.
+        with explicit_attention_kernels(self.model):
+            return super().capture(images, targets, topk=topk, gradients=gradients)
+
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
         if not self.rest or (ids == -1).any():
             return scores
-        log_probabilities = output.float().log_softmax(dim=1)
+        log_probabilities = class_logits(output).float().log_softmax(dim=1)
         rows = torch.arange(len(ids), device=ids.device)
         picked = log_probabilities[rows[:, None], ids] if ids.dim() == 2 else log_probabilities[rows, ids]
         return scores + picked.to(scores.dtype)
@@ -340,8 +349,8 @@ class FinerCAM(GradientCAM):
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, alpha: float = 1.0,
                  comparison: Sequence[int] = (1, 2, 3), base: str = "gradcam",
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         base_class = method_class(base)
         if not issubclass(base_class, GradientCAM) or not base_class.channel_sum or base_class.shares_capture is False:
             raise ValueError(f"Finer-CAM's base must be a plain gradient CAM such as gradcam or layercam, not {base!r}")
@@ -354,6 +363,7 @@ class FinerCAM(GradientCAM):
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
         if (ids == -1).any():
             raise ValueError("Finer-CAM compares class logits; pass class targets, not a callable")
+        output = class_logits(output)
         if not isinstance(output, Tensor) or output.dim() != 2:
             raise ValueError("Finer-CAM compares class logits, and the model does not return (N, num_classes) logits")
         ranks = [rank for rank in self.comparison if rank < output.shape[1]]

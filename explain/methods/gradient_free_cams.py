@@ -14,8 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import register
+from ..base import NotApplicable, register
 from ..layers import LayerSpec, resolve_layers
+from ..tokens import Reshape
+from ..targets import class_logits
 from .cam_base import BaseCAM, Captured, agree_in_sign, principal_component
 
 __all__ = ["CAM", "EigenCAM", "FEM", "KPCACAM", "RandomCAM", "kernel_principal_component"]
@@ -52,8 +54,9 @@ class CAM(BaseCAM):
         class_names: Sequence[str] | None = None,
         eigen_smooth: bool = False,
         aug_smooth: bool = False,
+        reshape: Reshape | None = None,
     ):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self._fc = None
         if fc_layer is not None:
             ((name, self._fc),) = resolve_layers(model, fc_layer).items()
@@ -68,7 +71,7 @@ class CAM(BaseCAM):
     def classifier_weight(self, captured: Captured, layer: str) -> Tensor:
         """The (num_classes, C) weight of the linear layer that turns the pooled ``layer``
         into the logits, after checking that it does."""
-        logits = captured.output
+        logits = class_logits(captured.output)
         if captured.custom_target is not None or not isinstance(logits, Tensor) or logits.dim() != 2:
             raise ValueError("CAM explains class logits of an (N, num_classes) output; pass class targets, not a callable")
         activations = captured.activations[layer]
@@ -78,7 +81,7 @@ class CAM(BaseCAM):
             if isinstance(m, nn.Linear) and m.in_features == channels and m.out_features == classes
         ]
         if not candidates:
-            raise ValueError(
+            raise NotApplicable(
                 f"CAM needs a linear layer from the {channels} channels of layer {layer!r} to the {classes} "
                 "logits after global average pooling, and the model has none; explain the layer whose "
                 "output is pooled, or use Grad-CAM, which equals ReLU(CAM) where CAM applies"
@@ -92,7 +95,7 @@ class CAM(BaseCAM):
                 expected, logits.float(), rtol=1e-3, atol=1e-3 * float(logits.abs().max().clamp_min(1))
             ):
                 return weight
-        raise ValueError(
+        raise NotApplicable(
             f"the logits are not a linear function of the average-pooled output of layer {layer!r} "
             "(CAM's premise: global average pooling, then one linear layer); explain the layer whose "
             "output is pooled, pass fc_layer=, or use Grad-CAM, which needs no such head"
@@ -181,8 +184,8 @@ class KPCACAM(BaseCAM):
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, kernel: str = "sigmoid",
                  gamma: float | None = None, class_names: Sequence[str] | None = None, eigen_smooth: bool = False,
-                 aug_smooth: bool = False):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                 aug_smooth: bool = False, reshape: Reshape | None = None):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         kernel_principal_component(torch.ones(1, 1, 1, 2), kernel)  # an unknown kernel fails now
         self.kernel, self.gamma = kernel, gamma
 
@@ -208,8 +211,8 @@ class FEM(BaseCAM):
     uses_gradients = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, k: float = 2.0,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.k = k
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -236,8 +239,8 @@ class RandomCAM(BaseCAM):
     uses_gradients = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, seed: int | None = None,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.seed = seed
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:

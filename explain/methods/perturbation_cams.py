@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from ..base import register
 from ..hooks import preserved_state
 from ..layers import LayerSpec
+from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, positive_int, principal_component, safe_divide
 from .layer_replay import LayerReplay
 
@@ -40,8 +41,8 @@ class PerturbationCAM(BaseCAM):
     cost = "1 + C forward (C channels at the layer)"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 32,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
+        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.batch_size = positive_int("batch_size", batch_size)
 
     def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
@@ -90,9 +91,9 @@ class ScoreCAM(PerturbationCAM):
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 32,
                  weighting: str = "probability", class_names: Sequence[str] | None = None,
-                 eigen_smooth: bool = False, aug_smooth: bool = False):
+                 eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, batch_size=batch_size, class_names=class_names,
-                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         if weighting not in self.weightings:
             raise ValueError(f"weighting must be one of {', '.join(self.weightings)}; got {weighting!r}")
         self.weighting = weighting
@@ -172,9 +173,9 @@ class SSCAM(ScoreCAM):
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 35,
                  noise: float = 2.0, seed: int = 0, batch_size: int = 32, weighting: str = "probability",
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
-                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
@@ -204,9 +205,9 @@ class ISCAM(ScoreCAM):
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 10,
                  batch_size: int = 32, weighting: str = "probability", class_names: Sequence[str] | None = None,
-                 eigen_smooth: bool = False, aug_smooth: bool = False):
+                 eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
-                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.n_samples = positive_int("n_samples", n_samples)
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
@@ -235,9 +236,9 @@ class AblationCAM(PerturbationCAM):
     name = "ablationcam"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 64,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False):
+                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, batch_size=batch_size, class_names=class_names,
-                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth)
+                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self._replays: dict[str, LayerReplay] = {}
 
     def replay(self, layer: str) -> LayerReplay:
@@ -250,14 +251,15 @@ class AblationCAM(PerturbationCAM):
         activations = captured.activations[layer]
         n, channels = activations.shape[:2]
         replay = self.replay(layer)
-        replay.prepare(captured.images, activations, captured.output)
         everyone = torch.arange(n, device=activations.device)
-        original = captured.scores(replay(activations, everyone), everyone)  # (N, num_targets)
+        layer_output = captured.in_layer_layout(layer, activations, everyone)
+        replay.prepare(captured.images, layer_output, captured.output)
+        original = captured.scores(replay(layer_output, everyone), everyone)  # (N, num_targets)
         ablated = original[:, None, :].repeat(1, channels, 1)  # (N, C, num_targets)
         image_ids, channel_ids = (activations.flatten(2) != 0).any(dim=2).nonzero(as_tuple=True)
         for chunk in torch.arange(len(image_ids), device=activations.device).split(self.batch_size):
             rows, ablate = image_ids[chunk], channel_ids[chunk]
             changed = activations[rows]
             changed[torch.arange(len(chunk), device=changed.device), ablate] = 0
-            ablated[rows, ablate] = captured.scores(replay(changed, rows), rows)
+            ablated[rows, ablate] = captured.scores(replay(captured.in_layer_layout(layer, changed, rows), rows), rows)
         return safe_divide(original[:, None, :] - ablated, original[:, None, :]).transpose(1, 2)

@@ -24,7 +24,8 @@ from zennit.rules import ClampMod, Flat, GammaMod, NoMod, Pass
 from zennit.torchvision import ResNetBasicBlockCanonizer, ResNetBottleneckCanonizer
 from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
 
-from ..base import register
+from ..attention import has_attention
+from ..base import NotApplicable, register
 from ..models import IMAGENET_MEAN, IMAGENET_STD
 from .attribution_base import Attribution, ScoredModel
 from .cam_base import checked_number
@@ -321,6 +322,8 @@ class LRP(Attribution):
     """Layer-wise Relevance Propagation (LRP): the score handed back to the pixels, layer by layer.
 
     The epsilon / gamma / z-box composite for CNNs; the pixels' relevance sums to the score.
+    Models with attention layers (transformers) are refused with
+    :class:`~explain.NotApplicable`: no rule here conserves relevance through attention.
 
     Bach et al., "On Pixel-Wise Explanations for Non-Linear Classifier Decisions by
     Layer-Wise Relevance Propagation", PLoS ONE 10(7), 2015; rules and composite as in
@@ -462,6 +465,12 @@ class LRP(Attribution):
 
     def attribute_targets(self, scored: ScoredModel, images: Tensor) -> list[Tensor]:
         """One canonical forward pass with the rules registered, one backward pass per target."""
+        if has_attention(scored.model):
+            raise NotApplicable(
+                "LRP's rules here are for CNNs: none conserves relevance through attention (the softmax and the "
+                "product of queries, keys and values); for a transformer use attention-relevance (Chefer et al.), "
+                "legrad or gradcam"
+            )
         model, reference = scored.model, scored.output
         if not isinstance(reference, Tensor):
             raise TypeError(f"LRP needs a model that returns one tensor, got {type(reference).__name__}")

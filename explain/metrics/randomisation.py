@@ -21,7 +21,7 @@ from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..methods.attribution_base import seeded
 from ..methods.cam_base import positive_int
-from .base import Score, chunks, pairs_of
+from .base import Score, batch_size_for, chunks, pairs_of
 
 __all__ = ["model_randomisation", "random_logit", "randomisable_layers", "spearman", "ssim"]
 
@@ -107,7 +107,7 @@ def model_randomisation(
     layers: Sequence[str] | None = None,
     checkpoints: int | None = 10,
     seed: int = 42,
-    batch_size: int = 64,
+    batch_size: int | None = None,
 ) -> Score:
     """Cascading model-parameter randomisation (lower is better).
 
@@ -135,7 +135,7 @@ def model_randomisation(
     if explanation is None:
         explanation = explainer(images, targets)
     pairs = pairs_of(model, images, explanation, targets)
-    batch_size = positive_int("batch_size", batch_size)
+    batch_size = batch_size_for(batch_size, pairs.images.device)
     if layers is None:
         layers = randomisable_layers(model, pairs.images)[::-1]
     layers = list(layers)
@@ -178,7 +178,7 @@ def random_logit(
     targets: Tensor | None = None,
     *,
     seed: int = 42,
-    batch_size: int = 64,
+    batch_size: int | None = None,
 ) -> Score:
     """Random logit test: the SSIM between the map of the explained class and the map of
     a random other class (lower is better).
@@ -204,7 +204,7 @@ def random_logit(
     offsets = torch.as_tensor(np.random.RandomState(seed).randint(0, classes - 1, len(pairs.targets) // k),
                               device=pairs.targets.device).repeat_interleave(k)
     others = offsets + (offsets >= pairs.targets).long()
-    again = _explain_again(explainer, pairs.images, others, positive_int("batch_size", batch_size))
+    again = _explain_again(explainer, pairs.images, others, batch_size_for(batch_size, pairs.images.device))
     return Score(
         metric="random-logit",
         values=pairs.unflatten(ssim(pairs.maps, again)),

@@ -8,7 +8,7 @@ from torch import Tensor
 from ..base import Explainer
 from ..explanation import Explanation
 from ..methods.cam_base import checked_number, positive_int
-from .base import Score, chunks, draws, pairs_of
+from .base import Score, batch_size_for, chunks, draws, pairs_of
 
 __all__ = ["sensitivity"]
 
@@ -22,7 +22,7 @@ def sensitivity(
     radius: float = 0.2,
     n_samples: int = 10,
     normalise: bool = True,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     seed: int | None = 0,
 ) -> Score:
     """Max-sensitivity (``values``) and average-sensitivity (``extra["average"]``): how far
@@ -48,7 +48,7 @@ def sensitivity(
     m = len(pairs.targets)
     distances = torch.empty(m, n_samples, device=pairs.images.device)
     rows = torch.arange(m, device=pairs.images.device).repeat_interleave(n_samples)
-    for part in chunks(m * n_samples, positive_int("batch_size", batch_size)):
+    for part in chunks(m * n_samples, batch_size_for(batch_size, pairs.images.device)):
         r = rows[part]
         samples = [i % n_samples for i in range(part.start, part.stop)]
         noise = (draws(seed, samples, pairs.images.shape[1:], pairs.images.device) * 2 - 1) * radius

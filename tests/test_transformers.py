@@ -1,0 +1,392 @@
+"""Vision transformers: token layers as maps, the automatic layer, attention capture, the
+transformer attention methods against hand computations, and every method of the library on
+torchvision's ViT-B/16 and Swin-T, a timm DeiT and a Hugging Face ViT built from its config
+(random weights: nothing is downloaded)."""
+
+import math
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch import nn
+
+import explain
+from conftest import ModelState, hook_count
+from explain import TokenLayout
+from explain.attention import AttentionCapture, explicit_attention_kernels
+from explain.tokens import infer_layout, model_token_hints
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_vit(**config):
+    settings = dict(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                    intermediate_size=64, num_labels=10)
+    return transformers.ViTForImageClassification(transformers.ViTConfig(**{**settings, **config})).eval()
+
+
+def tv_vit(image_size=32):
+    model = torchvision.models.vit_b_16(image_size=image_size, num_classes=10).eval()
+    nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts the head at zero: flat logits
+    return model
+
+
+def logits_of(output):
+    return output.logits if hasattr(output, "logits") else output
+
+
+# --- token layouts -------------------------------------------------------------------------
+
+
+def test_a_token_lands_on_its_patch():
+    # 2 prefix tokens, then a 2 x 3 grid in raster order; token t carries the value t in
+    # every channel, so cell (i, j) must hold 2 + 3 i + j.
+    tokens = torch.arange(8.0)[None, :, None].expand(1, 8, 4)
+    layout = TokenLayout("tokens", prefix=2, grid=(2, 3))
+    grid = layout.to_spatial(tokens)
+    assert grid.shape == (1, 4, 2, 3)
+    assert grid[0, 0].tolist() == [[2.0, 3.0, 4.0], [5.0, 6.0, 7.0]] and (grid == grid[:, :1]).all()
+    # Back into the layer's layout: the prefix tokens come from the layer's output.
+    back = layout.to_layer(grid * 10, tokens)
+    assert back[0, :, 0].tolist() == [0.0, 1.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0]
+    channels_last = torch.arange(6.0).view(1, 2, 3, 1)
+    assert TokenLayout("channels-last").to_spatial(channels_last).shape == (1, 1, 2, 3)
+
+
+@pytest.mark.parametrize("shape, size, expected", [
+    ((2, 197, 768), (224, 224), TokenLayout("tokens", 1, (14, 14))),    # class token
+    ((2, 196, 768), (224, 224), TokenLayout("tokens", 0, (14, 14))),    # none (average-pooled)
+    ((2, 1 + 14 * 28, 64), (224, 448), TokenLayout("tokens", 1, (14, 28))),  # non-square input
+    ((2, 1 + 28 * 14, 64), (448, 224), TokenLayout("tokens", 1, (28, 14))),
+    ((2, 7, 7, 768), (224, 224), TokenLayout("channels-last")),        # Swin
+    ((2, 768, 7, 7), (224, 224), TokenLayout("spatial")),
+])
+def test_layouts_inferred_from_shapes(shape, size, expected):
+    assert infer_layout(shape, size) == expected
+
+
+def test_layouts_use_what_the_model_says():
+    deit = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=64)
+    registers = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64, reg_tokens=4)
+    assert model_token_hints(deit) == (2, (16, 16)) and model_token_hints(registers) == (5, (16, 16))
+    # 4 x 4 patches after 2 (class, distillation) or 5 (class, 4 registers) prefix tokens.
+    assert infer_layout((1, 18, 192), (64, 64), deit) == TokenLayout("tokens", 2, (4, 4))
+    assert infer_layout((1, 21, 192), (64, 64), registers) == TokenLayout("tokens", 5, (4, 4))
+    assert model_token_hints(tv_vit()) == (1, (16, 16))
+    assert model_token_hints(hf_vit()) == (1, (8, 8))
+    assert model_token_hints(torchvision.models.resnet18()) == (None, None)
+
+
+def test_a_layout_that_cannot_be_inferred_names_reshape():
+    # 3 tokens: no prefix leaves a grid of 2 or more patches that a patch size makes of 64 x 64.
+    with pytest.raises(ValueError, match=r"layer 'odd' outputs \(1, 3, 8\) tokens.*reshape=explain.TokenLayout"):
+        infer_layout((1, 3, 8), (64, 64), layer="odd")
+    with pytest.raises(ValueError, match="grid=\\(h, w\\)"):
+        TokenLayout("tokens", prefix=1)
+
+
+class TokenModel(nn.Module):
+    """Patch embedding, a class token, one token layer (``norm``, an identity) and a head on
+    the mean of all tokens: logits = W mean_t(x_t) + b."""
+
+    def __init__(self, channels=3, patch=8, classes=3):
+        super().__init__()
+        self.embed = nn.Conv2d(3, channels, patch, stride=patch)
+        self.cls = nn.Parameter(torch.randn(1, 1, channels))
+        self.norm = nn.Identity()
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, x):
+        tokens = self.embed(x).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls.expand(len(x), -1, -1), tokens], dim=1)
+        return self.head(self.norm(tokens).mean(dim=1))
+
+
+def test_gradcam_on_tokens_by_hand():
+    # d logit_c / d token_t = W_c / T for every token, so Grad-CAM's weights are
+    # alpha_k = W_ck / T and the map at patch (i, j) is ReLU(sum_k W_ck A_k(i, j)) / T.
+    model = TokenModel().eval()
+    x = torch.randn(2, 3, 16, 24)  # a 2 x 3 patch grid, 7 tokens
+    res = explain.GradCAM(model, "norm", reshape=TokenLayout("tokens", prefix=1, grid=(2, 3)))(x, targets=[0, 2])
+    patches = model.embed(x).detach()  # (2, C, 2, 3): the patch tokens on their grid
+    weights = model.head.weight.detach()[[0, 2]]
+    expected = F.relu(torch.einsum("nk,nkij->nij", weights, patches)) / 7
+    torch.testing.assert_close(res.raw, expected, rtol=1e-5, atol=1e-6)
+    # The layout found without being told is the same.
+    torch.testing.assert_close(explain.GradCAM(model, "norm")(x, targets=[0, 2]).raw, expected, rtol=1e-5, atol=1e-6)
+    # A reshape function (pytorch-grad-cam's reshape_transform) gives the same map, and a
+    # method that must put a changed activation back asks for a TokenLayout instead.
+    function = lambda t: t[:, 1:].transpose(1, 2).reshape(len(t), -1, 2, 3)  # noqa: E731
+    torch.testing.assert_close(explain.GradCAM(model, "norm", reshape=function)(x, targets=[0, 2]).raw, expected)
+    with pytest.raises(ValueError, match="reshape=explain.TokenLayout"):
+        explain.AblationCAM(model, "norm", reshape=function)(x)
+    ablated = explain.AblationCAM(model, "norm")(x)  # with the inferred layout
+    assert ablated.raw.shape == (2, 2, 3) and hook_count(model) == 0
+
+
+def test_swin_channels_last_stage_by_hand():
+    # features.7 outputs (N, h, w, C): Grad-CAM reads it as (N, C, h, w), with its gradient.
+    model = torchvision.models.swin_t(num_classes=5).eval()
+    x = torch.randn(2, 3, 64, 64)
+    stored = {}
+    handle = model.features[7].register_forward_hook(lambda m, a, out: stored.setdefault("A", out))
+    logits = model(x)
+    handle.remove()
+    (grad,) = torch.autograd.grad(logits[:, 1].sum(), stored["A"])
+    activations, gradients = stored["A"].detach().permute(0, 3, 1, 2), grad.permute(0, 3, 1, 2)
+    expected = F.relu((gradients.mean(dim=(2, 3), keepdim=True) * activations).sum(1))
+    res = explain.GradCAM(model, "features.7")(x, targets=1)
+    torch.testing.assert_close(res.raw, expected, rtol=1e-4, atol=1e-6)
+    assert hook_count(model) == 0
+
+
+@pytest.mark.parametrize("name, size, layer", [
+    ("vit", (32, 32), "encoder.layers.encoder_layer_11.ln_1"),
+    ("swin", (64, 64), "features.7.1.norm1"),
+    ("deit", (32, 32), "blocks.11.norm1"),
+    ("hf", (32, 32), "vit.layers.1.layernorm_before"),
+])
+def test_automatic_layer_is_the_last_blocks_first_norm(name, size, layer):
+    assert explain.find_target_layer(MODELS[name](), torch.randn(1, 3, *size)) == layer
+
+
+def test_non_square_inputs():
+    model = timm.create_model("deit_tiny_patch16_224", pretrained=False, img_size=(32, 64), num_classes=4).eval()
+    res = explain.GradCAM(model)(torch.randn(2, 3, 32, 64))
+    assert res.raw.shape == (2, 2, 4) and res.maps.shape == (2, 32, 64)
+    rollout = explain.AttentionRollout(model)(torch.randn(2, 3, 32, 64))
+    assert rollout.raw.shape == (2, 2, 4)
+
+
+# --- attention capture ---------------------------------------------------------------------
+
+
+def timm_deit(fused=True):
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, num_classes=10).eval()
+    for module in model.modules():
+        if hasattr(module, "fused_attn"):
+            module.fused_attn = fused
+    return model
+
+
+MODELS = {
+    "vit": tv_vit,
+    "swin": lambda: torchvision.models.swin_t(num_classes=10).eval(),
+    "deit": timm_deit,
+    "hf": hf_vit,
+}
+
+
+@pytest.mark.parametrize("make, layers", [
+    (tv_vit, 12), (lambda: timm_deit(True), 12), (lambda: timm_deit(False), 12),
+    (hf_vit, 2), (lambda: hf_vit(attn_implementation="eager"), 2),
+])
+def test_attention_capture_leaves_the_logits_and_the_model_as_they_were(make, layers):
+    model = make()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = logits_of(model(x))
+    fused = [getattr(m, "fused_attn", None) for m in model.modules()]
+    implementation = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    state = ModelState(model)
+    with AttentionCapture(model, gradients=True) as capture:
+        after = logits_of(model(x))
+        gradients = torch.autograd.grad(after[:, 0].sum(), capture.weights)
+    scale = before.abs().max()
+    assert (after.detach() - before).abs().max() <= 1e-5 * scale
+    assert len(capture.weights) == layers and all(w.shape[-1] == w.shape[-2] for w in capture.weights)
+    torch.testing.assert_close(capture.weights[0].sum(-1), torch.ones_like(capture.weights[0][..., 0]))
+    assert all(torch.isfinite(g).all() for g in gradients) and gradients[-1].abs().sum() > 0
+    state.assert_unchanged()
+    assert [getattr(m, "fused_attn", None) for m in model.modules()] == fused
+    assert getattr(getattr(model, "config", None), "_attn_implementation", None) == implementation
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+    assert torch.backends.mha.get_fastpath_enabled()
+
+
+def test_attention_capture_restores_everything_after_an_error():
+    model = timm_deit(False)
+    state = ModelState(model)
+    with pytest.raises(RuntimeError, match="boom"):
+        with AttentionCapture(model, gradients=True):
+            model(torch.randn(1, 3, 32, 32))
+            raise RuntimeError("boom")
+    state.assert_unchanged()
+    assert all(m.fused_attn is False for m in model.modules() if hasattr(m, "fused_attn"))
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+    with explicit_attention_kernels(model):
+        assert F.scaled_dot_product_attention is not torch._C._nn.scaled_dot_product_attention
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+# --- the attention methods by hand ---------------------------------------------------------
+
+
+class UniformBlock(nn.Module):
+    """A transformer block whose attention is uniform (queries and keys are zero): every
+    token attends 1/T to every token; its MLP branch is zero."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(channels), nn.LayerNorm(channels)
+        self.mlp = nn.Linear(channels, channels)
+        nn.init.zeros_(self.mlp.weight)
+        nn.init.zeros_(self.mlp.bias)
+
+    def forward(self, x):
+        v = self.norm1(x)[:, None]  # one head
+        attended = F.scaled_dot_product_attention(torch.zeros_like(v), torch.zeros_like(v), v)[:, 0]
+        x = x + attended
+        return x + self.mlp(self.norm2(x))
+
+
+class UniformViT(nn.Module):
+    """Patches, a class token, ``depth`` uniform blocks and a head on the class token."""
+
+    def __init__(self, depth=1, channels=6, classes=3):
+        super().__init__()
+        self.embed = nn.Conv2d(3, channels, 8, stride=8)
+        self.cls = nn.Parameter(torch.randn(1, 1, channels))
+        self.blocks = nn.Sequential(*[UniformBlock(channels) for _ in range(depth)])
+        self.head = nn.Linear(channels, classes)
+
+    def tokens(self, x):
+        patches = self.embed(x).flatten(2).transpose(1, 2)
+        return torch.cat([self.cls.expand(len(x), -1, -1), patches], dim=1)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.tokens(x))[:, 0])
+
+
+@pytest.mark.parametrize("depth, share", [(1, 0.5), (2, 0.75), (3, 0.875)])
+def test_rollout_by_hand(depth, share):
+    # With uniform attention U, (U + I) / 2 to the power L is (1 - 2^-L) U + 2^-L I: each of
+    # the T tokens gets (1 - 2^-L) / T of the class token's row.
+    model = UniformViT(depth).eval()
+    res = explain.AttentionRollout(model)(torch.randn(2, 3, 16, 24))  # 6 patches, T = 7
+    torch.testing.assert_close(res.raw, torch.full((2, 2, 3), share / 7))
+    assert res.maps.abs().sum() == 0  # a flat map carries no evidence
+
+
+def test_attention_relevance_and_legrad_by_hand():
+    # One block, uniform attention A = 1/T; the score is W_c (x_0 + sum_j A_0j v_j) with
+    # v = norm1(x), so dS/dA_0j = W_c v_j and the other rows' gradients are zero.
+    # Chefer et al.: R = I + E_h[(grad * A)^+] gives the class row ReLU(W_c v_j) / T.
+    # LeGrad: the mean over query rows of ReLU(dS/dA) gives ReLU(W_c v_j) / T as well.
+    model = UniformViT(1).eval()
+    x = torch.randn(2, 3, 16, 24)
+    with torch.no_grad():
+        v = model.blocks[0].norm1(model.tokens(x))[:, 1:]  # the patch tokens' values
+    expected = F.relu(v @ model.head.weight[2].detach()).view(2, 2, 3) / 7
+    relevance = explain.AttentionRelevance(model)(x, targets=2)
+    torch.testing.assert_close(relevance.raw, expected, rtol=1e-5, atol=1e-7)
+    legrad = explain.LeGrad(model, readout=lambda tokens: model.head(tokens[:, 0]))(x, targets=2)
+    torch.testing.assert_close(legrad.raw, expected, rtol=1e-5, atol=1e-7)
+    assert hook_count(model) == 0
+
+
+def test_rollout_discard_ratio_and_head_fusion():
+    model = UniformViT(1).eval()
+    x = torch.randn(1, 3, 16, 24)
+    # Uniform attention has no smallest entries to tell apart: dropping 30 % of them (by
+    # position) still leaves the class token its own attention.
+    res = explain.AttentionRollout(model, discard_ratio=0.3, head_fusion="max")(x)
+    assert torch.isfinite(res.raw).all() and res.raw.shape == (1, 2, 3)
+    with pytest.raises(ValueError, match="head_fusion"):
+        explain.AttentionRollout(model, head_fusion="median")
+    with pytest.raises(ValueError, match="discard_ratio"):
+        explain.AttentionRollout(model, discard_ratio=1.0)
+
+
+def test_attention_methods_refuse_models_they_do_not_apply_to():
+    with pytest.raises(explain.NotApplicable, match="saw no attention.*Grad-CAM"):
+        explain.AttentionRollout(torchvision.models.resnet18())(torch.randn(1, 3, 32, 32))
+    with pytest.raises(explain.NotApplicable, match="saw no attention.*Swin"):
+        explain.AttentionRelevance(torchvision.models.swin_t())(torch.randn(1, 3, 64, 64))
+    with pytest.raises(explain.NotApplicable, match="readout="):
+        explain.LeGrad(torchvision.models.swin_t())
+    with pytest.raises(explain.NotApplicable, match="attention"):
+        explain.LRP(tv_vit())(torch.randn(1, 3, 32, 32))
+    with pytest.raises(ValueError, match="class targets"):
+        explain.LeGrad(hf_vit())(torch.randn(1, 3, 32, 32), targets=lambda out: out.logits[:, 0])
+
+
+@pytest.mark.parametrize("name", ["vit", "deit", "hf"])
+def test_attention_methods_on_real_architectures(name):
+    model = MODELS[name]()
+    x = torch.randn(2, 3, 32, 32)
+    state = ModelState(model)
+    for method in ("attention-rollout", "attention-relevance", "legrad"):
+        with torch.no_grad():
+            res = explain.explainer(method, model)(x, topk=2)
+        grid = (4, 4) if name == "hf" else (2, 2)
+        assert res.maps.shape == (2, 2, 32, 32) and res.raw.shape == (2, 2, *grid), (name, method)
+        assert torch.isfinite(res.raw).all() and (res.raw >= 0).all(), (name, method)
+        assert res.targets.tolist() == logits_of(model(x)).topk(2).indices.tolist()
+    state.assert_unchanged()
+
+
+# --- every method of the library on the four architectures ---------------------------------
+
+# The fewest passes that still exercise each method; Score-CAM's family runs once per
+# channel (768 on ViT-B and Swin-T), so it runs on the small models only.
+CHEAP = {
+    "smoothgrad": {"n_samples": 2}, "vargrad": {"n_samples": 2}, "ig": {"n_steps": 3},
+    "gradientshap": {"n_samples": 2, "n_baselines": 2}, "deepliftshap": {"n_baselines": 2},
+    "occlusion": {"window": 16, "stride": 16}, "lime": {"n_samples": 4, "n_segments": 4},
+    "kernelshap": {"n_samples": 4, "n_segments": 4}, "ablation": {"n_segments": 4},
+    "sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2},
+}
+WIDE = {"vit", "swin"}
+# Methods whose definition does not apply, with the reason they give.
+REFUSED = {
+    "cam": "CAM's premise",                     # no linear head over a pooled grid
+    "lrp": "attention",                          # no relevance rule for attention
+}
+REFUSED_SWIN = {"attention-rollout": "saw no attention", "attention-relevance": "saw no attention",
+                "legrad": "readout="}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_method_on_transformers(name):
+    model = MODELS[name]()
+    size = 64 if name == "swin" else 32
+    x = torch.randn(1, 3, size, size)
+    state = ModelState(model)
+    ran = []
+    for method in explain.methods():
+        if method in ("scorecam", "sscam", "iscam") and name in WIDE:
+            continue
+        refused = {**REFUSED, **(REFUSED_SWIN if name == "swin" else {})}.get(method)
+        if refused:
+            with pytest.raises(explain.NotApplicable, match=refused):
+                explain.explainer(method, model, **CHEAP.get(method, {}))(x)
+            continue
+        with torch.no_grad():
+            res = explain.explainer(method, model, **CHEAP.get(method, {}))(x)
+        assert res.maps.shape == (1, size, size), (name, method)
+        assert torch.isfinite(res.maps).all() and res.maps.min() >= 0 and res.maps.max() <= 1, (name, method)
+        assert res.maps.max() in (0.0, 1.0), (name, method)
+        assert res.targets.tolist() == logits_of(res.logits).argmax(1).tolist(), (name, method)
+        ran.append(method)
+    state.assert_unchanged()
+    assert len(ran) >= len(explain.methods()) - 8
+
+
+def test_score_cams_on_vit_b16():
+    # ViT-B/16's 768 channels, each a masked forward pass: Score-CAM alone, once.
+    model = tv_vit()
+    state = ModelState(model)
+    res = explain.ScoreCAM(model, batch_size=64)(torch.randn(1, 3, 32, 32))
+    assert res.raw.shape == (1, 2, 2) and torch.isfinite(res.raw).all()
+    state.assert_unchanged()
+
+
+def test_explain_together_on_a_transformer():
+    model = MODELS["deit"]()
+    x = torch.randn(2, 3, 32, 32)
+    gradcam, layercam = explain.explain_together([explain.GradCAM(model), explain.LayerCAM(model)], x)
+    torch.testing.assert_close(gradcam.maps, explain.GradCAM(model)(x).maps)
+    assert layercam.raw.shape == (2, 2, 2) and math.isclose(float(gradcam.maps.max()), 1.0)
