@@ -26,6 +26,7 @@ test: $(VENV)/.installed-test
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_gradcam.py
+	$(BIN)/python benchmarks/bench_transformers.py
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_attribution.py
 	$(BIN)/python benchmarks/bench_metrics.py

@@ -1,7 +1,9 @@
-"""Models to explain: the bundled offline EfficientNet-Lite0 and torchvision classifiers.
+"""Models to explain: the bundled offline EfficientNet-Lite0, torchvision and timm
+classifiers, and Hugging Face image classifiers saved in a local folder.
 
 >>> from explain import models
 >>> model, preprocess, class_names = models.load("efficientnet_lite0")  # doctest: +SKIP
+>>> vit, preprocess, class_names = models.load("timm:vit_small_patch16_224", "vit.safetensors")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
-__all__ = ["BUNDLED", "imagenet_classes", "imagenet_preprocess", "is_bundled", "load"]
+__all__ = ["BUNDLED", "TIMM_PREFIX", "imagenet_classes", "imagenet_preprocess", "is_bundled", "is_huggingface_folder", "load"]
 
 BUNDLED = "efficientnet_lite0"
+#: ``timm:NAME`` names a timm model.
+TIMM_PREFIX = "timm:"
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -67,14 +71,18 @@ def load(
     Parameters
     ----------
     name:
-        ``"efficientnet_lite0"`` (bundled ImageNet weights, no download) or any torchvision
-        classification model name, e.g. ``"resnet50"``.
+        ``"efficientnet_lite0"`` (bundled ImageNet weights, no download), any torchvision
+        classification model name, e.g. ``"resnet50"``, ``"timm:NAME"`` for a timm model
+        (e.g. ``"timm:deit_small_patch16_224"``), or the path of a folder holding a Hugging
+        Face image classifier (``config.json`` and its weights, as ``save_pretrained``
+        writes them; read with ``local_files_only=True``, so nothing is downloaded).
     weights:
-        For torchvision models: a local state-dict file (loaded with ``weights_only=True``;
-        a fine-tuned head with another number of classes is fine), a weight enum or its name
-        such as ``"IMAGENET1K_V2"`` or ``"DEFAULT"`` (downloads on first use), or ``None`` for
-        random weights. For the bundled model: ``None`` (the packaged weights) or a local
-        file holding the same tensors.
+        For torchvision and timm models: a local state-dict file (``.safetensors``, or
+        anything ``torch.load`` reads with ``weights_only=True``; a fine-tuned head with
+        another number of classes is fine), for torchvision also a weight enum or its name
+        such as ``"IMAGENET1K_V2"`` or ``"DEFAULT"`` (downloads on first use), or ``None``
+        for random weights. For the bundled model: ``None`` (the packaged weights) or a
+        local file holding the same tensors. A Hugging Face folder carries its own.
 
     Returns
     -------
@@ -84,6 +92,12 @@ def load(
     """
     if is_bundled(name):
         model, preprocess, classes = _load_bundled(weights)
+    elif name.startswith(TIMM_PREFIX):
+        model, preprocess, classes = _load_timm(name[len(TIMM_PREFIX):], weights)
+    elif is_huggingface_folder(name):
+        if weights is not None:
+            raise ValueError(f"{name} is a Hugging Face model folder, which carries its own weights; drop weights=")
+        model, preprocess, classes = _load_huggingface(Path(name))
     else:
         model, preprocess, classes = _load_torchvision(name, weights)
     model.class_names = classes
@@ -121,9 +135,18 @@ def _load_bundled(weights) -> tuple[nn.Module, Preprocess, list[str]]:
     return model, preprocess, imagenet_classes()
 
 
+def is_huggingface_folder(name: str | os.PathLike) -> bool:
+    """Whether ``name`` is a folder holding a Hugging Face model (its ``config.json``)."""
+    return Path(name).is_dir() and (Path(name) / "config.json").is_file()
+
+
 def _read_state_dict(path: Path) -> dict[str, Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(path)
     state = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
@@ -166,6 +189,84 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
             f"them elsewhere and pass the .pth file as weights="
         ) from error
     return model, enum.transforms(), list(enum.meta["categories"])
+
+
+def _load_timm(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
+    """A timm model with random weights or a local state dict, and timm's own evaluation
+    preprocessing for it (its input size, interpolation, crop and normalisation)."""
+    import timm
+    from timm.data import create_transform, resolve_data_config
+
+    if not timm.is_model(name):
+        import difflib
+
+        close = difflib.get_close_matches(name, timm.list_models(), n=5)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ValueError(f"unknown timm model {name!r}; {hint}`python -c 'import timm; print(timm.list_models())'` lists them")
+    state = None if weights is None else _read_state_dict(Path(weights))
+    model = timm.create_model(name, pretrained=False)
+    head = f"{(getattr(model, 'pretrained_cfg', None) or {}).get('classifier', 'head')}.weight"
+    if state is not None and head in state and state[head].shape[0] != model.num_classes:
+        model.reset_classifier(state[head].shape[0])  # a fine-tuned head
+    num_classes = model.num_classes
+    if state is not None:
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as error:
+            raise ValueError(f"{weights} does not hold the weights of timm's {name}: {str(error).splitlines()[0]}") from None
+    preprocess = create_transform(**resolve_data_config({}, model=model))
+    classes = imagenet_classes() if num_classes == 1000 else [str(i) for i in range(num_classes)]
+    return model, preprocess, classes
+
+
+def _load_huggingface(folder: Path) -> tuple[nn.Module, Preprocess, list[str]]:
+    """A Hugging Face image classifier from a local folder, with the preprocessing its
+    ``preprocessor_config.json`` describes (resize, centre crop, normalisation) as torchvision
+    transforms, and the class names of its ``id2label``."""
+    try:
+        from transformers import AutoConfig, AutoModelForImageClassification
+    except ImportError:
+        raise ValueError(f"{folder} is a Hugging Face model folder; install transformers to load it") from None
+    from transformers.utils import logging as hf_logging
+
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a bar per load would fill the CLI's stderr
+    try:
+        model = AutoModelForImageClassification.from_pretrained(folder, local_files_only=True)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    labels = getattr(config, "id2label", None) or {}
+    classes = [str(labels.get(i, labels.get(str(i), i))) for i in range(model.config.num_labels)]
+    return model, huggingface_preprocess(folder, config), classes
+
+
+def huggingface_preprocess(folder: Path, config) -> Preprocess:
+    """torchvision transforms that do what a Hugging Face image processor's config says:
+    resize (``size`` as height/width or shortest edge), centre crop (``crop_size``), scale
+    to [0, 1] and normalise (``image_mean``, ``image_std``); without a processor config, a
+    resize to the model's ``image_size`` and ImageNet's normalisation."""
+    import json
+
+    path = folder / "preprocessor_config.json"
+    settings = json.loads(path.read_text()) if path.is_file() else {}
+    side = getattr(config, "image_size", 224)
+    size = settings.get("size", {"height": side, "width": side}) if settings.get("do_resize", True) else None
+    steps = []
+    if isinstance(size, dict) and "height" in size:
+        steps.append(transforms.Resize((size["height"], size["width"]), interpolation=transforms.InterpolationMode.BILINEAR))
+    elif isinstance(size, dict) and "shortest_edge" in size:
+        steps.append(transforms.Resize(size["shortest_edge"], interpolation=transforms.InterpolationMode.BILINEAR))
+    elif isinstance(size, int):
+        steps.append(transforms.Resize((size, size), interpolation=transforms.InterpolationMode.BILINEAR))
+    crop = settings.get("crop_size") if settings.get("do_center_crop") else None
+    if crop is not None:
+        steps.append(transforms.CenterCrop((crop["height"], crop["width"]) if isinstance(crop, dict) else crop))
+    steps.append(transforms.ToTensor())
+    if settings.get("do_normalize", True):
+        steps.append(transforms.Normalize(settings.get("image_mean", IMAGENET_MEAN), settings.get("image_std", IMAGENET_STD)))
+    return transforms.Compose(steps)
 
 
 def _state_num_classes(state: dict[str, Tensor]) -> int:

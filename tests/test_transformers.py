@@ -390,3 +390,47 @@ def test_explain_together_on_a_transformer():
     gradcam, layercam = explain.explain_together([explain.GradCAM(model), explain.LayerCAM(model)], x)
     torch.testing.assert_close(gradcam.maps, explain.GradCAM(model)(x).maps)
     assert layercam.raw.shape == (2, 2, 2) and math.isclose(float(gradcam.maps.max()), 1.0)
+
+
+# --- loading timm models and Hugging Face folders ------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_timm_model_from_a_local_weights_file(tmp_path, suffix):
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    reference = timm.create_model("deit_tiny_patch16_224", pretrained=False, num_classes=7).eval()
+    path = tmp_path / f"weights{suffix}"
+    (save_file if suffix == ".safetensors" else torch.save)(reference.state_dict(), path)
+    model, preprocess, classes = explain.models.load("timm:deit_tiny_patch16_224", path)
+    x = preprocess(Image.new("RGB", (300, 250), (10, 200, 30))).unsqueeze(0)
+    assert x.shape == (1, 3, 224, 224) and classes == [str(i) for i in range(7)] and model.class_names == classes
+    torch.testing.assert_close(model(x), reference(x))
+    with pytest.raises(ValueError, match="unknown timm model 'deit_tiny_patch16_2244'; did you mean deit_tiny_patch16_224"):
+        explain.models.load("timm:deit_tiny_patch16_2244")
+    with pytest.raises(ValueError, match="does not hold the weights of timm's vit_small_patch16_224"):
+        explain.models.load("timm:vit_small_patch16_224", path)
+
+
+def test_hugging_face_folder(tmp_path):
+    from PIL import Image
+
+    labels = {0: "cat", 1: "dog", 2: "fox"}
+    reference = hf_vit(image_size=64, patch_size=16, num_labels=3, id2label=labels,
+                       label2id={name: i for i, name in labels.items()})
+    reference.save_pretrained(tmp_path)
+    transformers.ViTImageProcessor(size={"height": 64, "width": 64}, image_mean=[0.5] * 3,
+                                   image_std=[0.25] * 3).save_pretrained(tmp_path)
+    model, preprocess, classes = explain.models.load(str(tmp_path))
+    assert classes == ["cat", "dog", "fox"]
+    image = Image.new("RGB", (300, 250), (255, 0, 128))
+    x = preprocess(image).unsqueeze(0)
+    # The processor's own output: resized to 64 x 64, (pixel / 255 - 0.5) / 0.25.
+    expected = transformers.ViTImageProcessor.from_pretrained(tmp_path)(image, return_tensors="pt")["pixel_values"]
+    torch.testing.assert_close(x, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(model(x).logits, reference(x).logits)
+    res = explain.GradCAM(model)(x, targets="dog")
+    assert res.target_names == ["dog"] and res.layers == ("vit.layers.1.layernorm_before",)
+    with pytest.raises(ValueError, match="carries its own weights"):
+        explain.models.load(str(tmp_path), "weights.pth")
