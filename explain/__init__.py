@@ -8,7 +8,7 @@
 (('layer4',), (2, 64, 64), torch.Size([2]))
 """
 
-from . import metrics, models
+from . import metrics, models, tasks
 from .base import Explainer, NotApplicable, describe_methods, explainer, methods, register
 from .methods import (
     AblationCAM,
@@ -59,6 +59,7 @@ from .explanation import Explanation
 from .hooks import LayerCapture
 from .layers import candidate_layers, find_target_layer
 from .overlay import denormalize, normalization_of, overlay, plot_explanations, to_rgb
+from .tasks import DetectionTarget, SegmentationTarget, explain_detections
 from .tokens import TokenLayout
 
 # Importing the package explain.methods bound its name here; the name stays the function
@@ -75,6 +76,7 @@ __all__ = [
     "BaseCAM",
     "CAM",
     "Deconvolution",
+    "DetectionTarget",
     "DeepLift",
     "DeepLiftShap",
     "EigenCAM",
@@ -107,6 +109,7 @@ __all__ = [
     "Occlusion",
     "RandomCAM",
     "SSCAM",
+    "SegmentationTarget",
     "Saliency",
     "ScoreCAM",
     "ShapleyCAM",
@@ -118,12 +121,14 @@ __all__ = [
     "candidate_layers",
     "denormalize",
     "describe_methods",
+    "explain_detections",
     "explain_together",
     "explainer",
     "find_target_layer",
     "methods",
     "metrics",
     "models",
+    "tasks",
     "normalization_of",
     "overlay",
     "plot_explanations",

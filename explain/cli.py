@@ -1,6 +1,7 @@
 """The ``explain`` command: CAM and attribution heatmap overlays for folders of images.
 
     explain run INPUT... --out DIR [--method gradcam,saliency,ig] [--target top1|ID|NAME|topk:K]
+                        [--task classify|segment|detect]
     explain evaluate INPUT... --out DIR [--methods gradcam,ig] [--metrics deletion,insertion,road]
     explain methods
     explain layers MODEL
@@ -43,10 +44,11 @@ from torchvision import transforms
 from tqdm import tqdm
 
 from . import __version__, models
-from .base import describe_methods, method_class, methods
+from .base import NotApplicable, describe_methods, method_class, methods
 from .methods import BaseCAM, explain_together
 from .methods.attribution_base import REDUCTIONS
 from .heap import ReusedHeap
+from .hooks import preserved_state
 from .evaluation import (
     evaluate,
     format_summary,
@@ -72,6 +74,8 @@ from .report import (
     write_manifest,
 )
 from .targets import class_index
+from .tasks import DetectionTarget, SegmentationTarget, crop_padding, segmentation_logits
+from .tasks import models as task_models
 
 __all__ = ["main"]
 
@@ -121,7 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--layer", default="auto",
                      help="target layer(s), comma-separated; see `explain layers MODEL`")
     run.add_argument("--target", default="top1",
-                     help="class to explain: top1, a class id, a class name, or topk:K for the K best")
+                     help="what to explain. classify: top1, a class id, a class name, or topk:K for the K best; "
+                     "segment: top1 (the predicted class covering the most pixels, background aside) or a class id "
+                     "or name, over its predicted mask; detect: top1 (the best box), box:I (the I-th box), a class "
+                     "id or name (its boxes), score:T (boxes scoring at least T), or a class and score:T joined "
+                     "by a comma")
+    run.add_argument("--task", choices=task_models.TASKS, default=None,
+                     help="what the model does: classify (a class per image), segment (a class per pixel: maps "
+                     "explain a class over its region) or detect (boxes: maps explain a detected box, one output "
+                     "per box) [default: inferred from the model]")
     run.add_argument("--batch-size", "-b", type=_positive_int, default=16)
     run.add_argument("--eigen-smooth", action="store_true",
                      help="map by the first principal component of each method's per-channel terms "
@@ -210,9 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
     if with_model:
         parser.add_argument("--model", default=models.BUNDLED,
-                            help="efficientnet_lite0 (bundled), a torchvision model name, a torch.export "
-                            ".pt2 file, or a pickled nn.Module (needs --trust-model-file)")
-    parser.add_argument("--weights", help="state-dict file for a torchvision model name (loaded weights_only)")
+                            help="efficientnet_lite0 (bundled), a torchvision classification, segmentation or "
+                            "detection model name, timm:NAME for a timm model, a folder holding a Hugging Face image "
+                            "classifier (save_pretrained), a torch.export .pt2 file, or a pickled nn.Module (needs "
+                            "--trust-model-file)")
+    parser.add_argument("--weights", help="state-dict file (.safetensors, or loaded weights_only) for a torchvision "
+                        "or timm model name; nothing is downloaded unless you name torchvision's weights (DEFAULT)")
     parser.add_argument("--trust-model-file", action="store_true",
                         help="allow loading a pickled nn.Module, which runs code from the file")
     parser.add_argument("--device", help="torch device [default: cuda if available, else cpu]")
@@ -261,6 +276,7 @@ class LoadedModel:
     example: Tensor  # one preprocessed image on the device
     fixed_batch: bool = False  # an exported program that only takes batches of one
     random_weights: bool = False  # a torchvision architecture named without --weights
+    task: str = "classify"  # what the model does: classify, segment or detect (see explain.tasks)
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -278,13 +294,19 @@ def pick_device(name: str | None) -> torch.device:
 def load_model(spec: str, weights: str | None, trust: bool, device_name: str | None) -> LoadedModel:
     device = pick_device(device_name)
     path = Path(spec)
-    if not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
+    named = spec.startswith(models.TIMM_PREFIX) or models.is_huggingface_folder(spec)
+    if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
+        task = task_models.torchvision_task(spec)
         try:
-            model, preprocess, class_names = models.load(spec, weights, device=device)
+            if task is None:
+                model, preprocess, class_names = models.load(spec, weights, device=device)
+                task = "classify"
+            else:
+                model, preprocess, class_names = task_models.load(spec, weights, device=device)
         except (ValueError, FileNotFoundError, RuntimeError) as error:
             raise UsageError(f"{error}") from None
         fixed_batch = False
-        random_weights = weights is None and not models.is_bundled(spec)
+        random_weights = weights is None and not models.is_bundled(spec) and not models.is_huggingface_folder(spec)
     else:
         if not path.is_file():
             raise UsageError(
@@ -303,19 +325,29 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
         except Exception as error:  # a corrupt or foreign file: say which, not a traceback
             raise UsageError(f"cannot load model file {path}: {_in_brief(error)}") from None
         model = model.to(device).eval()
+        task = task_models.task_of(model)
         preprocess = models.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop)
+        if task == "detect":  # a detector normalises the images itself
+            preprocess = task_models.preprocess_for(model, task)
         class_names = getattr(model, "class_names", None)
         fixed_batch = path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
         random_weights = False
     example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
-    if class_names is None:
+    if class_names is None or task is None:
         with torch.no_grad():
             output = model(example)
-        if not isinstance(output, Tensor) or output.dim() != 2:
-            raise UsageError(f"{spec} returns {type(output).__name__}, not (N, num_classes) logits")
-        class_names = models.imagenet_classes() if output.shape[1] == 1000 else [str(i) for i in range(output.shape[1])]
+        task = task or task_models.task_of_output(output)
+        if task is None:
+            raise UsageError(f"{spec} returns {type(output).__name__}, not (N, num_classes) logits, (N, C, H, W) "
+                             "segmentation logits, or a detector's boxes")
+    if class_names is None:
+        if task == "detect":
+            class_names = []  # unknown: labels are shown as ids
+        else:
+            classes = output.shape[1] if task == "classify" else segmentation_logits(output).shape[1]
+            class_names = models.imagenet_classes() if classes == 1000 else [str(i) for i in range(classes)]
         model.class_names = class_names
-    return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights)
+    return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task)
 
 
 def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int]]:
@@ -413,11 +445,16 @@ def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """What to explain: ``labels`` are the manifest's target column, one per output."""
+    """What to explain: ``labels`` are the manifest's target column, one per output.
+
+    For segmentation and detection, ``targets`` is what the explainers are checked with
+    (a :class:`~explain.tasks.SegmentationTarget`, or a placeholder box) and ``select`` the
+    :meth:`~explain.tasks.DetectionTarget.select` arguments that pick each image's boxes."""
 
     labels: tuple[str, ...]
-    targets: int | None = None
+    targets: int | SegmentationTarget | DetectionTarget | None = None
     topk: int | None = None
+    select: dict | None = None
 
 
 def parse_target(text: str, class_names: list[str]) -> TargetSpec:
@@ -441,13 +478,65 @@ def parse_target(text: str, class_names: list[str]) -> TargetSpec:
     return TargetSpec((str(class_id),), targets=class_id)
 
 
+def parse_task_target(text: str, task: str, class_names: list[str]) -> TargetSpec:
+    """--target for segmentation (top1, or a class over its predicted mask) and detection
+    (top1, box:I, a class, score:T, or a class and score:T)."""
+    text = text.strip()
+    if re.fullmatch(r"top-?k?[:=]?(\d+)", text, flags=re.IGNORECASE) and not re.fullmatch(r"top-?1", text, flags=re.I):
+        raise UsageError(f"--target {text}: topk applies to --task classify; with --task {task} name one class, or "
+                         + ("top1" if task == "segment" else "score:T for every box scoring at least T"))
+    if task == "segment":
+        if re.fullmatch(r"top-?1", text, flags=re.IGNORECASE):
+            return TargetSpec(("top1",), SegmentationTarget())
+        class_id = _class_id(text, class_names)
+        return TargetSpec((str(class_id),), SegmentationTarget(class_id))
+    select: dict = {}
+    for part in (p.strip() for p in text.split(",")):
+        if re.fullmatch(r"top-?1", part, flags=re.IGNORECASE):
+            continue
+        match = re.fullmatch(r"(box|score)[:=](.+)", part, flags=re.IGNORECASE)
+        try:
+            if match and match[1].lower() == "box":
+                select["index"] = int(match[2])
+                if select["index"] < 0:
+                    raise ValueError
+            elif match:
+                select["min_score"] = float(match[2])
+            else:
+                select["label"] = _class_id(part, class_names)
+        except ValueError:
+            raise UsageError(f"--target {text}: box:I takes a box index (0, 1, ...), score:T a score such as 0.5") from None
+    if "index" in select and len(select) > 1:
+        raise UsageError(f"--target {text}: pick a box by its index alone (box:I), or by class and/or score:T")
+    placeholder = DetectionTarget([[0.0, 0.0, 1.0, 1.0]], [0])  # for checking the explainers: scores 0
+    return TargetSpec((text,), placeholder, select=select)
+
+
+def _class_id(text: str, class_names: list[str]) -> int:
+    if re.fullmatch(r"\d+", text):
+        class_id = int(text)
+        if class_names and class_id >= len(class_names):
+            raise UsageError(f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})")
+        return class_id
+    try:
+        return class_index(text, class_names)
+    except ValueError as error:
+        raise UsageError(f"--target: {error}") from None
+
+
+def _class_name(class_names: list[str], class_id: int) -> str:
+    return class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
+
+
 def build_explainers(names: str, loaded: LoadedModel, layer: str, target: TargetSpec, **options) -> list:
     """One explainer per method, each checked once on a blank image so that mistakes in the
     method, layer or target surface now, as usage errors, and the auto layer is fixed.
 
     ``options`` (eigen_smooth, aug_smooth, reduction) and the layers go to every named method
     that takes them (a method that takes one but cannot use it says so); one that no named
-    method takes is a usage error. With ``all``, each goes only where it applies."""
+    method takes is a usage error. With ``all``, each goes only where it applies, and methods
+    whose definition does not apply to the model (:class:`~explain.NotApplicable`: CAM
+    without a pooled linear head, attention methods on a CNN) are left out with a note."""
     everything = names.strip().lower() == "all"
     wanted = methods() if everything else [n.strip() for n in names.split(",") if n.strip()]
     if not wanted:
@@ -471,6 +560,12 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
         try:
             cam = cls(loaded.model, class_names=loaded.class_names, **given)
             cam.check(loaded.example, target.targets, topk=target.topk)
+        except NotApplicable as error:
+            if not everything:
+                raise UsageError(f"--method {name}: {error}") from None
+            print(f"explain: --method all: leaving out {name}, which does not apply to this model: {error}",
+                  file=sys.stderr)
+            continue
         except Exception as error:  # on a blank image, any failure is a setup problem
             raise UsageError(f"--method {name} --layer {layer}: {type(error).__name__}: {error}") from None
         if cam.name not in (e.name for e in explainers):
@@ -727,13 +822,16 @@ class _StopFlag:
 
 
 def _write_outputs(out_dir: Path, picture: np.ndarray, maps: np.ndarray, rows: list[dict],
-                   npz: dict | None, cmap: str, alpha: float, signed: bool = False) -> list[dict]:
-    """Overlay and save one image's maps for one method (one map per target); runs in a thread."""
+                   npz: dict | None, cmap: str, alpha: float, signed: bool = False,
+                   marks: list[dict] | None = None) -> list[dict]:
+    """Overlay and save one image's maps for one method (one map per target); runs in a thread.
+    ``marks`` are per map what :func:`overlay` draws on top (``boxes`` and ``labels``, ``outline``)."""
     try:
-        for heat, row in zip(maps, rows):
+        for k, (heat, row) in enumerate(zip(maps, rows)):
             path = out_dir / row["output"]
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, encode_png(overlay(picture, heat, cmap=cmap, alpha=alpha, signed=signed)))
+            drawn = overlay(picture, heat, cmap=cmap, alpha=alpha, signed=signed, **(marks[k] if marks else {}))
+            atomic_write(path, encode_png(drawn))
         if npz is not None:
             atomic_write(out_dir / rows[0]["maps"], encode_npz(**npz))
     except Exception as error:
@@ -763,7 +861,11 @@ def run_command(args) -> int:
             raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
     if args.workers is None:
         args.workers = default_workers(loaded.device)
-    target = parse_target(args.target, loaded.class_names)
+    task = _run_task(args, loaded)
+    if task == "classify":
+        target = parse_target(args.target, loaded.class_names)
+    else:
+        target = parse_task_target(args.target, task, loaded.class_names)
     metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
     if any(name in LOCALISATION for name in metrics):
         raise UsageError(f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION)} need the objects' regions, "
@@ -774,11 +876,16 @@ def run_command(args) -> int:
     options = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
     if args.reduction != "abs-sum":
         options["reduction"] = args.reduction
-    explainers = build_explainers(args.method, loaded, args.layer, target, **options)
+    layer = args.layer
+    if task != "classify":
+        layer = _task_layer(args, loaded, task, metrics)
+    explainers = build_explainers(args.method, loaded, layer, target, **options)
     layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
     # Each method's outputs record the settings that shaped them, so that changing an option
     # on resume redoes the methods it applies to and no other.
     common = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
+    if task != "classify":
+        common += f" task={task}" + (f" target={args.target}" if task == "detect" else "")
     settings = {}
     for cam in explainers:
         applied = {name: value for name, value in options.items() if _takes(type(cam), name)}
@@ -790,8 +897,47 @@ def run_command(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     with _sole_run(out_dir), _pixel_limit(args.max_pixels):
         remove_temp_files(out_dir)
-        return _Run(args, out_dir, sources, loaded, target, explainers, layers, settings,
-                    metrics, metric_options).execute()
+        run = _Run if task == "classify" else _TaskRun
+        return run(args, out_dir, sources, loaded, target, explainers, layers, settings,
+                   metrics, metric_options).execute()
+
+
+def _run_task(args, loaded: LoadedModel) -> str:
+    """--task, checked against what the model does; by default what the model does."""
+    task = getattr(args, "task", None) or loaded.task
+    if task != loaded.task:
+        raise UsageError(f"--task {task}: {args.model} is a {loaded.task} model (it returns "
+                         + {"classify": "(N, classes) logits", "segment": "(N, C, H, W) logits per pixel",
+                            "detect": "boxes"}[loaded.task] + f"); use --task {loaded.task}, or leave --task out")
+    return task
+
+
+def _task_layer(args, loaded: LoadedModel, task: str, metrics: list[str]) -> str:
+    """The checks that apply to segmentation and detection runs, and the layer to explain
+    (``--layer auto``: the backbone's last spatial layer)."""
+    if metrics:
+        raise UsageError(f"--metrics applies to --task classify; the metrics perturb images and rescore classes, "
+                         f"not {task} targets")
+    if args.aug_smooth:
+        raise UsageError(f"--aug-smooth applies to --task classify: the flipped and rescaled copies would need "
+                         f"the {'region' if task == 'segment' else 'boxes'} flipped and rescaled too")
+    if args.method.strip().lower() == "all":
+        raise UsageError(f"--method all includes methods that explain class logits only; with --task {task} name "
+                         "the CAMs to run, e.g. gradcam,eigencam")
+    for name in (n.strip() for n in args.method.split(",") if n.strip()):
+        try:
+            cls = method_class(name)
+        except ValueError as error:
+            raise UsageError(f"--method: {error}") from None
+        if not issubclass(cls, BaseCAM):
+            raise UsageError(f"--method {name}: with --task {task} the command line runs CAMs (gradcam, eigencam, "
+                             "scorecam, ...); explain.tasks serves other methods from Python")
+    if args.layer.strip().lower() != "auto":
+        return args.layer
+    try:
+        return task_models.backbone_layer(loaded.model, loaded.example)
+    except ValueError as error:
+        raise UsageError(f"--layer auto: {error}") from None
 
 
 @contextmanager
@@ -832,6 +978,9 @@ def _pixel_limit(max_pixels: int | None) -> Iterator[None]:
 
 class _Run:
     """One ``explain run``: plans which outputs are missing, makes them, and reports."""
+
+    #: What the model does; the manifest's ``task``.
+    task = "classify"
 
     def __init__(self, args, out_dir, sources, loaded, target, explainers, layers, settings,
                  metrics=(), metric_options=None):
@@ -883,9 +1032,10 @@ class _Run:
 
     def _row(self, source: Source, method: str, label: str, **values) -> dict:
         row = dict.fromkeys(("target_id", "target_name", "target_probability", "predicted_id",
-                             "predicted_name", "predicted_probability", "output", "maps", "error", "metrics"))
+                             "predicted_name", "predicted_probability", "output", "maps", "error", "metrics",
+                             "region"))
         row.update(input=source.input, method=method, layer=self.layers[method], target=label,
-                   settings=self.settings[method])
+                   settings=self.settings[method], task=self.task)
         row.update(values)
         return row
 
@@ -1087,6 +1237,178 @@ class _Run:
         if interrupted:
             text = "explain: interrupted, run the same command again to finish. " + text[len("explain: "):]
         return text
+
+
+class _TaskRun(_Run):
+    """One ``explain run`` of a segmentation or detection model.
+
+    Each batch runs the model once to read its targets: per image, the class and region of
+    the --target (:class:`~explain.tasks.SegmentationTarget`), or the boxes it selects
+    (:meth:`~explain.tasks.DetectionTarget.select`), each box explained on its own copy of
+    the image. An output is named after its class (segment) or its box (``box3``, the box's
+    index in the detector's output), its overlay draws the region's outline or the box, and
+    its manifest row records the region or the box (``region``). As the boxes are known only
+    once the detector has run, an image's outputs enter the plan when they are made; a
+    finished image is known by its rows with the same settings.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.task = self.loaded.task
+        self.in_plan: set[tuple] = set()
+
+    def _keys(self, source: Source, method: str) -> list[tuple]:
+        if self.task == "detect":
+            found = [key for key, row in self.rows.items() if key[:2] == (source.input, method)
+                     and row.get("task") == "detect" and row.get("region") and row.get("settings") == self.settings[method]]
+            if found:
+                return found
+        return super()._keys(source, method)
+
+    def _make_plan(self) -> None:
+        for index, source in enumerate(self.sources):
+            for cam in self.explainers:
+                keys = self._keys(source, cam.name)
+                if source.error:
+                    self._fail(source, cam.name, source.error)
+                elif not self.args.overwrite and all(self._complete(key) for key in keys):
+                    for key in keys:
+                        self._record([dict(self.rows[key], status="skipped", error=None)])
+                else:
+                    self.pending.setdefault(index, []).append(cam)
+
+    def _record(self, rows: list[dict]) -> None:
+        for row in rows:
+            key = (row["input"], row["method"], row["target"])
+            if key not in self.in_plan:
+                self.in_plan.add(key)
+                self.plan.append(key)
+        super()._record(rows)
+
+    def _explain(self, source_indices: list[int], images: Tensor, saver, in_flight: deque) -> None:
+        model, names = self.loaded.model, self.loaded.class_names
+        model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
+        pictures = self.inputs.pictures(images, model_input)
+        cams = [cam for cam in self.explainers if any(cam in self.pending[i] for i in source_indices)]
+
+        def fail(positions, cam, error: str) -> None:
+            for j in positions:
+                if cam in self.pending[source_indices[j]]:
+                    self._report_error(self.sources[source_indices[j]].input, f"{cam.name}: {error}")
+                    self._fail(self.sources[source_indices[j]], cam.name, error)
+
+        try:
+            target, owners, records, marks, predicted = self._targets(model, model_input)
+        except Exception as error:  # the model or the target fails on this batch
+            for cam in cams:
+                fail(range(len(source_indices)), cam, f"{type(error).__name__}: {error}")
+            return
+        # Boxes are explained --batch-size rows at a time: an image can hold hundreds.
+        step = len(owners) if self.task == "segment" else self.args.batch_size
+        outcome: dict = {cam: [] for cam in cams}  # per CAM: (maps, raw layers) per chunk, or the error
+        for start in range(0, len(owners), max(step, 1)):
+            rows = list(range(start, min(start + step, len(owners))))
+            if self.task == "segment":
+                chunk, batch = target, model_input
+            else:
+                chunk = target.subset(rows)
+                batch = model_input[chunk.image_ids.to(model_input.device)]
+            for cam, result in zip(cams, self._explain_rows(cams, batch, chunk)):
+                if isinstance(outcome[cam], Exception):
+                    continue
+                if isinstance(result, Exception):
+                    outcome[cam] = result
+                    continue
+                if self.task == "detect":
+                    result = crop_padding(result, model)
+                outcome[cam].append((result.maps.cpu().numpy(), {n: r.cpu().numpy() for n, r in result.raw_layers.items()}))
+        empty = [j for j in range(len(source_indices)) if j not in owners]
+        for cam in cams:
+            fail(empty, cam, f"no detected box matches --target {self.target.labels[0]}")
+            if isinstance(outcome[cam], Exception):
+                fail(sorted(set(owners)), cam, f"{type(outcome[cam]).__name__}: {outcome[cam]}")
+                continue
+            if not outcome[cam]:
+                continue
+            maps = np.concatenate([maps for maps, _ in outcome[cam]])
+            raw = {name: np.concatenate([layers[name] for _, layers in outcome[cam]]) for name in outcome[cam][0][1]}
+            for j in sorted(set(owners)):
+                i = source_indices[j]
+                if cam not in self.pending[i]:
+                    continue
+                source = self.sources[i]
+                prefix = f"{source.folder}/{source.stem}" if source.folder else source.stem
+                mine = [r for r, owner in enumerate(owners) if owner == j]
+                rows = []
+                for r in mine:
+                    record = records[r]
+                    name = _class_name(names, record["class_id"])
+                    label = f"box{record['index']}" if self.task == "detect" else self.target.labels[0]
+                    what = f"{label if self.task == 'detect' else record['class_id']}-{_safe(name)}"
+                    best_id, best_probability = predicted[j]
+                    rows.append(self._row(
+                        source, cam.name, label, target_id=record["class_id"], target_name=name,
+                        target_probability=record["probability"],
+                        predicted_id=best_id, predicted_name=None if best_id is None else _class_name(names, best_id),
+                        predicted_probability=best_probability,
+                        output=f"{prefix}__{_safe(cam.name)}__{what}.png",
+                        maps=f"{prefix}__{_safe(cam.name)}.npz" if self.args.save_maps else None,
+                        region={key: value for key, value in record.items()
+                                if key not in ("task", "class_id", "class_name", "probability")},
+                    ))
+                npz = None
+                if self.args.save_maps:
+                    npz = {"maps": maps[mine], "targets": np.asarray([records[r]["class_id"] for r in mine])}
+                    npz.update({f"raw_{name}": r[mine] for name, r in raw.items()})
+                in_flight.append(saver.submit(
+                    _write_outputs, self.out_dir, pictures[j], maps[mine], rows, npz, self.args.cmap, self.args.alpha,
+                    False, [marks[r] for r in mine],
+                ))
+
+    @staticmethod
+    def _explain_rows(cams: list, batch: Tensor, target) -> list:
+        """Each CAM's explanation of ``batch`` (or the error it raised): together, sharing
+        their passes, or where that fails, each on its own so that the error lands on the one
+        that fails."""
+        try:
+            return explain_together(cams, batch, target)
+        except Exception:
+            pass
+        results = []
+        for cam in cams:
+            try:
+                results.append(cam(batch, target))
+            except Exception as error:
+                results.append(error)
+        return results
+
+    def _targets(self, model: nn.Module, images: Tensor):
+        """The batch's targets from one pass of the model: the target, the image of each of
+        its rows, each row's record (class, region or box, probability) and overlay marks,
+        and each image's prediction (class id, probability)."""
+        names = self.loaded.class_names
+        with preserved_state(model), torch.no_grad():
+            output = model(images)
+        n = len(images)
+        if self.task == "segment":
+            target = self.target.targets.resolve(output)
+            probabilities = target.probabilities(output).tolist()
+            records = [dict(target.describe(j, names), probability=_rounded(probabilities[j])) for j in range(n)]
+            marks = [{"outline": target.mask[j if len(target.mask) > 1 else 0].cpu().numpy()} for j in range(n)]
+            top = SegmentationTarget().resolve(output)
+            best = top.probabilities(output).tolist()
+            predicted = [(top.describe(j)["class_id"], _rounded(best[j])) for j in range(n)]
+            return target, list(range(n)), records, marks, predicted
+        target = DetectionTarget.select(output, **self.target.select)
+        records = [dict(d.describe(names), probability=_rounded(d.score)) for d in target.detections]
+        marks = [{"boxes": [d.box], "labels": [f"{_class_name(names, d.label)} {d.score:.2f}"]} for d in target.detections]
+        tops = {d.image: (d.label, _rounded(d.score)) for d in DetectionTarget.select(output).detections}
+        predicted = [tops.get(j, (None, None)) for j in range(n)]
+        return target, target.image_ids.tolist(), records, marks, predicted
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None or value != value else round(float(value), 6)
 
 
 # --------------------------------------------------------------------------- metrics
@@ -1361,6 +1683,9 @@ def evaluate_command(args) -> int:
     options = _metric_options(metrics, args.step)
     sources = collect_inputs(args.inputs, out_dir)
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
+    if loaded.task != "classify":
+        raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "
+                         f"`explain run --task {loaded.task}` explains")
     if args.workers is None:
         args.workers = default_workers(loaded.device)
     target = parse_target(args.target, loaded.class_names)
@@ -1405,7 +1730,10 @@ def layers_command(args) -> int:
     if not infos:
         raise UsageError(f"{args.model} has no layer with a spatial (N, C, H, W) output")
     try:
-        auto = find_target_layer(loaded.model, loaded.example)
+        if loaded.task == "classify":
+            auto = find_target_layer(loaded.model, loaded.example)
+        else:
+            auto = task_models.backbone_layer(loaded.model, loaded.example)
     except ValueError:
         auto = None
     name_width = max(len(info.name) for info in infos)

@@ -198,9 +198,15 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
     a person would pick (``layer4`` rather than ``layer4.2.relu`` in a ResNet). A model with
     transformer blocks (two LayerNorms over tokens or a channels-last grid) is explained at
     the first norm of its last block, even where a spatial layer follows (Swin's final
-    norm, permuted): see :func:`_transformer_layer` for why.
+    norm, permuted): see :func:`_transformer_layer` for why. torchvision's segmentation and
+    detection models are explained at their backbone's last spatial layer
+    (:func:`explain.tasks.backbone_layer`), not at their heads.
     """
     example = example[:1]
+    from .tasks.models import backbone_layer, task_of  # here: explain.tasks imports the explainers
+
+    if task_of(model) is not None:
+        return backbone_layer(model, example)
     trace = _trace(model, example)
     chosen = _transformer_layer(trace, example)
     if chosen is not None:

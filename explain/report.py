@@ -24,6 +24,7 @@ from PIL import Image
 
 __all__ = [
     "MANIFEST_FIELDS",
+    "TASK_FIELDS",
     "TEMP_SUFFIX",
     "atomic_write",
     "encode_png",
@@ -56,6 +57,10 @@ MANIFEST_FIELDS = (
 )
 #: Written after those only with ``explain run --metrics``: {metric column: value} for the map.
 METRICS_FIELD = "metrics"
+#: Written after the columns only for segmentation and detection rows (``explain run --task``):
+#: ``task`` (segment or detect) and ``region``, what the output explains: ``{kind, pixels, box}``
+#: of the class's region (kind: predicted, mask or box), or ``{box, score, index}`` of the box.
+TASK_FIELDS = ("task", "region")
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
@@ -110,10 +115,13 @@ def _json_value(value):
 
 
 def write_manifest(path: str | os.PathLike, rows: Iterable[dict]) -> None:
-    """Write rows as JSON Lines with the columns of :data:`MANIFEST_FIELDS` (and ``metrics``
-    where a row has them), atomically."""
+    """Write rows as JSON Lines with the columns of :data:`MANIFEST_FIELDS` (then
+    :data:`TASK_FIELDS` for segmentation and detection rows, and ``metrics`` where a row has
+    them), atomically."""
     def line(row: dict) -> str:
         fields = {key: _json_value(row.get(key)) for key in MANIFEST_FIELDS}
+        if row.get("task") not in (None, "classify"):
+            fields.update({key: _json_value(row.get(key)) for key in TASK_FIELDS})
         if row.get(METRICS_FIELD) is not None:
             fields[METRICS_FIELD] = _json_value(row[METRICS_FIELD])
         return json.dumps(fields, ensure_ascii=False)

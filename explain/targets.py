@@ -121,6 +121,8 @@ def _batch_size(output) -> int:
         return output.shape[0]
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
         return output[0].shape[0]
+    if isinstance(output, list) and output and all(isinstance(item, dict) for item in output):
+        return len(output)  # one dict per image, as torchvision's detectors return
     if isinstance(output, dict) and output:
         return _batch_size(next(iter(output.values())))
     raise ValueError(f"cannot tell the batch size of a model output of type {type(output).__name__}")

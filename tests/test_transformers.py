@@ -434,3 +434,54 @@ def test_hugging_face_folder(tmp_path):
     assert res.target_names == ["dog"] and res.layers == ("vit.layers.1.layernorm_before",)
     with pytest.raises(ValueError, match="carries its own weights"):
         explain.models.load(str(tmp_path), "weights.pth")
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+def test_cli_runs_a_hugging_face_folder_and_leaves_out_what_does_not_apply(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from explain.cli import main
+
+    folder = tmp_path / "vit"
+    hf_vit(image_size=32, patch_size=8, num_labels=3, id2label={0: "cat", 1: "dog", 2: "fox"},
+           label2id={"cat": 0, "dog": 1, "fox": 2}).save_pretrained(folder)
+    photo = Path(__file__).resolve().parents[1] / "data" / "images" / "coffee.png"
+    out = tmp_path / "out"
+    assert main(["run", str(photo), "--out", str(out), "--model", str(folder), "--method",
+                 "gradcam,attention-rollout,legrad", "-q"]) == 0
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["status"]) for r in rows] == [("gradcam", "ok"), ("attention-rollout", "ok"), ("legrad", "ok")]
+    assert rows[0]["layer"] == "vit.layers.1.layernorm_before" and rows[0]["target_name"] in ("cat", "dog", "fox")
+    assert "random weights" not in capsys.readouterr().err  # the folder carries its weights
+    # --method all leaves out, with a note, the methods whose definition does not apply.
+    assert main(["run", str(photo), "--out", str(tmp_path / "all"), "--model", str(folder), "--method", "all",
+                 "-q"]) == 0
+    err = capsys.readouterr().err
+    assert "leaving out cam, which does not apply" in err and "leaving out lrp" in err
+    methods = {json.loads(line)["method"] for line in (tmp_path / "all" / "manifest.jsonl").read_text().splitlines()}
+    assert methods == set(explain.methods()) - {"cam", "lrp"}
+    # Named explicitly, a method that does not apply is a usage error that says why.
+    assert main(["run", str(photo), "--out", str(tmp_path / "cam"), "--model", str(folder), "--method", "cam"]) == 2
+    assert "CAM's premise" in capsys.readouterr().err
+
+
+def test_cli_runs_a_timm_model(tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from explain.cli import main
+
+    weights = tmp_path / "deit.pth"
+    torch.save(timm.create_model("deit_tiny_patch16_224", pretrained=False, num_classes=5).state_dict(), weights)
+    photo = Path(__file__).resolve().parents[1] / "data" / "images" / "rocket.jpg"
+    out = tmp_path / "out"
+    assert main(["run", str(photo), "--out", str(out), "--model", "timm:deit_tiny_patch16_224", "--weights",
+                 str(weights), "--method", "gradcam,attention-relevance", "-q"]) == 0
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [r["layer"] for r in rows] == ["blocks.11.norm1", "attention"]
+    assert all(r["status"] == "ok" and (out / r["output"]).is_file() for r in rows)
+    assert main(["run", str(photo), "--out", str(out), "--model", "timm:deit_tiny_patch16_2244", "-q"]) == 2
+    assert "did you mean deit_tiny_patch16_224" in capsys.readouterr().err

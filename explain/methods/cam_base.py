@@ -171,10 +171,14 @@ class Captured:
         from ``images[rows]`` (one output row per entry of ``rows``): (len(rows), num_targets).
 
         With ``probability``, class targets are scored by their softmax probability; a
-        callable target's score is taken as it is.
+        callable target's score is taken as it is. A callable target with a method
+        ``score_rows(output, rows)`` is given ``rows`` too, so that it scores each output row
+        against what it chose for its image (a region, a box: see :mod:`explain.tasks`).
         """
         if self.custom_target is not None:
-            return self.custom_target(output)[:, None].float()
+            score_rows = getattr(self.custom_target, "score_rows", None)
+            scores = self.custom_target(output) if score_rows is None else score_rows(output, rows)
+            return scores[:, None].float()
         output = class_logits(output).float()
         if probability:
             output = output.softmax(dim=1)
