@@ -23,11 +23,11 @@ import torchvision
 import explain
 
 
-def interleaved_medians(functions: dict, repeats: int) -> dict[str, float]:
+def interleaved_medians(functions: dict, repeats: int, warm_up: bool = True) -> dict[str, float]:
     """Median seconds of each function, run round-robin so that load drift on the machine
-    hits every one of them alike."""
-    for fn in functions.values():
-        fn()  # warm-up
+    hits every one of them alike; after one warm-up call of each unless ``warm_up`` is off."""
+    for fn in functions.values() if warm_up else ():
+        fn()
     times = {name: [] for name in functions}
     for _ in range(repeats):
         for name, fn in functions.items():

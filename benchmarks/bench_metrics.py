@@ -35,7 +35,6 @@ import argparse
 import math
 import os
 import platform
-import statistics
 import sys
 import time
 import warnings
@@ -54,6 +53,7 @@ import torchvision.transforms as T  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import explain  # noqa: E402
+from bench_gradcam import interleaved_medians  # noqa: E402
 from explain import metrics  # noqa: E402
 from explain.methods.perturbation_attribution import superpixels  # noqa: E402
 from explain.metrics.randomisation import randomisable_layers  # noqa: E402
@@ -88,23 +88,6 @@ class RecordingExplainer:
     def __call__(self, images, targets=None, **options):
         self.calls.append((images.detach().clone(), targets.clone() if isinstance(targets, torch.Tensor) else targets))
         return self.explainer(images, targets, **options)
-
-
-def timed_rounds(functions: dict, repeats: int, warm_up: bool) -> dict[str, float]:
-    """Median seconds of each function, run round-robin so that load drift on the machine
-    hits every one of them alike."""
-    if warm_up:
-        for fn in functions.values():
-            fn()
-    times = {name: [] for name in functions}
-    for _ in range(repeats):
-        for name, fn in functions.items():
-            start = time.perf_counter()
-            fn()
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 @dataclass
@@ -378,7 +361,7 @@ def main() -> None:
             functions["quantus"] = case.quantus
         if case.slic is not None:
             functions["slic"] = case.slic
-        medians = timed_rounds(functions, args.slow_repeats if case.slow else args.repeats, warm_up=not case.slow)
+        medians = interleaved_medians(functions, args.slow_repeats if case.slow else args.repeats, warm_up=not case.slow)
         del bare, functions  # the recorded batches
         rows.append((case, medians))
         print(f"{case.name}: " + ", ".join(f"{k} {v:.3f} s" for k, v in medians.items())

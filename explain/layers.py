@@ -13,7 +13,8 @@ from torch import Tensor, nn
 from .base import channel_hint
 from .hooks import preserved_state
 
-__all__ = ["LayerInfo", "LayerSpec", "candidate_layers", "find_target_layer", "resolve_layers", "transformer_blocks"]
+__all__ = ["LayerInfo", "LayerSpec", "candidate_layers", "find_target_layer", "module_calls", "resolve_layers",
+           "transformer_blocks"]
 
 LayerSpec = str | nn.Module | Sequence[str | nn.Module] | None
 
@@ -91,9 +92,10 @@ def on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
             or abs(h - w * height / width) <= 1 or abs(w - h * width / height) <= 1)
 
 
-def _trace(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module, tuple[int, ...] | None]]:
-    """(name, module, output shape) of every submodule call of one forward pass, in the
-    order the calls complete (a block after its children)."""
+def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module, tuple[int, ...] | None]]:
+    """(name, module, output shape) of every submodule call of one forward pass of
+    ``example``, in the order the calls complete (a block after its children); the output
+    shape is None where a module returns no tensor."""
     trace = []
 
     def record(name: str):
@@ -121,7 +123,7 @@ def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
     Layers that run more than once per forward pass (reused modules) are left out: their
     activations are ambiguous.
     """
-    return [info for _, info in _candidates(_trace(model, example), example)]
+    return [info for _, info in _candidates(module_calls(model, example), example)]
 
 
 def _candidates(trace, example: Tensor) -> list[tuple[int, LayerInfo]]:
@@ -172,7 +174,7 @@ def transformer_blocks(model: nn.Module, example: Tensor) -> list[str]:
     >>> transformer_blocks(vit, torch.rand(1, 3, 32, 32))
     ['encoder.layers.encoder_layer_0', 'encoder.layers.encoder_layer_1']
     """
-    return [names[0].rpartition(".")[0] for names in _block_norms(_trace(model, example[:1]), example[:1])]
+    return [names[0].rpartition(".")[0] for names in _block_norms(module_calls(model, example[:1]), example[:1])]
 
 
 def _transformer_layer(trace, example: Tensor) -> str | None:
@@ -207,7 +209,7 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
 
     if task_of(model) is not None:
         return backbone_layer(model, example)
-    trace = _trace(model, example)
+    trace = module_calls(model, example)
     chosen = _transformer_layer(trace, example)
     if chosen is not None:
         return chosen

@@ -29,6 +29,7 @@ __all__ = [
     "atomic_write",
     "encode_png",
     "encode_npz",
+    "json_records",
     "read_manifest",
     "remove_temp_files",
     "write_index",
@@ -130,21 +131,30 @@ def write_manifest(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     atomic_write(path, ("\n".join(lines) + "\n" if lines else "").encode("utf-8"))
 
 
+def json_records(lines: Iterable[str]) -> list[dict]:
+    """The JSON objects among ``lines``; lines that do not parse as one are dropped.
+
+    >>> json_records(['{"a": 1}', '{"a": 2', '[3]'])
+    [{'a': 1}]
+    """
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 def read_manifest(path: str | os.PathLike) -> list[dict]:
     """Rows of a manifest; a missing file gives none, and unreadable lines are dropped."""
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+    return json_records(text.splitlines())
 
 
 _STYLE = """

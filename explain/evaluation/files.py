@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from ..report import atomic_write
+from ..report import atomic_write, json_records
 
 __all__ = ["CURVES", "FAILURES", "FAILURE_FIELDS", "SCORES", "SCORE_FIELDS", "SUMMARY_FIELDS",
            "append_lines", "csv_lines", "jsonl_lines", "latest", "read_csv", "read_jsonl", "rewrite"]
@@ -53,15 +53,7 @@ def read_csv(path: str | os.PathLike) -> list[dict]:
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
     """Objects of a JSON Lines file; lines that do not parse are dropped."""
-    records = []
-    for line in _complete_text(Path(path)).split("\n")[:-1]:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    return json_records(_complete_text(Path(path)).split("\n")[:-1])
 
 
 def _cell(value) -> str:

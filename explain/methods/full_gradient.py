@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..base import Explainer, channel_hint, check_images, register
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
-from ..layers import _trace
+from ..layers import module_calls
 from ..targets import Targets, class_logits, select_targets
 from .cam_base import detached
 
@@ -91,7 +91,7 @@ class FullGrad(Explainer):
         """``{name: (module whose output is captured, module that holds the bias)}`` for every
         layer with a bias that runs on ``images`` (found once, by one dry pass)."""
         if self._layers is None:
-            calls = Counter(name for name, _, _ in _trace(self.model, images[:1]))
+            calls = Counter(name for name, _, _ in module_calls(self.model, images[:1]))
             layers = {}
             for name, module in self.model.named_modules():
                 if not calls[name] or bias_of(module) is None:

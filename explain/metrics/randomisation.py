@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..base import Explainer
 from ..explanation import Explanation
 from ..hooks import preserved_state
+from ..layers import module_calls
 from ..methods.attribution_base import seeded
 from ..methods.cam_base import positive_int
 from .base import Score, batch_size_for, chunks, pairs_of
@@ -81,19 +82,8 @@ def _explain_again(explainer: Explainer, images: Tensor, targets: Tensor, batch_
 def randomisable_layers(model: nn.Module, images: Tensor) -> list[str]:
     """Names of the modules with their own ``reset_parameters`` that a forward pass of
     ``images`` runs, in the order they first run (found with forward hooks on one image)."""
-    order: dict[str, None] = {}
-    names = {module: name for name, module in model.named_modules() if hasattr(module, "reset_parameters")}
-    handles = [
-        module.register_forward_hook(lambda mod, args, out, name=name: order.setdefault(name))
-        for module, name in names.items()
-    ]
-    try:
-        with preserved_state(model), torch.inference_mode():
-            model(images[:1])
-    finally:
-        for handle in handles:
-            handle.remove()
-    return list(order)
+    calls = module_calls(model, images[:1])
+    return list(dict.fromkeys(name for name, module, _ in calls if hasattr(module, "reset_parameters")))
 
 
 @contextmanager

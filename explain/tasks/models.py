@@ -11,7 +11,6 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
-from ..hooks import preserved_state
 from ..models import _read_state_dict
 
 __all__ = ["TASKS", "backbone_layer", "load", "preprocess_for", "task_of", "task_of_output", "torchvision_task"]
@@ -85,25 +84,13 @@ def backbone_layer(model: nn.Module, example: Tensor) -> str:
     if not isinstance(backbone, nn.Module):
         raise ValueError(f"{type(model).__name__} has no `backbone` to pick a target layer from; pass target_layer "
                          "explicitly (`explain layers MODEL` lists the layers)")
-    calls: list[tuple[str, bool]] = []
+    from ..layers import module_calls  # here: explain.layers imports this module
 
-    def record(name: str):
-        def hook(module, args, output) -> None:
-            spatial = isinstance(output, Tensor) and output.dim() == 4 and output.shape[-2:].numel() > 1
-            calls.append((name, spatial))
-
-        return hook
-
-    handles = [module.register_forward_hook(record(f"backbone.{name}")) for name, module in backbone.named_modules()
-               if name and name.split(".")[0] not in _HEAD_PARTS]
-    try:
-        with preserved_state(model), torch.no_grad():
-            model(example[:1])
-    finally:
-        for handle in handles:
-            handle.remove()
+    calls = [(name, shape) for name, _, shape in module_calls(model, example[:1])
+             if name.startswith("backbone.") and name.split(".")[1] not in _HEAD_PARTS]
     counts = Counter(name for name, _ in calls)
-    spatial = [name for name, is_spatial in calls if is_spatial and counts[name] == 1]
+    spatial = [name for name, shape in calls if shape is not None and len(shape) == 4 and shape[-2] * shape[-1] > 1
+               and counts[name] == 1]
     if not spatial:
         raise ValueError(f"no layer of {type(model).__name__}.backbone outputs one spatial tensor; pass target_layer "
                          "explicitly (`explain layers MODEL` lists the layers)")
