@@ -1,0 +1,7 @@
+"""``python -m explain.cli``."""
+
+import sys
+
+from .parser import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""What the commands share: exit codes, usage errors, option types, and the guards of an output folder
+(one run at a time, Pillow's pixel limit)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from PIL import Image
+
+from ..metrics.registry import METRICS
+
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+MANIFEST = "manifest.jsonl"
+
+
+MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")
+
+
+#: Metrics that need --regions, and those that take --step.
+LOCALISATION = tuple(name for name, spec in METRICS.items() if spec.needs == "regions")
+
+
+STEP_METRICS = ("deletion", "insertion", "pixel-flipping")
+
+
+class UsageError(Exception):
+    """A mistake in the command line; the message says how to fix it."""
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^\w.+-]+", "_", text).strip("_")[:48] or "class"
+
+
+@contextmanager
+def _sole_run(out_dir: Path, command: str = "run") -> Iterator[None]:
+    """Hold a lock on ``out_dir`` for the run: a second run there would delete this one's
+    temporary files and both would rewrite the manifest. The kernel drops the lock when the
+    process ends, even by SIGKILL, so it never goes stale. Where there is no flock (Windows),
+    runs are not locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(
+                f"another `explain {command}` is writing to {out_dir}; wait for it to finish or pass another --out"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _pixel_limit(max_pixels: int | None) -> Iterator[None]:
+    """Pillow's decompression-bomb limit for the run (0: none), restored afterwards."""
+    previous = Image.MAX_IMAGE_PIXELS
+    if max_pixels is not None:
+        Image.MAX_IMAGE_PIXELS = max_pixels or None
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous

@@ -1,0 +1,200 @@
+"""From options to work: ``--target`` for each task, ``--method`` into checked explainers, and
+``--metrics`` into metric names and settings."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from dataclasses import dataclass
+
+from ..base import NotApplicable, method_class, methods
+from ..metrics.registry import METRICS, metric
+from ..targets import class_index
+from ..tasks import DetectionTarget, SegmentationTarget
+from .common import LOCALISATION, STEP_METRICS, UsageError
+from .loading import LoadedModel
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """What to explain: ``labels`` are the manifest's target column, one per output.
+
+    For segmentation and detection, ``targets`` is what the explainers are checked with
+    (a :class:`~explain.tasks.SegmentationTarget`, or a placeholder box) and ``select`` the
+    :meth:`~explain.tasks.DetectionTarget.select` arguments that pick each image's boxes."""
+
+    labels: tuple[str, ...]
+    targets: int | SegmentationTarget | DetectionTarget | None = None
+    topk: int | None = None
+    select: dict | None = None
+
+
+def parse_target(text: str, class_names: list[str]) -> TargetSpec:
+    text = text.strip()
+    match = re.fullmatch(r"top-?k?[:=]?(\d+)", text, flags=re.IGNORECASE)
+    if match:
+        k = int(match.group(1))
+        if not 1 <= k <= len(class_names):
+            raise UsageError(f"--target {text}: K must lie in 1..{len(class_names)}")
+        labels = tuple(f"top{rank}" for rank in range(1, k + 1))
+        return TargetSpec(labels) if k == 1 else TargetSpec(labels, topk=k)
+    if re.fullmatch(r"\d+", text):
+        class_id = int(text)
+        if class_id >= len(class_names):
+            raise UsageError(f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})")
+    else:
+        try:
+            class_id = class_index(text, class_names)
+        except ValueError as error:
+            raise UsageError(f"--target: {error}") from None
+    return TargetSpec((str(class_id),), targets=class_id)
+
+
+def parse_task_target(text: str, task: str, class_names: list[str]) -> TargetSpec:
+    """--target for segmentation (top1, or a class over its predicted mask) and detection
+    (top1, box:I, a class, score:T, or a class and score:T)."""
+    text = text.strip()
+    if re.fullmatch(r"top-?k?[:=]?(\d+)", text, flags=re.IGNORECASE) and not re.fullmatch(r"top-?1", text, flags=re.I):
+        raise UsageError(f"--target {text}: topk applies to --task classify; with --task {task} name one class, or "
+                         + ("top1" if task == "segment" else "score:T for every box scoring at least T"))
+    if task == "segment":
+        if re.fullmatch(r"top-?1", text, flags=re.IGNORECASE):
+            return TargetSpec(("top1",), SegmentationTarget())
+        class_id = _class_id(text, class_names)
+        return TargetSpec((str(class_id),), SegmentationTarget(class_id))
+    select: dict = {}
+    for part in (p.strip() for p in text.split(",")):
+        if re.fullmatch(r"top-?1", part, flags=re.IGNORECASE):
+            continue
+        match = re.fullmatch(r"(box|score)[:=](.+)", part, flags=re.IGNORECASE)
+        try:
+            if match and match[1].lower() == "box":
+                select["index"] = int(match[2])
+                if select["index"] < 0:
+                    raise ValueError
+            elif match:
+                select["min_score"] = float(match[2])
+            else:
+                select["label"] = _class_id(part, class_names)
+        except ValueError:
+            raise UsageError(f"--target {text}: box:I takes a box index (0, 1, ...), score:T a score such as 0.5") from None
+    if "index" in select and len(select) > 1:
+        raise UsageError(f"--target {text}: pick a box by its index alone (box:I), or by class and/or score:T")
+    placeholder = DetectionTarget([[0.0, 0.0, 1.0, 1.0]], [0])  # for checking the explainers: scores 0
+    return TargetSpec((text,), placeholder, select=select)
+
+
+def _class_id(text: str, class_names: list[str]) -> int:
+    if re.fullmatch(r"\d+", text):
+        class_id = int(text)
+        if class_names and class_id >= len(class_names):
+            raise UsageError(f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})")
+        return class_id
+    try:
+        return class_index(text, class_names)
+    except ValueError as error:
+        raise UsageError(f"--target: {error}") from None
+
+
+def _class_name(class_names: list[str], class_id: int) -> str:
+    return class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
+
+
+def build_explainers(names: str, loaded: LoadedModel, layer: str, target: TargetSpec, **options) -> list:
+    """One explainer per method, each checked once on a blank image so that mistakes in the
+    method, layer or target surface now, as usage errors, and the auto layer is fixed.
+
+    ``options`` (eigen_smooth, aug_smooth, reduction) and the layers go to every named method
+    that takes them (a method that takes one but cannot use it says so); one that no named
+    method takes is a usage error. With ``all``, each goes only where it applies, and methods
+    whose definition does not apply to the model (:class:`~explain.NotApplicable`: CAM
+    without a pooled linear head, attention methods on a CNN) are left out with a note."""
+    everything = names.strip().lower() == "all"
+    wanted = methods() if everything else [n.strip() for n in names.split(",") if n.strip()]
+    if not wanted:
+        raise UsageError("--method is empty; see `explain methods`")
+    if layer.strip().lower() != "auto":
+        options = dict(options, target_layer=[n.strip() for n in layer.split(",") if n.strip()])
+    classes = {}
+    for name in wanted:
+        try:
+            classes[name] = method_class(name)
+        except ValueError as error:
+            raise UsageError(f"--method: {error}") from None
+    for option in options:
+        if not any(_accepts(cls, option) for cls in classes.values()):
+            flag = "--layer" if option == "target_layer" else "--" + option.replace("_", "-")
+            raise UsageError(f"{flag} applies to none of the methods {', '.join(wanted)}; see `explain methods`")
+    explainers = []
+    for name, cls in classes.items():
+        applies = _takes if everything else _accepts
+        given = {option: value for option, value in options.items() if applies(cls, option)}
+        try:
+            cam = cls(loaded.model, class_names=loaded.class_names, **given)
+            cam.check(loaded.example, target.targets, topk=target.topk)
+        except NotApplicable as error:
+            if not everything:
+                raise UsageError(f"--method {name}: {error}") from None
+            print(f"explain: --method all: leaving out {name}, which does not apply to this model: {error}",
+                  file=sys.stderr)
+            continue
+        except Exception as error:  # on a blank image, any failure is a setup problem
+            raise UsageError(f"--method {name} --layer {layer}: {type(error).__name__}: {error}") from None
+        if cam.name not in (e.name for e in explainers):
+            explainers.append(cam)
+    return explainers
+
+
+def _accepts(cls: type, option: str) -> bool:
+    """Whether ``cls(model, ...)`` takes the keyword ``option``, through ``**options`` too."""
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = inspect.signature(init).parameters
+        if option in parameters:
+            return True
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return False
+    return False
+
+
+def _takes(cls: type, option: str) -> bool:
+    """Whether ``option`` applies to a method: it takes it, and eigen_smooth only where the
+    map is a sum over channels, a layer only where the method explains through one."""
+    if option == "eigen_smooth" and not getattr(cls, "channel_sum", False):
+        return False
+    if option == "target_layer" and not cls.needs_layer:
+        return False
+    return _accepts(cls, option)
+
+
+def parse_metrics(text: str, with_regions: bool = False, flag: str = "--metrics") -> list[str]:
+    """Metric names from a comma-separated list or ``all`` (every metric, the localisation
+    ones only ``with_regions``); unknown names and localisation metrics without regions are
+    usage errors that say what to pass."""
+    if text.strip().lower() == "all":
+        return [name for name, spec in METRICS.items() if with_regions or spec.needs != "regions"]
+    names = []
+    for part in (p for p in text.split(",") if p.strip()):
+        try:
+            names.append(metric(part).name)
+        except ValueError as error:
+            raise UsageError(f"{flag}: {error}") from None
+    if not names:
+        raise UsageError(f"{flag} is empty; known metrics: {', '.join(METRICS)}")
+    needing = [name for name in names if name in LOCALISATION]
+    if needing and not with_regions:
+        raise UsageError(f"{flag} {','.join(needing)}: these metrics need the objects' regions; pass --regions FILE "
+                         "(a CSV of boxes image,x0,y0,x1,y1 in model-input pixels, or a folder of masks)")
+    return list(dict.fromkeys(names))
+
+
+def _metric_options(metrics: list[str], step: int | None) -> dict[str, dict]:
+    if step is None:
+        return {}
+    if not any(name in STEP_METRICS for name in metrics):
+        raise UsageError(f"--step applies to none of the metrics {', '.join(metrics)}; it sets the pixels per step "
+                         f"of {', '.join(STEP_METRICS)}")
+    return {name: {"step": step} for name in metrics if name in STEP_METRICS}

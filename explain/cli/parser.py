@@ -1,0 +1,167 @@
+"""The command line: its parser and ``main``, which hands each subcommand to its module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from PIL import Image
+
+from .. import __version__, models
+from ..methods.attribution_base import REDUCTIONS
+from ..metrics.registry import METRICS
+from ..tasks import models as task_models
+from .common import EXIT_USAGE, LOCALISATION, STEP_METRICS, UsageError, _non_negative_int, _positive_int
+from .evaluate import evaluate_command
+from .listing import layers_command, methods_command
+from .run import run_command
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except UsageError as error:
+        print(f"explain: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="explain",
+        description="Explain PyTorch image classifiers with Grad-CAM-family heatmaps.",
+    )
+    parser.add_argument("--version", action="version", version=f"explain {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    defaults = argparse.ArgumentDefaultsHelpFormatter
+
+    run = commands.add_parser(
+        "run", formatter_class=defaults, help="write heatmap overlays for images, folders and lists",
+        description="Write one heatmap overlay per image, method and target under --out, with "
+        "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
+        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 130 interrupted.",
+    )
+    run.add_argument("inputs", nargs="+", metavar="INPUT",
+                     help="image files, folders (searched recursively), glob patterns (quoted), "
+                     "or @list.txt naming one input per line")
+    run.add_argument("--out", "-o", required=True, type=Path, help="output folder")
+    _add_model_options(run)
+    run.add_argument("--method", "-m", default="gradcam",
+                     help="method(s), comma-separated, or 'all'; see `explain methods`")
+    run.add_argument("--layer", default="auto",
+                     help="target layer(s), comma-separated; see `explain layers MODEL`")
+    run.add_argument("--target", default="top1",
+                     help="what to explain. classify: top1, a class id, a class name, or topk:K for the K best; "
+                     "segment: top1 (the predicted class covering the most pixels, background aside) or a class id "
+                     "or name, over its predicted mask; detect: top1 (the best box), box:I (the I-th box), a class "
+                     "id or name (its boxes), score:T (boxes scoring at least T), or a class and score:T joined "
+                     "by a comma")
+    run.add_argument("--task", choices=task_models.TASKS, default=None,
+                     help="what the model does: classify (a class per image), segment (a class per pixel: maps "
+                     "explain a class over its region) or detect (boxes: maps explain a detected box, one output "
+                     "per box) [default: inferred from the model]")
+    run.add_argument("--batch-size", "-b", type=_positive_int, default=16)
+    run.add_argument("--eigen-smooth", action="store_true",
+                     help="map by the first principal component of each method's per-channel terms "
+                     "(CAMs that are a sum over channels)")
+    run.add_argument("--aug-smooth", action="store_true",
+                     help="average each map over flipped and rescaled copies of the image (6 passes)")
+    run.add_argument("--reduction", choices=REDUCTIONS, default="abs-sum",
+                     help="how attribution methods reduce the colour channels to one map; 'sum' keeps "
+                     "the sign (shown with --signed-cmap)")
+    run.add_argument("--cmap", default="jet", help="matplotlib colormap of the heatmap")
+    run.add_argument("--signed-cmap", default="RdBu_r",
+                     help="diverging matplotlib colormap of signed maps (--reduction sum)")
+    run.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity, 0..1")
+    run.add_argument("--save-maps", action="store_true",
+                     help="also write each image's maps (scaled and raw) as .npz next to its overlays")
+    run.add_argument("--workers", "-j", type=_non_negative_int, default=None,
+                     help="processes decoding images, and threads writing overlays (0: decode in the "
+                     "main process, write from one thread) [default: on cuda up to 4; on cpu the "
+                     "cores the model's threads leave free, up to 4]")
+    run.add_argument("--overwrite", action="store_true", help="redo outputs that are already complete")
+    run.add_argument("--max-pixels", type=_non_negative_int, default=None,
+                     help="refuse images with more pixels as decompression bombs (0: no limit) "
+                     "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary line still print")
+    run.add_argument("--metrics", default=None,
+                     help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
+                     "values per row in the manifest, their summary in index.html")
+    _add_step_option(run)
+    run.set_defaults(handler=run_command)
+
+    scoring = commands.add_parser(
+        "evaluate", formatter_class=defaults, help="score methods with faithfulness and other metrics",
+        description="Explain the images with each method and score the maps with each metric. Writes under --out: "
+        "scores.csv (one row per image, method, target and metric column), failures.csv, curves.jsonl, "
+        "summary.csv, summary.md and plots/*.png; prints the summary (mean ± std per method and metric, * marks "
+        "the best). Re-running skips the scores already in scores.csv. Exit status: 0 all ok, 1 some images "
+        "or metrics failed, 2 usage error, 130 interrupted.",
+    )
+    scoring.add_argument("inputs", nargs="+", metavar="INPUT",
+                          help="image files, folders (searched recursively), glob patterns (quoted), "
+                          "or @list.txt naming one input per line")
+    scoring.add_argument("--out", "-o", required=True, type=Path, help="output folder")
+    _add_model_options(scoring)
+    scoring.add_argument("--methods", "--method", "-m", default="gradcam",
+                          help="method(s), comma-separated, or 'all'; see `explain methods`")
+    scoring.add_argument("--metrics", default="deletion,insertion",
+                          help="metric(s), comma-separated, or 'all' (every metric; the localisation ones only "
+                          "with --regions): " + ", ".join(METRICS))
+    scoring.add_argument("--layer", default="auto",
+                          help="target layer(s), comma-separated; see `explain layers MODEL`")
+    scoring.add_argument("--target", default="top1",
+                          help="class to explain: top1, a class id, a class name, or topk:K for the K best")
+    scoring.add_argument("--batch-size", "-b", type=_positive_int, default=16)
+    _add_step_option(scoring)
+    scoring.add_argument("--regions", type=Path, metavar="FILE",
+                          help="where the objects are, for " + ", ".join(LOCALISATION) + ": a CSV with the header "
+                          "image,x0,y0,x1,y1 (boxes in pixels of the model input, after resizing and cropping; "
+                          "image: file name, stem or path) or a folder of masks named by the images' stems")
+    scoring.add_argument("--workers", "-j", type=_non_negative_int, default=None,
+                          help="processes decoding images (0: decode in the main process) [default: as for run]")
+    scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
+    scoring.add_argument("--max-pixels", type=_non_negative_int, default=None,
+                          help="refuse images with more pixels as decompression bombs (0: no limit) "
+                          "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
+    scoring.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary still print")
+    scoring.set_defaults(handler=evaluate_command)
+
+    listing = commands.add_parser("methods", help="list the explanation methods",
+                                  description="List the registered methods with their family, their cost "
+                                  "per image and target, whether they explain through a --layer, and a "
+                                  "one-line description.")
+    listing.set_defaults(handler=methods_command)
+
+    layers = commands.add_parser(
+        "layers", formatter_class=defaults, help="list a model's candidate target layers",
+        description="List the layers with spatial outputs, in execution order, with their output "
+        "shapes; '*' marks the layer picked when --layer is auto.",
+    )
+    layers.add_argument("model", metavar="MODEL",
+                        help="efficientnet_lite0, a torchvision model name, or a model file")
+    _add_model_options(layers, with_model=False)
+    layers.set_defaults(handler=layers_command)
+    return parser
+
+
+def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
+    if with_model:
+        parser.add_argument("--model", default=models.BUNDLED,
+                            help="efficientnet_lite0 (bundled), a torchvision classification, segmentation or "
+                            "detection model name, timm:NAME for a timm model, a folder holding a Hugging Face image "
+                            "classifier (save_pretrained), a torch.export .pt2 file, or a pickled nn.Module (needs "
+                            "--trust-model-file)")
+    parser.add_argument("--weights", help="state-dict file (.safetensors, or loaded weights_only) for a torchvision "
+                        "or timm model name; nothing is downloaded unless you name torchvision's weights (DEFAULT)")
+    parser.add_argument("--trust-model-file", action="store_true",
+                        help="allow loading a pickled nn.Module, which runs code from the file")
+    parser.add_argument("--device", help="torch device [default: cuda if available, else cpu]")
+
+
+def _add_step_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--step", type=_positive_int, default=None,
+                        help="pixels removed or inserted per step by " + ", ".join(STEP_METRICS) + " (fewer steps "
+                        "run faster) [default: each metric's own: one row of the image for deletion and insertion, "
+                        "1 %% of it for pixel-flipping]")
