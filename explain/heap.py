@@ -4,8 +4,11 @@ By default glibc maps every block over 32 MiB afresh and unmaps it when freed, s
 forward pass page-faults its large activations in again. :class:`ReusedHeap` keeps freed
 memory for reuse instead and, because a heap that is never given back fragments and creeps
 upwards over thousands of batches, hands free pages back whenever the resident size grows
-past the level it had after the first batches. Only the command line uses it: a library
-must not change its host process's allocator.
+past the level it had after the first batches. Only the command line uses it, as a
+context manager: a library must not change its host process's allocator, and a command
+run from Python (``explain.cli.main``) gives the process back glibc's initial settings and
+the kept memory when it ends. (glibc's thresholds start at 128 KiB and then follow the
+sizes freed; ``mallopt`` can set them back but cannot restart that adjustment.)
 
 Measured by ``benchmarks/bench_cli.py`` on this project's 2-core machine (bundled model,
 Grad-CAM, 1,000 images): glibc's defaults 30 images/s with flat memory; keeping freed
@@ -22,6 +25,8 @@ import sys
 __all__ = ["ReusedHeap"]
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+#: glibc's initial M_TRIM_THRESHOLD and M_MMAP_THRESHOLD.
+_GLIBC_DEFAULTS = {_M_TRIM_THRESHOLD: 128 * 1024, _M_MMAP_THRESHOLD: 128 * 1024}
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -46,8 +51,11 @@ class ReusedHeap:
     above it returns the heap's free pages to the system (``malloc_trim``). Where the C
     library is not glibc, ``enabled`` is False and nothing changes.
 
-    >>> heap = ReusedHeap()
-    >>> heap.after_batch()
+    As a context manager it puts glibc's initial thresholds back on leaving the block and
+    returns the kept memory to the system.
+
+    >>> with ReusedHeap() as heap:
+    ...     heap.after_batch()
     """
 
     def __init__(self, warmup: int = 4, slack: float = 0.01):
@@ -61,6 +69,21 @@ class ReusedHeap:
             and self._libc.mallopt(_M_MMAP_THRESHOLD, one_gib)
             and self._libc.mallopt(_M_TRIM_THRESHOLD, one_gib)
         )
+
+    def __enter__(self) -> ReusedHeap:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Put glibc's initial thresholds back and hand the kept memory back."""
+        if not self.enabled:
+            return
+        self.enabled = False
+        for option, value in _GLIBC_DEFAULTS.items():
+            self._libc.mallopt(option, value)
+        self._libc.malloc_trim(0)
 
     def after_batch(self) -> None:
         if not self.enabled:

@@ -135,17 +135,27 @@ def _looks_like_text(head: bytes) -> bool:
 def to_rgb8(image: Image.Image) -> Image.Image:
     """Convert a decoded image of any mode to 8-bit RGB.
 
-    16-bit and 32-bit integer grey ("I;16", "I") is scaled from 0..65535 to 0..255, since
-    Pillow's own conversion clips it; float ("F") is read as 0..1 when its values fit, else
-    0..255. Alpha and palette transparency are composited onto white.
+    16-bit grey ("I;16" and its byte orders) is scaled from 0..65535 to 0..255, since
+    Pillow's own conversion clips it. 32-bit integer grey ("I") carries no range of its
+    own (Pillow also decodes 8- and 16-bit data into it), so the data's range decides: the
+    smallest of 0..255, 0..65535 and 0..its maximum that holds every value (negative
+    values are clipped to 0). Float ("F") is read as 0..1 when its values fit, else 0..255.
+    Alpha and palette transparency are composited onto white.
 
     >>> to_rgb8(Image.new("I;16", (1, 1), 65535)).getpixel((0, 0))
     (255, 255, 255)
+    >>> to_rgb8(Image.new("I", (1, 1), 200)).getpixel((0, 0))     # 8-bit data in a 32-bit image
+    (200, 200, 200)
     """
     mode = image.mode
     if mode.startswith("I"):
-        values = np.asarray(image).astype(np.float32)
-        grey = np.clip(values, 0, 65535) * (255.0 / 65535.0)
+        values = np.clip(np.asarray(image).astype(np.float64), 0, None)
+        if mode == "I":
+            peak = float(values.max()) if values.size else 0.0
+            top = 255.0 if peak <= 255 else 65535.0 if peak <= 65535 else peak
+        else:
+            top = 65535.0
+        grey = np.minimum(values, top) * (255.0 / top)
         return Image.fromarray(np.round(grey).astype(np.uint8)).convert("RGB")
     if mode == "F":
         values = np.nan_to_num(np.asarray(image, dtype=np.float32))

@@ -593,6 +593,31 @@ def test_reused_heap_trims_only_when_the_heap_creeps_up(monkeypatch):
         heap.after_batch()
     # reference = 110 (largest of the first two); 111 is within 1 %, 112 and 120 are not
     assert heap.reference == 110 and trims == [0, 0] and heap.trims == 2
+    heap_module.ReusedHeap().close()  # the real allocator back to glibc's initial settings
+
+
+def test_commands_give_the_allocator_back(tmp_path, monkeypatch):
+    # explain.cli.main() called from Python sets glibc's thresholds for its run and puts
+    # glibc's initial ones back when the run ends, returning the kept memory.
+    from explain import heap as heap_module
+
+    calls = []
+
+    class FakeLibc:
+        @staticmethod
+        def mallopt(option, value):
+            calls.append(("mallopt", option, value))
+            return 1
+
+        @staticmethod
+        def malloc_trim(pad):
+            calls.append(("malloc_trim", pad))
+
+    monkeypatch.setattr(heap_module, "_glibc", lambda: FakeLibc())
+    assert main(["run", str(REPO / "data" / "images" / "coffee.png"), "--out", str(tmp_path / "out"), "-q"]) == 0
+    one_gib, initial = 1 << 30, 128 * 1024
+    assert calls[:2] == [("mallopt", -3, one_gib), ("mallopt", -1, one_gib)]
+    assert calls[-3:] == [("mallopt", -1, initial), ("mallopt", -3, initial), ("malloc_trim", 0)]
 
 
 def test_exif_rotation_reaches_the_overlay(tmp_path, capsys):

@@ -95,6 +95,22 @@ def test_float_and_32_bit_modes():
     assert to_rgb8(Image.new("I", (1, 1), 65535)).getpixel((0, 0)) == (255, 255, 255)
 
 
+def test_32_bit_integer_images_are_scaled_by_their_range(tmp_path):
+    # A 32-bit TIFF of 0..255 data stays as it is (it used to come out 1/257 as bright:
+    # near black); 16-bit data scales from 0..65535; wider data from 0..its maximum.
+    ramp = np.array([[0, 51, 255]], dtype=np.int32)
+    Image.fromarray(ramp, mode="I").save(tmp_path / "eight.tif")
+    with Image.open(tmp_path / "eight.tif") as image:
+        assert image.mode == "I"
+        assert [to_rgb8(image).getpixel((x, 0))[0] for x in range(3)] == [0, 51, 255]
+    sixteen = Image.fromarray(np.array([[0, 257, 65535]], dtype=np.int32), mode="I")
+    assert [to_rgb8(sixteen).getpixel((x, 0))[0] for x in range(3)] == [0, 1, 255]
+    wide = Image.fromarray(np.array([[-5, 100_000, 200_000]], dtype=np.int32), mode="I")
+    assert [to_rgb8(wide).getpixel((x, 0))[0] for x in range(3)] == [0, 128, 255]
+    # 16-bit modes keep their type's range, whatever the data.
+    assert to_rgb8(Image.new("I;16", (1, 1), 200)).getpixel((0, 0)) == (1, 1, 1)
+
+
 def _write(path, data: bytes):
     path.write_bytes(data)
     return path

@@ -176,12 +176,11 @@ class _Evaluate:
         )
         progress = tqdm(total=len(work), unit="img", disable=args.quiet or not work, file=sys.stderr, dynamic_ncols=True)
         stop = _StopFlag()
-        heap = ReusedHeap()
         started = time.perf_counter()
         done = 0
         interrupted = False
         try:
-            with stop:
+            with stop, ReusedHeap() as heap:
                 for batch in loader:
                     for index, error in batch.failures:
                         source_index = work[index]

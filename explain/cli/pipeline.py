@@ -203,12 +203,11 @@ class _Run:
         saver = ThreadPoolExecutor(max_workers=max(1, args.workers), thread_name_prefix="explain-save")
         in_flight: deque[Future] = deque()
         stop = _StopFlag()
-        heap = ReusedHeap()
         started = time.perf_counter()
         done = 0
         interrupted = completed = False
         try:
-            with stop:
+            with stop, ReusedHeap() as heap:
                 self._save_reports()
                 for batch in loader:
                     for index, error in batch.failures:
