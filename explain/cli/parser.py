@@ -42,11 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
         "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 130 interrupted.",
     )
-    run.add_argument("inputs", nargs="+", metavar="INPUT",
-                     help="image files, folders (searched recursively), glob patterns (quoted), "
-                     "or @list.txt naming one input per line")
-    run.add_argument("--out", "-o", required=True, type=Path, help="output folder")
-    _add_model_options(run)
+    _add_inputs_and_model(run)
     run.add_argument("--method", "-m", default="gradcam",
                      help="method(s), comma-separated, or 'all'; see `explain methods`")
     run.add_argument("--layer", default="auto",
@@ -81,9 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "main process, write from one thread) [default: on cuda up to 4; on cpu the "
                      "cores the model's threads leave free, up to 4]")
     run.add_argument("--overwrite", action="store_true", help="redo outputs that are already complete")
-    run.add_argument("--max-pixels", type=_non_negative_int, default=None,
-                     help="refuse images with more pixels as decompression bombs (0: no limit) "
-                     "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
+    _add_max_pixels(run)
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary line still print")
     run.add_argument("--metrics", default=None,
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
@@ -99,11 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the best). Re-running skips the scores already in scores.csv. Exit status: 0 all ok, 1 some images "
         "or metrics failed, 2 usage error, 130 interrupted.",
     )
-    scoring.add_argument("inputs", nargs="+", metavar="INPUT",
-                          help="image files, folders (searched recursively), glob patterns (quoted), "
-                          "or @list.txt naming one input per line")
-    scoring.add_argument("--out", "-o", required=True, type=Path, help="output folder")
-    _add_model_options(scoring)
+    _add_inputs_and_model(scoring)
     scoring.add_argument("--methods", "--method", "-m", default="gradcam",
                           help="method(s), comma-separated, or 'all'; see `explain methods`")
     scoring.add_argument("--metrics", default="deletion,insertion",
@@ -122,9 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     scoring.add_argument("--workers", "-j", type=_non_negative_int, default=None,
                           help="processes decoding images (0: decode in the main process) [default: as for run]")
     scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
-    scoring.add_argument("--max-pixels", type=_non_negative_int, default=None,
-                          help="refuse images with more pixels as decompression bombs (0: no limit) "
-                          "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
+    _add_max_pixels(scoring)
     scoring.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary still print")
     scoring.set_defaults(handler=evaluate_command)
 
@@ -144,6 +132,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(layers, with_model=False)
     layers.set_defaults(handler=layers_command)
     return parser
+
+
+def _add_inputs_and_model(parser: argparse.ArgumentParser) -> None:
+    """The images, the output folder and the model: what ``run`` and ``evaluate`` both take."""
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help="image files, folders (searched recursively), glob patterns (quoted), "
+                        "or @list.txt naming one input per line")
+    parser.add_argument("--out", "-o", required=True, type=Path, help="output folder")
+    _add_model_options(parser)
+
+
+def _add_max_pixels(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-pixels", type=_non_negative_int, default=None,
+                        help="refuse images with more pixels as decompression bombs (0: no limit) "
+                        "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
 
 
 def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
