@@ -699,3 +699,33 @@ def test_default_decode_workers_use_the_cores_the_model_leaves(monkeypatch, devi
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     assert default_workers(torch.device(device)) == expected
+
+
+def test_out_of_memory_halves_the_batch_and_is_no_usage_error(tmp_path, capsys, monkeypatch):
+    # A device that holds one image at a time: every call on more raises PyTorch's
+    # out-of-memory error. The run explains each group in halves down to single images.
+    from explain.methods import cam_base
+
+    capture = cam_base.BaseCAM.capture
+    sizes = []
+
+    def one_at_a_time(self, images, *args, **kwargs):
+        sizes.append(len(images))
+        if len(images) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return capture(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(cam_base.BaseCAM, "capture", one_at_a_time)
+    out = tmp_path / "out"
+    assert main(["run", str(REPO / "data" / "images"), "--out", str(out), "--method", "gradcam,layercam",
+                 "--batch-size", "4", "-q"]) == 0
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and all(r["status"] == "ok" and (out / r["output"]).is_file() for r in rows)
+    assert len({(r["input"], r["method"]) for r in rows}) == 8  # nothing written twice
+    assert sizes[0] == 1 and 4 in sizes and 2 in sizes  # the probe, then 4 -> 2 -> 1
+    # Out of memory on the one-image probe is the device's limit, not a usage error: exit 3.
+    monkeypatch.setattr(cam_base.BaseCAM, "capture", lambda *args, **kwargs: (_ for _ in ()).throw(
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB")))
+    capsys.readouterr()
+    assert main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path / "again"), "-q"]) == 3
+    assert "out of memory before any image was explained (CUDA out of memory" in capsys.readouterr().err

@@ -294,3 +294,24 @@ def test_cli_task_usage_errors(tmp_path, capsys):
     ]:
         assert main(common + extra) == 2
         assert message in capsys.readouterr().err
+
+
+def test_cli_segmentation_halves_a_batch_that_runs_out_of_memory(tmp_path, monkeypatch):
+    from explain.methods import cam_base
+
+    capture = cam_base.BaseCAM.capture
+    sizes = []
+
+    def one_at_a_time(self, images, *args, **kwargs):
+        sizes.append(len(images))
+        if len(images) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return capture(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(cam_base.BaseCAM, "capture", one_at_a_time)
+    images, out = _images(tmp_path / "in"), tmp_path / "out"
+    assert main(["run", str(images), "--out", str(out), "--model", "lraspp_mobilenet_v3_large", "--workers", "0",
+                 "--method", "gradcam", "-q"]) == 0
+    rows = _rows(out)
+    assert sorted(r["input"][-7:] for r in rows) == ["im0.png", "im1.png"] and all(r["status"] == "ok" for r in rows)
+    assert 2 in sizes and sizes[-2:] == [1, 1]

@@ -11,7 +11,8 @@ model's device and writes overlays from a thread pool, so decoding, compute and 
 encoding overlap. ``explain evaluate`` scores the maps with :mod:`explain.metrics` through
 :mod:`explain.evaluation`. Every file is written atomically (scores.csv by whole-line
 appends); re-running a command skips outputs (scores) that are already complete. Exit
-codes: 0 all done, 1 some inputs failed, 2 usage error, 130 stopped by Ctrl-C.
+codes: 0 all done, 1 some inputs failed, 2 usage error, 3 out of memory before the first
+image, 130 stopped by Ctrl-C.
 
 The package's modules, one job each: :mod:`~explain.cli.parser` (the parser and ``main``),
 :mod:`~explain.cli.loading` (the model), :mod:`~explain.cli.explainers` (targets, methods,

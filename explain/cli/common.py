@@ -15,7 +15,7 @@ from PIL import Image
 from ..metrics.registry import METRICS
 
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUT_OF_MEMORY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 MANIFEST = "manifest.jsonl"

@@ -8,6 +8,8 @@ import re
 import sys
 from dataclasses import dataclass
 
+import torch
+
 from ..base import NotApplicable, method_class, methods
 from ..metrics.registry import METRICS, metric
 from ..targets import class_index
@@ -139,7 +141,9 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
             print(f"explain: --method all: leaving out {name}, which does not apply to this model: {error}",
                   file=sys.stderr)
             continue
-        except Exception as error:  # on a blank image, any failure is a setup problem
+        except torch.OutOfMemoryError:
+            raise  # a resource failure, not a mistake in the options: main() says so
+        except Exception as error:  # on a blank image, any other failure is a setup problem
             raise UsageError(f"--method {name} --layer {layer}: {type(error).__name__}: {error}") from None
         if cam.name not in (e.name for e in explainers):
             explainers.append(cam)

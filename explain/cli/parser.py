@@ -6,13 +6,14 @@ import argparse
 import sys
 from pathlib import Path
 
+import torch
 from PIL import Image
 
 from .. import __version__, models
 from ..methods.attribution_base import REDUCTIONS
 from ..metrics.registry import METRICS
 from ..tasks import models as task_models
-from .common import EXIT_USAGE, LOCALISATION, STEP_METRICS, UsageError, _non_negative_int, _positive_int
+from .common import EXIT_OUT_OF_MEMORY, EXIT_USAGE, LOCALISATION, STEP_METRICS, UsageError, _non_negative_int, _positive_int
 from .evaluate import evaluate_command
 from .listing import layers_command, methods_command
 from .run import run_command
@@ -25,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"explain: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except torch.OutOfMemoryError as error:  # before the first batch: loading the model, checking the methods
+        print(f"explain: error: out of memory before any image was explained ({str(error).splitlines()[0]}); "
+              "this is the device's limit, not a mistake in the options: free the device's memory, pick a smaller "
+              "model or fewer methods, or pass --device cpu", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run", formatter_class=defaults, help="write heatmap overlays for images, folders and lists",
         description="Write one heatmap overlay per image, method and target under --out, with "
         "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
-        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 130 interrupted.",
+        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory before the first image, "
+        "130 interrupted.",
     )
     _add_inputs_and_model(run)
     run.add_argument("--method", "-m", default="gradcam",
@@ -91,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scores.csv (one row per image, method, target and metric column), failures.csv, curves.jsonl, "
         "summary.csv, summary.md and plots/*.png; prints the summary (mean ± std per method and metric, * marks "
         "the best). Re-running skips the scores already in scores.csv. Exit status: 0 all ok, 1 some images "
-        "or metrics failed, 2 usage error, 130 interrupted.",
+        "or metrics failed, 2 usage error, 3 out of memory before the first image, 130 interrupted.",
     )
     _add_inputs_and_model(scoring)
     scoring.add_argument("--methods", "--method", "-m", default="gradcam",

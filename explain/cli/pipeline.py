@@ -27,6 +27,15 @@ from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, _safe
 from .inputs import Source, _Decode, _Inputs, _collate, _init_worker
 
 
+class _OutOfMemory(Exception):
+    """A group of images ran out of device memory: the caller explains it in halves."""
+
+
+def _free_device_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 class _StopFlag:
     """First Ctrl-C: finish the current batch, then stop. Second Ctrl-C: stop now."""
 
@@ -216,7 +225,7 @@ class _Run:
                         for cam in self.pending[work[index]]:
                             self._fail(source, cam.name, error)
                     for indices, images in batch.groups:
-                        self._explain([work[i] for i in indices], images, saver, in_flight)
+                        self._explain_in_halves([work[i] for i in indices], images, saver, in_flight)
                     while in_flight and (in_flight[0].done() or len(in_flight) > 2 * batch_size * len(self.explainers)):
                         self._record(in_flight.popleft().result())
                     count = len(batch.failures) + sum(len(i) for i, _ in batch.groups)
@@ -249,6 +258,18 @@ class _Run:
             return EXIT_INTERRUPTED
         return EXIT_FAILED if self.stats["failed"] else EXIT_OK
 
+    def _explain_in_halves(self, source_indices: list[int], images: Tensor, saver, in_flight: deque) -> None:
+        """:meth:`_explain`, and where a group of images runs out of device memory, each half
+        of it again, down to single images (an image that alone does not fit fails with the
+        reason); nothing of the group that ran out is written twice."""
+        try:
+            self._explain(source_indices, images, saver, in_flight)
+        except _OutOfMemory:
+            _free_device_memory(self.loaded.device)
+            half = len(source_indices) // 2
+            for part in (slice(0, half), slice(half, None)):
+                self._explain_in_halves(source_indices[part], images[part], saver, in_flight)
+
     def _explain(self, source_indices: list[int], images: Tensor, saver, in_flight: deque) -> None:
         model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
         pictures = self.inputs.pictures(images, model_input)
@@ -269,6 +290,8 @@ class _Run:
                 except Exception as error:
                     outcome[cam] = error
         results = [outcome[cam] for cam in cams]
+        if len(source_indices) > 1 and any(isinstance(result, torch.OutOfMemoryError) for result in results):
+            raise _OutOfMemory
         for cam, result in zip(cams, results):
             if isinstance(result, Exception):
                 for i in source_indices:

@@ -15,7 +15,7 @@ from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
 from .common import _safe
 from .explainers import _class_name
 from .inputs import Source
-from .pipeline import _Run, _rounded, _write_outputs
+from .pipeline import _OutOfMemory, _Run, _rounded, _write_outputs
 
 
 class _TaskRun(_Run):
@@ -79,6 +79,8 @@ class _TaskRun(_Run):
         try:
             target, owners, records, marks, predicted = self._targets(model, model_input)
         except Exception as error:  # the model or the target fails on this batch
+            if isinstance(error, torch.OutOfMemoryError) and len(source_indices) > 1:
+                raise _OutOfMemory from error
             for cam in cams:
                 fail(range(len(source_indices)), cam, f"{type(error).__name__}: {error}")
             return
@@ -101,6 +103,8 @@ class _TaskRun(_Run):
                 if self.task == "detect":
                     result = crop_padding(result, model)
                 outcome[cam].append((result.maps.cpu().numpy(), {n: r.cpu().numpy() for n, r in result.raw_layers.items()}))
+        if len(source_indices) > 1 and any(isinstance(result, torch.OutOfMemoryError) for result in outcome.values()):
+            raise _OutOfMemory  # nothing of this group is written yet: its halves start again
         empty = [j for j in range(len(source_indices)) if j not in owners]
         for cam in cams:
             fail(empty, cam, f"no detected box matches --target {self.target.labels[0]}")
