@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..base import Explainer, channel_hint, check_images
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
-from ..layers import LayerSpec, find_target_layer, on_input_grid, resolve_layers
+from ..layers import LayerSpec, find_target_layer, resolve_layers
 from ..targets import Targets, class_logits, select_targets
 from ..tokens import Reshape, ReshapeFunction, TokenLayout, infer_layout
 
