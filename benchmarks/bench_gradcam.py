@@ -21,6 +21,7 @@ import torch
 import torchvision
 
 import explain
+from explain.tokens import infer_layout
 
 
 def interleaved_medians(functions: dict, repeats: int, warm_up: bool = True) -> dict[str, float]:
@@ -40,7 +41,8 @@ def interleaved_medians(functions: dict, repeats: int, warm_up: bool = True) -> 
 
 
 def full_backward(model, layer, x):
-    """Forward with autograd everywhere and backward through the whole network."""
+    """Forward with autograd everywhere and backward through the whole network; a token or
+    channels-last output is read as a grid (pytorch-grad-cam's recipe with reshape_transform)."""
     store = {}
     handles = [
         layer.register_forward_hook(lambda m, a, out: store.__setitem__("activation", out)),
@@ -53,11 +55,14 @@ def full_backward(model, layer, x):
         for handle in handles:
             handle.remove()
         model.zero_grad(set_to_none=True)
-    weights = store["gradient"].mean(dim=(2, 3), keepdim=True)
-    return torch.relu((weights * store["activation"]).sum(1))
+    layout = infer_layout(tuple(store["activation"].shape), tuple(x.shape[-2:]), model)
+    activation, gradient = layout.to_spatial(store["activation"]), layout.to_spatial(store["gradient"])
+    return torch.relu((gradient.mean(dim=(2, 3), keepdim=True) * activation).sum(1))
 
 
-def bench(name, model, x, repeats):
+def timings(model, x, repeats, extra: dict | None = None) -> dict[str, float]:
+    """Median seconds of a no-grad forward, explain's Grad-CAM at the automatic layer, the
+    full-backward recipe and the ``extra`` functions, round-robin."""
     model = model.to(x.device).eval()
     cam = explain.GradCAM(model)
     cam(x[:1])  # resolve the automatic layer outside the timings
@@ -67,10 +72,13 @@ def bench(name, model, x, repeats):
         with torch.no_grad():
             model(x)
 
-    medians = interleaved_medians(
-        {"forward": forward, "ours": lambda: cam(x), "peer": lambda: full_backward(model, layer, x)}, repeats
-    )
-    return name, medians["forward"], medians["ours"], medians["peer"]
+    functions = {"forward": forward, "Grad-CAM": lambda: cam(x), "full backward": lambda: full_backward(model, layer, x)}
+    return interleaved_medians({**functions, **(extra or {})}, repeats)
+
+
+def bench(name, model, x, repeats):
+    medians = timings(model, x, repeats)
+    return name, medians["forward"], medians["Grad-CAM"], medians["full backward"]
 
 
 def main() -> None:

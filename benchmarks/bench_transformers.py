@@ -21,46 +21,17 @@ import platform
 
 import torch
 import torchvision
-from bench_gradcam import interleaved_medians
+from bench_gradcam import timings
 
 import explain
-from explain.tokens import infer_layout
-
-
-def full_backward(model, layer, x):
-    """Forward with autograd everywhere and backward through the whole network, the layer's
-    output reshaped to a grid afterwards (pytorch-grad-cam's recipe with reshape_transform)."""
-    store = {}
-    handles = [layer.register_forward_hook(lambda m, a, out: store.__setitem__("activation", out))]
-    try:
-        x = x.clone().requires_grad_()
-        logits = model(x)
-        store["activation"].retain_grad()
-        logits.gather(1, logits.argmax(1, keepdim=True)).sum().backward()
-    finally:
-        for handle in handles:
-            handle.remove()
-        model.zero_grad(set_to_none=True)
-    layout = infer_layout(tuple(store["activation"].shape), tuple(x.shape[-2:]), model)
-    activation, gradient = layout.to_spatial(store["activation"]), layout.to_spatial(store["activation"].grad)
-    return torch.relu((gradient.mean(dim=(2, 3), keepdim=True) * activation).sum(1))
 
 
 def bench(name, model, x, repeats, attention):
-    model = model.to(x.device).eval()
-    cam = explain.GradCAM(model)
-    cam(x[:1])  # resolve the automatic layer outside the timings
-    layer = next(iter(cam.target_layers(x).values()))
-
-    def forward():
-        with torch.no_grad():
-            model(x)
-
-    functions = {"forward": forward, "Grad-CAM": lambda: cam(x), "full backward": lambda: full_backward(model, layer, x)}
+    extra = {}
     if attention:
         for method in (explain.AttentionRollout(model), explain.AttentionRelevance(model), explain.LeGrad(model)):
-            functions[method.name] = lambda method=method: method(x)
-    return name, interleaved_medians(functions, repeats)
+            extra[method.name] = lambda method=method: method(x)
+    return name, timings(model, x, repeats, extra)
 
 
 def main() -> None:

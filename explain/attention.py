@@ -119,6 +119,7 @@ class AttentionCapture:
     pass. With ``gradients``, a graph is recorded from the first attention on (also under
     ``torch.no_grad()``), so that ``torch.autograd.grad(score, capture.weights)`` gives
     each layer's attention gradient; nothing before the first attention is recorded.
+    Without, the block runs under ``torch.no_grad()``.
 
     >>> import torchvision
     >>> model = torchvision.models.VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
@@ -141,7 +142,9 @@ class AttentionCapture:
             if self.gradients:
                 context.enter_context(torch.inference_mode(False))
                 context.enter_context(torch.enable_grad())
-            context.enter_context(preserved_state(self.model))
+            else:  # nothing to differentiate: no graph, and weights left unfrozen (see preserved_state)
+                context.enter_context(torch.no_grad())
+            context.enter_context(preserved_state(self.model, freeze=self.gradients))
             context.enter_context(explicit_attention_kernels(self.model))
             _active.capture = self
             context.callback(setattr, _active, "capture", None)

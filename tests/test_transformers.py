@@ -206,6 +206,17 @@ def test_attention_capture_leaves_the_logits_and_the_model_as_they_were(make, la
     assert torch.backends.mha.get_fastpath_enabled()
 
 
+def test_attention_capture_without_gradients_records_no_graph():
+    # Rollout's capture runs under no_grad with the weights left trainable (frozen weights
+    # send nn.MultiheadAttention's slow path to a slower CPU kernel); nothing is recorded.
+    model = tv_vit()
+    with torch.enable_grad(), AttentionCapture(model) as capture:
+        assert all(p.requires_grad for p in model.parameters())
+        logits = model(torch.randn(1, 3, 32, 32))
+    assert not logits.requires_grad and not any(w.requires_grad for w in capture.weights)
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_attention_capture_restores_everything_after_an_error():
     model = timm_deit(False)
     state = ModelState(model)
