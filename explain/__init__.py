@@ -58,6 +58,7 @@ from .methods import (
 from .explanation import Explanation
 from .hooks import LayerCapture
 from .layers import candidate_layers, find_target_layer
+from .model_summary import feature_maps, summary
 from .overlay import denormalize, normalization_of, overlay, plot_explanations, to_rgb
 from .tasks import DetectionTarget, SegmentationTarget, explain_detections
 from .tokens import TokenLayout
@@ -124,6 +125,7 @@ __all__ = [
     "explain_detections",
     "explain_together",
     "explainer",
+    "feature_maps",
     "find_target_layer",
     "methods",
     "metrics",
@@ -133,5 +135,6 @@ __all__ = [
     "overlay",
     "plot_explanations",
     "register",
+    "summary",
     "to_rgb",
 ]

@@ -535,9 +535,17 @@ def test_methods_layers_and_help(capsys):
     assert re.match(r"ig +gradient attribution +- +1 forward \+ n_steps \(50\) forward \+ backward +Integrated", rows["ig"])
     assert re.match(r"gradcam +gradient CAM +yes +1 forward \+ 1 backward to the layer +Grad-CAM:", rows["gradcam"])
     assert main(["layers", "efficientnet_lite0"]) == 0
-    table = capsys.readouterr().out.splitlines()
-    assert re.fullmatch(r"\* bn2 +BatchNormAct2d +1280x7x7 +<- auto", table[-1])
-    assert sum(line.startswith("*") for line in table) == 1
+    listed = capsys.readouterr().out.splitlines()
+    # The per-layer table: parameters and multiply-adds, the automatic target marked, totals.
+    assert listed[0].split() == ["layer", "type", "output", "shape", "parameters", "multiply-adds"]
+    assert re.fullmatch(r"   conv_stem +Conv2dSame +32x112x112 +864 +10,838,016", listed[1])
+    assert [line.split()[:5] for line in listed if line.startswith("*  ")] == [
+        ["*", "bn2", "BatchNormAct2d", "1280x7x7", "2,560"]]
+    assert "total: 4.65 M parameters, 0.39 GMACs (multiply-adds) for an input of 1x3x224x224" in listed
+    # Then the candidate target layers, as before.
+    assert re.fullmatch(r"\* bn2 +BatchNormAct2d +1280x7x7 +<- auto", listed[-1])
+    candidates = listed[listed.index("candidate target layers (spatial outputs), in execution order:"):]
+    assert sum(line.startswith("*") for line in candidates) == 1
     for command in (["--help"], ["run", "--help"], ["methods", "--help"], ["layers", "--help"]):
         with pytest.raises(SystemExit) as exit_info:
             main(command)
