@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-peers bench-metrics clean
+.PHONY: demo test bench bench-peers bench-metrics bench-ray clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ demo: $(VENV)/.installed
 	@echo "Open out/index.html in a browser to see the overlays."
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_gradcam.py
@@ -41,6 +41,11 @@ bench-peers: $(VENV)/.installed
 bench-metrics: $(VENV)/.installed
 	$(BIN)/python -m pip install -e ".[quantus]"
 	$(BIN)/python benchmarks/bench_metrics.py
+
+# The Ray engine against the local engine, and its driver's memory (the `ray` extra).
+bench-ray: $(VENV)/.installed
+	$(BIN)/python -m pip install -e ".[ray]"
+	$(BIN)/python benchmarks/bench_ray.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -8,64 +8,79 @@
 (('layer4',), (2, 64, 64), torch.Size([2]))
 """
 
-from . import metrics, models, tasks
-from .base import Explainer, NotApplicable, describe_methods, explainer, methods, register
-from .methods import (
-    AblationCAM,
-    AttentionRelevance,
-    AttentionRollout,
-    Attribution,
-    BaseCAM,
-    CAM,
-    Deconvolution,
-    DeepLift,
-    DeepLiftShap,
-    EigenCAM,
-    EigenGradCAM,
-    FEM,
-    FeatureAblation,
-    FinerCAM,
-    FullGrad,
-    GradCAM,
-    GradCAMElementWise,
-    GradCAMPlusPlus,
-    GradientCAM,
-    GradientShap,
-    GuidedBackprop,
-    GuidedGradCAM,
-    HiResCAM,
-    ISCAM,
-    InputXGradient,
-    IntegratedGradients,
-    KPCACAM,
-    KernelShap,
-    LRP,
-    LayerCAM,
-    LeGrad,
-    Lime,
-    Occlusion,
-    RandomCAM,
-    SSCAM,
-    Saliency,
-    ScoreCAM,
-    ShapleyCAM,
-    SmoothGrad,
-    SmoothGradCAMPlusPlus,
-    VarGrad,
-    XGradCAM,
-    explain_together,
-)
-from .explanation import Explanation
-from .hooks import LayerCapture
-from .layers import candidate_layers, find_target_layer
-from .model_summary import feature_maps, summary
-from .overlay import denormalize, normalization_of, overlay, plot_explanations, to_rgb
-from .tasks import DetectionTarget, SegmentationTarget, explain_detections
-from .tokens import TokenLayout
+import importlib
+import sys
+import types
 
-# Importing the package explain.methods bound its name here; the name stays the function
-# that lists the methods (the package is reached by `from explain.methods import ...`).
-from .base import methods  # noqa: E402,F811
+_SUBMODULES = ("metrics", "models", "tasks")
+# Where each public name lives. Importing `explain` imports none of them (nor torch): the
+# command line answers --help at once, and a Ray driver plans a run without torch's memory.
+_LOCATIONS = {
+    "Explainer": "base",
+    "NotApplicable": "base",
+    "describe_methods": "base",
+    "explainer": "base",
+    "methods": "base",
+    "register": "base",
+    "AblationCAM": "methods",
+    "AttentionRelevance": "methods",
+    "AttentionRollout": "methods",
+    "Attribution": "methods",
+    "BaseCAM": "methods",
+    "CAM": "methods",
+    "Deconvolution": "methods",
+    "DeepLift": "methods",
+    "DeepLiftShap": "methods",
+    "EigenCAM": "methods",
+    "EigenGradCAM": "methods",
+    "FEM": "methods",
+    "FeatureAblation": "methods",
+    "FinerCAM": "methods",
+    "FullGrad": "methods",
+    "GradCAM": "methods",
+    "GradCAMElementWise": "methods",
+    "GradCAMPlusPlus": "methods",
+    "GradientCAM": "methods",
+    "GradientShap": "methods",
+    "GuidedBackprop": "methods",
+    "GuidedGradCAM": "methods",
+    "HiResCAM": "methods",
+    "ISCAM": "methods",
+    "InputXGradient": "methods",
+    "IntegratedGradients": "methods",
+    "KPCACAM": "methods",
+    "KernelShap": "methods",
+    "LRP": "methods",
+    "LayerCAM": "methods",
+    "LeGrad": "methods",
+    "Lime": "methods",
+    "Occlusion": "methods",
+    "RandomCAM": "methods",
+    "SSCAM": "methods",
+    "Saliency": "methods",
+    "ScoreCAM": "methods",
+    "ShapleyCAM": "methods",
+    "SmoothGrad": "methods",
+    "SmoothGradCAMPlusPlus": "methods",
+    "VarGrad": "methods",
+    "XGradCAM": "methods",
+    "explain_together": "methods",
+    "Explanation": "explanation",
+    "LayerCapture": "hooks",
+    "candidate_layers": "layers",
+    "find_target_layer": "layers",
+    "denormalize": "overlay",
+    "normalization_of": "overlay",
+    "overlay": "overlay",
+    "plot_explanations": "overlay",
+    "to_rgb": "overlay",
+    "DetectionTarget": "tasks",
+    "SegmentationTarget": "tasks",
+    "explain_detections": "tasks",
+    "TokenLayout": "tokens",
+    "feature_maps": "model_summary",
+    "summary": "model_summary",
+}
 
 __version__ = "0.1.0"
 
@@ -138,3 +153,32 @@ __all__ = [
     "summary",
     "to_rgb",
 ]
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    module = _LOCATIONS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'explain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+class _Package(types.ModuleType):
+    """``explain.methods`` is the function that lists the methods and ``explain.overlay`` the
+    function that draws a map, though both names are also submodules: importing a submodule
+    binds its name on the package, and here that binding does not replace the function."""
+
+    def __setattr__(self, name, value):
+        if name in ("methods", "overlay") and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -25,6 +25,14 @@ class NotApplicable(ValueError):
     --method all`` leaves such methods out instead of failing."""
 
 
+def _registry() -> dict[str, type[Explainer]]:
+    """The registered methods; the built-in ones register when :mod:`explain.methods` is
+    imported, which ``import explain`` leaves until a method is asked for."""
+    import explain.methods  # noqa: F401
+
+    return _REGISTRY
+
+
 def _key(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "").replace(" ", "")
 
@@ -80,7 +88,7 @@ def methods() -> list[str]:
     >>> "gradcam" in methods()
     True
     """
-    return [cls.name for cls in _REGISTRY.values()]
+    return [cls.name for cls in _registry().values()]
 
 
 def describe_methods() -> dict[str, dict[str, str | bool]]:
@@ -97,7 +105,7 @@ def describe_methods() -> dict[str, dict[str, str | bool]]:
             "needs_layer": cls.needs_layer,
             "description": (cls.__doc__ or "").strip().splitlines()[0],
         }
-        for cls in _REGISTRY.values()
+        for cls in _registry().values()
     }
 
 
@@ -114,7 +122,7 @@ def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
 
 def method_class(method: str) -> type[Explainer]:
     """The class registered as ``method``; names ignore case, dashes and underscores."""
-    cls = _REGISTRY.get(_key(method))
+    cls = _registry().get(_key(method))
     if cls is None:
         close = difflib.get_close_matches(_key(method), list(_REGISTRY), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(_REGISTRY[c].name for c in close)}? " if close else ""

@@ -17,9 +17,11 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
+from .options import BUNDLED_MODEL
+
 __all__ = ["BUNDLED", "TIMM_PREFIX", "imagenet_classes", "imagenet_preprocess", "is_bundled", "is_huggingface_folder", "load"]
 
-BUNDLED = "efficientnet_lite0"
+BUNDLED = BUNDLED_MODEL
 #: ``timm:NAME`` names a timm model.
 TIMM_PREFIX = "timm:"
 

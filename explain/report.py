@@ -119,16 +119,18 @@ def write_manifest(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Write rows as JSON Lines with the columns of :data:`MANIFEST_FIELDS` (then
     :data:`TASK_FIELDS` for segmentation and detection rows, and ``metrics`` where a row has
     them), atomically."""
-    def line(row: dict) -> str:
-        fields = {key: _json_value(row.get(key)) for key in MANIFEST_FIELDS}
-        if row.get("task") not in (None, "classify"):
-            fields.update({key: _json_value(row.get(key)) for key in TASK_FIELDS})
-        if row.get(METRICS_FIELD) is not None:
-            fields[METRICS_FIELD] = _json_value(row[METRICS_FIELD])
-        return json.dumps(fields, ensure_ascii=False)
-
-    lines = [line(row) for row in rows]
+    lines = [manifest_line(row) for row in rows]
     atomic_write(path, ("\n".join(lines) + "\n" if lines else "").encode("utf-8"))
+
+
+def manifest_line(row: dict) -> str:
+    """One row of the manifest as its JSON line (without the newline)."""
+    fields = {key: _json_value(row.get(key)) for key in MANIFEST_FIELDS}
+    if row.get("task") not in (None, "classify"):
+        fields.update({key: _json_value(row.get(key)) for key in TASK_FIELDS})
+    if row.get(METRICS_FIELD) is not None:
+        fields[METRICS_FIELD] = _json_value(row[METRICS_FIELD])
+    return json.dumps(fields, ensure_ascii=False)
 
 
 def json_records(lines: Iterable[str]) -> list[dict]:

@@ -562,7 +562,7 @@ def test_workers_hand_over_uint8_crops_and_the_model_input_is_unchanged():
     import torchvision
     from torchvision import transforms
 
-    from explain.cli.inputs import _collate, _Inputs
+    from explain.cli.decoding import _collate, _Inputs
 
     photo = Image.open(REPO / "data" / "images" / "chelsea.png").convert("RGB")
     bundled = models.imagenet_preprocess(resize=256, crop=224, mean=(0.5,) * 3, std=(0.5,) * 3)
@@ -702,7 +702,7 @@ def test_random_weights_warn_and_broken_model_files_are_usage_errors(photos, cap
     ("cpu", 2, 2, 0), ("cpu", 6, 4, 2), ("cpu", 16, 8, 4), ("cuda", 2, 2, 2), ("cuda", 16, 8, 4),
 ])
 def test_default_decode_workers_use_the_cores_the_model_leaves(monkeypatch, device, cores, threads, expected):
-    from explain.cli.inputs import default_workers
+    from explain.cli.decoding import default_workers
 
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)

@@ -16,7 +16,7 @@ image, 130 stopped by Ctrl-C.
 
 The package's modules, one job each: :mod:`~explain.cli.parser` (the parser and ``main``),
 :mod:`~explain.cli.loading` (the model), :mod:`~explain.cli.explainers` (targets, methods,
-metrics), :mod:`~explain.cli.inputs` (finding and decoding images),
+metrics), :mod:`~explain.cli.inputs` (finding images), :mod:`~explain.cli.decoding` (decoding them),
 :mod:`~explain.cli.pipeline` and :mod:`~explain.cli.task_pipeline` (``explain run``'s
 batches), :mod:`~explain.cli.run`, :mod:`~explain.cli.evaluate` and
 :mod:`~explain.cli.listing` (the commands), :mod:`~explain.cli.common` (what they share).

@@ -6,13 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from PIL import Image
 
-from ..metrics.registry import METRICS
+from ..options import LOCALISATION_METRICS
 
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUT_OF_MEMORY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -25,10 +28,7 @@ MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".c
 
 
 #: Metrics that need --regions, and those that take --step.
-LOCALISATION = tuple(name for name, spec in METRICS.items() if spec.needs == "regions")
-
-
-STEP_METRICS = ("deletion", "insertion", "pixel-flipping")
+LOCALISATION = LOCALISATION_METRICS
 
 
 class UsageError(Exception):
@@ -87,3 +87,48 @@ def _pixel_limit(max_pixels: int | None) -> Iterator[None]:
         yield
     finally:
         Image.MAX_IMAGE_PIXELS = previous
+
+
+def manifest_row(input: str, method: str, target: str, layer: str, settings: str, task: str, **values) -> dict:
+    """A manifest row of ``explain run`` (one output: an image, a method, a target), the
+    columns not given left empty."""
+    row = dict.fromkeys(("target_id", "target_name", "target_probability", "predicted_id", "predicted_name",
+                         "predicted_probability", "output", "maps", "error", "metrics", "region"))
+    row.update(input=input, method=method, layer=layer, target=target, settings=settings, task=task)
+    row.update(values)
+    return row
+
+
+def is_complete(row: dict | None, out_dir: Path, settings: str | None, layer: str | None, save_maps: bool,
+                metric_columns: list[str]) -> bool:
+    """Whether an earlier run's row is an output this run would make again: done with the same
+    settings and layer, its files on disk, its metric values there."""
+    return bool(
+        row and row.get("status") in ("ok", "skipped")
+        and row.get("settings") == settings and row.get("layer") == layer
+        and row.get("output") and (out_dir / row["output"]).is_file()
+        and (not save_maps or (row.get("maps") and (out_dir / row["maps"]).is_file()))
+        and all(column in (row.get("metrics") or {}) for column in metric_columns)
+    )
+
+
+class StopFlag:
+    """First Ctrl-C: finish the current batch, then stop. Second Ctrl-C: stop now."""
+
+    def __init__(self):
+        self.set = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.set = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        print("\nexplain: stopping after the current batch (Ctrl-C again to stop now)", file=sys.stderr)
+
+    def __exit__(self, *exc_info):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)

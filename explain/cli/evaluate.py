@@ -22,15 +22,12 @@ from ..evaluation import files as evaluation_files
 from ..metrics.registry import METRICS
 from ..report import atomic_write, remove_temp_files
 from .common import (
-    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, LOCALISATION, UsageError, _pixel_limit, _safe, _sole_run,
+    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, LOCALISATION, StopFlag, UsageError, _pixel_limit, _safe, _sole_run,
 )
 from .explainers import build_explainers, parse_metrics, parse_target, _metric_options
-from .inputs import (
-    collect_inputs, default_workers, _Decode, _Inputs, _collate, _init_worker,
-    _is_torchvision_classification_preset,
-)
+from .decoding import default_workers, _Decode, _Inputs, _collate, _init_worker, _is_torchvision_classification_preset
+from .inputs import collect_inputs
 from .loading import load_model, _warn_if_random
-from .pipeline import _StopFlag
 
 
 def _mask_geometry(preprocess):
@@ -175,7 +172,7 @@ class _Evaluate:
             pin_memory=self.loaded.device.type == "cuda", worker_init_fn=partial(_init_worker, args.max_pixels),
         )
         progress = tqdm(total=len(work), unit="img", disable=args.quiet or not work, file=sys.stderr, dynamic_ncols=True)
-        stop = _StopFlag()
+        stop = StopFlag()
         started = time.perf_counter()
         done = 0
         interrupted = False

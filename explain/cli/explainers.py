@@ -14,7 +14,8 @@ from ..base import NotApplicable, method_class, methods
 from ..metrics.registry import METRICS, metric
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
-from .common import LOCALISATION, STEP_METRICS, UsageError
+from ..options import STEP_METRICS
+from .common import LOCALISATION, UsageError
 from .loading import LoadedModel
 
 

@@ -1,32 +1,35 @@
-"""The command line: its parser and ``main``, which hands each subcommand to its module."""
+"""The command line: its parser and ``main``, which hands each subcommand to its module.
+
+Building the parser imports neither torch nor the models, so that ``--help``, usage errors and
+``explain methods`` answer at once; a command's module is imported when it runs."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from pathlib import Path
 
-import torch
 from PIL import Image
 
-from .. import __version__, models
-from ..methods.attribution_base import REDUCTIONS
-from ..metrics.registry import METRICS
-from ..tasks import models as task_models
-from .common import EXIT_OUT_OF_MEMORY, EXIT_USAGE, LOCALISATION, STEP_METRICS, UsageError, _non_negative_int, _positive_int
-from .evaluate import evaluate_command
-from .listing import layers_command, methods_command
-from .run import run_command
+from .. import __version__
+from ..options import BUNDLED_MODEL, METRIC_NAMES, REDUCTIONS, STEP_METRICS, TASKS
+from .common import EXIT_OUT_OF_MEMORY, EXIT_USAGE, LOCALISATION, UsageError, _non_negative_int, _positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    module, function = args.handler.split(":")
     try:
-        return args.handler(args)
+        return getattr(importlib.import_module(f".{module}", __package__), function)(args)
     except UsageError as error:
         print(f"explain: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except torch.OutOfMemoryError as error:  # before the first batch: loading the model, checking the methods
+    except Exception as error:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(error, torch.OutOfMemoryError):
+            raise
+        # Before the first batch: loading the model, checking the methods.
         print(f"explain: error: out of memory before any image was explained ({str(error).splitlines()[0]}); "
               "this is the device's limit, not a mistake in the options: free the device's memory, pick a smaller "
               "model or fewer methods, or pass --device cpu", file=sys.stderr)
@@ -60,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "or name, over its predicted mask; detect: top1 (the best box), box:I (the I-th box), a class "
                      "id or name (its boxes), score:T (boxes scoring at least T), or a class and score:T joined "
                      "by a comma")
-    run.add_argument("--task", choices=task_models.TASKS, default=None,
+    run.add_argument("--task", choices=TASKS, default=None,
                      help="what the model does: classify (a class per image), segment (a class per pixel: maps "
                      "explain a class over its region) or detect (boxes: maps explain a detected box, one output "
                      "per box) [default: inferred from the model]")
@@ -90,7 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
     _add_step_option(run)
-    run.set_defaults(handler=run_command)
+    scale = run.add_argument_group("scaling out (the `ray` extra: pip install 'explain-vision[ray]')")
+    scale.add_argument("--engine", choices=("local", "ray"), default="local",
+                       help="local: this process, with DataLoader workers; ray: a Ray Data pipeline (decode tasks, "
+                       "an actor pool that loads the model once per actor, writes from the workers), with the same "
+                       "outputs, manifest and resume")
+    scale.add_argument("--address", default=None,
+                       help="the Ray cluster to join (auto, ray://HEAD:10001, HEAD:6379); --out must be a folder "
+                       "every node sees [default: start a local Ray on this machine's cores]")
+    scale.add_argument("--actors", type=_positive_int, default=None,
+                       help="explaining actors [default: one per GPU where the cluster has GPUs, else one per node, "
+                       "each leaving a CPU to the read and decode tasks]")
+    run.set_defaults(handler="run:run_command")
 
     scoring = commands.add_parser(
         "evaluate", formatter_class=defaults, help="score methods with faithfulness and other metrics",
@@ -105,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="method(s), comma-separated, or 'all'; see `explain methods`")
     scoring.add_argument("--metrics", default="deletion,insertion",
                           help="metric(s), comma-separated, or 'all' (every metric; the localisation ones only "
-                          "with --regions): " + ", ".join(METRICS))
+                          "with --regions): " + ", ".join(METRIC_NAMES))
     scoring.add_argument("--layer", default="auto",
                           help="target layer(s), comma-separated; see `explain layers MODEL`")
     scoring.add_argument("--target", default="top1",
@@ -121,13 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
     scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
     _add_max_pixels(scoring)
     scoring.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary still print")
-    scoring.set_defaults(handler=evaluate_command)
+    scoring.set_defaults(handler="evaluate:evaluate_command")
 
     listing = commands.add_parser("methods", help="list the explanation methods",
                                   description="List the registered methods with their family, their cost "
                                   "per image and target, whether they explain through a --layer, and a "
                                   "one-line description.")
-    listing.set_defaults(handler=methods_command)
+    listing.set_defaults(handler="listing:methods_command")
 
     layers = commands.add_parser(
         "layers", formatter_class=defaults, help="list a model's candidate target layers",
@@ -137,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     layers.add_argument("model", metavar="MODEL",
                         help="efficientnet_lite0, a torchvision model name, or a model file")
     _add_model_options(layers, with_model=False)
-    layers.set_defaults(handler=layers_command)
+    layers.set_defaults(handler="listing:layers_command")
     return parser
 
 
@@ -158,7 +172,7 @@ def _add_max_pixels(parser: argparse.ArgumentParser) -> None:
 
 def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
     if with_model:
-        parser.add_argument("--model", default=models.BUNDLED,
+        parser.add_argument("--model", default=BUNDLED_MODEL,
                             help="efficientnet_lite0 (bundled), a torchvision classification, segmentation or "
                             "detection model name, timm:NAME for a timm model, a folder holding a Hugging Face image "
                             "classifier (save_pretrained), a torch.export .pt2 file, or a pickled nn.Module (needs "

@@ -3,9 +3,7 @@ overlays from a thread pool, keep the manifest and index up to date."""
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -23,8 +21,9 @@ from ..evaluation import format_summary, score, summary_table
 from ..metrics.registry import METRICS
 from ..overlay import overlay
 from ..report import atomic_write, encode_npz, encode_png, read_manifest, write_index, write_manifest
-from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, _safe
-from .inputs import Source, _Decode, _Inputs, _collate, _init_worker
+from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, StopFlag, _safe, is_complete, manifest_row
+from .decoding import _Decode, _Inputs, _collate, _init_worker
+from .inputs import Source
 
 
 class _OutOfMemory(Exception):
@@ -34,28 +33,6 @@ class _OutOfMemory(Exception):
 def _free_device_memory(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.empty_cache()
-
-
-class _StopFlag:
-    """First Ctrl-C: finish the current batch, then stop. Second Ctrl-C: stop now."""
-
-    def __init__(self):
-        self.set = False
-        self._previous = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.set = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        print("\nexplain: stopping after the current batch (Ctrl-C again to stop now)", file=sys.stderr)
-
-    def __exit__(self, *exc_info):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
 
 
 def _write_outputs(out_dir: Path, picture: np.ndarray, maps: np.ndarray, rows: list[dict],
@@ -90,9 +67,7 @@ class _Run:
         self.metric_columns = [column for name in self.metrics for column in METRICS[name].columns]
         self.reported: set[str] = set()
         self.inputs = _Inputs(loaded.preprocess)
-        self.rows: dict[tuple, dict] = {}
-        for row in read_manifest(out_dir / MANIFEST):
-            self.rows[(row.get("input"), row.get("method"), row.get("target"))] = row
+        self.rows: dict[tuple, dict] = {}  # the manifest's rows by (input, method, target), once planned
         self.plan: list[tuple] = []  # every output of this run, in manifest order
         self.pending: dict[int, list] = {}  # source index -> explainers still to run
         self.stats = {"ok": 0, "skipped": 0, "failed": 0}
@@ -105,16 +80,15 @@ class _Run:
         return [(source.input, method, label) for label in self.target.labels]
 
     def _complete(self, key: tuple) -> bool:
-        row = self.rows.get(key)
-        return bool(
-            row and row.get("status") in ("ok", "skipped")
-            and row.get("settings") == self.settings.get(key[1]) and row.get("layer") == self.layers.get(key[1])
-            and row.get("output") and (self.out_dir / row["output"]).is_file()
-            and (not self.args.save_maps or (row.get("maps") and (self.out_dir / row["maps"]).is_file()))
-            and all(column in (row.get("metrics") or {}) for column in self.metric_columns)
-        )
+        return is_complete(self.rows.get(key), self.out_dir, self.settings.get(key[1]), self.layers.get(key[1]),
+                           self.args.save_maps, self.metric_columns)
+
+    def _read_manifest(self) -> None:
+        for row in read_manifest(self.out_dir / MANIFEST):
+            self.rows[(row.get("input"), row.get("method"), row.get("target"))] = row
 
     def _make_plan(self) -> None:
+        self._read_manifest()
         for index, source in enumerate(self.sources):
             for cam in self.explainers:
                 keys = self._keys(source, cam.name)
@@ -131,13 +105,8 @@ class _Run:
     # -- rows
 
     def _row(self, source: Source, method: str, label: str, **values) -> dict:
-        row = dict.fromkeys(("target_id", "target_name", "target_probability", "predicted_id",
-                             "predicted_name", "predicted_probability", "output", "maps", "error", "metrics",
-                             "region"))
-        row.update(input=source.input, method=method, layer=self.layers[method], target=label,
-                   settings=self.settings[method], task=self.task)
-        row.update(values)
-        return row
+        return manifest_row(source.input, method, label, self.layers[method], self.settings[method], self.task,
+                            **values)
 
     def _record(self, rows: list[dict]) -> None:
         for row in rows:
@@ -211,7 +180,7 @@ class _Run:
         progress = tqdm(total=len(work), unit="img", disable=args.quiet or not work, file=sys.stderr, dynamic_ncols=True)
         saver = ThreadPoolExecutor(max_workers=max(1, args.workers), thread_name_prefix="explain-save")
         in_flight: deque[Future] = deque()
-        stop = _StopFlag()
+        stop = StopFlag()
         started = time.perf_counter()
         done = 0
         interrupted = completed = False

@@ -1,22 +1,44 @@
-"""``explain run``: checks the options against the model and starts the pipeline for its task."""
+"""``explain run``: checks the options against the model and starts the pipeline for its task,
+here (the local engine) or on Ray Data (``--engine ray``, :mod:`~explain.cli.ray_engine`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..base import method_class
-from ..methods import BaseCAM
 from ..report import remove_temp_files
-from ..tasks import models as task_models
-from .common import LOCALISATION, UsageError, _pixel_limit, _sole_run
-from .explainers import build_explainers, parse_metrics, parse_target, parse_task_target, _metric_options, _takes
-from .inputs import collect_inputs, default_workers
-from .loading import LoadedModel, load_model, _warn_if_random
-from .pipeline import _Run
-from .task_pipeline import _TaskRun
+from .common import UsageError, _pixel_limit, _sole_run
+from .inputs import collect_inputs
 
 
 def run_command(args) -> int:
+    check_display_options(args)
+    if args.engine == "ray":
+        from .ray_engine import run_on_ray
+
+        return run_on_ray(args)
+    for flag, value in (("--address", args.address), ("--actors", args.actors)):
+        if value is not None:
+            raise UsageError(f"{flag} applies to --engine ray; add --engine ray or leave {flag} out")
+    out_dir: Path = args.out
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    sources = collect_inputs(args.inputs, out_dir)
+    from .decoding import default_workers
+    from .loading import _warn_if_random
+    from .preparation import prepare_run
+
+    prepared = prepare_run(args)
+    if args.workers is None:
+        args.workers = default_workers(prepared.loaded.device)
+    _warn_if_random(prepared.loaded, args.model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with _sole_run(out_dir), _pixel_limit(args.max_pixels):
+        remove_temp_files(out_dir)
+        return prepared.run_class(args, out_dir, sources, *prepared.run_arguments()).execute()
+
+
+def check_display_options(args) -> None:
+    """The options that need no model: --alpha and the colormaps."""
     if not 0.0 <= args.alpha <= 1.0:
         raise UsageError(f"--alpha must lie in 0..1, got {args.alpha}")
     import matplotlib
@@ -26,92 +48,3 @@ def run_command(args) -> int:
     if args.signed_cmap not in matplotlib.colormaps:
         raise UsageError(f"unknown --signed-cmap {args.signed_cmap!r}; use a diverging matplotlib colormap such as "
                          "RdBu_r, bwr, coolwarm")
-    out_dir: Path = args.out
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is a file; pass a folder")
-    sources = collect_inputs(args.inputs, out_dir)
-    loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
-    if args.max_pixels is not None:
-        # Pillow checks its limit on every new image, the model's crops included.
-        input_pixels = loaded.example.shape[-1] * loaded.example.shape[-2]
-        if 0 < args.max_pixels < input_pixels:
-            raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
-    if args.workers is None:
-        args.workers = default_workers(loaded.device)
-    task = _run_task(args, loaded)
-    if task == "classify":
-        target = parse_target(args.target, loaded.class_names)
-    else:
-        target = parse_task_target(args.target, task, loaded.class_names)
-    metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
-    if any(name in LOCALISATION for name in metrics):
-        raise UsageError(f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION)} need the objects' regions, "
-                         "which `explain evaluate --regions FILE` takes")
-    if args.step is not None and not metrics:
-        raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
-    metric_options = _metric_options(metrics, args.step)
-    options = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
-    if args.reduction != "abs-sum":
-        options["reduction"] = args.reduction
-    layer = args.layer
-    if task != "classify":
-        layer = _task_layer(args, loaded, task, metrics)
-    explainers = build_explainers(args.method, loaded, layer, target, **options)
-    layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
-    # Each method's outputs record the settings that shaped them, so that changing an option
-    # on resume redoes the methods it applies to and no other.
-    common = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
-    if task != "classify":
-        common += f" task={task}" + (f" target={args.target}" if task == "detect" else "")
-    settings = {}
-    for cam in explainers:
-        applied = {name: value for name, value in options.items() if _takes(type(cam), name)}
-        settings[cam.name] = common + "".join(
-            f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items())
-        if applied.get("reduction") == "sum":
-            settings[cam.name] += f" signed_cmap={args.signed_cmap}"
-    _warn_if_random(loaded, args.model)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with _sole_run(out_dir), _pixel_limit(args.max_pixels):
-        remove_temp_files(out_dir)
-        run = _Run if task == "classify" else _TaskRun
-        return run(args, out_dir, sources, loaded, target, explainers, layers, settings,
-                   metrics, metric_options).execute()
-
-
-def _run_task(args, loaded: LoadedModel) -> str:
-    """--task, checked against what the model does; by default what the model does."""
-    task = getattr(args, "task", None) or loaded.task
-    if task != loaded.task:
-        raise UsageError(f"--task {task}: {args.model} is a {loaded.task} model (it returns "
-                         + {"classify": "(N, classes) logits", "segment": "(N, C, H, W) logits per pixel",
-                            "detect": "boxes"}[loaded.task] + f"); use --task {loaded.task}, or leave --task out")
-    return task
-
-
-def _task_layer(args, loaded: LoadedModel, task: str, metrics: list[str]) -> str:
-    """The checks that apply to segmentation and detection runs, and the layer to explain
-    (``--layer auto``: the backbone's last spatial layer)."""
-    if metrics:
-        raise UsageError(f"--metrics applies to --task classify; the metrics perturb images and rescore classes, "
-                         f"not {task} targets")
-    if args.aug_smooth:
-        raise UsageError(f"--aug-smooth applies to --task classify: the flipped and rescaled copies would need "
-                         f"the {'region' if task == 'segment' else 'boxes'} flipped and rescaled too")
-    if args.method.strip().lower() == "all":
-        raise UsageError(f"--method all includes methods that explain class logits only; with --task {task} name "
-                         "the CAMs to run, e.g. gradcam,eigencam")
-    for name in (n.strip() for n in args.method.split(",") if n.strip()):
-        try:
-            cls = method_class(name)
-        except ValueError as error:
-            raise UsageError(f"--method: {error}") from None
-        if not issubclass(cls, BaseCAM):
-            raise UsageError(f"--method {name}: with --task {task} the command line runs CAMs (gradcam, eigencam, "
-                             "scorecam, ...); explain.tasks serves other methods from Python")
-    if args.layer.strip().lower() != "auto":
-        return args.layer
-    try:
-        return task_models.backbone_layer(loaded.model, loaded.example)
-    except ValueError as error:
-        raise UsageError(f"--layer auto: {error}") from None

@@ -45,6 +45,7 @@ class _TaskRun(_Run):
         return super()._keys(source, method)
 
     def _make_plan(self) -> None:
+        self._read_manifest()
         for index, source in enumerate(self.sources):
             for cam in self.explainers:
                 keys = self._keys(source, cam.name)

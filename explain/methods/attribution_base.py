@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from ..base import Explainer, channel_hint, check_images
 from ..explanation import Explanation
 from ..hooks import preserved_state
+from ..options import REDUCTIONS
 from ..targets import Targets, class_logits, select_targets
 from .cam_base import detached, map_tensors, positive_int
 
@@ -50,7 +51,6 @@ __all__ = [
 ]
 
 #: How the channels of an attribution become one map per image.
-REDUCTIONS = ("abs-sum", "sum", "max-abs", "l2")
 #: The baselines selectable by name (a number or a tensor is taken as it is).
 BASELINES = ("zeros", "blur", "noise")
 

@@ -12,10 +12,10 @@ from torch import Tensor, nn
 from torchvision import transforms
 
 from ..models import _read_state_dict
+from ..options import TASKS
 
 __all__ = ["TASKS", "backbone_layer", "load", "preprocess_for", "task_of", "task_of_output", "torchvision_task"]
 
-TASKS = ("classify", "segment", "detect")
 #: Backbone parts that serve the detection head rather than compute the image's features:
 #: feature pyramids and SSD's extra layers.
 _HEAD_PARTS = ("fpn", "extra")

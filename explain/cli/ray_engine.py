@@ -1,0 +1,321 @@
+"""``explain run --engine ray``: the same run on Ray Data, from one machine to a cluster.
+
+The driver (this process) plans and reports, and never imports torch, so that planning a
+list of millions of images stays in bounded memory: it streams the inputs
+(:class:`~explain.cli.inputs.InputListing`), keeps the earlier manifest's finished outputs
+(as ``skipped``) and writes the images still to explain to plan files under --out. Ray Data
+then reads the plan, decodes and resizes the images in CPU tasks, explains them in a pool of
+actors that each load the model once (:mod:`explain.ray_data`), and the actors write the
+overlays; the driver appends the rows they return to ``manifest.jsonl`` as they come, and
+writes ``index.html`` at the end. A rerun after a crash or a killed driver starts from the
+rows that reached the manifest: finished outputs are skipped, the rest is made again, each
+row written once.
+
+Where the model is checked, the layers fixed and the settings recorded is the same code as
+the local engine's (:func:`~explain.cli.preparation.prepare_run`), run in a Ray task; the
+actors explain with the local engine's batch code (:class:`~explain.cli.pipeline._Run`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..report import manifest_line, remove_temp_files, write_index
+from .common import (
+    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, UsageError, StopFlag, _sole_run, is_complete, manifest_row,
+)
+from .inputs import InputListing
+
+#: Images per plan file: Ray Data reads the plan file by file, a decode task per file.
+PLAN_CHUNK = 1_000
+#: Ray Data's block size for the run: a decoded batch (16 images at 224 px: 2.4 MB) is passed
+#: on at once instead of gathered with the rest of its file, so that rows reach the manifest
+#: as images finish.
+BLOCK_BYTES = 1 << 20
+#: index.html shows at most this many images (the manifest has them all).
+INDEX_LIMIT = 10_000
+PLAN_PREFIX = ".explain-ray-plan-"
+
+
+def import_ray():
+    """The ``ray`` module, or a usage error that names the extra to install."""
+    try:
+        import ray
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise UsageError("--engine ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')") \
+            from None
+    return ray
+
+
+def connect(ray, address: str | None) -> bool:
+    """Join the cluster at ``address``, or start a local Ray on this machine's cores; True when
+    this call started Ray (and should shut it down)."""
+    import logging
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    data = ray.data.DataContext.get_current()
+    data.enable_progress_bars = False  # ours counts images, not blocks
+    data.print_on_execution_start = False
+    data.target_max_block_size = BLOCK_BYTES
+    if ray.is_initialized():
+        return False
+    # Ray's notes at start and end (token authentication, "execution finished") are not the
+    # user's business; its warnings about the run are, and workers' errors reach the driver.
+    options = dict(logging_level=logging.ERROR, include_dashboard=False, log_to_driver=True)
+    try:
+        if address:
+            ray.init(address=address, **options)
+        else:
+            ray.init(num_cpus=os.cpu_count() or 1, **options)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise UsageError(f"cannot {'join the Ray cluster at ' + address if address else 'start Ray'}: {error}; "
+                         "check --address (auto, ray://HEAD:10001) and that `ray status` answers there") from None
+    return True
+
+
+def run_on_ray(args) -> int:
+    out_dir: Path = args.out
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    listing = InputListing(args.inputs, out_dir)
+    ray = import_ray()
+    started = connect(ray, args.address)
+    try:
+        from ..ray_data import actor_resources, remote_prepare
+
+        setup = remote_prepare(ray, args)
+        if setup.get("messages"):
+            print(setup["messages"], end="", file=sys.stderr)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with _sole_run(out_dir):
+            remove_temp_files(out_dir)
+            for stale in out_dir.glob(PLAN_PREFIX + "*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            return _RayRun(args, out_dir, listing, setup, actor_resources(ray, args, setup)).execute(ray)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+class _RayRun:
+    """The driver's side of one ``explain run --engine ray``."""
+
+    def __init__(self, args, out_dir: Path, listing: InputListing, setup: dict, resources: dict):
+        self.args, self.out_dir, self.listing, self.setup, self.resources = args, out_dir, listing, setup, resources
+        self.methods: list[str] = setup["methods"]
+        self.labels: list[str] = setup["labels"]
+        self.stats = {"ok": 0, "skipped": 0, "failed": 0}
+        self.manifest = out_dir / MANIFEST
+        self.plan_dir = out_dir.resolve() / f"{PLAN_PREFIX}{uuid.uuid4().hex[:8]}"  # read by the workers
+
+    # -- planning
+
+    def _finished_pairs(self) -> tuple[set[int], set[int]]:
+        """Hashes of this run's inputs, and of the (input, method) pairs whose outputs an earlier
+        run finished with this run's settings: every target's (classify, segment) or every box's
+        (detect)."""
+        complete_keys: set[int] = set()
+        counts: dict[int, list[int]] = {}  # detect: pair -> [rows with these settings, complete ones]
+        settings, layers = self.setup["settings"], self.setup["layers"]
+        for row in _manifest_rows(self.manifest):
+            method = row.get("method")
+            if method not in settings:
+                continue
+            done = is_complete(row, self.out_dir, settings[method], layers[method], self.args.save_maps,
+                               self.setup["metric_columns"])
+            if self.setup["task"] == "detect":
+                if row.get("task") == "detect" and row.get("region") and row.get("settings") == settings[method]:
+                    count = counts.setdefault(hash((row.get("input"), method)), [0, 0])
+                    count[0] += 1
+                    count[1] += done
+            elif done:
+                complete_keys.add(hash((row.get("input"), method, row.get("target"))))
+        inputs: set[int] = set()
+        finished = {pair for pair, (rows, done) in counts.items() if rows and rows == done}
+        for input in self.listing.inputs():
+            inputs.add(hash(input))
+            for method in self.methods:
+                if complete_keys and all(hash((input, method, label)) in complete_keys for label in self.labels):
+                    finished.add(hash((input, method)))
+        return inputs, finished
+
+    def _start_manifest(self, inputs: set[int], finished: set[int]) -> None:
+        """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
+        temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp")
+        with open(temp, "w", encoding="utf-8") as file:
+            for row in _manifest_rows(self.manifest):
+                if hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
+                        and not self.args.overwrite:
+                    file.write(manifest_line(dict(row, status="skipped", error=None)) + "\n")
+                    self.stats["skipped"] += 1
+        os.replace(temp, self.manifest)
+
+    def _write_plan(self, finished: set[int], out) -> int:
+        """Plan files of the images to explain, with the methods still to run on each; failed
+        rows for the inputs that are missing. Returns how many images are planned."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self.plan_dir.mkdir()
+        columns = ("input", "path", "folder", "stem", "methods")
+        chunk: dict[str, list] = {name: [] for name in columns}
+        planned = files = 0
+
+        def flush() -> None:
+            nonlocal files
+            if chunk["input"]:
+                pq.write_table(pa.table(chunk), self.plan_dir / f"part-{files:05d}.parquet")
+                files += 1
+                for values in chunk.values():
+                    values.clear()
+
+        for source in self.listing:
+            if source.error:
+                self._append(out, [self._row(source.input, method, label, status="failed", error=source.error)
+                                   for method in self.methods for label in self.labels])
+                continue
+            pending = [m for m in self.methods if self.args.overwrite or hash((source.input, m)) not in finished]
+            if not pending:
+                continue
+            for name, value in zip(columns, (source.input, source.path, source.folder, source.stem, ",".join(pending))):
+                chunk[name].append(value)
+            planned += 1
+            if len(chunk["input"]) >= PLAN_CHUNK:
+                flush()
+        flush()
+        return planned
+
+    def _row(self, input: str, method: str, label: str, **values) -> dict:
+        return manifest_row(input, method, label, self.setup["layers"][method], self.setup["settings"][method],
+                            self.setup["task"], **values)
+
+    def _append(self, out, rows: list[dict]) -> None:
+        """Rows to the manifest, whole lines in one write (a killed driver leaves at most a
+        partial last line, which readers drop and the next run's rewrite removes)."""
+        if not rows:
+            return
+        out.write("".join(manifest_line(row) + "\n" for row in rows))
+        out.flush()
+        for row in rows:
+            self.stats[row["status"]] += 1
+            if row["status"] == "failed" and row.get("output"):
+                tqdm.write(f"explain: failed: {row['input']}: {row['method']}: {row['error']}", file=sys.stderr)
+
+    # -- the run
+
+    def execute(self, ray) -> int:
+        started = time.perf_counter()
+        inputs, finished = self._finished_pairs()
+        if self.args.overwrite:
+            finished = set()
+        self._start_manifest(inputs, finished)
+        del inputs
+        interrupted = completed = False
+        images = 0
+        stop = StopFlag()
+        try:
+            with open(self.manifest, "a", encoding="utf-8") as out, stop:
+                planned = self._write_plan(finished, out)
+                del finished
+                progress = tqdm(total=planned, unit="img", disable=self.args.quiet or not planned, file=sys.stderr,
+                                dynamic_ncols=True)
+                try:
+                    if planned:
+                        from ..ray_data import explain_plan, for_workers
+
+                        for rows in explain_plan(ray, self.plan_dir, for_workers(self.args), self.setup,
+                                                 self.resources):
+                            self._append(out, rows)
+                            count = len({row["input"] for row in rows})
+                            images += count
+                            progress.update(count)
+                            if stop.set:
+                                interrupted = True
+                                break
+                    completed = not interrupted
+                except KeyboardInterrupt:
+                    interrupted = True
+                finally:
+                    progress.close()
+        finally:
+            shutil.rmtree(self.plan_dir, ignore_errors=True)
+            summary = self._summary(images, time.perf_counter() - started, not completed)
+            metrics_text, metrics_html = self._metric_summary(ray) if completed and self.setup["metrics"] else ("", "")
+            write_index(self.out_dir, _index_rows(self.manifest, INDEX_LIMIT), summary, metrics_html)
+        if metrics_text:
+            print(metrics_text)
+        print(summary)
+        if interrupted:
+            return EXIT_INTERRUPTED
+        return EXIT_FAILED if self.stats["failed"] else EXIT_OK
+
+    def _metric_summary(self, ray) -> tuple[str, str]:
+        """--metrics: the summary table (text and HTML) of the manifest's values, made in a Ray
+        task (the metrics' directions live beside torch)."""
+        from ..ray_data import remote_metric_summary
+
+        return remote_metric_summary(ray, self.manifest)
+
+    def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
+        ok, skipped, failed = self.stats["ok"], self.stats["skipped"], self.stats["failed"]
+        rate = images / elapsed if elapsed > 0 else 0.0
+        text = (f"explain: {ok} ok, {skipped} skipped (already complete), {failed} failed; "
+                f"{images} images in {elapsed:.1f} s ({rate:.2f} images/s) on Ray; "
+                f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")
+        if len(self.listing) > INDEX_LIMIT:
+            text += f" (index.html shows the first {INDEX_LIMIT:,} images)"
+        if interrupted:
+            text = "explain: interrupted, run the same command again to finish. " + text[len("explain: "):]
+        return text
+
+
+def _manifest_rows(path: Path):
+    """The rows of a manifest, read as a stream; lines that do not parse (a killed run's
+    partial last line) are dropped."""
+    try:
+        file = open(path, encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return
+    with file:
+        for line in file:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict):
+                yield row
+
+
+def _index_rows(path: Path, limit: int) -> list[dict]:
+    """The manifest's rows of its first ``limit`` images, for index.html."""
+    inputs: set[str] = set()
+    rows = []
+    for row in _manifest_rows(path):
+        if row.get("input") not in inputs:
+            if len(inputs) >= limit:
+                continue
+            inputs.add(row.get("input"))
+        rows.append(row)
+    return rows
+
+
+def cpus_per_actor(node_cpus: float, actors_per_node: int) -> float:
+    """CPUs each CPU actor reserves in Ray's accounting: the node's, less one for the read and
+    decode tasks, shared by its actors (at least half a CPU each). An actor pool that reserves
+    every CPU leaves the read stage none and the run hangs; Ray Data's read stage asks for a
+    whole CPU at first.
+
+    >>> cpus_per_actor(2, 1), cpus_per_actor(16, 1), cpus_per_actor(16, 3)
+    (1.0, 15.0, 5.0)
+    """
+    return max(0.5, math.floor((node_cpus - 1) / actors_per_node * 2) / 2)

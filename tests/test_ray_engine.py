@@ -1,0 +1,206 @@
+"""``explain run --engine ray`` and :func:`explain.ray_data.explain_dataset` on a local Ray with
+2 CPUs: the same files, manifest rows and maps as the local engine, resume after a killed
+driver, and a driver that plans without torch."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import ray
+import torch
+from PIL import Image, ImageOps
+
+import explain
+from explain.cli import main
+from explain.cli.common import UsageError
+from explain.cli.ray_engine import PLAN_PREFIX, import_ray
+from explain.ray_data import explain_dataset
+
+from test_cli import check_png, environment, explain_command, noise_image, read_rows, summary_counts
+
+REPO = Path(__file__).resolve().parents[1]
+PHOTOS = sorted((REPO / "data" / "images").iterdir())
+
+# One Ray for the module, on one pytest-xdist worker (make test runs --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("ray")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR)
+    yield
+    ray.shutdown()
+
+
+def _photos(folder: Path) -> list[Path]:
+    """The photos of data/images, and variations of them, in a small tree."""
+    (folder / "nested").mkdir(parents=True)
+    paths = []
+    for photo in PHOTOS:
+        with Image.open(photo) as image:
+            image = image.convert("RGB")
+            image.save(folder / photo.name)
+            ImageOps.mirror(image).save(folder / "nested" / f"{photo.stem}_mirrored.jpg", quality=90)
+            paths += [folder / photo.name, folder / "nested" / f"{photo.stem}_mirrored.jpg"]
+    noise_image(7, size=(300, 200)).save(folder / "nested" / "noise.png")
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    return paths
+
+
+def _files(out: Path) -> set[str]:
+    return {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+
+
+def _by_key(rows: list[dict]) -> dict[tuple, dict]:
+    keyed = {(r["input"], r["method"], r["target"]): r for r in rows}
+    assert len(keyed) == len(rows), "a manifest row is written twice"
+    return keyed
+
+
+def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
+    _photos(tmp_path / "in")
+    (tmp_path / "list.txt").write_text("in\nmissing.png\n")
+    os.chdir(tmp_path)
+    options = ["@list.txt", "--method", "gradcam,layercam", "--target", "topk:2", "--save-maps", "-q"]
+    assert main(["run", *options, "--out", "local", "--workers", "0"]) == 1
+    local_out = capsys.readouterr().out
+    assert main(["run", *options, "--out", "on_ray", "--engine", "ray", "--batch-size", "3"]) == 1
+    ray_out = capsys.readouterr().out
+    assert summary_counts(ray_out) == summary_counts(local_out) == (36, 0, 8)
+
+    local, on_ray = tmp_path / "local", tmp_path / "on_ray"
+    assert _files(on_ray) == _files(local)
+    local_rows, ray_rows = _by_key(read_rows(local / "manifest.jsonl")), _by_key(read_rows(on_ray / "manifest.jsonl"))
+    assert ray_rows.keys() == local_rows.keys()
+    for key, row in local_rows.items():
+        assert ray_rows[key].keys() == row.keys()
+        for field, value in row.items():
+            if isinstance(value, float):
+                assert ray_rows[key][field] == pytest.approx(value, abs=1e-5), (key, field)
+            else:
+                assert ray_rows[key][field] == value, (key, field)
+    failed = {k[0]: r["error"] for k, r in ray_rows.items() if r["status"] == "failed"}
+    assert set(failed) == {"in/broken.png", "missing.png"} and failed["missing.png"] == "file not found"
+    for name in _files(local):
+        if name.endswith(".npz"):
+            with np.load(local / name) as expected, np.load(on_ray / name) as found:
+                assert sorted(found.files) == sorted(expected.files)
+                for array in expected.files:
+                    np.testing.assert_allclose(found[array], expected[array], atol=1e-5, err_msg=f"{name} {array}")
+        elif name.endswith(".png"):
+            check_png(on_ray / name)
+            # Maps equal to 1e-5 can still fall on either side of a colormap step here and there.
+            difference = np.abs(np.asarray(Image.open(on_ray / name), dtype=int)
+                                - np.asarray(Image.open(local / name), dtype=int))
+            assert difference.max() <= 8 and difference.mean() < 0.01, name
+    index = (on_ray / "index.html").read_text()
+    assert all(row["output"] in index for row in ray_rows.values() if row["status"] == "ok")
+
+
+def test_a_killed_driver_is_finished_by_the_next_run_without_duplicates(tmp_path, capsys):
+    IMAGES = 60
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(IMAGES):
+        noise_image(i, size=(64, 48)).save(inputs / f"img{i:02d}.png")
+    manifest = tmp_path / "out" / "manifest.jsonl"
+    driver = subprocess.Popen(explain_command() + ["run", "in", "--out", "out", "--engine", "ray", "--batch-size",
+                                                   "1", "--method", "gradcam,layercam"],
+                              cwd=tmp_path, env=environment(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (manifest.is_file() and sum(1 for line in manifest.read_text().splitlines() if '"ok"' in line) >= 2):
+            assert driver.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no rows appeared in the manifest"
+            time.sleep(0.05)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started
+        driver.wait()
+    with open(manifest, "a") as file:
+        file.write('{"input": "in/img09.png", "method": "gradc')  # a row cut short by the kill
+    kept = [row for row in map(json.loads, manifest.read_text().splitlines()[:-1]) if row["status"] == "ok"]
+    assert 2 <= len(kept) < 2 * IMAGES
+
+    os.chdir(tmp_path)
+    assert main(["run", "in", "--out", "out", "--engine", "ray", "--method", "gradcam,layercam", "-q"]) == 0
+    ok, skipped, failed = summary_counts(capsys.readouterr().out)
+    assert (ok + skipped, failed) == (2 * IMAGES, 0) and skipped >= len(kept)
+    rows = _by_key(read_rows(manifest))
+    assert set(rows) == {(f"in/img{i:02d}.png", m, "top1") for i in range(IMAGES) for m in ("gradcam", "layercam")}
+    assert {row["status"] for row in rows.values()} <= {"ok", "skipped"}
+    for row in rows.values():
+        check_png(tmp_path / "out" / row["output"])
+    assert not list((tmp_path / "out").glob(PLAN_PREFIX + "*")) and not list((tmp_path / "out").rglob(".*.tmp"))
+
+
+def _preprocessed(paths: list[Path]) -> torch.Tensor:
+    _, preprocess, _ = explain.models.load()
+    return torch.stack([preprocess(Image.open(p).convert("RGB")) for p in paths])
+
+
+def test_explain_dataset_gives_the_maps_of_the_explainers(tmp_path):
+    paths = PHOTOS[:3]
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not an image")
+    dataset = ray.data.from_items([{"path": str(p)} for p in [*paths, broken]])
+    rows = explain_dataset(dataset, methods="gradcam,layercam", batch_size=2).take_all()
+    assert len(rows) == 8
+    model, _, names = explain.models.load()
+    images = _preprocessed(paths)
+    for method in ("gradcam", "layercam"):
+        expected = explain.explainer(method, model)(images)
+        for i, path in enumerate(paths):
+            (row,) = [r for r in rows if r["input"] == str(path) and r["method"] == method]
+            assert row["status"] == "ok" and row["error"] is None
+            assert row["target_id"] == int(expected.targets[i]) and row["target_name"] == names[row["target_id"]]
+            np.testing.assert_allclose(row["map"], expected.maps[i].numpy(), atol=1e-5)
+    failed = [r for r in rows if r["input"] == str(broken)]
+    assert len(failed) == 2 and all(r["status"] == "failed" and r["error"] == "not an image: the file holds text"
+                                    for r in failed)
+    assert all(r["map"].shape == (0, 0) for r in failed)
+
+
+def test_explain_dataset_takes_images_as_arrays():
+    arrays = [np.asarray(Image.open(p).convert("RGB")) for p in PHOTOS[:2]]
+    dataset = ray.data.from_items([{"image": a} for a in arrays])
+    rows = explain_dataset(dataset, methods="gradcam", target="topk:2").take_all()
+    assert [(r["target"], r["status"]) for r in rows] == [("top1", "ok"), ("top2", "ok")] * 2
+    model, _, _ = explain.models.load()
+    expected = explain.GradCAM(model)(_preprocessed(PHOTOS[:2]), topk=2)
+    found = np.stack([r["map"] for r in rows]).reshape(expected.maps.shape)
+    np.testing.assert_allclose(found, expected.maps.numpy(), atol=1e-5)
+
+
+def test_explain_dataset_reports_mistakes_before_any_image_runs():
+    dataset = ray.data.from_items([{"picture": np.zeros((8, 8, 3), np.uint8)}])
+    with pytest.raises(ValueError, match="neither an 'image' column"):
+        explain_dataset(dataset)
+    with pytest.raises(ValueError, match="unknown method"):
+        explain_dataset(dataset, methods="gradcan")
+
+
+def test_usage_errors_of_the_ray_engine(tmp_path, capsys, monkeypatch):
+    noise_image(0).save(tmp_path / "a.png")
+    os.chdir(tmp_path)
+    assert main(["run", "a.png", "--out", "out", "--address", "auto"]) == 2
+    assert "--address applies to --engine ray" in capsys.readouterr().err
+    assert main(["run", "a.png", "--out", "out", "--engine", "ray", "--method", "gradcan"]) == 2
+    assert "--method: unknown method 'gradcan'" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(UsageError, match=r"pip install 'explain-vision\[ray\]'"):
+        import_ray()
+
+
+def test_the_driver_plans_without_torch():
+    code = ("import sys, explain.cli.ray_engine, explain.ray_data, explain.cli.run, explain.cli.parser\n"
+            "explain.cli.parser.build_parser().parse_args(['run', 'x', '--out', 'y', '--engine', 'ray'])\n"
+            "assert 'torch' not in sys.modules, 'the driver imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=environment(), timeout=120)
