@@ -137,8 +137,11 @@ def explain_plan(ray, plan_dir, args, setup: dict, resources: dict):
                                                               max_pixels=args.max_pixels),
                                batch_size=args.batch_size, num_cpus=DECODE_CPUS)
     resources = dict(resources)
+    # An actor that dies is restarted (a node may go), but a batch that kills actors is tried
+    # twice more, not forever; the driver fails its images (ray_engine._RayRun._fail_lost).
     explained = decoded.map_batches(_WriteActor, fn_constructor_kwargs=dict(args=args, threads=resources.pop("threads")),
-                                    batch_size=1 if setup["fixed_batch"] else args.batch_size, **resources)
+                                    batch_size=1 if setup["fixed_batch"] else args.batch_size, max_task_retries=2,
+                                    **resources)
     for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
         yield [json.loads(line) for line in batch["row"]]
 

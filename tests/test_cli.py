@@ -526,6 +526,37 @@ def test_torchvision_name_with_a_weights_file(photos, capsys):
     assert rows[0]["settings"] == f"model=mobilenet_v3_small weights={photos.parent / 'weights.pth'} cmap=viridis alpha=0.3"
 
 
+def test_help_methods_and_usage_errors_answer_without_torch():
+    """`explain --help`, `explain methods` and mistakes found before the model loads must not
+    wait for torch (about 2 s to import here, 5.7 s with the models)."""
+    code = ("import sys\n"
+            "from explain.cli import main\n"
+            "assert main(['methods']) == 0\n"
+            "assert main(['run', 'no-such-folder', '--out', 'o']) == 2\n"
+            "assert main(['run', '.', '--out', 'o', '--alpha', '3']) == 2\n"
+            "try:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n")
+    done = subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "no-such-folder: no such file or folder" in done.stderr and "--alpha must lie in 0..1" in done.stderr
+
+
+def test_the_tables_kept_for_a_fast_start_match_the_registries():
+    from explain import options
+    from explain.cli.listing import method_table
+    from explain.cli.method_table import METHOD_TABLE
+    from explain.methods.attribution_base import reduce_channels
+    from explain.metrics import METRICS
+
+    assert METHOD_TABLE == method_table(), "run python -m explain.cli.listing to regenerate explain/cli/method_table.py"
+    assert options.METRIC_NAMES == tuple(METRICS)
+    assert options.LOCALISATION_METRICS == tuple(name for name, spec in METRICS.items() if spec.needs == "regions")
+    assert all(name in METRICS for name in options.STEP_METRICS)
+    for reduction in options.REDUCTIONS:
+        reduce_channels(torch.ones(1, 3, 2, 2), reduction)
+    assert options.BUNDLED_MODEL == models.BUNDLED
+
+
 def test_methods_layers_and_help(capsys):
     assert main(["methods"]) == 0
     listed = capsys.readouterr().out.splitlines()

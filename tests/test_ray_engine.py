@@ -18,6 +18,7 @@ import torch
 from PIL import Image, ImageOps
 
 import explain
+import explain.ray_data
 from explain.cli import main
 from explain.cli.common import UsageError
 from explain.cli.ray_engine import PLAN_PREFIX, import_ray
@@ -204,3 +205,24 @@ def test_the_driver_plans_without_torch():
             "explain.cli.parser.build_parser().parse_args(['run', 'x', '--out', 'y', '--engine', 'ray'])\n"
             "assert 'torch' not in sys.modules, 'the driver imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, env=environment(), timeout=120)
+
+
+def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monkeypatch):
+    (tmp_path / "in").mkdir()
+    for i in range(4):
+        noise_image(i).save(tmp_path / "in" / f"img{i}.png")
+    real = explain.ray_data.explain_plan
+
+    def losing_img2(*args):  # as when an actor dies on img2's batch past Ray's retries
+        for rows in real(*args):
+            yield [row for row in rows if row["input"] != "in/img2.png"]
+
+    monkeypatch.setattr(explain.ray_data, "explain_plan", losing_img2)
+    os.chdir(tmp_path)
+    assert main(["run", "in", "--out", "out", "--engine", "ray", "--batch-size", "1", "-q"]) == 1
+    assert summary_counts(capsys.readouterr().out) == (3, 0, 1)
+    rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
+    assert rows[("in/img2.png", "gradcam", "top1")]["error"].startswith("worker failed: Ray lost this image's batch")
+    monkeypatch.undo()
+    assert main(["run", "in", "--out", "out", "--engine", "ray", "-q"]) == 0  # the rerun makes it
+    assert summary_counts(capsys.readouterr().out) == (1, 3, 0)

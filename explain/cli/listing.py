@@ -2,29 +2,50 @@
 
 from __future__ import annotations
 
-from ..base import describe_methods
-from ..layers import candidate_layers, find_target_layer
-from ..tasks import models as task_models
+from pathlib import Path
+
 from .common import EXIT_OK
-from .loading import load_model
 
 
 def methods_command(args) -> int:
-    described = describe_methods()
+    from .method_table import METHOD_TABLE
+
+    print(METHOD_TABLE, end="")
+    return EXIT_OK
+
+
+def method_table() -> str:
+    """``explain methods``' table, from the registry: method, family, whether it takes a layer,
+    cost per image and target, description."""
+    from ..base import describe_methods
+
     rows = [("method", "family", "layer", "cost per image and target", "")]
     rows += [(name, info["family"], "yes" if info["needs_layer"] else "-", info["cost"], info["description"])
-             for name, info in described.items()]
+             for name, info in describe_methods().items()]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4])
-    return EXIT_OK
+    return "".join("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4] + "\n"
+                   for row in rows)
+
+
+def write_method_table() -> None:
+    """Regenerate :mod:`explain.cli.method_table` from the registry."""
+    text = method_table()
+    assert '"""' not in text and "\\" not in text
+    Path(__file__).with_name("method_table.py").write_text(
+        '"""The table ``explain methods`` prints, kept as text so that the command answers without\n'
+        "importing torch and the methods (``tests/test_cli.py`` checks it against the registry).\n"
+        "Regenerate it after adding or changing a method: ``python -m explain.cli.listing``.\"\"\"\n\n"
+        f'METHOD_TABLE = """\\\n{text}"""\n', encoding="utf-8")
 
 
 def layers_command(args) -> int:
     """The per-layer table of :func:`explain.summary` (output shape, parameters, multiply-adds,
     '*' on the automatic target layer, totals), then the candidate target layers: those with
     a spatial (N, C, H, W) output, blocks included, in execution order."""
+    from ..layers import candidate_layers, find_target_layer
     from ..model_summary import summary
+    from ..tasks import models as task_models
+    from .loading import load_model
 
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     try:
@@ -50,3 +71,7 @@ def layers_command(args) -> int:
         suffix = "  <- auto" if info.name == auto else ""
         print(f"{mark} {info.name:<{name_width}}  {info.module_type:<{type_width}}  {shape}{suffix}")
     return EXIT_OK
+
+
+if __name__ == "__main__":
+    write_method_table()

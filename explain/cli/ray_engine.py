@@ -67,6 +67,7 @@ def connect(ray, address: str | None) -> bool:
     data.enable_progress_bars = False  # ours counts images, not blocks
     data.print_on_execution_start = False
     data.target_max_block_size = BLOCK_BYTES
+    data.max_errored_blocks = -1  # a batch Ray itself loses fails its images; the run goes on
     if ray.is_initialized():
         return False
     # Ray's notes at start and end (token authentication, "execution finished") are not the
@@ -199,17 +200,33 @@ class _RayRun:
         return manifest_row(input, method, label, self.setup["layers"][method], self.setup["settings"][method],
                             self.setup["task"], **values)
 
-    def _append(self, out, rows: list[dict]) -> None:
+    def _append(self, out, rows: list[dict], report: bool = False) -> None:
         """Rows to the manifest, whole lines in one write (a killed driver leaves at most a
-        partial last line, which readers drop and the next run's rewrite removes)."""
+        partial last line, which readers drop and the next run's rewrite removes); with
+        ``report``, their failures on stderr too."""
         if not rows:
             return
         out.write("".join(manifest_line(row) + "\n" for row in rows))
         out.flush()
+        reported = set()
         for row in rows:
             self.stats[row["status"]] += 1
-            if row["status"] == "failed" and row.get("output"):
-                tqdm.write(f"explain: failed: {row['input']}: {row['method']}: {row['error']}", file=sys.stderr)
+            if report and row["status"] == "failed" and (row["input"], row["error"]) not in reported:
+                reported.add((row["input"], row["error"]))
+                tqdm.write(f"explain: failed: {row['input']}: {row['error']}", file=sys.stderr)
+
+    def _fail_lost(self, out, received: set[int]) -> None:
+        """Failed rows for the planned images whose rows never came back: their batch failed
+        in Ray itself (an actor that died on it, past Ray's retries), not in our code."""
+        import pyarrow.parquet as pq
+
+        error = "worker failed: Ray lost this image's batch (an actor died on it; see Ray's log)"
+        for part in sorted(self.plan_dir.glob("part-*.parquet")):
+            table = pq.read_table(part, columns=["input", "methods"]).to_pydict()
+            for input, methods in zip(table["input"], table["methods"]):
+                if hash(input) not in received:
+                    self._append(out, [self._row(input, method, label, status="failed", error=error)
+                                       for method in methods.split(",") for label in self.labels], report=True)
 
     # -- the run
 
@@ -233,15 +250,19 @@ class _RayRun:
                     if planned:
                         from ..ray_data import explain_plan, for_workers
 
+                        received: set[int] = set()
                         for rows in explain_plan(ray, self.plan_dir, for_workers(self.args), self.setup,
                                                  self.resources):
-                            self._append(out, rows)
+                            self._append(out, rows, report=True)
                             count = len({row["input"] for row in rows})
+                            received.update(hash(row["input"]) for row in rows)
                             images += count
                             progress.update(count)
                             if stop.set:
                                 interrupted = True
                                 break
+                        if not interrupted:
+                            self._fail_lost(out, received)
                     completed = not interrupted
                 except KeyboardInterrupt:
                     interrupted = True

@@ -1,0 +1,84 @@
+"""The tutorial notebooks in examples/: each runs top to bottom in a fresh kernel without an
+error or a warning and draws its figures, and the committed copies carry outputs that match
+what a fresh run gives (refresh them with ``examples/execute_notebooks.py``)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
+REFRESH = "refresh it with `.venv/bin/python examples/execute_notebooks.py {name}`"
+
+
+def _runner():
+    """examples/execute_notebooks.py, which runs the notebooks as the maintainers refresh them."""
+    spec = importlib.util.spec_from_file_location("execute_notebooks", EXAMPLES / "execute_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _code_cells(notebook):
+    return [cell for cell in notebook.cells if cell.cell_type == "code"]
+
+
+def _kinds(cell) -> set[str]:
+    """What a cell's outputs are, without their content: stream names and mime types."""
+    kinds = set()
+    for output in cell.outputs:
+        if output.output_type == "stream":
+            kinds.add(f"stream:{output.name}")
+        elif output.output_type == "error":
+            kinds.add("error")
+        else:
+            kinds.update(output.get("data", {}))
+    return kinds
+
+
+def _images(notebook) -> int:
+    return sum("image/png" in output.get("data", {}) for cell in _code_cells(notebook) for output in cell.outputs)
+
+
+def _errors(notebook) -> list[str]:
+    return [f"{output.ename}: {output.evalue}" for cell in _code_cells(notebook) for output in cell.outputs
+            if output.output_type == "error"]
+
+
+def test_the_kernel_runs_this_python():
+    # jupyter_client starts the python3 kernel with sys.executable; a kernelspec elsewhere
+    # (~/.local/share/jupyter) that names another Python would test another install.
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import sys; print(sys.executable)")])
+    _runner().execute(notebook)
+    assert notebook.cells[0].outputs[0].text.strip() == sys.executable
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
+def test_committed_notebook_carries_its_outputs(path):
+    notebook = nbformat.read(path, as_version=4)
+    refresh = REFRESH.format(name=path.name)
+    counts = [cell.execution_count for cell in _code_cells(notebook)]
+    assert None not in counts, f"{path.name} has cells that were not run; {refresh}"
+    assert counts == list(range(1, len(counts) + 1)), f"{path.name} was not run top to bottom in one go; {refresh}"
+    assert not _errors(notebook), f"{path.name} holds errors {_errors(notebook)}; {refresh}"
+    assert _images(notebook) > 0, f"{path.name} holds no image/png output; {refresh}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
+def test_notebook_runs_in_a_fresh_kernel(path):
+    committed = nbformat.read(path, as_version=4)
+    fresh = _runner().execute(nbformat.read(path, as_version=4))  # a copy: the file is not written
+    assert _images(fresh) > 0, f"{path.name} drew no figure"
+    for index, cell in enumerate(_code_cells(fresh), start=1):
+        warnings = [output.text for output in cell.outputs if output.output_type == "stream"
+                    and output.name == "stderr" and "Warning" in output.text]
+        assert not warnings, f"{path.name}, code cell {index} warns: {warnings}"
+    # Stale outputs: a cell that now draws, prints or shows something else than its committed copy.
+    for index, (now, then) in enumerate(zip(_code_cells(fresh), _code_cells(committed)), start=1):
+        assert _kinds(now) == _kinds(then), (
+            f"{path.name}, code cell {index}: committed outputs {sorted(_kinds(then))}, a fresh run gives "
+            f"{sorted(_kinds(now))}; {REFRESH.format(name=path.name)}")
