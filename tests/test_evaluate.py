@@ -307,3 +307,28 @@ def test_a_line_cut_short_by_a_kill_is_dropped(tmp_path):
     assert [(r["image"], r["value"]) for r in files.read_csv(path)] == [("a.png", "0.25")]
     (tmp_path / "curves.jsonl").write_text(files.jsonl_lines([{"values": [1.0, float("nan")]}]) + '{"values": [1')
     assert files.read_jsonl(tmp_path / "curves.jsonl") == [{"values": [1.0, None]}]
+
+
+def test_evaluate_scores_in_halves_when_the_device_runs_out_of_memory(tmp_path, capsys, monkeypatch):
+    # A device that holds one image at a time: `explain evaluate` scores each group in halves
+    # down to single images, each score written once.
+    from explain.methods import cam_base
+
+    capture = cam_base.BaseCAM.capture
+    sizes = []
+
+    def one_at_a_time(self, images, *args, **kwargs):
+        sizes.append(len(images))
+        if len(images) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return capture(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(cam_base.BaseCAM, "capture", one_at_a_time)
+    out = tmp_path / "out"
+    assert main(["evaluate", str(REPO / "data" / "images"), "--out", str(out), "--metrics", "sparseness",
+                 "--batch-size", "4", "-q"]) == 0
+    rows = read_csv(out / "scores.csv")
+    assert sorted(Path(r["image"]).name for r in rows) == sorted(p.name for p in (REPO / "data" / "images").iterdir())
+    assert all(0 <= float(r["value"]) <= 1 for r in rows)
+    assert 4 in sizes and 2 in sizes and sizes.count(1) >= 4
+    assert read_csv(out / "failures.csv") == []

@@ -213,14 +213,26 @@ class _Evaluate:
         texts = []
         for key, positions in groups.items():
             wanted = {method: list(names) for method, names in key}
-            members = [indices[p] for p in positions]
-            regions = None
-            if any(name in LOCALISATION for names in wanted.values() for name in names):
-                regions = torch.stack([self.regions[i] for i in members]).to(self.loaded.device)
-            found = evaluate(self.explainers, model_input[positions], wanted, targets=self.target.targets,
-                             topk=self.target.topk, regions=regions, options=self.options)
-            texts.append(self._record(members, wanted, found))
+            texts += self._evaluate_in_halves([indices[p] for p in positions], model_input[positions], wanted)
         return "".join(t[0] for t in texts), "".join(t[1] for t in texts)
+
+    def _evaluate_in_halves(self, members: list[int], images: Tensor, wanted: dict) -> list[tuple[str, str]]:
+        """Score ``images``; where a method or metric runs out of device memory on several
+        images, score each half again, down to single images (on one image, out of memory is
+        that image's failure, with the reason)."""
+        regions = None
+        if any(name in LOCALISATION for names in wanted.values() for name in names):
+            regions = torch.stack([self.regions[i] for i in members]).to(self.loaded.device)
+        found = evaluate(self.explainers, images, wanted, targets=self.target.targets, topk=self.target.topk,
+                         regions=regions, options=self.options)
+        if len(members) > 1 and any(f["error"].startswith("OutOfMemoryError:") for f in found.failures):
+            del found
+            if images.device.type == "cuda":
+                torch.cuda.empty_cache()
+            half = len(members) // 2
+            return (self._evaluate_in_halves(members[:half], images[:half], wanted)
+                    + self._evaluate_in_halves(members[half:], images[half:], wanted))
+        return [self._record(members, wanted, found)]
 
     def _report(self, images: int, elapsed: float, interrupted: bool) -> None:
         """Rewrite the files from every row, draw the plots, print the summary."""
