@@ -144,9 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler="listing:methods_command")
 
     layers = commands.add_parser(
-        "layers", formatter_class=defaults, help="list a model's candidate target layers",
-        description="List the layers with spatial outputs, in execution order, with their output "
-        "shapes; '*' marks the layer picked when --layer is auto.",
+        "layers", formatter_class=defaults, help="a model's layers: shapes, parameters, multiply-adds, target layers",
+        description="Print the model's layers in execution order with their output shapes, parameters and "
+        "multiply-adds (measured with forward hooks on one image, see explain.summary) and the totals, then the "
+        "candidate target layers (spatial outputs); '*' marks the layer picked when --layer is auto.",
     )
     layers.add_argument("model", metavar="MODEL",
                         help="efficientnet_lite0, a torchvision model name, or a model file")
