@@ -15,7 +15,7 @@ import math
 import os
 import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import quote
 
@@ -139,15 +139,18 @@ def json_records(lines: Iterable[str]) -> list[dict]:
     >>> json_records(['{"a": 1}', '{"a": 2', '[3]'])
     [{'a': 1}]
     """
-    records = []
+    return list(iter_json_records(lines))
+
+
+def iter_json_records(lines: Iterable[str]) -> Iterator[dict]:
+    """:func:`json_records` as a stream, for files read line by line."""
     for line in lines:
         try:
             record = json.loads(line)
         except ValueError:
             continue
         if isinstance(record, dict):
-            records.append(record)
-    return records
+            yield record
 
 
 def read_manifest(path: str | os.PathLike) -> list[dict]:

@@ -84,3 +84,22 @@ def photos(bundled):
     paths = [p for p in paths if p.suffix in (".png", ".jpg")]
     batch = torch.stack([preprocess(Image.open(p).convert("RGB")) for p in paths])
     return [p.stem for p in paths], batch
+
+
+@pytest.fixture
+def one_image_at_a_time(monkeypatch) -> list[int]:
+    """A device that holds one image at a time: the CAMs' capture raises PyTorch's
+    out-of-memory error on more. Returns the batch sizes it was called with."""
+    from explain.methods import cam_base
+
+    capture = cam_base.BaseCAM.capture
+    sizes = []
+
+    def capture_one(self, images, *args, **kwargs):
+        sizes.append(len(images))
+        if len(images) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return capture(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(cam_base.BaseCAM, "capture", capture_one)
+    return sizes

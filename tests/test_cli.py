@@ -740,21 +740,11 @@ def test_default_decode_workers_use_the_cores_the_model_leaves(monkeypatch, devi
     assert default_workers(torch.device(device)) == expected
 
 
-def test_out_of_memory_halves_the_batch_and_is_no_usage_error(tmp_path, capsys, monkeypatch):
-    # A device that holds one image at a time: every call on more raises PyTorch's
-    # out-of-memory error. The run explains each group in halves down to single images.
+def test_out_of_memory_halves_the_batch_and_is_no_usage_error(tmp_path, capsys, monkeypatch, one_image_at_a_time):
+    # The run explains each group in halves down to single images.
     from explain.methods import cam_base
 
-    capture = cam_base.BaseCAM.capture
-    sizes = []
-
-    def one_at_a_time(self, images, *args, **kwargs):
-        sizes.append(len(images))
-        if len(images) > 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return capture(self, images, *args, **kwargs)
-
-    monkeypatch.setattr(cam_base.BaseCAM, "capture", one_at_a_time)
+    sizes = one_image_at_a_time
     out = tmp_path / "out"
     assert main(["run", str(REPO / "data" / "images"), "--out", str(out), "--method", "gradcam,layercam",
                  "--batch-size", "4", "-q"]) == 0

@@ -309,21 +309,9 @@ def test_a_line_cut_short_by_a_kill_is_dropped(tmp_path):
     assert files.read_jsonl(tmp_path / "curves.jsonl") == [{"values": [1.0, None]}]
 
 
-def test_evaluate_scores_in_halves_when_the_device_runs_out_of_memory(tmp_path, capsys, monkeypatch):
-    # A device that holds one image at a time: `explain evaluate` scores each group in halves
-    # down to single images, each score written once.
-    from explain.methods import cam_base
-
-    capture = cam_base.BaseCAM.capture
-    sizes = []
-
-    def one_at_a_time(self, images, *args, **kwargs):
-        sizes.append(len(images))
-        if len(images) > 1:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return capture(self, images, *args, **kwargs)
-
-    monkeypatch.setattr(cam_base.BaseCAM, "capture", one_at_a_time)
+def test_evaluate_scores_in_halves_when_the_device_runs_out_of_memory(tmp_path, one_image_at_a_time):
+    # `explain evaluate` scores each group in halves down to single images, each score written once.
+    sizes = one_image_at_a_time
     out = tmp_path / "out"
     assert main(["evaluate", str(REPO / "data" / "images"), "--out", str(out), "--metrics", "sparseness",
                  "--batch-size", "4", "-q"]) == 0

@@ -18,7 +18,6 @@ actors explain with the local engine's batch code (:class:`~explain.cli.pipeline
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..report import manifest_line, remove_temp_files, write_index
+from ..report import iter_json_records, manifest_line, remove_temp_files, write_index
 from .common import (
     EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, UsageError, StopFlag, _sole_run, is_complete, manifest_row,
 )
@@ -308,13 +307,7 @@ def _manifest_rows(path: Path):
     except FileNotFoundError:
         return
     with file:
-        for line in file:
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict):
-                yield row
+        yield from iter_json_records(file)
 
 
 def _index_rows(path: Path, limit: int) -> list[dict]:
