@@ -105,6 +105,21 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
     assert all(row["output"] in index for row in ray_rows.values() if row["status"] == "ok")
 
 
+def test_segmentation_runs_on_ray_as_locally(tmp_path, capsys):
+    # The actors run the local engine's segmentation pipeline; random weights are drawn from
+    # one seed, so every process has the same model.
+    os.chdir(tmp_path)
+    options = ["run", str(REPO / "data" / "images"), "--model", "lraspp_mobilenet_v3_large", "--save-maps", "-q"]
+    assert main([*options, "--out", "local"]) == 0
+    assert main([*options, "--out", "on_ray", "--engine", "ray", "--batch-size", "2"]) == 0
+    local_rows = _by_key([json.loads(line) for line in (tmp_path / "local" / "manifest.jsonl").open()])
+    assert _by_key([json.loads(line) for line in (tmp_path / "on_ray" / "manifest.jsonl").open()]) == local_rows
+    assert {row["task"] for row in local_rows.values()} == {"segment"}
+    for row in local_rows.values():
+        with np.load(tmp_path / "local" / row["maps"]) as expected, np.load(tmp_path / "on_ray" / row["maps"]) as found:
+            np.testing.assert_allclose(found["maps"], expected["maps"], atol=1e-5)
+
+
 def test_a_killed_driver_is_finished_by_the_next_run_without_duplicates(tmp_path, capsys):
     IMAGES = 60
     inputs = tmp_path / "in"

@@ -53,14 +53,18 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
     named = spec.startswith(models.TIMM_PREFIX) or models.is_huggingface_folder(spec)
     if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
         task = task_models.torchvision_task(spec)
-        try:
-            if task is None:
-                model, preprocess, class_names = models.load(spec, weights, device=device)
-                task = "classify"
-            else:
-                model, preprocess, class_names = task_models.load(spec, weights, device=device)
-        except (ValueError, FileNotFoundError, RuntimeError) as error:
-            raise UsageError(f"{error}") from None
+        # Random weights (a name without --weights) are drawn from a fixed seed, so that every
+        # process of a run (the Ray engine's actors) and every rerun has the same model.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            try:
+                if task is None:
+                    model, preprocess, class_names = models.load(spec, weights, device=device)
+                    task = "classify"
+                else:
+                    model, preprocess, class_names = task_models.load(spec, weights, device=device)
+            except (ValueError, FileNotFoundError, RuntimeError) as error:
+                raise UsageError(f"{error}") from None
         fixed_batch = False
         random_weights = weights is None and not models.is_bundled(spec) and not models.is_huggingface_folder(spec)
     else:
@@ -198,5 +202,5 @@ def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool
 
 def _warn_if_random(loaded: LoadedModel, model: str) -> None:
     if loaded.random_weights:
-        print(f"explain: warning: {model} has random weights, so its maps explain an untrained model; "
+        print(f"explain: warning: {model} has random weights (seed 0), so its maps explain an untrained model; "
               "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
