@@ -128,11 +128,12 @@ def actor_resources(ray, args, setup: dict) -> dict:
                 threads=max(1, int(min(nodes)) // per_node))
 
 
-def explain_plan(ray, plan_dir, args, setup: dict, resources: dict):
-    """The rows (dicts) of the plan's images, a batch at a time as the actors finish them."""
+def explain_plan(ray, plan_dir: str, filesystem, args, setup: dict, resources: dict):
+    """The rows (dicts) of the plan's images (parquet files in ``plan_dir``, on ``filesystem``:
+    pyarrow's, or None for a local folder), a batch at a time as the actors finish them."""
     import json
 
-    plan = ray.data.read_parquet(str(plan_dir), num_cpus=DECODE_CPUS)
+    plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
     decoded = plan.map_batches(_decode_files, fn_kwargs=dict(decoding=setup["decoding"], column="path",
                                                               max_pixels=args.max_pixels),
                                batch_size=args.batch_size, num_cpus=DECODE_CPUS)
@@ -146,9 +147,10 @@ def explain_plan(ray, plan_dir, args, setup: dict, resources: dict):
         yield [json.loads(line) for line in batch["row"]]
 
 
-def remote_metric_summary(ray, manifest) -> tuple[str, str]:
-    """--metrics: the summary table of a manifest's values as text and HTML, made in a Ray task."""
-    return ray.get(ray.remote(_metric_summary).options(num_cpus=DECODE_CPUS).remote(str(manifest)))
+def remote_metric_summary(ray, location: str) -> tuple[str, str]:
+    """--metrics: the summary table of the values in the manifest of the output folder at
+    ``location`` as text and HTML, made in a Ray task."""
+    return ray.get(ray.remote(_metric_summary).options(num_cpus=DECODE_CPUS).remote(location))
 
 
 def for_workers(args):
@@ -157,8 +159,11 @@ def for_workers(args):
     import copy
     import os
 
+    from .cli.storage import is_uri
+
     args = copy.copy(args)
-    args.out = os.path.abspath(args.out)
+    if not is_uri(args.out):
+        args.out = os.path.abspath(args.out)
     if args.weights:
         args.weights = os.path.abspath(args.weights)
     if os.path.exists(args.model):
@@ -299,11 +304,9 @@ class _WriteActor(_Actor):
 
     def __init__(self, args, threads: int):
         super().__init__(args, threads)
-        from pathlib import Path
-
         base = self.prepared.run_class
         collecting = type("_Collecting" + base.__name__, (_Collecting, base), {})
-        self.run = collecting(args, Path(args.out), [], *self.prepared.run_arguments())
+        self.run = collecting(args, args.out, [], *self.prepared.run_arguments())
 
     def __call__(self, batch: dict) -> dict:
         from collections import deque
@@ -419,12 +422,15 @@ def _object_array(values: list) -> np.ndarray:
     return array
 
 
-def _metric_summary(manifest: str) -> tuple[str, str]:
+def _metric_summary(location: str) -> tuple[str, str]:
+    from .cli.common import MANIFEST
+    from .cli.storage import OutputFolder
     from .evaluation import format_summary, summary_table
-    from .report import read_manifest
+    from .report import iter_json_records
 
+    rows = iter_json_records(OutputFolder(location).lines(MANIFEST))
     table = summary_table({"method": row["method"], "metric": column, "value": value}
-                          for row in read_manifest(manifest) if row.get("status") in ("ok", "skipped")
+                          for row in rows if row.get("status") in ("ok", "skipped")
                           for column, value in (row.get("metrics") or {}).items())
     return (format_summary(table), format_summary(table, "html")) if table else ("", "")
 

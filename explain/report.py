@@ -15,7 +15,7 @@ import math
 import os
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from urllib.parse import quote
 
@@ -187,6 +187,13 @@ def write_index(out_dir: str | os.PathLike, rows: Sequence[dict], summary: str =
     ``metrics_html``, a table of metric scores (``explain run --metrics``), goes above the grid.
     """
     out_dir = Path(out_dir)
+    document = index_html(rows, summary, metrics_html, exists=lambda output: (out_dir / output).is_file())
+    atomic_write(out_dir / "index.html", document.encode("utf-8"))
+
+
+def index_html(rows: Sequence[dict], summary: str = "", metrics_html: str = "",
+               exists: Callable[[str], bool] = lambda output: True) -> str:
+    """The document of :func:`write_index`; ``exists(output)`` says whether an output is there."""
     methods = list(dict.fromkeys(row["method"] for row in rows if row.get("method")))
     images: dict[str, dict[str, list[dict]]] = {}
     for row in rows:
@@ -196,7 +203,7 @@ def write_index(out_dir: str | os.PathLike, rows: Sequence[dict], summary: str =
         parts = []
         for row in cell_rows:
             output = row.get("output")
-            if row.get("status") in ("ok", "skipped") and output and (out_dir / output).is_file():
+            if row.get("status") in ("ok", "skipped") and output and exists(output):
                 caption = f"{row.get('target_name')} ({row.get('target_id')})"
                 probability = _percent(row.get("target_probability"))
                 parts.append(
@@ -229,4 +236,4 @@ def write_index(out_dir: str | os.PathLike, rows: Sequence[dict], summary: str =
         + "\n".join(body)
         + "\n</tbody></table>\n</body></html>\n"
     )
-    atomic_write(out_dir / "index.html", document.encode("utf-8"))
+    return document

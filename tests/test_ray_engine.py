@@ -65,6 +65,21 @@ def _by_key(rows: list[dict]) -> dict[tuple, dict]:
     return keyed
 
 
+def _same_rows(found: Path, expected: Path) -> dict[tuple, dict]:
+    """The manifest rows of ``found`` by key, checked equal to those of ``expected``, numbers to
+    1e-5 (batches of other sizes round the last digits differently)."""
+    found_rows, expected_rows = _by_key(read_rows(found / "manifest.jsonl")), _by_key(read_rows(expected / "manifest.jsonl"))
+    assert found_rows.keys() == expected_rows.keys()
+    for key, row in expected_rows.items():
+        assert found_rows[key].keys() == row.keys()
+        for field, value in row.items():
+            if isinstance(value, float):
+                assert found_rows[key][field] == pytest.approx(value, abs=1e-5), (key, field)
+            else:
+                assert found_rows[key][field] == value, (key, field)
+    return found_rows
+
+
 def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
     _photos(tmp_path / "in")
     (tmp_path / "list.txt").write_text("in\nmissing.png\n")
@@ -78,15 +93,7 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
 
     local, on_ray = tmp_path / "local", tmp_path / "on_ray"
     assert _files(on_ray) == _files(local)
-    local_rows, ray_rows = _by_key(read_rows(local / "manifest.jsonl")), _by_key(read_rows(on_ray / "manifest.jsonl"))
-    assert ray_rows.keys() == local_rows.keys()
-    for key, row in local_rows.items():
-        assert ray_rows[key].keys() == row.keys()
-        for field, value in row.items():
-            if isinstance(value, float):
-                assert ray_rows[key][field] == pytest.approx(value, abs=1e-5), (key, field)
-            else:
-                assert ray_rows[key][field] == value, (key, field)
+    ray_rows = _same_rows(on_ray, local)
     failed = {k[0]: r["error"] for k, r in ray_rows.items() if r["status"] == "failed"}
     assert set(failed) == {"in/broken.png", "missing.png"} and failed["missing.png"] == "file not found"
     for name in _files(local):
@@ -103,6 +110,22 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
             assert difference.max() <= 8 and difference.mean() < 0.01, name
     index = (on_ray / "index.html").read_text()
     assert all(row["output"] in index for row in ray_rows.values() if row["status"] == "ok")
+
+
+def test_outputs_to_a_folder_given_by_uri(tmp_path, capsys):
+    # Any filesystem pyarrow reaches (s3://, gs://, ...) goes through the same code as file://.
+    os.chdir(tmp_path)
+    options = ["run", str(REPO / "data" / "images"), "--method", "gradcam,layercam", "-q"]
+    uri = (tmp_path / "remote").as_uri()
+    assert main([*options, "--out", uri]) == 2
+    assert "folders given by URI take --engine ray" in capsys.readouterr().err
+    assert main([*options, "--out", "local"]) == 0
+    assert main([*options, "--out", uri, "--engine", "ray"]) == 0
+    assert f"see {uri}/index.html" in capsys.readouterr().out
+    assert _files(tmp_path / "remote") == _files(tmp_path / "local")
+    _same_rows(tmp_path / "remote", tmp_path / "local")
+    assert main([*options, "--out", uri, "--engine", "ray"]) == 0  # resumes from the folder's manifest
+    assert summary_counts(capsys.readouterr().out) == (0, 8, 0)
 
 
 def test_segmentation_runs_on_ray_as_locally(tmp_path, capsys):

@@ -9,7 +9,7 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -99,15 +99,15 @@ def manifest_row(input: str, method: str, target: str, layer: str, settings: str
     return row
 
 
-def is_complete(row: dict | None, out_dir: Path, settings: str | None, layer: str | None, save_maps: bool,
-                metric_columns: list[str]) -> bool:
+def is_complete(row: dict | None, exists: Callable[[str], bool], settings: str | None, layer: str | None,
+                save_maps: bool, metric_columns: list[str]) -> bool:
     """Whether an earlier run's row is an output this run would make again: done with the same
-    settings and layer, its files on disk, its metric values there."""
+    settings and layer, its files there (``exists(name)``), its metric values there."""
     return bool(
         row and row.get("status") in ("ok", "skipped")
         and row.get("settings") == settings and row.get("layer") == layer
-        and row.get("output") and (out_dir / row["output"]).is_file()
-        and (not save_maps or (row.get("maps") and (out_dir / row["maps"]).is_file()))
+        and row.get("output") and exists(row["output"])
+        and (not save_maps or (row.get("maps") and exists(row["maps"])))
         and all(column in (row.get("metrics") or {}) for column in metric_columns)
     )
 

@@ -40,11 +40,13 @@ class InputListing:
     inputs are expanded once per pass (one to find the common parent, one to count the names
     that clash, one to yield), and the passes remember paths and names by their hashes.
     Mistakes in the arguments (a missing file or folder, a glob that matches nothing) are
-    :class:`UsageError` s raised when the listing is made.
+    :class:`UsageError` s raised when the listing is made. Images inside ``out_dir`` are left
+    out (``None``: an output folder given by URI, which holds no input).
     """
 
-    def __init__(self, arguments: list[str], out_dir: Path):
-        self.arguments, self.out_abs = list(arguments), os.path.abspath(out_dir)
+    def __init__(self, arguments: list[str], out_dir: Path | None):
+        self.arguments = list(arguments)
+        self.out_abs = os.path.abspath(out_dir) if out_dir is not None else None
         root = present_root = None
         self.count = 0
         for source in self._expanded():
@@ -125,7 +127,9 @@ class InputListing:
             raise UsageError(f"{argument}: no such file or folder")
 
 
-def _inside(path: str, folder: str) -> bool:
+def _inside(path: str, folder: str | None) -> bool:
+    if folder is None:
+        return False
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 

@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the best). Re-running skips the scores already in scores.csv. Exit status: 0 all ok, 1 some images "
         "or metrics failed, 2 usage error, 3 out of memory before the first image, 130 interrupted.",
     )
-    _add_inputs_and_model(scoring)
+    _add_inputs_and_model(scoring, evaluate=True)
     scoring.add_argument("--methods", "--method", "-m", default="gradcam",
                           help="method(s), comma-separated, or 'all'; see `explain methods`")
     scoring.add_argument("--metrics", default="deletion,insertion",
@@ -156,12 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_inputs_and_model(parser: argparse.ArgumentParser) -> None:
+def _add_inputs_and_model(parser: argparse.ArgumentParser, evaluate: bool = False) -> None:
     """The images, the output folder and the model: what ``run`` and ``evaluate`` both take."""
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help="image files, folders (searched recursively), glob patterns (quoted), "
                         "or @list.txt naming one input per line")
-    parser.add_argument("--out", "-o", required=True, type=Path, help="output folder")
+    parser.add_argument("--out", "-o", required=True, type=Path if evaluate else str,
+                        help="output folder" + ("" if evaluate else "; with --engine ray also a URI of a folder on any "
+                                               "filesystem pyarrow reaches (s3://bucket/run, gs://..., file:///...)"))
     _add_model_options(parser)
 
 

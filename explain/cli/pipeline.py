@@ -8,7 +8,6 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,10 +19,11 @@ from ..heap import ReusedHeap
 from ..evaluation import format_summary, score, summary_table
 from ..metrics.registry import METRICS
 from ..overlay import overlay
-from ..report import atomic_write, encode_npz, encode_png, read_manifest, write_index, write_manifest
+from ..report import encode_npz, encode_png, read_manifest, write_index, write_manifest
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, StopFlag, _safe, is_complete, manifest_row
 from .decoding import _Decode, _Inputs, _collate, _init_worker
 from .inputs import Source
+from .storage import OutputFolder
 
 
 class _OutOfMemory(Exception):
@@ -35,19 +35,17 @@ def _free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _write_outputs(out_dir: Path, picture: np.ndarray, maps: np.ndarray, rows: list[dict],
+def _write_outputs(folder: OutputFolder, picture: np.ndarray, maps: np.ndarray, rows: list[dict],
                    npz: dict | None, cmap: str, alpha: float, signed: bool = False,
                    marks: list[dict] | None = None) -> list[dict]:
     """Overlay and save one image's maps for one method (one map per target); runs in a thread.
     ``marks`` are per map what :func:`overlay` draws on top (``boxes`` and ``labels``, ``outline``)."""
     try:
         for k, (heat, row) in enumerate(zip(maps, rows)):
-            path = out_dir / row["output"]
-            path.parent.mkdir(parents=True, exist_ok=True)
             drawn = overlay(picture, heat, cmap=cmap, alpha=alpha, signed=signed, **(marks[k] if marks else {}))
-            atomic_write(path, encode_png(drawn))
+            folder.write(row["output"], encode_png(drawn))
         if npz is not None:
-            atomic_write(out_dir / rows[0]["maps"], encode_npz(**npz))
+            folder.write(rows[0]["maps"], encode_npz(**npz))
     except Exception as error:
         return [dict(row, status="failed", error=f"cannot write output: {error}") for row in rows]
     return [dict(row, status="ok") for row in rows]
@@ -62,6 +60,7 @@ class _Run:
     def __init__(self, args, out_dir, sources, loaded, target, explainers, layers, settings,
                  metrics=(), metric_options=None):
         self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
+        self.folder = OutputFolder(out_dir)
         self.target, self.explainers, self.layers, self.settings = target, explainers, layers, settings
         self.metrics, self.metric_options = list(metrics), metric_options or {}
         self.metric_columns = [column for name in self.metrics for column in METRICS[name].columns]
@@ -80,7 +79,7 @@ class _Run:
         return [(source.input, method, label) for label in self.target.labels]
 
     def _complete(self, key: tuple) -> bool:
-        return is_complete(self.rows.get(key), self.out_dir, self.settings.get(key[1]), self.layers.get(key[1]),
+        return is_complete(self.rows.get(key), self.folder.is_file, self.settings.get(key[1]), self.layers.get(key[1]),
                            self.args.save_maps, self.metric_columns)
 
     def _read_manifest(self) -> None:
@@ -304,7 +303,7 @@ class _Run:
                     npz = {"maps": maps[j], "targets": np.asarray(ids[j])}
                     npz.update({f"raw_{name}": r[j] for name, r in raw.items()})
                 in_flight.append(saver.submit(
-                    _write_outputs, self.out_dir, pictures[j], maps[j], rows, npz,
+                    _write_outputs, self.folder, pictures[j], maps[j], rows, npz,
                     self.args.signed_cmap if result.signed else self.args.cmap, self.args.alpha, result.signed,
                 ))
 

@@ -22,17 +22,19 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from tqdm import tqdm
 
-from ..report import iter_json_records, manifest_line, remove_temp_files, write_index
+from ..report import index_html, iter_json_records, manifest_line, remove_temp_files
 from .common import (
     EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, UsageError, StopFlag, _sole_run, is_complete, manifest_row,
 )
 from .inputs import InputListing
+from .storage import OutputFolder
 
 #: Images per plan file: Ray Data reads the plan file by file, a decode task per file.
 PLAN_CHUNK = 1_000
@@ -40,6 +42,8 @@ PLAN_CHUNK = 1_000
 #: on at once instead of gathered with the rest of its file, so that rows reach the manifest
 #: as images finish.
 BLOCK_BYTES = 1 << 20
+#: A folder given by URI gets the manifest's working copy at most this often (and at the end).
+PUBLISH_SECONDS = 30
 #: index.html shows at most this many images (the manifest has them all).
 INDEX_LIMIT = 10_000
 PLAN_PREFIX = ".explain-ray-plan-"
@@ -84,10 +88,12 @@ def connect(ray, address: str | None) -> bool:
 
 
 def run_on_ray(args) -> int:
-    out_dir: Path = args.out
-    if out_dir.exists() and not out_dir.is_dir():
+    folder = OutputFolder(args.out)
+    local = folder.filesystem is None
+    out_dir = Path(args.out)
+    if local and out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
-    listing = InputListing(args.inputs, out_dir)
+    listing = InputListing(args.inputs, out_dir if local else None)
     ray = import_ray()
     started = connect(ray, args.address)
     try:
@@ -96,12 +102,15 @@ def run_on_ray(args) -> int:
         setup = remote_prepare(ray, args)
         if setup.get("messages"):
             print(setup["messages"], end="", file=sys.stderr)
+        run = _RayRun(args, folder, listing, setup, actor_resources(ray, args, setup))
+        if not local:  # an object store has no lock and no partial files to clean up
+            return run.execute(ray)
         out_dir.mkdir(parents=True, exist_ok=True)
         with _sole_run(out_dir):
             remove_temp_files(out_dir)
             for stale in out_dir.glob(PLAN_PREFIX + "*"):
                 shutil.rmtree(stale, ignore_errors=True)
-            return _RayRun(args, out_dir, listing, setup, actor_resources(ray, args, setup)).execute(ray)
+            return run.execute(ray)
     finally:
         if started:
             ray.shutdown()
@@ -110,13 +119,20 @@ def run_on_ray(args) -> int:
 class _RayRun:
     """The driver's side of one ``explain run --engine ray``."""
 
-    def __init__(self, args, out_dir: Path, listing: InputListing, setup: dict, resources: dict):
-        self.args, self.out_dir, self.listing, self.setup, self.resources = args, out_dir, listing, setup, resources
+    def __init__(self, args, folder: OutputFolder, listing: InputListing, setup: dict, resources: dict):
+        self.args, self.folder, self.listing, self.setup, self.resources = args, folder, listing, setup, resources
         self.methods: list[str] = setup["methods"]
         self.labels: list[str] = setup["labels"]
         self.stats = {"ok": 0, "skipped": 0, "failed": 0}
-        self.manifest = out_dir / MANIFEST
-        self.plan_dir = out_dir.resolve() / f"{PLAN_PREFIX}{uuid.uuid4().hex[:8]}"  # read by the workers
+        # The manifest is appended to on this machine: in the folder itself, or for a folder
+        # given by URI in a working copy that is uploaded now and then and at the end.
+        if folder.filesystem is None:
+            self.manifest = Path(folder.path(MANIFEST))
+        else:
+            self.manifest = Path(tempfile.mkdtemp(prefix="explain-ray-")) / MANIFEST
+        self.plan_name = f"{PLAN_PREFIX}{uuid.uuid4().hex[:8]}"  # read by the workers
+        self.plan_files: list[str] = []
+        self.published = time.monotonic()
 
     # -- planning
 
@@ -127,11 +143,11 @@ class _RayRun:
         complete_keys: set[int] = set()
         counts: dict[int, list[int]] = {}  # detect: pair -> [rows with these settings, complete ones]
         settings, layers = self.setup["settings"], self.setup["layers"]
-        for row in _manifest_rows(self.manifest):
+        for row in iter_json_records(self.folder.lines(MANIFEST)):
             method = row.get("method")
             if method not in settings:
                 continue
-            done = is_complete(row, self.out_dir, settings[method], layers[method], self.args.save_maps,
+            done = is_complete(row, self.folder.is_file, settings[method], layers[method], self.args.save_maps,
                                self.setup["metric_columns"])
             if self.setup["task"] == "detect":
                 if row.get("task") == "detect" and row.get("region") and row.get("settings") == settings[method]:
@@ -153,7 +169,7 @@ class _RayRun:
         """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
         temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp")
         with open(temp, "w", encoding="utf-8") as file:
-            for row in _manifest_rows(self.manifest):
+            for row in iter_json_records(self.folder.lines(MANIFEST)):
                 if hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
                         and not self.args.overwrite:
                     file.write(manifest_line(dict(row, status="skipped", error=None)) + "\n")
@@ -166,16 +182,19 @@ class _RayRun:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        self.plan_dir.mkdir()
+        if self.folder.filesystem is None:
+            os.makedirs(self.folder.path(self.plan_name))
+        else:
+            self.folder.filesystem.create_dir(self.folder.path(self.plan_name), recursive=True)
         columns = ("input", "path", "folder", "stem", "methods")
         chunk: dict[str, list] = {name: [] for name in columns}
-        planned = files = 0
+        planned = 0
 
         def flush() -> None:
-            nonlocal files
             if chunk["input"]:
-                pq.write_table(pa.table(chunk), self.plan_dir / f"part-{files:05d}.parquet")
-                files += 1
+                path = self.folder.path(f"{self.plan_name}/part-{len(self.plan_files):05d}.parquet")
+                pq.write_table(pa.table(chunk), path, filesystem=self.folder.filesystem)
+                self.plan_files.append(path)
                 for values in chunk.values():
                     values.clear()
 
@@ -207,6 +226,8 @@ class _RayRun:
             return
         out.write("".join(manifest_line(row) + "\n" for row in rows))
         out.flush()
+        if self.folder.filesystem is not None and time.monotonic() - self.published > PUBLISH_SECONDS:
+            self._publish()
         reported = set()
         for row in rows:
             self.stats[row["status"]] += 1
@@ -214,14 +235,20 @@ class _RayRun:
                 reported.add((row["input"], row["error"]))
                 tqdm.write(f"explain: failed: {row['input']}: {row['error']}", file=sys.stderr)
 
+    def _publish(self) -> None:
+        """A folder given by URI: upload the working copy of the manifest."""
+        if self.folder.filesystem is not None:
+            self.folder.upload(MANIFEST, self.manifest)
+            self.published = time.monotonic()
+
     def _fail_lost(self, out, received: set[int]) -> None:
         """Failed rows for the planned images whose rows never came back: their batch failed
         in Ray itself (an actor that died on it, past Ray's retries), not in our code."""
         import pyarrow.parquet as pq
 
         error = "worker failed: Ray lost this image's batch (an actor died on it; see Ray's log)"
-        for part in sorted(self.plan_dir.glob("part-*.parquet")):
-            table = pq.read_table(part, columns=["input", "methods"]).to_pydict()
+        for part in self.plan_files:
+            table = pq.read_table(part, columns=["input", "methods"], filesystem=self.folder.filesystem).to_pydict()
             for input, methods in zip(table["input"], table["methods"]):
                 if hash(input) not in received:
                     self._append(out, [self._row(input, method, label, status="failed", error=error)
@@ -250,8 +277,8 @@ class _RayRun:
                         from ..ray_data import explain_plan, for_workers
 
                         received: set[int] = set()
-                        for rows in explain_plan(ray, self.plan_dir, for_workers(self.args), self.setup,
-                                                 self.resources):
+                        for rows in explain_plan(ray, self.folder.path(self.plan_name), self.folder.filesystem,
+                                                 for_workers(self.args), self.setup, self.resources):
                             self._append(out, rows, report=True)
                             count = len({row["input"] for row in rows})
                             received.update(hash(row["input"]) for row in rows)
@@ -268,10 +295,15 @@ class _RayRun:
                 finally:
                     progress.close()
         finally:
-            shutil.rmtree(self.plan_dir, ignore_errors=True)
+            self.folder.remove_folder(self.plan_name)
+            self._publish()
             summary = self._summary(images, time.perf_counter() - started, not completed)
             metrics_text, metrics_html = self._metric_summary(ray) if completed and self.setup["metrics"] else ("", "")
-            write_index(self.out_dir, _index_rows(self.manifest, INDEX_LIMIT), summary, metrics_html)
+            # On an object store every ok row's file was written or found by this run: asking
+            # for each again would cost a request per image.
+            exists = self.folder.is_file if self.folder.filesystem is None else (lambda output: True)
+            rows = _index_rows(self.manifest, INDEX_LIMIT)
+            self.folder.write("index.html", index_html(rows, summary, metrics_html, exists).encode("utf-8"))
         if metrics_text:
             print(metrics_text)
         print(summary)
@@ -284,14 +316,18 @@ class _RayRun:
         task (the metrics' directions live beside torch)."""
         from ..ray_data import remote_metric_summary
 
-        return remote_metric_summary(ray, self.manifest)
+        return remote_metric_summary(ray, str(self.folder))
+
+    def _shown(self, name: str) -> str:
+        location = str(self.folder)
+        return f"{location.rstrip('/')}/{name}" if self.folder.filesystem else os.path.join(location, name)
 
     def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
         ok, skipped, failed = self.stats["ok"], self.stats["skipped"], self.stats["failed"]
         rate = images / elapsed if elapsed > 0 else 0.0
         text = (f"explain: {ok} ok, {skipped} skipped (already complete), {failed} failed; "
                 f"{images} images in {elapsed:.1f} s ({rate:.2f} images/s) on Ray; "
-                f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")
+                f"see {self._shown('index.html')} and {self._shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"
         if interrupted:
@@ -299,27 +335,17 @@ class _RayRun:
         return text
 
 
-def _manifest_rows(path: Path):
-    """The rows of a manifest, read as a stream; lines that do not parse (a killed run's
-    partial last line) are dropped."""
-    try:
-        file = open(path, encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return
-    with file:
-        yield from iter_json_records(file)
-
-
 def _index_rows(path: Path, limit: int) -> list[dict]:
-    """The manifest's rows of its first ``limit`` images, for index.html."""
+    """The manifest's rows of its first ``limit`` images, for index.html, read as a stream."""
     inputs: set[str] = set()
     rows = []
-    for row in _manifest_rows(path):
-        if row.get("input") not in inputs:
-            if len(inputs) >= limit:
-                continue
-            inputs.add(row.get("input"))
-        rows.append(row)
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for row in iter_json_records(lines):
+            if row.get("input") not in inputs:
+                if len(inputs) >= limit:
+                    continue
+                inputs.add(row.get("input"))
+            rows.append(row)
     return rows
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from ..report import remove_temp_files
 from .common import UsageError, _pixel_limit, _sole_run
 from .inputs import collect_inputs
+from .storage import is_uri
 
 
 def run_command(args) -> int:
@@ -19,7 +20,10 @@ def run_command(args) -> int:
     for flag, value in (("--address", args.address), ("--actors", args.actors)):
         if value is not None:
             raise UsageError(f"{flag} applies to --engine ray; add --engine ray or leave {flag} out")
-    out_dir: Path = args.out
+    if is_uri(args.out):
+        raise UsageError(f"--out {args.out}: the local engine writes to a folder on this machine; folders given by "
+                         "URI take --engine ray")
+    out_dir = Path(args.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
     sources = collect_inputs(args.inputs, out_dir)

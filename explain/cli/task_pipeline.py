@@ -145,7 +145,7 @@ class _TaskRun(_Run):
                     npz = {"maps": maps[mine], "targets": np.asarray([records[r]["class_id"] for r in mine])}
                     npz.update({f"raw_{name}": r[mine] for name, r in raw.items()})
                 in_flight.append(saver.submit(
-                    _write_outputs, self.out_dir, pictures[j], maps[mine], rows, npz, self.args.cmap, self.args.alpha,
+                    _write_outputs, self.folder, pictures[j], maps[mine], rows, npz, self.args.cmap, self.args.alpha,
                     False, [marks[r] for r in mine],
                 ))
 
