@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from contextlib import redirect_stderr
 from functools import lru_cache
 
@@ -140,9 +141,13 @@ def explain_plan(ray, plan_dir: str, filesystem, args, setup: dict, resources: d
     resources = dict(resources)
     # An actor that dies is restarted (a node may go), but a batch that kills actors is tried
     # twice more, not forever; the driver fails its images (ray_engine._RayRun._fail_lost).
-    explained = decoded.map_batches(_WriteActor, fn_constructor_kwargs=dict(args=args, threads=resources.pop("threads")),
-                                    batch_size=1 if setup["fixed_batch"] else args.batch_size, max_task_retries=2,
-                                    **resources)
+    # Ray 2.60 offers no named option for that and warns about the remote arguments that it
+    # will drop in 2.64 (hence the extra's bound).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
+        explained = decoded.map_batches(
+            _WriteActor, fn_constructor_kwargs=dict(args=args, threads=resources.pop("threads")),
+            batch_size=1 if setup["fixed_batch"] else args.batch_size, max_task_retries=2, **resources)
     for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
         yield [json.loads(line) for line in batch["row"]]
 

@@ -158,6 +158,8 @@ class _RayRun:
                 complete_keys.add(hash((row.get("input"), method, row.get("target"))))
         inputs: set[int] = set()
         finished = {pair for pair, (rows, done) in counts.items() if rows and rows == done}
+        if not (complete_keys or finished):  # nothing to keep (a first run): no need to know the inputs yet
+            return inputs, finished
         for input in self.listing.inputs():
             inputs.add(hash(input))
             for method in self.methods:
