@@ -306,6 +306,8 @@ class _RayRun:
             exists = self.folder.is_file if self.folder.filesystem is None else (lambda output: True)
             rows = _index_rows(self.manifest, INDEX_LIMIT)
             self.folder.write("index.html", index_html(rows, summary, metrics_html, exists).encode("utf-8"))
+            if self.folder.filesystem is not None:  # the working copy, uploaded above
+                shutil.rmtree(self.manifest.parent, ignore_errors=True)
         if metrics_text:
             print(metrics_text)
         print(summary)
