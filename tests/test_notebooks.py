@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -71,7 +72,9 @@ def test_committed_notebook_carries_its_outputs(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[path.name for path in NOTEBOOKS])
 def test_notebook_runs_in_a_fresh_kernel(path):
     committed = nbformat.read(path, as_version=4)
-    fresh = _runner().execute(nbformat.read(path, as_version=4))  # a copy: the file is not written
+    # A copy (the file is not written), on as many threads as this test process uses
+    # (conftest.py gives each of the pytest-xdist workers its share of the cores).
+    fresh = _runner().execute(nbformat.read(path, as_version=4), threads=torch.get_num_threads())
     assert _images(fresh) > 0, f"{path.name} drew no figure"
     for index, cell in enumerate(_code_cells(fresh), start=1):
         warnings = [output.text for output in cell.outputs if output.output_type == "stream"
