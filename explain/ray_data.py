@@ -32,6 +32,8 @@ __all__ = ["explain_dataset"]
 
 #: CPUs a decode task reserves (it mostly waits on the disk and Pillow).
 DECODE_CPUS = 0.5
+#: Calls an explaining actor runs at once: one on the model, one writing its overlays.
+CALLS_PER_ACTOR = 2
 
 
 def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str = "gradcam", *, target: str = "top1",
@@ -119,14 +121,20 @@ def actor_resources(ray, args, setup: dict) -> dict:
     gpus = int(ray.cluster_resources().get("GPU", 0)) if _may_use_gpu(args) else 0
     if gpus and setup["device"] != "cpu":
         actors = args.actors or gpus
-        return dict(compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=1, num_cpus=1, threads=1)
+        return dict(compute=_pool(ray, actors), num_gpus=1, num_cpus=1, threads=1)
     nodes = [node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
     nodes = [cpus for cpus in nodes if cpus > 0] or [1]
     actors = args.actors or len(nodes)
     per_node = math.ceil(actors / len(nodes))
     # Torch's threads take the node's cores; the decode tasks are short and share them.
-    return dict(compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus_per_actor(min(nodes), per_node),
+    return dict(compute=_pool(ray, actors), num_cpus=cpus_per_actor(min(nodes), per_node),
                 threads=max(1, int(min(nodes)) // per_node))
+
+
+def _pool(ray, actors: int):
+    return ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
+                                      enable_true_multi_threading=True,
+                                      max_tasks_in_flight_per_actor=2 * CALLS_PER_ACTOR)
 
 
 def explain_plan(ray, plan_dir: str, filesystem, args, setup: dict, resources: dict):
@@ -293,6 +301,8 @@ class _Actor:
     """An explaining actor: the model loaded once, with the command line's explainers."""
 
     def __init__(self, args, threads: int):
+        import threading
+
         import torch
 
         from .cli.preparation import prepare_run
@@ -301,17 +311,21 @@ class _Actor:
         with redirect_stderr(io.StringIO()):  # the driver has printed the notes once
             self.prepared = prepare_run(args)
         self.args = args
+        self.model_lock = threading.Lock()  # calls run in threads; the explainers' hooks are the model's
 
 
 class _WriteActor(_Actor):
     """``explain run --engine ray``'s actor: explains a batch of the plan with the local engine's
-    batch code, writes the overlays, and returns the manifest rows (as JSON lines)."""
+    batch code, writes the overlays, and returns the manifest rows (as JSON lines).
+
+    Two calls run at once (:data:`CALLS_PER_ACTOR`): the model explains one batch (under a
+    lock: the explainers' hooks are the model's) while the other batch's overlays are drawn
+    and written, as the local engine's writer threads overlap the model."""
 
     def __init__(self, args, threads: int):
         super().__init__(args, threads)
         base = self.prepared.run_class
-        collecting = type("_Collecting" + base.__name__, (_Collecting, base), {})
-        self.run = collecting(args, args.out, [], *self.prepared.run_arguments())
+        self.run_class = type("_Collecting" + base.__name__, (_Collecting, base), {})
 
     def __call__(self, batch: dict) -> dict:
         from collections import deque
@@ -319,9 +333,9 @@ class _WriteActor(_Actor):
         from .cli.inputs import Source
         from .report import manifest_line
 
-        run = self.run
-        run.sources = [Source(str(batch["input"][i]), str(batch["path"][i]), "", str(batch["folder"][i]),
-                              str(batch["stem"][i])) for i in range(len(batch["input"]))]
+        sources = [Source(str(batch["input"][i]), str(batch["path"][i]), "", str(batch["folder"][i]),
+                          str(batch["stem"][i])) for i in range(len(batch["input"]))]
+        run = self.run_class(self.args, self.args.out, sources, *self.prepared.run_arguments())
         by_name = {cam.name: cam for cam in run.explainers}
         run.pending = {i: [by_name[name] for name in str(batch["methods"][i]).split(",")]
                        for i in range(len(run.sources))}
@@ -331,11 +345,12 @@ class _WriteActor(_Actor):
             for i, error in failures:
                 for cam in run.pending[i]:
                     run._fail(run.sources[i], cam.name, error)
-            in_flight: deque = deque()
-            for positions, images in groups:
-                run._explain_in_halves(positions, images, _Immediately(), in_flight)
-            for future in in_flight:
-                run._record(future.result())
+            writes: deque = deque()
+            with self.model_lock:
+                for positions, images in groups:
+                    run._explain_in_halves(positions, images, _Later(), writes)
+            for write in writes:
+                run._record(write.result())
         except Exception as error:  # a failure of the whole batch fails its rows, not the run
             explained = {(row["input"], row["method"]) for row in run.collected}
             for i, source in enumerate(run.sources):
@@ -356,15 +371,19 @@ class _Collecting:
         pass
 
 
-class _Immediately:
-    """An executor that runs what it is given at once (an actor writes its outputs itself)."""
+class _Later:
+    """An executor that keeps what it is given until its ``result()`` is asked for: the actor
+    writes a batch's outputs once the model is free for the next batch."""
 
     def submit(self, function, *args):
-        from concurrent.futures import Future
+        return _Later.Call(function, args)
 
-        future = Future()
-        future.set_result(function(*args))
-        return future
+    class Call:
+        def __init__(self, function, args):
+            self.function, self.args = function, args
+
+        def result(self):
+            return self.function(*self.args)
 
 
 class _MapActor(_Actor):
@@ -385,7 +404,8 @@ class _MapActor(_Actor):
             model_input = inputs.model_input(images.to(prepared.loaded.device))
             for cam in prepared.explainers:
                 try:
-                    result = cam(model_input, prepared.target.targets, topk=prepared.target.topk)
+                    with self.model_lock:
+                        result = cam(model_input, prepared.target.targets, topk=prepared.target.topk)
                 except Exception as error:
                     out += [_map_row(names[i], cam.name, label, error=f"{type(error).__name__}: {error}")
                             for i in positions for label in labels]
