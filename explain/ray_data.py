@@ -51,8 +51,9 @@ def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str = "gradcam
     image runs. Each actor loads the model once; ``actors`` defaults as ``explain run --engine
     ray --actors``.
 
-    The rows carry the input's ``path`` (where there is one) or the image's position in the
-    dataset's blocks as ``input``, ``method``, ``target`` (``top1``...), ``target_id``,
+    The rows carry the dataset's other columns (an id, a label: whatever identifies the image),
+    the input's path as ``input`` (None for images given as arrays), ``method``, ``target``
+    (``top1``...), ``target_id``,
     ``target_name``, ``target_probability``, ``predicted_id``, ``predicted_name``, ``map``
     (float32, the model input's height and width, scaled to 0..1, signed maps to -1..1; empty
     where the row failed),
@@ -395,11 +396,13 @@ class _MapActor(_Actor):
         prepared = self.prepared
         inputs = _Inputs(prepared.loaded.preprocess)
         n = len(batch["decode_error"])
-        names = [str(p) for p in batch["path"]] if "path" in batch else [str(i) for i in range(n)]
+        names = [str(p) for p in batch["path"]] if "path" in batch else [None] * n
+        carried = [name for name in batch if name not in _DECODED and name not in _MAP_COLUMNS]
         labels, out = prepared.target.labels, []
         groups, failures = _groups(batch)
         for i, error in failures:
-            out += [_map_row(names[i], cam.name, label, error=error) for cam in prepared.explainers for label in labels]
+            out += [_map_row(names[i], cam.name, label, error=error, _image=i) for cam in prepared.explainers
+                    for label in labels]
         for positions, images in groups:
             model_input = inputs.model_input(images.to(prepared.loaded.device))
             for cam in prepared.explainers:
@@ -407,7 +410,7 @@ class _MapActor(_Actor):
                     with self.model_lock:
                         result = cam(model_input, prepared.target.targets, topk=prepared.target.topk)
                 except Exception as error:
-                    out += [_map_row(names[i], cam.name, label, error=f"{type(error).__name__}: {error}")
+                    out += [_map_row(names[i], cam.name, label, error=f"{type(error).__name__}: {error}", _image=i)
                             for i in positions for label in labels]
                     continue
                 maps, ids, probabilities = result.maps, result.targets, result.probabilities
@@ -423,13 +426,18 @@ class _MapActor(_Actor):
                             target_name=prepared.loaded.class_names[class_id],
                             target_probability=float(probabilities[j, k]), predicted_id=int(best_id[j]),
                             predicted_name=prepared.loaded.class_names[int(best_id[j])],
-                            predicted_probability=float(best_probability[j])))
-        columns = {key: [row[key] for row in out] for key in _MAP_COLUMNS}
+                            predicted_probability=float(best_probability[j]), _image=i))
+        for row in out:  # the dataset's own columns (ids, labels) come along with each image's rows
+            image = row.pop("_image")
+            row.update({name: batch[name][image] for name in carried})
+        columns = {key: [row[key] for row in out] for key in (*_MAP_COLUMNS, *carried)}
         shapes = {m.shape for m in columns["map"]}
         columns["map"] = np.stack(columns["map"]) if len(shapes) == 1 else _object_array(columns["map"])
         return columns
 
 
+#: The columns the decode tasks add, which the maps' rows leave out.
+_DECODED = ("image_data", "image_shape", "image_dtype", "decode_error")
 _MAP_COLUMNS = ("input", "method", "target", "target_id", "target_name", "target_probability", "predicted_id",
                 "predicted_name", "predicted_probability", "map", "status", "error")
 

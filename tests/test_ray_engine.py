@@ -209,9 +209,12 @@ def test_explain_dataset_gives_the_maps_of_the_explainers(tmp_path):
 
 def test_explain_dataset_takes_images_as_arrays():
     arrays = [np.asarray(Image.open(p).convert("RGB")) for p in PHOTOS[:2]]
-    dataset = ray.data.from_items([{"image": a} for a in arrays])
-    rows = explain_dataset(dataset, methods="gradcam", target="topk:2").take_all()
-    assert [(r["target"], r["status"]) for r in rows] == [("top1", "ok"), ("top2", "ok")] * 2
+    dataset = ray.data.from_items([{"image": a, "id": f"photo{i}"} for i, a in enumerate(arrays)])
+    rows = sorted(explain_dataset(dataset, methods="gradcam", target="topk:2").take_all(),
+                  key=lambda r: (r["id"], r["target"]))
+    assert [(r["id"], r["target"], r["status"], r["input"]) for r in rows] == [
+        ("photo0", "top1", "ok", None), ("photo0", "top2", "ok", None),
+        ("photo1", "top1", "ok", None), ("photo1", "top2", "ok", None)]
     model, _, _ = explain.models.load()
     expected = explain.GradCAM(model)(_preprocessed(PHOTOS[:2]), topk=2)
     found = np.stack([r["map"] for r in rows]).reshape(expected.maps.shape)
