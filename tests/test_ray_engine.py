@@ -267,3 +267,23 @@ def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monke
     monkeypatch.undo()
     assert main(["run", "in", "--out", "out", "--engine", "ray", "-q"]) == 0  # the rerun makes it
     assert summary_counts(capsys.readouterr().out) == (1, 3, 0)
+
+
+def test_metrics_on_ray_fill_the_rows_and_the_summary(tmp_path, capsys):
+    os.chdir(tmp_path)
+    options = ["run", str(REPO / "data" / "images"), "--metrics", "sparseness", "-q"]
+    assert main([*options, "--out", "local"]) == 0
+    local_out = capsys.readouterr().out
+    assert main([*options, "--out", "on_ray", "--engine", "ray"]) == 0
+    ray_out = capsys.readouterr().out
+    def rows(out: str) -> dict:
+        return _by_key([json.loads(line) for line in (tmp_path / out / "manifest.jsonl").open()])
+
+    local_rows, ray_rows = rows("local"), rows("on_ray")
+    assert ray_rows.keys() == local_rows.keys() and len(ray_rows) == 4
+    for key, row in local_rows.items():
+        assert ray_rows[key]["output"] == row["output"] and ray_rows[key]["status"] == "ok"
+        assert ray_rows[key]["metrics"]["sparseness"] == pytest.approx(row["metrics"]["sparseness"], abs=1e-5)
+    table = [line for line in ray_out.splitlines() if line.startswith("gradcam")]
+    assert table and table == [line for line in local_out.splitlines() if line.startswith("gradcam")]
+    assert "sparseness" in (tmp_path / "on_ray" / "index.html").read_text()

@@ -320,7 +320,8 @@ class _RayRun:
         task (the metrics' directions live beside torch)."""
         from ..ray_data import remote_metric_summary
 
-        return remote_metric_summary(ray, str(self.folder))
+        # Absolute: Ray's workers do not share this process's working directory.
+        return remote_metric_summary(ray, self.folder.location if self.folder.filesystem else self.folder.root)
 
     def _shown(self, name: str) -> str:
         location = str(self.folder)
