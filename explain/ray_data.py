@@ -280,22 +280,20 @@ def _columns(decoded) -> dict:
 
 
 def _groups(batch: dict) -> tuple[list[tuple[list[int], object]], list[tuple[int, str]]]:
-    """The decoded images stacked per shape (``[(positions, tensor)]``) and the failures."""
+    """The decoded images stacked per shape (``[(positions, tensor)]``) and the failures, as the
+    local engine's DataLoader collates them."""
     import torch
 
-    by_shape: dict[tuple, list[int]] = {}
-    failures = []
-    for i, error in enumerate(batch["decode_error"]):
-        if error:
-            failures.append((i, str(error)))
-        else:
-            by_shape.setdefault((batch["image_shape"][i], batch["image_dtype"][i]), []).append(i)
-    groups = []
-    for (shape, dtype), positions in by_shape.items():
-        dims = tuple(int(d) for d in shape.split("x"))
-        arrays = [np.frombuffer(batch["image_data"][i], dtype=np.dtype(dtype)).reshape(dims) for i in positions]
-        groups.append((positions, torch.from_numpy(np.stack(arrays))))
-    return groups, failures
+    from .cli.decoding import _collate
+
+    def image(i: int):
+        dims = tuple(int(d) for d in batch["image_shape"][i].split("x"))
+        array = np.frombuffer(batch["image_data"][i], dtype=np.dtype(batch["image_dtype"][i])).reshape(dims)
+        return torch.from_numpy(array.copy())
+
+    collated = _collate([(i, None, str(error)) if error else (i, image(i), None)
+                         for i, error in enumerate(batch["decode_error"])])
+    return collated.groups, collated.failures
 
 
 class _Actor:
@@ -457,13 +455,11 @@ def _object_array(values: list) -> np.ndarray:
 
 def _metric_summary(location: str) -> tuple[str, str]:
     from .cli.common import MANIFEST
+    from .cli.pipeline import metric_table
     from .cli.storage import OutputFolder
-    from .evaluation import format_summary, summary_table
+    from .evaluation import format_summary
     from .report import iter_json_records
 
-    rows = iter_json_records(OutputFolder(location).lines(MANIFEST))
-    table = summary_table({"method": row["method"], "metric": column, "value": value}
-                          for row in rows if row.get("status") in ("ok", "skipped")
-                          for column, value in (row.get("metrics") or {}).items())
+    table = metric_table(iter_json_records(OutputFolder(location).lines(MANIFEST)))
     return (format_summary(table), format_summary(table, "html")) if table else ("", "")
 

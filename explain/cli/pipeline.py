@@ -51,6 +51,13 @@ def _write_outputs(folder: OutputFolder, picture: np.ndarray, maps: np.ndarray, 
     return [dict(row, status="ok") for row in rows]
 
 
+def metric_table(rows) -> list[dict]:
+    """The summary (mean ± std per method and column) of the metric values in manifest rows."""
+    return summary_table({"method": row["method"], "metric": column, "value": value}
+                         for row in rows if row.get("status") in ("ok", "skipped")
+                         for column, value in (row.get("metrics") or {}).items())
+
+
 class _Run:
     """One ``explain run``: plans which outputs are missing, makes them, and reports."""
 
@@ -134,11 +141,7 @@ class _Run:
 
     def _metric_table(self, rows: list[dict]) -> list[dict]:
         """The summary of the metric values of ``rows`` (mean ± std per method and column)."""
-        if not self.metrics:
-            return []
-        return summary_table({"method": row["method"], "metric": column, "value": value}
-                             for row in rows if row.get("status") in ("ok", "skipped")
-                             for column, value in (row.get("metrics") or {}).items())
+        return metric_table(rows) if self.metrics else []
 
     def _scores(self, cam, images: Tensor, result) -> dict[tuple[int, int], dict]:
         """--metrics for one method's explanation of a batch: {(image, target rank): {column: value}};
