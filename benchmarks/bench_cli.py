@@ -71,7 +71,7 @@ def make_images(folder: Path, count: int, seed: int = 0) -> list[Path]:
 def bare_forward(folder: Path, batch_size: int, default_malloc: bool = False) -> float:
     """Images per second of ``model(x)`` alone, on the images ``explain run folder`` would
     process, decoded, preprocessed and batched as it does; decoding is not timed."""
-    from explain.cli.inputs import collect_inputs
+    from explain.batch.inputs import collect_inputs
     from explain.heap import ReusedHeap
 
     if not default_malloc:

@@ -593,7 +593,7 @@ def test_workers_hand_over_uint8_crops_and_the_model_input_is_unchanged():
     import torchvision
     from torchvision import transforms
 
-    from explain.cli.decoding import _collate, _Inputs
+    from explain.batch.decoding import ModelInputs, collate
 
     photo = Image.open(REPO / "data" / "images" / "chelsea.png").convert("RGB")
     bundled = models.imagenet_preprocess(resize=256, crop=224, mean=(0.5,) * 3, std=(0.5,) * 3)
@@ -601,8 +601,8 @@ def test_workers_hand_over_uint8_crops_and_the_model_input_is_unchanged():
     custom = transforms.Compose([transforms.Resize((64, 80)), transforms.PILToTensor(),
                                  transforms.ConvertImageDtype(torch.float32), transforms.Normalize([0.4] * 3, [0.2] * 3)])
     for preprocess, split in ((bundled, True), (preset, True), (custom, False)):
-        inputs = _Inputs(preprocess)
-        batch = _collate([(0, inputs.in_workers(photo), None), (1, inputs.in_workers(photo), None)])
+        inputs = ModelInputs(preprocess)
+        batch = collate([(0, inputs.in_workers(photo), None), (1, inputs.in_workers(photo), None)])
         (indices, images), = batch.groups
         assert indices == [0, 1]
         assert images.dtype == (torch.uint8 if split else torch.float32)
@@ -733,7 +733,7 @@ def test_random_weights_warn_and_broken_model_files_are_usage_errors(photos, cap
     ("cpu", 2, 2, 0), ("cpu", 6, 4, 2), ("cpu", 16, 8, 4), ("cuda", 2, 2, 2), ("cuda", 16, 8, 4),
 ])
 def test_default_decode_workers_use_the_cores_the_model_leaves(monkeypatch, device, cores, threads, expected):
-    from explain.cli.decoding import default_workers
+    from explain.batch.decoding import default_workers
 
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)

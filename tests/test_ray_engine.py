@@ -18,10 +18,11 @@ import torch
 from PIL import Image, ImageOps
 
 import explain
+import explain.batch.ray_stages
 import explain.ray_data
 from explain.cli import main
-from explain.cli.common import UsageError
-from explain.cli.ray_engine import PLAN_PREFIX, import_ray
+from explain.errors import UsageError
+from explain.batch.ray_driver import PLAN_PREFIX, import_ray
 from explain.ray_data import explain_dataset
 
 from test_cli import check_png, environment, explain_command, noise_image, read_rows, summary_counts
@@ -242,7 +243,7 @@ def test_usage_errors_of_the_ray_engine(tmp_path, capsys, monkeypatch):
 
 
 def test_the_driver_plans_without_torch():
-    code = ("import sys, explain.cli.ray_engine, explain.ray_data, explain.cli.run, explain.cli.parser\n"
+    code = ("import sys, explain.batch.ray_driver, explain.ray_data, explain.cli.run, explain.cli.parser\n"
             "explain.cli.parser.build_parser().parse_args(['run', 'x', '--out', 'y', '--engine', 'ray'])\n"
             "assert 'torch' not in sys.modules, 'the driver imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True, env=environment(), timeout=120)
@@ -252,13 +253,13 @@ def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monke
     (tmp_path / "in").mkdir()
     for i in range(4):
         noise_image(i).save(tmp_path / "in" / f"img{i}.png")
-    real = explain.ray_data.explain_plan
+    real = explain.batch.ray_stages.explain_plan
 
     def losing_img2(*args):  # as when an actor dies on img2's batch past Ray's retries
         for rows in real(*args):
             yield [row for row in rows if row["input"] != "in/img2.png"]
 
-    monkeypatch.setattr(explain.ray_data, "explain_plan", losing_img2)
+    monkeypatch.setattr(explain.batch.ray_stages, "explain_plan", losing_img2)
     os.chdir(tmp_path)
     assert main(["run", "in", "--out", "out", "--engine", "ray", "--batch-size", "1", "-q"]) == 1
     assert summary_counts(capsys.readouterr().out) == (3, 0, 1)

@@ -14,12 +14,11 @@ appends); re-running a command skips outputs (scores) that are already complete.
 codes: 0 all done, 1 some inputs failed, 2 usage error, 3 out of memory before the first
 image, 130 stopped by Ctrl-C.
 
-The package's modules, one job each: :mod:`~explain.cli.parser` (the parser and ``main``),
-:mod:`~explain.cli.loading` (the model), :mod:`~explain.cli.explainers` (targets, methods,
-metrics), :mod:`~explain.cli.inputs` (finding images), :mod:`~explain.cli.decoding` (decoding them),
-:mod:`~explain.cli.pipeline` and :mod:`~explain.cli.task_pipeline` (``explain run``'s
-batches), :mod:`~explain.cli.run`, :mod:`~explain.cli.evaluate` and
-:mod:`~explain.cli.listing` (the commands), :mod:`~explain.cli.common` (what they share).
+The command line is a thin shell over the batch layer (:mod:`explain.batch`): each command
+parses its flags, builds the batch layer's typed options, calls it and prints. Its modules:
+:mod:`~explain.cli.parser` (the parser and ``main``), :mod:`~explain.cli.run`,
+:mod:`~explain.cli.evaluate` and :mod:`~explain.cli.listing` (the commands),
+:mod:`~explain.cli.common` (argument types), :mod:`~explain.cli.method_table` (``explain methods``' table).
 """
 
 from .parser import main

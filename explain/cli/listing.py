@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import EXIT_OK
+from ..batch.outcome import EXIT_OK
 
 
 def methods_command(args) -> int:

@@ -20,7 +20,9 @@ from torch import Tensor, nn
 from .. import models
 from ..tasks import segmentation_logits
 from ..tasks import models as task_models
-from .common import MODEL_FILE_SUFFIXES, UsageError
+from ..errors import UsageError
+
+MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")
 
 
 @dataclass
@@ -200,7 +202,7 @@ def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool
     return True
 
 
-def _warn_if_random(loaded: LoadedModel, model: str) -> None:
+def warn_if_random(loaded: LoadedModel, model: str) -> None:
     if loaded.random_weights:
         print(f"explain: warning: {model} has random weights (seed 0), so its maps explain an untrained model; "
               "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)

@@ -14,7 +14,10 @@ from PIL import Image
 
 from .. import __version__
 from ..options import BUNDLED_MODEL, METRIC_NAMES, REDUCTIONS, STEP_METRICS, TASKS
-from .common import EXIT_OUT_OF_MEMORY, EXIT_USAGE, LOCALISATION, UsageError, _non_negative_int, _positive_int
+from ..batch.outcome import EXIT_OUT_OF_MEMORY, EXIT_USAGE
+from ..errors import UsageError
+from ..options import LOCALISATION_METRICS
+from .common import non_negative_int, positive_int
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,10 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"explain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    defaults = argparse.ArgumentDefaultsHelpFormatter
+    _add_run_command(commands)
+    _add_evaluate_command(commands)
+    _add_listing_commands(commands)
+    return parser
 
+
+def _add_run_command(commands) -> None:
     run = commands.add_parser(
-        "run", formatter_class=defaults, help="write heatmap overlays for images, folders and lists",
+        "run", formatter_class=argparse.ArgumentDefaultsHelpFormatter, help="write heatmap overlays for images, folders and lists",
         description="Write one heatmap overlay per image, method and target under --out, with "
         "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
         "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory before the first image, "
@@ -67,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what the model does: classify (a class per image), segment (a class per pixel: maps "
                      "explain a class over its region) or detect (boxes: maps explain a detected box, one output "
                      "per box) [default: inferred from the model]")
-    run.add_argument("--batch-size", "-b", type=_positive_int, default=16)
+    run.add_argument("--batch-size", "-b", type=positive_int, default=16)
     run.add_argument("--eigen-smooth", action="store_true",
                      help="map by the first principal component of each method's per-channel terms "
                      "(CAMs that are a sum over channels)")
@@ -82,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity, 0..1")
     run.add_argument("--save-maps", action="store_true",
                      help="also write each image's maps (scaled and raw) as .npz next to its overlays")
-    run.add_argument("--workers", "-j", type=_non_negative_int, default=None,
+    run.add_argument("--workers", "-j", type=non_negative_int, default=None,
                      help="processes decoding images, and threads writing overlays (0: decode in the "
                      "main process, write from one thread) [default: on cuda up to 4; on cpu the "
                      "cores the model's threads leave free, up to 4]")
@@ -93,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
     _add_step_option(run)
+    run.set_defaults(handler="run:run_command")
+    _add_scaling_options(run)
+
+
+def _add_scaling_options(run: argparse.ArgumentParser) -> None:
     scale = run.add_argument_group("scaling out (the `ray` extra: pip install 'explain-vision[ray]')")
     scale.add_argument("--engine", choices=("local", "ray"), default="local",
                        help="local: this process, with DataLoader workers; ray: a Ray Data pipeline (decode tasks, "
@@ -101,13 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--address", default=None,
                        help="the Ray cluster to join (auto, ray://HEAD:10001, HEAD:6379); --out must be a folder "
                        "every node sees [default: start a local Ray on this machine's cores]")
-    scale.add_argument("--actors", type=_positive_int, default=None,
+    scale.add_argument("--actors", type=positive_int, default=None,
                        help="explaining actors [default: one per GPU where the cluster has GPUs, else one per node, "
                        "each leaving a CPU to the read and decode tasks]")
-    run.set_defaults(handler="run:run_command")
 
+
+def _add_evaluate_command(commands) -> None:
     scoring = commands.add_parser(
-        "evaluate", formatter_class=defaults, help="score methods with faithfulness and other metrics",
+        "evaluate", formatter_class=argparse.ArgumentDefaultsHelpFormatter, help="score methods with faithfulness and other metrics",
         description="Explain the images with each method and score the maps with each metric. Writes under --out: "
         "scores.csv (one row per image, method, target and metric column), failures.csv, curves.jsonl, "
         "summary.csv, summary.md and plots/*.png; prints the summary (mean ± std per method and metric, * marks "
@@ -124,19 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
                           help="target layer(s), comma-separated; see `explain layers MODEL`")
     scoring.add_argument("--target", default="top1",
                           help="class to explain: top1, a class id, a class name, or topk:K for the K best")
-    scoring.add_argument("--batch-size", "-b", type=_positive_int, default=16)
+    scoring.add_argument("--batch-size", "-b", type=positive_int, default=16)
     _add_step_option(scoring)
     scoring.add_argument("--regions", type=Path, metavar="FILE",
-                          help="where the objects are, for " + ", ".join(LOCALISATION) + ": a CSV with the header "
+                          help="where the objects are, for " + ", ".join(LOCALISATION_METRICS) + ": a CSV with the header "
                           "image,x0,y0,x1,y1 (boxes in pixels of the model input, after resizing and cropping; "
                           "image: file name, stem or path) or a folder of masks named by the images' stems")
-    scoring.add_argument("--workers", "-j", type=_non_negative_int, default=None,
+    scoring.add_argument("--workers", "-j", type=non_negative_int, default=None,
                           help="processes decoding images (0: decode in the main process) [default: as for run]")
     scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
     _add_max_pixels(scoring)
     scoring.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary still print")
     scoring.set_defaults(handler="evaluate:evaluate_command")
 
+
+def _add_listing_commands(commands) -> None:
     listing = commands.add_parser("methods", help="list the explanation methods",
                                   description="List the registered methods with their family, their cost "
                                   "per image and target, whether they explain through a --layer, and a "
@@ -144,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler="listing:methods_command")
 
     layers = commands.add_parser(
-        "layers", formatter_class=defaults, help="a model's layers: shapes, parameters, multiply-adds, target layers",
+        "layers", formatter_class=argparse.ArgumentDefaultsHelpFormatter, help="a model's layers: shapes, parameters, multiply-adds, target layers",
         description="Print the model's layers in execution order with their output shapes, parameters and "
         "multiply-adds (measured with forward hooks on one image, see explain.summary) and the totals, then the "
         "candidate target layers (spatial outputs); '*' marks the layer picked when --layer is auto.",
@@ -153,7 +169,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="efficientnet_lite0, a torchvision model name, or a model file")
     _add_model_options(layers, with_model=False)
     layers.set_defaults(handler="listing:layers_command")
-    return parser
 
 
 def _add_inputs_and_model(parser: argparse.ArgumentParser, evaluate: bool = False) -> None:
@@ -168,7 +183,7 @@ def _add_inputs_and_model(parser: argparse.ArgumentParser, evaluate: bool = Fals
 
 
 def _add_max_pixels(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-pixels", type=_non_negative_int, default=None,
+    parser.add_argument("--max-pixels", type=non_negative_int, default=None,
                         help="refuse images with more pixels as decompression bombs (0: no limit) "
                         "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
 
@@ -188,7 +203,7 @@ def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True)
 
 
 def _add_step_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--step", type=_positive_int, default=None,
+    parser.add_argument("--step", type=positive_int, default=None,
                         help="pixels removed or inserted per step by " + ", ".join(STEP_METRICS) + " (fewer steps "
                         "run faster) [default: each metric's own: one row of the image for deletion and insertion, "
                         "1 %% of it for pixel-flipping]")

@@ -1,6 +1,6 @@
 """Decoding the images beside the model: the DataLoader stages of ``explain run`` and
-``explain evaluate`` (and the Ray engine's decode tasks), and the model's preprocessing split
-between them and the model's device."""
+``explain evaluate`` (and the Ray engine's decode tasks), the model's preprocessing split
+between them and the model's device, and decoded images grouped into batches by shape."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor
 from torchvision import transforms
 
 from ..images import ImageError, load_rgb
 from ..overlay import denormalize, normalization_of
+from .guards import set_pixel_limit
 
 
 def default_workers(device: torch.device) -> int:
@@ -28,7 +28,7 @@ def default_workers(device: torch.device) -> int:
     return min(4, max(0, cores - torch.get_num_threads()))
 
 
-class _Inputs:
+class ModelInputs:
     """The model's preprocessing, split between the decode workers and the model's device.
 
     Where it ends by scaling to [0, 1] and normalising (``ToTensor`` + ``Normalize``, or
@@ -44,7 +44,7 @@ class _Inputs:
         steps = preprocess.transforms if isinstance(preprocess, transforms.Compose) else []
         if len(steps) >= 2 and type(steps[-2]) is transforms.ToTensor and type(steps[-1]) is transforms.Normalize:
             self.in_workers, self.uint8 = transforms.Compose([*steps[:-2], transforms.PILToTensor()]), True
-        elif _is_torchvision_classification_preset(preprocess):
+        elif is_torchvision_preset(preprocess):
             self.in_workers, self.uint8 = transforms.Compose([
                 transforms.Resize(preprocess.resize_size, preprocess.interpolation, antialias=preprocess.antialias),
                 transforms.CenterCrop(preprocess.crop_size),
@@ -64,13 +64,18 @@ class _Inputs:
         return images.permute(0, 2, 3, 1).cpu().numpy()
 
 
-def _is_torchvision_classification_preset(preprocess) -> bool:
+def draft_size(example: Tensor) -> int:
+    """The size JPEGs are drafted to while decoding: twice the model input's longer side."""
+    return 2 * max(example.shape[-2:])
+
+
+def is_torchvision_preset(preprocess) -> bool:
     # weights.transforms(); its class lives in a private torchvision module, so match by name.
     kind = type(preprocess)
     return kind.__name__ == "ImageClassification" and kind.__module__.startswith("torchvision.")
 
 
-class _Decode(torch.utils.data.Dataset):
+class DecodedImages(torch.utils.data.Dataset):
     """Decoded, preprocessed images; failures come back as an error message."""
 
     def __init__(self, paths: list[str], preprocess, draft_size: int):
@@ -91,15 +96,17 @@ class _Decode(torch.utils.data.Dataset):
 
 
 @dataclass
-class _Batch:
+class DecodedBatch:
     groups: list[tuple[list[int], Tensor]]  # (dataset indices, stacked images) per image shape
     failures: list[tuple[int, str]]
 
-    def pin_memory(self) -> _Batch:  # called by the DataLoader when pin_memory=True
-        return _Batch([(indices, images.pin_memory()) for indices, images in self.groups], self.failures)
+    def pin_memory(self) -> DecodedBatch:  # called by the DataLoader when pin_memory=True
+        return DecodedBatch([(indices, images.pin_memory()) for indices, images in self.groups], self.failures)
 
 
-def _collate(items) -> _Batch:
+def collate(items) -> DecodedBatch:
+    """``(index, image or None, error or None)`` items as a batch: the images stacked per shape
+    and dtype, the failures with their reasons."""
     by_shape: dict[tuple, list] = {}
     failures = []
     for index, tensor, error in items:
@@ -108,10 +115,10 @@ def _collate(items) -> _Batch:
         else:
             by_shape.setdefault((tuple(tensor.shape), tensor.dtype), []).append((index, tensor))
     groups = [([i for i, _ in group], torch.stack([t for _, t in group])) for group in by_shape.values()]
-    return _Batch(groups, failures)
+    return DecodedBatch(groups, failures)
 
 
-def _init_worker(max_pixels, _worker_id: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
-    if max_pixels is not None:
-        Image.MAX_IMAGE_PIXELS = max_pixels or None
+def init_worker(max_pixels, worker_id: int) -> None:
+    """A DataLoader worker's start: Ctrl-C is the main process's business; the run's pixel limit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    set_pixel_limit(max_pixels)

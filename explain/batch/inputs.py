@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..images import IMAGE_EXTENSIONS
-from .common import UsageError
+from ..errors import UsageError
 
 
 @dataclass

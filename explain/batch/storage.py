@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..report import atomic_write
-from .common import UsageError
+from ..errors import UsageError
 
 
 def is_uri(location) -> bool:

@@ -2,7 +2,7 @@
 
 The driver (this process) plans and reports, and never imports torch, so that planning a
 list of millions of images stays in bounded memory: it streams the inputs
-(:class:`~explain.cli.inputs.InputListing`), keeps the earlier manifest's finished outputs
+(:class:`~explain.batch.inputs.InputListing`), keeps the earlier manifest's finished outputs
 (as ``skipped``) and writes the images still to explain to plan files under --out. Ray Data
 then reads the plan, decodes and resizes the images in CPU tasks, explains them in a pool of
 actors that each load the model once (:mod:`explain.ray_data`), and the actors write the
@@ -12,13 +12,12 @@ rows that reached the manifest: finished outputs are skipped, the rest is made a
 row written once.
 
 Where the model is checked, the layers fixed and the settings recorded is the same code as
-the local engine's (:func:`~explain.cli.preparation.prepare_run`), run in a Ray task; the
-actors explain with the local engine's batch code (:class:`~explain.cli.pipeline._Run`).
+the local engine's (:func:`~explain.batch.preparation.prepare_run`), run in a Ray task; the
+actors explain with the local engine's :class:`~explain.batch.explaining.GroupExplainer`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sys
@@ -29,11 +28,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..errors import UsageError
 from ..report import index_html, iter_json_records, manifest_line, remove_temp_files
-from .common import (
-    EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, UsageError, StopFlag, _sole_run, is_complete, manifest_row,
-)
+from .guards import StopFlag, sole_run
 from .inputs import InputListing
+from .manifest import MANIFEST, manifest_row
+from .options import CheckedRun, RunOptions
+from .outcome import exit_code, interrupted_summary
+from .planning import finished_pairs
 from .storage import OutputFolder
 
 #: Images per plan file: Ray Data reads the plan file by file, a decode task per file.
@@ -87,7 +89,8 @@ def connect(ray, address: str | None) -> bool:
     return True
 
 
-def run_on_ray(args) -> int:
+def run_on_ray(args: RunOptions) -> int:
+    """``explain run --engine ray``: plan here, explain on Ray; returns the exit status."""
     folder = OutputFolder(args.out)
     local = folder.filesystem is None
     out_dir = Path(args.out)
@@ -97,16 +100,16 @@ def run_on_ray(args) -> int:
     ray = import_ray()
     started = connect(ray, args.address)
     try:
-        from ..ray_data import actor_resources, remote_prepare
+        from .ray_stages import actor_resources, remote_prepare
 
-        setup = remote_prepare(ray, args)
-        if setup.get("messages"):
-            print(setup["messages"], end="", file=sys.stderr)
-        run = _RayRun(args, folder, listing, setup, actor_resources(ray, args, setup))
+        checked = remote_prepare(ray, args)
+        if checked.messages:
+            print(checked.messages, end="", file=sys.stderr)
+        run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked))
         if not local:  # an object store has no lock and no partial files to clean up
             return run.execute(ray)
         out_dir.mkdir(parents=True, exist_ok=True)
-        with _sole_run(out_dir):
+        with sole_run(out_dir):
             remove_temp_files(out_dir)
             for stale in out_dir.glob(PLAN_PREFIX + "*"):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -116,13 +119,13 @@ def run_on_ray(args) -> int:
             ray.shutdown()
 
 
-class _RayRun:
+class RayRun:
     """The driver's side of one ``explain run --engine ray``."""
 
-    def __init__(self, args, folder: OutputFolder, listing: InputListing, setup: dict, resources: dict):
-        self.args, self.folder, self.listing, self.setup, self.resources = args, folder, listing, setup, resources
-        self.methods: list[str] = setup["methods"]
-        self.labels: list[str] = setup["labels"]
+    def __init__(self, args: RunOptions, folder: OutputFolder, listing: InputListing, checked: CheckedRun,
+                 resources: dict):
+        self.args, self.folder, self.listing, self.checked, self.resources = args, folder, listing, checked, resources
+        self.methods, self.labels = checked.methods, checked.labels
         self.stats = {"ok": 0, "skipped": 0, "failed": 0}
         # The manifest is appended to on this machine: in the folder itself, or for a folder
         # given by URI in a working copy that is uploaded now and then and at the end.
@@ -137,35 +140,8 @@ class _RayRun:
     # -- planning
 
     def _finished_pairs(self) -> tuple[set[int], set[int]]:
-        """Hashes of this run's inputs, and of the (input, method) pairs whose outputs an earlier
-        run finished with this run's settings: every target's (classify, segment) or every box's
-        (detect)."""
-        complete_keys: set[int] = set()
-        counts: dict[int, list[int]] = {}  # detect: pair -> [rows with these settings, complete ones]
-        settings, layers = self.setup["settings"], self.setup["layers"]
-        for row in iter_json_records(self.folder.lines(MANIFEST)):
-            method = row.get("method")
-            if method not in settings:
-                continue
-            done = is_complete(row, self.folder.is_file, settings[method], layers[method], self.args.save_maps,
-                               self.setup["metric_columns"])
-            if self.setup["task"] == "detect":
-                if row.get("task") == "detect" and row.get("region") and row.get("settings") == settings[method]:
-                    count = counts.setdefault(hash((row.get("input"), method)), [0, 0])
-                    count[0] += 1
-                    count[1] += done
-            elif done:
-                complete_keys.add(hash((row.get("input"), method, row.get("target"))))
-        inputs: set[int] = set()
-        finished = {pair for pair, (rows, done) in counts.items() if rows and rows == done}
-        if not (complete_keys or finished):  # nothing to keep (a first run): no need to know the inputs yet
-            return inputs, finished
-        for input in self.listing.inputs():
-            inputs.add(hash(input))
-            for method in self.methods:
-                if complete_keys and all(hash((input, method, label)) in complete_keys for label in self.labels):
-                    finished.add(hash((input, method)))
-        return inputs, finished
+        return finished_pairs(self.folder.lines(MANIFEST), self.listing.inputs(), self.checked, self.folder.is_file,
+                              self.args.save_maps)
 
     def _start_manifest(self, inputs: set[int], finished: set[int]) -> None:
         """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
@@ -217,8 +193,9 @@ class _RayRun:
         return planned
 
     def _row(self, input: str, method: str, label: str, **values) -> dict:
-        return manifest_row(input, method, label, self.setup["layers"][method], self.setup["settings"][method],
-                            self.setup["task"], **values)
+        checked = self.checked
+        return manifest_row(input, method, label, checked.layers[method], checked.settings[method], checked.task,
+                            **values)
 
     def _append(self, out, rows: list[dict], report: bool = False) -> None:
         """Rows to the manifest, whole lines in one write (a killed driver leaves at most a
@@ -276,11 +253,12 @@ class _RayRun:
                                 dynamic_ncols=True)
                 try:
                     if planned:
-                        from ..ray_data import explain_plan, for_workers
+                        from . import ray_stages
 
                         received: set[int] = set()
-                        for rows in explain_plan(ray, self.folder.path(self.plan_name), self.folder.filesystem,
-                                                 for_workers(self.args), self.setup, self.resources):
+                        for rows in ray_stages.explain_plan(ray, self.folder.path(self.plan_name),
+                                                            self.folder.filesystem, self.args.with_absolute_paths(),
+                                                            self.checked, self.resources):
                             self._append(out, rows, report=True)
                             count = len({row["input"] for row in rows})
                             received.update(hash(row["input"]) for row in rows)
@@ -300,7 +278,7 @@ class _RayRun:
             self.folder.remove_folder(self.plan_name)
             self._publish()
             summary = self._summary(images, time.perf_counter() - started, not completed)
-            metrics_text, metrics_html = self._metric_summary(ray) if completed and self.setup["metrics"] else ("", "")
+            metrics_text, metrics_html = self._metric_summary(ray) if completed and self.checked.metrics else ("", "")
             # On an object store every ok row's file was written or found by this run: asking
             # for each again would cost a request per image.
             exists = self.folder.is_file if self.folder.filesystem is None else (lambda output: True)
@@ -311,14 +289,12 @@ class _RayRun:
         if metrics_text:
             print(metrics_text)
         print(summary)
-        if interrupted:
-            return EXIT_INTERRUPTED
-        return EXIT_FAILED if self.stats["failed"] else EXIT_OK
+        return exit_code(self.stats["failed"], interrupted)
 
     def _metric_summary(self, ray) -> tuple[str, str]:
         """--metrics: the summary table (text and HTML) of the manifest's values, made in a Ray
         task (the metrics' directions live beside torch)."""
-        from ..ray_data import remote_metric_summary
+        from .ray_stages import remote_metric_summary
 
         # Absolute: Ray's workers do not share this process's working directory.
         return remote_metric_summary(ray, self.folder.location if self.folder.filesystem else self.folder.root)
@@ -335,9 +311,7 @@ class _RayRun:
                 f"see {self._shown('index.html')} and {self._shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"
-        if interrupted:
-            text = "explain: interrupted, run the same command again to finish. " + text[len("explain: "):]
-        return text
+        return interrupted_summary(text) if interrupted else text
 
 
 def _index_rows(path: Path, limit: int) -> list[dict]:
@@ -352,15 +326,3 @@ def _index_rows(path: Path, limit: int) -> list[dict]:
                 inputs.add(row.get("input"))
             rows.append(row)
     return rows
-
-
-def cpus_per_actor(node_cpus: float, actors_per_node: int) -> float:
-    """CPUs each CPU actor reserves in Ray's accounting: the node's, less one for the read and
-    decode tasks, shared by its actors (at least half a CPU each). An actor pool that reserves
-    every CPU leaves the read stage none and the run hangs; Ray Data's read stage asks for a
-    whole CPU at first.
-
-    >>> cpus_per_actor(2, 1), cpus_per_actor(16, 1), cpus_per_actor(16, 3)
-    (1.0, 15.0, 5.0)
-    """
-    return max(0.5, math.floor((node_cpus - 1) / actors_per_node * 2) / 2)

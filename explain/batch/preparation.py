@@ -6,13 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..base import method_class
+from ..cli.loading import LoadedModel, load_model
+from ..errors import UsageError
 from ..methods import BaseCAM
+from ..metrics.registry import METRICS
+from ..options import LOCALISATION_METRICS
 from ..tasks import models as task_models
-from .common import LOCALISATION, UsageError
-from .explainers import build_explainers, parse_metrics, parse_target, parse_task_target, _metric_options, _takes
-from .loading import LoadedModel, load_model
-from .pipeline import _Run
-from .task_pipeline import _TaskRun
+from .decoding import ModelInputs, draft_size
+from .explainers import (
+    TargetSpec, build_explainers, metric_options, option_applies, parse_metrics, parse_target, parse_task_target,
+)
+from .options import CheckedRun, RunOptions
 
 
 @dataclass
@@ -20,9 +24,10 @@ class PreparedRun:
     """What a run needs besides its images, checked against the model: the same for the local
     engine and each Ray actor."""
 
+    options: RunOptions
     loaded: LoadedModel
     task: str
-    target: object  # TargetSpec
+    target: TargetSpec
     explainers: list
     layers: dict[str, str]  # method -> its layers, comma-separated
     settings: dict[str, str]  # method -> the settings that shape its outputs (a changed one redoes them)
@@ -30,15 +35,21 @@ class PreparedRun:
     metric_options: dict
 
     @property
-    def run_class(self) -> type:
-        return _Run if self.task == "classify" else _TaskRun
+    def metric_columns(self) -> list[str]:
+        return [column for name in self.metrics for column in METRICS[name].columns]
 
-    def run_arguments(self) -> tuple:
-        """The arguments of :attr:`run_class` after ``(args, out_dir, sources)``."""
-        return self.loaded, self.target, self.explainers, self.layers, self.settings, self.metrics, self.metric_options
+    def checked(self, messages: str = "") -> CheckedRun:
+        """What the check found, in plain values, with how the decode step preprocesses."""
+        import cloudpickle
+
+        inputs = ModelInputs(self.loaded.preprocess)
+        decoding = cloudpickle.dumps((inputs.in_workers, draft_size(self.loaded.example)))
+        return CheckedRun([cam.name for cam in self.explainers], list(self.target.labels), self.layers, self.settings,
+                          self.task, self.metrics, self.metric_columns, self.loaded.fixed_batch,
+                          self.loaded.device.type, decoding, messages)
 
 
-def prepare_run(args) -> PreparedRun:
+def prepare_run(args: RunOptions) -> PreparedRun:
     """Load the model and check the options against it: the task, the target, the methods and
     their layers, the metrics. Mistakes are :class:`UsageError` s that say what to pass."""
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
@@ -53,12 +64,12 @@ def prepare_run(args) -> PreparedRun:
     else:
         target = parse_task_target(args.target, task, loaded.class_names)
     metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
-    if any(name in LOCALISATION for name in metrics):
-        raise UsageError(f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION)} need the objects' regions, "
+    if any(name in LOCALISATION_METRICS for name in metrics):
+        raise UsageError(f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "
                          "which `explain evaluate --regions FILE` takes")
     if args.step is not None and not metrics:
         raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
-    metric_options = _metric_options(metrics, args.step)
+    settings_of_metrics = metric_options(metrics, args.step)
     options = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
     if args.reduction != "abs-sum":
         options["reduction"] = args.reduction
@@ -74,17 +85,17 @@ def prepare_run(args) -> PreparedRun:
         common += f" task={task}" + (f" target={args.target}" if task == "detect" else "")
     settings = {}
     for cam in explainers:
-        applied = {name: value for name, value in options.items() if _takes(type(cam), name)}
+        applied = {name: value for name, value in options.items() if option_applies(type(cam), name)}
         settings[cam.name] = common + "".join(
             f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items())
         if applied.get("reduction") == "sum":
             settings[cam.name] += f" signed_cmap={args.signed_cmap}"
-    return PreparedRun(loaded, task, target, explainers, layers, settings, metrics, metric_options)
+    return PreparedRun(args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics)
 
 
-def _run_task(args, loaded: LoadedModel) -> str:
+def _run_task(args: RunOptions, loaded: LoadedModel) -> str:
     """--task, checked against what the model does; by default what the model does."""
-    task = getattr(args, "task", None) or loaded.task
+    task = args.task or loaded.task
     if task != loaded.task:
         raise UsageError(f"--task {task}: {args.model} is a {loaded.task} model (it returns "
                          + {"classify": "(N, classes) logits", "segment": "(N, C, H, W) logits per pixel",
@@ -92,7 +103,7 @@ def _run_task(args, loaded: LoadedModel) -> str:
     return task
 
 
-def _task_layer(args, loaded: LoadedModel, task: str, metrics: list[str]) -> str:
+def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[str]) -> str:
     """The checks that apply to segmentation and detection runs, and the layer to explain
     (``--layer auto``: the backbone's last spatial layer)."""
     if metrics:

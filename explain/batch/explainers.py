@@ -1,4 +1,4 @@
-"""From options to work: ``--target`` for each task, ``--method`` into checked explainers, and
+"""From options to work (the command line's words, checked against the model): ``--target`` for each task, ``--method`` into checked explainers, and
 ``--metrics`` into metric names and settings."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from ..base import NotApplicable, method_class, methods
 from ..metrics.registry import METRICS, metric
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
-from ..options import STEP_METRICS
-from .common import LOCALISATION, UsageError
-from .loading import LoadedModel
+from ..errors import UsageError
+from ..options import LOCALISATION_METRICS, STEP_METRICS
+from ..cli.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,8 @@ def _class_id(text: str, class_names: list[str]) -> int:
         raise UsageError(f"--target: {error}") from None
 
 
-def _class_name(class_names: list[str], class_id: int) -> str:
+def class_name(class_names: list[str], class_id: int) -> str:
+    """The name of ``class_id``, or the id as text where the model names no such class."""
     return class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
 
 
@@ -126,12 +127,12 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
         except ValueError as error:
             raise UsageError(f"--method: {error}") from None
     for option in options:
-        if not any(_accepts(cls, option) for cls in classes.values()):
+        if not any(accepts_option(cls, option) for cls in classes.values()):
             flag = "--layer" if option == "target_layer" else "--" + option.replace("_", "-")
             raise UsageError(f"{flag} applies to none of the methods {', '.join(wanted)}; see `explain methods`")
     explainers = []
     for name, cls in classes.items():
-        applies = _takes if everything else _accepts
+        applies = option_applies if everything else accepts_option
         given = {option: value for option, value in options.items() if applies(cls, option)}
         try:
             cam = cls(loaded.model, class_names=loaded.class_names, **given)
@@ -151,7 +152,7 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
     return explainers
 
 
-def _accepts(cls: type, option: str) -> bool:
+def accepts_option(cls: type, option: str) -> bool:
     """Whether ``cls(model, ...)`` takes the keyword ``option``, through ``**options`` too."""
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
@@ -165,14 +166,14 @@ def _accepts(cls: type, option: str) -> bool:
     return False
 
 
-def _takes(cls: type, option: str) -> bool:
+def option_applies(cls: type, option: str) -> bool:
     """Whether ``option`` applies to a method: it takes it, and eigen_smooth only where the
     map is a sum over channels, a layer only where the method explains through one."""
     if option == "eigen_smooth" and not getattr(cls, "channel_sum", False):
         return False
     if option == "target_layer" and not cls.needs_layer:
         return False
-    return _accepts(cls, option)
+    return accepts_option(cls, option)
 
 
 def parse_metrics(text: str, with_regions: bool = False, flag: str = "--metrics") -> list[str]:
@@ -189,14 +190,15 @@ def parse_metrics(text: str, with_regions: bool = False, flag: str = "--metrics"
             raise UsageError(f"{flag}: {error}") from None
     if not names:
         raise UsageError(f"{flag} is empty; known metrics: {', '.join(METRICS)}")
-    needing = [name for name in names if name in LOCALISATION]
+    needing = [name for name in names if name in LOCALISATION_METRICS]
     if needing and not with_regions:
         raise UsageError(f"{flag} {','.join(needing)}: these metrics need the objects' regions; pass --regions FILE "
                          "(a CSV of boxes image,x0,y0,x1,y1 in model-input pixels, or a folder of masks)")
     return list(dict.fromkeys(names))
 
 
-def _metric_options(metrics: list[str], step: int | None) -> dict[str, dict]:
+def metric_options(metrics: list[str], step: int | None) -> dict[str, dict]:
+    """Each metric's keyword options from ``--step`` (the pixels per step of the step metrics)."""
     if step is None:
         return {}
     if not any(name in STEP_METRICS for name in metrics):

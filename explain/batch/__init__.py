@@ -1,0 +1,19 @@
+"""The batch layer: explaining and scoring folders of images, as library code that the command
+line, the Ray engine and :func:`explain.ray_data.explain_dataset` call.
+
+- :mod:`~explain.batch.options`: what a job is asked to do (typed dataclasses, free of torch);
+- :mod:`~explain.batch.inputs`, :mod:`~explain.batch.storage`: finding the images, the output folder;
+- :mod:`~explain.batch.decoding`: decoding beside the model, the preprocessing split;
+- :mod:`~explain.batch.explainers`, :mod:`~explain.batch.preparation`: the options checked against the model;
+- :mod:`~explain.batch.loop`: the one loader loop (progress, Ctrl-C, out-of-memory halving);
+- :mod:`~explain.batch.explaining`, :mod:`~explain.batch.task_outputs`, :mod:`~explain.batch.method_results`:
+  a group of images explained into manifest rows and files to write, per task by a strategy;
+- :mod:`~explain.batch.writing`: drawing and saving one image's outputs;
+- :mod:`~explain.batch.manifest`, :mod:`~explain.batch.planning`: the manifest's rows, planning and resume;
+- :mod:`~explain.batch.local_run`, :mod:`~explain.batch.ray_driver`, :mod:`~explain.batch.ray_stages`:
+  ``explain run`` here and on Ray Data; :mod:`~explain.batch.evaluating`: ``explain evaluate``;
+- :mod:`~explain.batch.guards`, :mod:`~explain.batch.outcome`: one job per folder, Pillow's limit,
+  Ctrl-C; exit statuses.
+
+Importing this package imports none of its modules (nor torch).
+"""

@@ -1,0 +1,280 @@
+"""``explain evaluate``: explain each image once per method, score every map, append the scores,
+and rebuild the summary and plots. The images come from the batch jobs' one loader loop
+(:func:`~explain.batch.loop.for_each_batch`); a group that runs out of device memory is scored
+in halves (:func:`~explain.batch.loop.in_halves`)."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torchvision import transforms
+from tqdm import tqdm
+
+from ..cli.loading import load_model, warn_if_random
+from ..errors import UsageError
+from ..evaluation import (
+    evaluate, format_summary, plot_curves, plot_randomisation, plot_summary, read_regions, summary_table,
+)
+from ..evaluation import files as evaluation_files
+from ..metrics.registry import METRICS
+from ..options import LOCALISATION_METRICS as LOCALISATION
+from ..report import atomic_write, remove_temp_files
+from .decoding import DecodedBatch, ModelInputs, default_workers, is_torchvision_preset
+from .explainers import build_explainers, metric_options, parse_metrics, parse_target
+from .guards import pixel_limit, sole_run
+from .inputs import collect_inputs
+from .loop import OutOfMemory, for_each_batch, in_halves
+from .manifest import safe_name
+from .options import EvaluateOptions
+from .outcome import exit_code, interrupted_summary
+
+
+def _mask_geometry(preprocess):
+    """The resizing and cropping of ``preprocess`` with nearest-neighbour resampling, for
+    masks drawn on the original images; None where the preprocessing is not made of them."""
+    nearest = transforms.InterpolationMode.NEAREST
+    if is_torchvision_preset(preprocess):
+        return transforms.Compose([transforms.Resize(preprocess.resize_size, nearest),
+                                   transforms.CenterCrop(preprocess.crop_size)])
+    if not isinstance(preprocess, transforms.Compose):
+        return None
+    steps = []
+    for step in preprocess.transforms:
+        if type(step) is transforms.Resize:
+            steps.append(transforms.Resize(step.size, nearest, max_size=step.max_size))
+        elif type(step) is transforms.CenterCrop:
+            steps.append(step)
+        elif type(step) not in (transforms.ToTensor, transforms.PILToTensor, transforms.Normalize,
+                                transforms.ConvertImageDtype):
+            return None
+    return transforms.Compose(steps)
+
+
+def _save_figure(path: Path, figure) -> None:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    atomic_write(path, buffer.getvalue())
+
+
+class EvaluationRun:
+    """One ``explain evaluate``: plans which (image, method, metric) scores are missing from
+    scores.csv, computes them batch by batch, appends them, and rebuilds the summary."""
+
+    def __init__(self, args, out_dir, sources, loaded, target, explainers, metrics, options, regions):
+        self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
+        self.target, self.metrics, self.options, self.regions = target, metrics, options, regions
+        self.explainers = {cam.name: cam for cam in explainers}
+        self.layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+        self.metric_of = {column: name for name, spec in METRICS.items() for column in spec.columns}
+        self.inputs = ModelInputs(loaded.preprocess)
+        self.scores_path, self.curves_path = out_dir / evaluation_files.SCORES, out_dir / evaluation_files.CURVES
+        self.pending: dict[int, dict[str, list[str]]] = {}  # source index -> method -> metrics to compute
+        self.failures: list[dict] = []
+        self.reported: set[str] = set()
+        self.stats = {"computed": 0, "skipped": 0, "failed": 0}
+
+    def _settings(self, method: str, name: str) -> str:
+        text = f"model={self.args.model} weights={self.args.weights or '-'} layer={self.layers[method]}"
+        if "step" in self.options.get(name, {}):
+            text += f" step={self.options[name]['step']}"
+        if name in LOCALISATION:
+            text += f" regions={self.args.regions}"
+        return text
+
+    # -- files
+
+    def _compact(self) -> list[dict]:
+        """Rewrite scores.csv and curves.jsonl with the latest row of each key; returns the scores."""
+        rows = evaluation_files.latest(evaluation_files.read_csv(self.scores_path), ("image", "method", "target", "metric"))
+        evaluation_files.rewrite(self.scores_path, evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS, header=True))
+        curves = evaluation_files.latest(evaluation_files.read_jsonl(self.curves_path),
+                                         ("image", "method", "target", "metric", "curve"))
+        evaluation_files.rewrite(self.curves_path, evaluation_files.jsonl_lines(curves))
+        self.curves = curves
+        return rows
+
+    # -- planning
+
+    def _make_plan(self, rows: list[dict]) -> None:
+        done = {(r.get("image"), r.get("method"), r.get("target"), r.get("metric"), r.get("settings")) for r in rows}
+        for index, source in enumerate(self.sources):
+            for method in self.explainers:
+                for name in self.metrics:
+                    settings = self._settings(method, name)
+                    complete = all((source.input, method, label, column, settings) in done
+                                   for label in self.target.labels for column in METRICS[name].columns)
+                    if source.error:
+                        self._fail([index], method, [name], source.error, per_image=True)
+                    elif name in LOCALISATION and self.regions[index] is None:
+                        self._fail([index], method, [name], f"no region for this image in {self.args.regions}",
+                                   per_image=True)
+                    elif complete and not self.args.overwrite:
+                        self.stats["skipped"] += 1
+                    else:
+                        self.pending.setdefault(index, {}).setdefault(method, []).append(name)
+
+    # -- recording
+
+    def _fail(self, indices: list[int], method: str, names: list[str], error: str, per_image: bool = False) -> None:
+        for index in indices:
+            for name in names:
+                self.failures.append({"image": self.sources[index].input, "method": method, "metric": name,
+                                      "error": error})
+                self.stats["failed"] += 1
+            message = f"{self.sources[index].input}: {error}" if per_image else f"{method} {', '.join(names)}: {error}"
+            if message not in self.reported:  # a method's or metric's error once, an image's once per image
+                self.reported.add(message)
+                tqdm.write(f"explain: failed: {message}", file=sys.stderr)
+
+    def _record(self, indices: list[int], wanted: dict[str, list[str]], found) -> tuple[str, str]:
+        """Failures noted; the new rows of scores.csv and curves.jsonl as text."""
+        for failure in found.failures:
+            names = wanted[failure["method"]] if failure["metric"] is None else [failure["metric"]]
+            self._fail(indices, failure["method"], names, failure["error"])
+        names, labels = self.loaded.class_names, self.target.labels
+        order = {name: i for i, name in enumerate(self.metrics)}
+        methods = list(self.explainers)
+        rows = []
+        for row in found.rows:
+            name = self.metric_of[row["metric"]]
+            target_id = row["target_id"]
+            rows.append({
+                "image": self.sources[indices[row["image"]]].input, "method": row["method"],
+                "target": labels[row["rank"]], "target_id": target_id,
+                "target_name": names[target_id] if 0 <= target_id < len(names) else "",
+                "metric": row["metric"], "value": row["value"], "layer": self.layers[row["method"]],
+                "settings": self._settings(row["method"], name),
+                "_order": (row["image"], methods.index(row["method"]), order[name]),
+            })
+        rows.sort(key=lambda r: r.pop("_order"))
+        self.stats["computed"] += len({(r["image"], r["method"], self.metric_of[r["metric"]]) for r in rows})
+        curves = [
+            {"image": self.sources[indices[c["image"]]].input, "method": c["method"], "target": labels[c["rank"]],
+             "target_id": c["target_id"], "metric": c["metric"], "curve": c["curve"],
+             "settings": self._settings(c["method"], c["metric"]), "steps": c["steps"].tolist(),
+             "values": c["values"].tolist(), "step_labels": list(c["step_labels"]) if c["step_labels"] else None}
+            for c in found.curves
+        ]
+        return (evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS),
+                evaluation_files.jsonl_lines(curves))
+
+    # -- the loop
+
+    def execute(self) -> int:
+        self._make_plan(self._compact())
+        work = sorted(self.pending)
+
+        def handle(batch: DecodedBatch) -> None:
+            for position, error in batch.failures:
+                for method, names in self.pending[work[position]].items():
+                    self._fail([work[position]], method, names, error, per_image=True)
+            texts = [self._evaluate([work[p] for p in positions], images) for positions, images in batch.groups]
+            evaluation_files.append_lines(self.scores_path, "".join(t[0] for t in texts))
+            evaluation_files.append_lines(self.curves_path, "".join(t[1] for t in texts))
+
+        end = None
+        try:
+            end = for_each_batch([self.sources[i].path for i in work], self.inputs, self.loaded, self.args, handle)
+        finally:
+            self._report(end.images if end else 0, end.elapsed if end else 0.0, bool(end and end.interrupted))
+        return exit_code(self.stats["failed"], end.interrupted)
+
+    def _evaluate(self, indices: list[int], images: Tensor) -> tuple[str, str]:
+        """Score one decoded group; images with the same work to do are scored together."""
+        model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
+        groups: dict[tuple, list[int]] = {}
+        for position, index in enumerate(indices):
+            key = tuple((method, tuple(names)) for method, names in self.pending[index].items())
+            groups.setdefault(key, []).append(position)
+        texts = []
+        for key, positions in groups.items():
+            wanted = {method: list(names) for method, names in key}
+            texts += self._evaluate_in_halves([indices[p] for p in positions], model_input[positions], wanted)
+        return "".join(t[0] for t in texts), "".join(t[1] for t in texts)
+
+    def _evaluate_in_halves(self, members: list[int], images: Tensor, wanted: dict) -> list[tuple[str, str]]:
+        """Score ``images``; where a method or metric runs out of device memory on several
+        images, score each half again, down to single images (on one image, out of memory is
+        that image's failure, with the reason)."""
+
+        def once(members: list[int], images: Tensor) -> tuple[str, str]:
+            regions = None
+            if any(name in LOCALISATION for names in wanted.values() for name in names):
+                regions = torch.stack([self.regions[i] for i in members]).to(self.loaded.device)
+            found = evaluate(self.explainers, images, wanted, targets=self.target.targets, topk=self.target.topk,
+                             regions=regions, options=self.options)
+            if len(members) > 1 and any(f["error"].startswith("OutOfMemoryError:") for f in found.failures):
+                raise OutOfMemory
+            return self._record(members, wanted, found)
+
+        return in_halves(once, members, images, self.loaded.device)
+
+    def _report(self, images: int, elapsed: float, interrupted: bool) -> None:
+        """Rewrite the files from every row, draw the plots, print the summary."""
+        rows = self._compact()
+        out = self.out_dir
+        evaluation_files.rewrite(out / evaluation_files.FAILURES,
+                                 evaluation_files.csv_lines(self.failures, evaluation_files.FAILURE_FIELDS, header=True))
+        table = summary_table(rows)
+        evaluation_files.rewrite(out / "summary.csv",
+                                 evaluation_files.csv_lines(table, evaluation_files.SUMMARY_FIELDS, header=True))
+        legend = "mean ± std over images and targets; the arrow says which way is better; best per column marked"
+        evaluation_files.rewrite(out / "summary.md", f"{format_summary(table, 'markdown')}\n\n{legend} in bold.\n"
+                                 if table else "No scores yet.\n")
+        if table:
+            plots = out / "plots"
+            plots.mkdir(exist_ok=True)
+            for name, figure in plot_curves(self.curves).items():
+                _save_figure(plots / f"curves_{safe_name(name)}.png", figure)
+            _save_figure(plots / "summary.png", plot_summary(table))
+            randomisation = plot_randomisation(self.curves)
+            if randomisation is not None:
+                _save_figure(plots / "randomisation.png", randomisation)
+            print(format_summary(table))
+            print(legend + " with *.")
+        computed, skipped, failed = self.stats["computed"], self.stats["skipped"], self.stats["failed"]
+        rate = images / elapsed if elapsed > 0 else 0.0
+        text = (f"explain: {computed} scored, {skipped} skipped (already in {evaluation_files.SCORES}), {failed} failed "
+                f"(image x method x metric); {images} images in {elapsed:.1f} s ({rate:.2f} images/s); "
+                f"see {out / 'summary.md'}, {out / evaluation_files.SCORES} and {out / 'plots'}")
+        print(interrupted_summary(text) if interrupted else text)
+
+
+def run_evaluation(args: EvaluateOptions) -> int:
+    """``explain evaluate``: check the options against the model, then compute the scores that are
+    missing under ``args.out``; returns the exit status."""
+    out_dir = Path(args.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    metrics = parse_metrics(args.metrics, with_regions=args.regions is not None)
+    if args.regions is not None:
+        if not args.regions.exists():
+            raise UsageError(f"--regions {args.regions}: no such file or folder")
+        if not any(name in LOCALISATION for name in metrics):
+            raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
+    options = metric_options(metrics, args.step)
+    sources = collect_inputs(args.inputs, out_dir)
+    loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
+    if loaded.task != "classify":
+        raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "
+                         f"`explain run --task {loaded.task}` explains")
+    if args.workers is None:
+        args = args.replace(workers=default_workers(loaded.device))
+    target = parse_target(args.target, loaded.class_names)
+    explainers = build_explainers(args.methods, loaded, args.layer, target)
+    regions = [None] * len(sources)
+    if args.regions is not None:
+        try:
+            regions = read_regions(args.regions, [s.path for s in sources], tuple(loaded.example.shape[-2:]),
+                                   _mask_geometry(loaded.preprocess))
+        except ValueError as error:
+            raise UsageError(f"--regions: {error}") from None
+    warn_if_random(loaded, args.model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with sole_run(out_dir, "evaluate"), pixel_limit(args.max_pixels):
+        remove_temp_files(out_dir)
+        return EvaluationRun(args, out_dir, sources, loaded, target, explainers, metrics, options, regions).execute()

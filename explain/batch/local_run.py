@@ -1,0 +1,143 @@
+"""``explain run`` in this process (the local engine): plan the missing outputs, explain them
+batch by batch (:func:`~explain.batch.loop.for_each_batch`, :class:`~explain.batch.explaining.GroupExplainer`),
+write the overlays from a thread pool, keep the manifest and index up to date."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..evaluation import format_summary
+from ..report import write_index, write_manifest
+from .decoding import DecodedBatch, default_workers
+from .explaining import GroupExplainer
+from .guards import pixel_limit, sole_run
+from .inputs import Source, collect_inputs
+from .loop import for_each_batch
+from .manifest import MANIFEST, metric_table
+from .outcome import exit_code, interrupted_summary
+from .planning import RunPlan
+from .preparation import PreparedRun, prepare_run
+from .options import RunOptions
+from .storage import OutputFolder
+
+
+def report_failure(where: str, error: str) -> None:
+    tqdm.write(f"explain: failed: {where}: {error}", file=sys.stderr)
+
+
+def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None = None) -> int:
+    """``explain run`` on this machine: check the options against the model, then make the
+    outputs that are missing under ``out_dir`` (of ``sources``: by default the images that
+    ``options.inputs`` name); returns the exit status."""
+    from ..cli.loading import warn_if_random
+    from ..report import remove_temp_files
+
+    if sources is None:
+        sources = collect_inputs(options.inputs, out_dir)
+    prepared = prepare_run(options)
+    if options.workers is None:
+        options = options.replace(workers=default_workers(prepared.loaded.device))
+        prepared.options = options
+    warn_if_random(prepared.loaded, options.model)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with sole_run(out_dir), pixel_limit(options.max_pixels):
+        remove_temp_files(out_dir)
+        return LocalRun(prepared, out_dir, sources).execute()
+
+
+class LocalRun:
+    """One ``explain run`` of the local engine: its plan, the rows it records, and its reports."""
+
+    def __init__(self, prepared: PreparedRun, out_dir: Path, sources: list[Source]):
+        self.prepared, self.options, self.out_dir, self.sources = prepared, prepared.options, out_dir, sources
+        self.folder = OutputFolder(out_dir)
+        self.explainer = GroupExplainer(prepared, report_failure)
+        self.plan = RunPlan(prepared, self.explainer.outputs, self.folder, out_dir / MANIFEST)
+        self.reports_written = 0.0
+        self.reports_cost = 0.0
+
+    def _record(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.plan.record(row)
+            if row["status"] == "failed" and row.get("output"):
+                report_failure(row["input"], f"{row['method']}: {row['error']}")
+
+    def _save_reports(self, final: bool = False, summary: str = "") -> None:
+        """Rewrite manifest.jsonl and index.html. Until the run completes, the manifest also
+        keeps the earlier rows of outputs not redone yet, so that a killed run loses nothing."""
+        start = time.monotonic()
+        planned = self.plan.planned_rows()
+        write_manifest(self.out_dir / MANIFEST, planned if final else self.plan.all_rows())
+        table = metric_table(planned) if self.prepared.metrics else []
+        write_index(self.out_dir, planned, summary or "in progress", format_summary(table, "html") if table else "")
+        self.reports_written = time.monotonic()
+        self.reports_cost = self.reports_written - start
+
+    def _maybe_save_reports(self) -> None:
+        # Rewriting both files after every batch is cheap until they are large; this keeps
+        # it under ~5 % of the run, and a kill loses at most the rows since the last write.
+        if time.monotonic() - self.reports_written >= 20 * self.reports_cost:
+            self._save_reports()
+
+    def execute(self) -> int:
+        for source, method, error in self.plan.make(self.sources, self.options.overwrite):
+            self._record(self.explainer.failed_rows(source, method, error))
+        work = sorted(self.plan.pending)
+        saver = ThreadPoolExecutor(max_workers=max(1, self.options.workers), thread_name_prefix="explain-save")
+        in_flight: deque[Future] = deque()
+        limit = 2 * (1 if self.prepared.loaded.fixed_batch else self.options.batch_size) * len(self.prepared.explainers)
+
+        def handle(batch: DecodedBatch) -> None:
+            for position, error in batch.failures:
+                source = self.sources[work[position]]
+                report_failure(source.input, error)
+                for cam in self.plan.pending[work[position]]:
+                    self._record(self.explainer.failed_rows(source, cam.name, error))
+            for positions, images in batch.groups:
+                group = [(self.sources[work[p]], self.plan.pending[work[p]]) for p in positions]
+                outcome = self.explainer.explain(group, images)
+                self._record(outcome.failed)
+                in_flight.extend(saver.submit(job.write, self.folder) for job in outcome.jobs)
+            while in_flight and (in_flight[0].done() or len(in_flight) > limit):
+                self._record(in_flight.popleft().result())
+
+        started = time.perf_counter()
+        end, completed = None, False
+        try:
+            self._save_reports()
+            end = for_each_batch([self.sources[i].path for i in work], self.explainer.inputs, self.prepared.loaded,
+                                 self.options, handle, self._maybe_save_reports)
+            while in_flight and not end.forced:
+                self._record(in_flight.popleft().result())
+            completed = not end.interrupted
+        except KeyboardInterrupt:
+            completed = False
+        finally:
+            saver.shutdown(wait=True, cancel_futures=True)
+            while in_flight:
+                future = in_flight.popleft()
+                if future.done() and not future.cancelled():
+                    self._record(future.result())
+            summary = self._summary(end.images if end else 0, time.perf_counter() - started, not completed)
+            self._save_reports(final=completed, summary=summary)
+        table = metric_table(self.plan.planned_rows()) if self.prepared.metrics else []
+        if table:
+            print(format_summary(table))
+        print(summary)
+        return exit_code(self.plan.stats["failed"], not completed)
+
+    def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
+        ok, skipped, failed = self.plan.stats["ok"], self.plan.stats["skipped"], self.plan.stats["failed"]
+        rate = images / elapsed if elapsed > 0 else 0.0
+        text = (
+            f"explain: {ok} ok, {skipped} skipped (already complete), {failed} failed; "
+            f"{images} images in {elapsed:.1f} s ({rate:.2f} images/s); "
+            f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}"
+        )
+        return interrupted_summary(text) if interrupted else text

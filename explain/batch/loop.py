@@ -1,0 +1,87 @@
+"""The one loader loop of the batch jobs (``explain run`` and ``explain evaluate``): images decoded
+in DataLoader workers, a batch at a time, with a progress bar, Ctrl-C (finish the batch, then
+stop; twice: stop now) and glibc's heap kept for the next batch; and out-of-memory halving, which
+the Ray actors use too."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from ..heap import ReusedHeap
+from .decoding import DecodedBatch, DecodedImages, ModelInputs, collate, draft_size, init_worker
+from .guards import StopFlag
+
+
+class OutOfMemory(Exception):
+    """A group of images ran out of device memory: :func:`in_halves` explains it in halves."""
+
+
+def in_halves(function: Callable, members: list, images: Tensor, device: torch.device) -> list:
+    """``[function(members, images)]``; where that raises :class:`OutOfMemory` on more than one
+    image, each half again, down to single images (on one image, out of memory is that image's
+    failure, which ``function`` records). Nothing of a group that ran out is returned."""
+    try:
+        return [function(members, images)]
+    except OutOfMemory:
+        if len(members) < 2:
+            raise
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        half = len(members) // 2
+        return (in_halves(function, members[:half], images[:half], device)
+                + in_halves(function, members[half:], images[half:], device))
+
+
+@dataclass
+class LoopEnd:
+    """How the loop ended: images done (decoded or failed), whether Ctrl-C stopped it (``forced``:
+    a second Ctrl-C, which stopped it at once), the time."""
+
+    images: int = 0
+    interrupted: bool = False
+    forced: bool = False
+    elapsed: float = 0.0
+
+
+def for_each_batch(paths: list[str], inputs: ModelInputs, loaded, options,
+                   handle: Callable[[DecodedBatch], None], after: Callable[[], None] = lambda: None) -> LoopEnd:
+    """Decode ``paths`` in ``options.workers`` processes and call ``handle`` on each batch (its
+    ``failures`` hold the positions in ``paths`` that could not be decoded, its ``groups`` the
+    decoded images by shape), then ``after``. Ctrl-C ends the loop after the current batch (a
+    second one at once); either way the loop returns how far it got."""
+    batch_size = 1 if loaded.fixed_batch else options.batch_size
+    loader = torch.utils.data.DataLoader(
+        DecodedImages(paths, inputs.in_workers, draft_size(loaded.example)),
+        batch_size=batch_size, num_workers=options.workers, collate_fn=collate,
+        pin_memory=loaded.device.type == "cuda", worker_init_fn=partial(init_worker, options.max_pixels),
+    )
+    progress = tqdm(total=len(paths), unit="img", disable=options.quiet or not paths, file=sys.stderr,
+                    dynamic_ncols=True)
+    end = LoopEnd()
+    started = time.perf_counter()
+    try:
+        with StopFlag() as stop, ReusedHeap() as heap:
+            for batch in loader:
+                handle(batch)
+                after()
+                count = len(batch.failures) + sum(len(indices) for indices, _ in batch.groups)
+                end.images += count
+                progress.update(count)
+                heap.after_batch()
+                if stop.set:
+                    end.interrupted = True
+                    break
+    except KeyboardInterrupt:
+        end.interrupted = end.forced = True
+    finally:
+        progress.close()
+        end.elapsed = time.perf_counter() - started
+    return end

@@ -1,0 +1,263 @@
+"""The stages of a run on Ray Data: a decode step in CPU tasks (the model's resize and crop, as
+the local engine's DataLoader workers do) and an explain step in a pool of actors that each
+load the model once and explain batches with the local engine's
+:class:`~explain.batch.explaining.GroupExplainer`. Used by ``explain run --engine ray``
+(:mod:`~explain.batch.ray_driver`) and :func:`explain.ray_data.explain_dataset`. This module
+imports neither Ray nor torch until it is used, so that the driver plans without them."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import warnings
+from contextlib import redirect_stderr
+from functools import lru_cache
+
+import numpy as np
+
+from ..errors import UsageError
+from .options import CheckedRun, RunOptions
+
+#: CPUs a decode task reserves (it mostly waits on the disk and Pillow).
+DECODE_CPUS = 0.5
+#: Calls an explaining actor runs at once: one on the model, one writing its overlays.
+CALLS_PER_ACTOR = 2
+#: The columns the decode tasks add.
+DECODED = ("image_data", "image_shape", "image_dtype", "decode_error")
+
+
+# -- what the driver calls (no torch here)
+
+
+def remote_prepare(ray, options: RunOptions) -> CheckedRun:
+    """Check the run's options against the model in a Ray task (the driver does not load torch):
+    the methods, their layers and settings, the targets, and how the decode tasks preprocess.
+    A mistake in the options raises :class:`~explain.errors.UsageError`."""
+    gpus = ray.cluster_resources().get("GPU", 0) if may_use_gpu(options) else 0
+    task = ray.remote(check_run).options(num_cpus=DECODE_CPUS, num_gpus=1 if gpus else 0, max_retries=0)
+    checked = ray.get(task.remote(options.with_absolute_paths()))
+    if isinstance(checked, str):
+        raise UsageError(checked)
+    return checked
+
+
+def actor_resources(ray, options: RunOptions, checked: CheckedRun) -> dict:
+    """``map_batches`` options of the explaining actors: one per GPU where the cluster has GPUs
+    (and the run may use them), else one per node with CPUs, each leaving a CPU of its node
+    to the read and decode tasks (:func:`cpus_per_actor`); ``options.actors`` sets how many.
+    ``threads``: torch's threads per actor."""
+    gpus = int(ray.cluster_resources().get("GPU", 0)) if may_use_gpu(options) else 0
+    if gpus and checked.device != "cpu":
+        actors = options.actors or gpus
+        return dict(compute=_pool(ray, actors), num_gpus=1, num_cpus=1, threads=1)
+    nodes = [node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
+    nodes = [cpus for cpus in nodes if cpus > 0] or [1]
+    actors = options.actors or len(nodes)
+    per_node = math.ceil(actors / len(nodes))
+    # Torch's threads take the node's cores; the decode tasks are short and share them.
+    return dict(compute=_pool(ray, actors), num_cpus=cpus_per_actor(min(nodes), per_node),
+                threads=max(1, int(min(nodes)) // per_node))
+
+
+def cpus_per_actor(node_cpus: float, actors_per_node: int) -> float:
+    """CPUs each CPU actor reserves in Ray's accounting: the node's, less one for the read and
+    decode tasks, shared by its actors (at least half a CPU each). An actor pool that reserves
+    every CPU leaves the read stage none and the run hangs; Ray Data's read stage asks for a
+    whole CPU at first.
+
+    >>> cpus_per_actor(2, 1), cpus_per_actor(16, 1), cpus_per_actor(16, 3)
+    (1.0, 15.0, 5.0)
+    """
+    return max(0.5, math.floor((node_cpus - 1) / actors_per_node * 2) / 2)
+
+
+def _pool(ray, actors: int):
+    return ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
+                                      enable_true_multi_threading=True,
+                                      max_tasks_in_flight_per_actor=2 * CALLS_PER_ACTOR)
+
+
+def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: CheckedRun, resources: dict):
+    """The rows (dicts) of the plan's images (parquet files in ``plan_dir``, on ``filesystem``:
+    pyarrow's, or None for a local folder), a batch at a time as the actors finish them."""
+    plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
+    decoded = plan.map_batches(decode_files, fn_kwargs=dict(decoding=checked.decoding, column="path",
+                                                             max_pixels=options.max_pixels),
+                               batch_size=options.batch_size, num_cpus=DECODE_CPUS)
+    resources = dict(resources)
+    # An actor that dies is restarted (a node may go), but a batch that kills actors is tried
+    # twice more, not forever; the driver fails its images (RayRun.fail_lost).
+    # Ray 2.60 offers no named option for that and warns about the remote arguments that it
+    # will drop in 2.64 (hence the extra's bound).
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
+        explained = decoded.map_batches(
+            WriteActor, fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads")),
+            batch_size=1 if checked.fixed_batch else options.batch_size, max_task_retries=2, **resources)
+    for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
+        yield [json.loads(line) for line in batch["row"]]
+
+
+def remote_metric_summary(ray, location: str) -> tuple[str, str]:
+    """--metrics: the summary table of the values in the manifest of the output folder at
+    ``location`` as text and HTML, made in a Ray task (the metrics' directions live beside torch)."""
+    return ray.get(ray.remote(metric_summary).options(num_cpus=DECODE_CPUS).remote(location))
+
+
+def may_use_gpu(options: RunOptions) -> bool:
+    return options.device is None or options.device.startswith("cuda")
+
+
+# -- what runs in Ray's workers
+
+
+def check_run(options: RunOptions) -> CheckedRun | str:
+    """The model check, in a worker: what it found, or the usage error's message."""
+    from ..cli.loading import warn_if_random
+    from .preparation import prepare_run
+
+    messages = io.StringIO()
+    try:
+        with redirect_stderr(messages):
+            prepared = prepare_run(options)
+            warn_if_random(prepared.loaded, options.model)
+    except UsageError as error:
+        return str(error)
+    return prepared.checked(messages.getvalue())
+
+
+@lru_cache(maxsize=4)
+def _decoder(decoding: bytes):
+    import cloudpickle
+
+    return cloudpickle.loads(decoding)
+
+
+def decode_files(batch: dict, decoding: bytes, column: str, max_pixels: int | None) -> dict:
+    """Decode task: each file of ``column`` read and preprocessed (the local engine's DataLoader
+    step); the image as bytes with its shape and dtype, or the reason it failed."""
+    from .decoding import DecodedImages
+    from .guards import set_pixel_limit
+
+    preprocess, draft_size = _decoder(decoding)
+    set_pixel_limit(max_pixels)
+    decode = DecodedImages(list(batch[column]), preprocess, draft_size)
+    return dict(batch, **_columns(decode[i][1:] for i in range(len(decode))))
+
+
+def decode_arrays(batch: dict, decoding: bytes, column: str) -> dict:
+    """Decode task for a column of (H, W, 3) uint8 arrays: preprocessed as files are."""
+    from PIL import Image
+
+    preprocess, _ = _decoder(decoding)
+
+    def one(array):
+        try:
+            return preprocess(Image.fromarray(np.asarray(array, dtype=np.uint8)).convert("RGB")), None
+        except Exception as error:
+            return None, f"preprocessing failed: {type(error).__name__}: {error}"
+
+    rest = {name: values for name, values in batch.items() if name != column}
+    return dict(rest, **_columns(one(array) for array in batch[column]))
+
+
+def _columns(decoded) -> dict:
+    images, shapes, dtypes, errors = [], [], [], []
+    for tensor, error in decoded:
+        array = tensor.numpy() if tensor is not None else None
+        images.append(array.tobytes() if array is not None else b"")
+        shapes.append("x".join(map(str, array.shape)) if array is not None else "")
+        dtypes.append(array.dtype.str if array is not None else "")
+        errors.append(error or "")
+    return {"image_data": np.array(images, dtype=object), "image_shape": np.array(shapes),
+            "image_dtype": np.array(dtypes), "decode_error": np.array(errors)}
+
+
+def decoded_groups(batch: dict):
+    """The decoded images of a batch from the decode tasks, collated as the local engine's
+    DataLoader collates them (:func:`~explain.batch.decoding.collate`)."""
+    import torch
+
+    from .decoding import collate
+
+    def image(i: int):
+        dims = tuple(int(d) for d in batch["image_shape"][i].split("x"))
+        array = np.frombuffer(batch["image_data"][i], dtype=np.dtype(batch["image_dtype"][i])).reshape(dims)
+        return torch.from_numpy(array.copy())
+
+    return collate([(i, None, str(error)) if error else (i, image(i), None)
+                    for i, error in enumerate(batch["decode_error"])])
+
+
+class ExplainingActor:
+    """An explaining actor: the model loaded once, with the run's explainers, shared by the
+    calls it runs at once under a lock (the explainers' hooks are the model's)."""
+
+    def __init__(self, options: RunOptions, threads: int):
+        import threading
+
+        import torch
+
+        from .explaining import GroupExplainer
+        from .preparation import prepare_run
+
+        torch.set_num_threads(threads)
+        with redirect_stderr(io.StringIO()):  # the driver has printed the notes once
+            prepared = prepare_run(options)
+        self.explainer = GroupExplainer(prepared)
+        self.model_lock = threading.Lock()
+
+
+class WriteActor(ExplainingActor):
+    """``explain run --engine ray``'s actor: explains a batch of the plan with the local engine's
+    :class:`~explain.batch.explaining.GroupExplainer`, writes the overlays, and returns the
+    manifest rows (as JSON lines).
+
+    Two calls run at once (:data:`CALLS_PER_ACTOR`): the model explains one batch (under the
+    lock) while the other batch's overlays are drawn and written, as the local engine's writer
+    threads overlap the model."""
+
+    def __call__(self, batch: dict) -> dict:
+        from ..report import manifest_line
+        from .inputs import Source
+        from .storage import OutputFolder
+
+        explainer = self.explainer
+        by_name = {cam.name: cam for cam in explainer.prepared.explainers}
+        work = [(Source(str(batch["input"][i]), str(batch["path"][i]), "", str(batch["folder"][i]),
+                        str(batch["stem"][i])), [by_name[name] for name in str(batch["methods"][i]).split(",")])
+                for i in range(len(batch["input"]))]
+        rows: list[dict] = []
+        try:
+            decoded = decoded_groups(batch)
+            for i, error in decoded.failures:
+                for cam in work[i][1]:
+                    rows += explainer.failed_rows(work[i][0], cam.name, error)
+            jobs = []
+            with self.model_lock:
+                for positions, images in decoded.groups:
+                    outcome = explainer.explain([work[p] for p in positions], images)
+                    rows += outcome.failed
+                    jobs += outcome.jobs
+            folder = OutputFolder(explainer.options.out)
+            for job in jobs:
+                rows += job.write(folder)
+        except Exception as error:  # a failure of the whole batch fails its rows, not the run
+            explained = {(row["input"], row["method"]) for row in rows}
+            for source, cams in work:
+                for cam in cams:
+                    if (source.input, cam.name) not in explained:
+                        rows += explainer.failed_rows(source, cam.name, f"worker failed: {type(error).__name__}: {error}")
+        return {"row": np.array([manifest_line(row) for row in rows], dtype=object)}
+
+
+def metric_summary(location: str) -> tuple[str, str]:
+    """The metric summary of the manifest in the output folder at ``location``: text and HTML."""
+    from ..evaluation import format_summary
+    from ..report import iter_json_records
+    from .manifest import MANIFEST, metric_table
+    from .storage import OutputFolder
+
+    table = metric_table(iter_json_records(OutputFolder(location).lines(MANIFEST)))
+    return (format_summary(table), format_summary(table, "html")) if table else ("", "")

@@ -1,0 +1,209 @@
+"""What the task changes in a run, as a strategy of :class:`~explain.batch.explaining.GroupExplainer`:
+a classifier's outputs are its targets' classes (:class:`ClassifyOutputs`); a segmentation or
+detection model's are read per image from one pass of the model, a class over its region or
+the boxes the target selects, one output per box (:class:`DenseOutputs`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..hooks import preserved_state
+from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
+from .explainers import class_name
+from .inputs import Source
+from .manifest import is_detection_row, safe_name
+from .method_results import Outcome, explain_all, raise_if_out_of_memory
+from .writing import Job
+
+
+def outputs_for(task: str) -> ClassifyOutputs | DenseOutputs:
+    return ClassifyOutputs() if task == "classify" else DenseOutputs(task)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None or value != value else round(float(value), 6)
+
+
+class ClassifyOutputs:
+    """A classifier: one output per image, method and target class (top1, topk:K, a class)."""
+
+    #: Whether a run knows all its outputs before it explains (the plan does not grow).
+    plan_grows = False
+
+    def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
+        """The manifest keys of ``source``'s outputs by ``method``."""
+        return [(source.input, method, label) for label in labels]
+
+    def explain(self, host, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray) -> Outcome:
+        target = host.prepared.target
+        cams = host.pending(work)
+        results = explain_all(cams, model_input, target.targets, target.topk)
+        raise_if_out_of_memory(results, len(work))
+        outcome = Outcome()
+        for cam, result in zip(cams, results):
+            if isinstance(result, Exception):
+                host.fail(outcome, work, range(len(work)), cam, f"{type(result).__name__}: {result}", str(result))
+        done = [(cam, result) for cam, result in zip(cams, results) if not isinstance(result, Exception)]
+        if not done:
+            return outcome
+        best_probability, best_id = done[0][1].logits.float().softmax(dim=1).max(dim=1)
+        predicted = list(zip(best_id.cpu().tolist(), best_probability.cpu().tolist()))
+        for cam, result in done:
+            self._jobs(host, outcome, work, cam, result, host.scores(cam, model_input, result), predicted, pictures)
+        return outcome
+
+    def _jobs(self, host, outcome: Outcome, work, cam, result, scores: dict, predicted: list, pictures) -> None:
+        """The files and rows of one method's explanation, per image that still needs it."""
+        names, labels, options = host.loaded.class_names, host.prepared.target.labels, host.options
+        maps, ids, probabilities = result.maps, result.targets, result.probabilities
+        if maps.dim() == 3:
+            maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]
+        maps, ids, probabilities = maps.cpu().numpy(), ids.cpu().tolist(), probabilities.cpu().tolist()
+        one_target = result.targets.dim() == 1  # raw then lacks the targets' axis
+        raw = {name: (r[:, None] if one_target else r).cpu().numpy() for name, r in result.raw_layers.items()}
+        for j, (source, cams) in enumerate(work):
+            if cam not in cams:
+                continue
+            best_id, best_probability = predicted[j]
+            rows = []
+            for rank, (label, class_id, probability) in enumerate(zip(labels, ids[j], probabilities[j])):
+                output, maps_file = host.output_names(source, cam.name, f"{class_id}-{safe_name(names[class_id])}")
+                rows.append(host.row(
+                    source.input, cam.name, label, target_id=class_id, target_name=names[class_id],
+                    target_probability=round(probability, 6), predicted_id=best_id, predicted_name=names[best_id],
+                    predicted_probability=round(best_probability, 6), output=output, maps=maps_file,
+                    metrics=scores.get((j, rank))))
+            npz = None
+            if options.save_maps:
+                npz = {"maps": maps[j], "targets": np.asarray(ids[j])}
+                npz.update({f"raw_{name}": r[j] for name, r in raw.items()})
+            outcome.jobs.append(Job(rows, pictures[j], maps[j], npz,
+                                    options.signed_cmap if result.signed else options.cmap, options.alpha,
+                                    result.signed))
+
+
+class DenseOutputs:
+    """A segmentation or detection model. Each group runs the model once to read its targets:
+    per image, the class and region of the --target (:class:`~explain.tasks.SegmentationTarget`),
+    or the boxes it selects (:meth:`~explain.tasks.DetectionTarget.select`), each box explained
+    on its own copy of the image. An output is named after its class (segment) or its box
+    (``box3``, the box's index in the detector's output), its overlay draws the region's outline
+    or the box, and its manifest row records the region or the box (``region``). As the boxes
+    are known only once the detector has run, an image's outputs enter the plan when they are
+    made; a finished image is known by its rows with the same settings."""
+
+    plan_grows = True
+
+    def __init__(self, task: str):
+        self.task = task
+
+    def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
+        if self.task == "detect":
+            found = [key for key, row in rows.items() if key[:2] == (source.input, method)
+                     and is_detection_row(row, settings)]
+            if found:
+                return found
+        return [(source.input, method, label) for label in labels]
+
+    def explain(self, host, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray) -> Outcome:
+        cams, outcome = host.pending(work), Outcome()
+        try:
+            target, owners, records, marks, predicted = self._targets(host, model_input)
+        except Exception as error:  # the model or the target fails on this batch
+            if isinstance(error, torch.OutOfMemoryError) and len(work) > 1:
+                raise_if_out_of_memory([error], len(work))
+            for cam in cams:
+                host.fail(outcome, work, range(len(work)), cam, f"{type(error).__name__}: {error}")
+            return outcome
+        found = self._maps(host, cams, target, owners, model_input)
+        raise_if_out_of_memory(found.values(), len(work))  # nothing of this group is kept: its halves start again
+        empty = [j for j in range(len(work)) if j not in owners]
+        for cam in cams:
+            host.fail(outcome, work, empty, cam, f"no detected box matches --target {host.prepared.target.labels[0]}")
+            if isinstance(found[cam], Exception):
+                host.fail(outcome, work, sorted(set(owners)), cam, f"{type(found[cam]).__name__}: {found[cam]}")
+            elif found[cam]:
+                self._jobs(host, outcome, work, cam, found[cam], owners, records, marks, predicted, pictures)
+        return outcome
+
+    def _maps(self, host, cams: list, target, owners: list[int], model_input: Tensor) -> dict:
+        """Per CAM, the (maps, raw layers) of each chunk of the target's rows, or the error it
+        raised. Boxes are explained --batch-size rows at a time: an image can hold hundreds."""
+        step = len(owners) if self.task == "segment" else host.options.batch_size
+        found: dict = {cam: [] for cam in cams}
+        for start in range(0, len(owners), max(step, 1)):
+            rows = list(range(start, min(start + step, len(owners))))
+            if self.task == "segment":
+                chunk, batch = target, model_input
+            else:
+                chunk = target.subset(rows)
+                batch = model_input[chunk.image_ids.to(model_input.device)]
+            for cam, result in zip(cams, explain_all(cams, batch, chunk)):
+                if isinstance(found[cam], Exception):
+                    continue
+                if isinstance(result, Exception):
+                    found[cam] = result
+                    continue
+                if self.task == "detect":
+                    result = crop_padding(result, host.loaded.model)
+                found[cam].append((result.maps.cpu().numpy(), {n: r.cpu().numpy() for n, r in result.raw_layers.items()}))
+        return found
+
+    def _jobs(self, host, outcome: Outcome, work, cam, chunks: list, owners: list[int], records: list[dict],
+              marks: list[dict], predicted: list, pictures: np.ndarray) -> None:
+        names, options = host.loaded.class_names, host.options
+        maps = np.concatenate([maps for maps, _ in chunks])
+        raw = {name: np.concatenate([layers[name] for _, layers in chunks]) for name in chunks[0][1]}
+        for j in sorted(set(owners)):
+            source, cams = work[j]
+            if cam not in cams:
+                continue
+            mine = [r for r, owner in enumerate(owners) if owner == j]
+            best_id, best_probability = predicted[j]
+            rows = []
+            for r in mine:
+                record = records[r]
+                name = class_name(names, record["class_id"])
+                label = f"box{record['index']}" if self.task == "detect" else host.prepared.target.labels[0]
+                output, maps_file = host.output_names(
+                    source, cam.name, f"{label if self.task == 'detect' else record['class_id']}-{safe_name(name)}")
+                rows.append(host.row(
+                    source.input, cam.name, label, target_id=record["class_id"], target_name=name,
+                    target_probability=record["probability"], predicted_id=best_id,
+                    predicted_name=None if best_id is None else class_name(names, best_id),
+                    predicted_probability=best_probability, output=output, maps=maps_file,
+                    region={key: value for key, value in record.items()
+                            if key not in ("task", "class_id", "class_name", "probability")}))
+            npz = None
+            if options.save_maps:
+                npz = {"maps": maps[mine], "targets": np.asarray([records[r]["class_id"] for r in mine])}
+                npz.update({f"raw_{name}": r[mine] for name, r in raw.items()})
+            outcome.jobs.append(Job(rows, pictures[j], maps[mine], npz, options.cmap, options.alpha, False,
+                                    [marks[r] for r in mine]))
+
+    def _targets(self, host, images: Tensor):
+        """The group's targets from one pass of the model: the target, the image of each of its
+        rows, each row's record (class, region or box, probability) and overlay marks, and each
+        image's prediction (class id, probability)."""
+        model: nn.Module = host.loaded.model
+        names, spec = host.loaded.class_names, host.prepared.target
+        with preserved_state(model), torch.no_grad():
+            output = model(images)
+        n = len(images)
+        if self.task == "segment":
+            target = spec.targets.resolve(output)
+            probabilities = target.probabilities(output).tolist()
+            records = [dict(target.describe(j, names), probability=_rounded(probabilities[j])) for j in range(n)]
+            marks = [{"outline": target.mask[j if len(target.mask) > 1 else 0].cpu().numpy()} for j in range(n)]
+            top = SegmentationTarget().resolve(output)
+            best = top.probabilities(output).tolist()
+            predicted = [(top.describe(j)["class_id"], _rounded(best[j])) for j in range(n)]
+            return target, list(range(n)), records, marks, predicted
+        target = DetectionTarget.select(output, **spec.select)
+        records = [dict(d.describe(names), probability=_rounded(d.score)) for d in target.detections]
+        marks = [{"boxes": [d.box], "labels": [f"{class_name(names, d.label)} {d.score:.2f}"]} for d in target.detections]
+        tops = {d.image: (d.label, _rounded(d.score)) for d in DetectionTarget.select(output).detections}
+        predicted = [tops.get(j, (None, None)) for j in range(n)]
+        return target, target.image_ids.tolist(), records, marks, predicted

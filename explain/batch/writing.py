@@ -1,0 +1,42 @@
+"""Drawing and saving one image's outputs for one method: the overlays (one per target or box)
+and, with --save-maps, its maps as .npz. Runs in the local engine's writer threads and in the
+Ray actors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..overlay import overlay
+from ..report import encode_npz, encode_png
+from .storage import OutputFolder
+
+
+@dataclass
+class Job:
+    """One image's overlays for one method, with their manifest rows (``output`` and ``maps``
+    name the files); ``marks`` are per map what :func:`~explain.overlay` draws on top (``boxes``
+    and ``labels``, ``outline``)."""
+
+    rows: list[dict]
+    picture: np.ndarray  # (H, W, 3) uint8
+    maps: np.ndarray  # one map per row
+    npz: dict | None
+    cmap: str
+    alpha: float
+    signed: bool = False
+    marks: list[dict] | None = None
+
+    def write(self, folder: OutputFolder) -> list[dict]:
+        """Draw and save the files; the rows with their status (ok, or failed with the reason)."""
+        try:
+            for k, (heat, row) in enumerate(zip(self.maps, self.rows)):
+                drawn = overlay(self.picture, heat, cmap=self.cmap, alpha=self.alpha, signed=self.signed,
+                                **(self.marks[k] if self.marks else {}))
+                folder.write(row["output"], encode_png(drawn))
+            if self.npz is not None:
+                folder.write(self.rows[0]["maps"], encode_npz(**self.npz))
+        except Exception as error:
+            return [dict(row, status="failed", error=f"cannot write output: {error}") for row in self.rows]
+        return [dict(row, status="ok") for row in self.rows]
