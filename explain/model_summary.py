@@ -445,7 +445,8 @@ def _channel_maps(model: nn.Module, name: str, image: Tensor, output: Tensor, re
 
 def _channel_figure(figure_class: type, maps: Tensor, name: str, n: int, columns: int | None, cmap: str,
                     figure_kwargs: dict):
-    """A ``figure_class`` (matplotlib's ``Figure``) of the ``n`` channels of ``maps`` with the highest mean, strongest first."""
+    """A ``figure_class`` (matplotlib's ``Figure``) of the ``n`` channels of ``maps`` with
+    the highest mean, strongest first."""
     strongest = maps.mean(dim=(1, 2)).argsort(descending=True)[:n].tolist()
     columns = columns or math.ceil(math.sqrt(len(strongest)))
     rows = math.ceil(len(strongest) / columns)
