@@ -105,6 +105,33 @@ def _shape_text(shape: tuple[int, ...] | None, batch: bool = False) -> str:
     return "x".join(map(str, shape if batch or len(shape) < 2 else shape[1:]))
 
 
+def _zeros_input(model: nn.Module, input_shape: tuple[int, ...], device: torch.device | str | None) -> Tensor:
+    """Zeros of ``input_shape`` ((C, H, W) gets a batch of one) in the model's floating-point
+    type, on ``device`` or by default the device of the model's parameters."""
+    if len(input_shape) == 3:
+        input_shape = (1, *input_shape)
+    input_shape = tuple(int(size) for size in input_shape)
+    parameter = next(model.parameters(), None)
+    if device is None:
+        device = parameter.device if parameter is not None else "cpu"
+    dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
+    return torch.zeros(input_shape, device=device, dtype=dtype)
+
+
+def _marked_layer(model: nn.Module, example: Tensor, target_layer: str | nn.Module | None) -> str | None:
+    """The name of the layer :func:`summary` marks: found for ``"auto"`` (None where none
+    is found), resolved for a name or module, None for None."""
+    if isinstance(target_layer, str) and target_layer == "auto":
+        try:
+            return find_target_layer(model, example)
+        except ValueError:
+            return None
+    if target_layer is None:
+        return None
+    (target,) = resolve_layers(model, target_layer)
+    return target
+
+
 def summary(model: nn.Module, input_shape: tuple[int, ...], *, device: torch.device | str | None = None,
             target_layer: str | nn.Module | None = "auto") -> ModelSummary:
     """Per-layer output shapes, parameters and multiply-adds of ``model``, measured with
@@ -185,25 +212,9 @@ def summary(model: nn.Module, input_shape: tuple[int, ...], *, device: torch.dev
     total: 0.00 M parameters, 0.00 GMACs (multiply-adds) for an input of 1x3x32x32
     * target layer: 1
     """
-    if len(input_shape) == 3:
-        input_shape = (1, *input_shape)
-    input_shape = tuple(int(size) for size in input_shape)
-    parameter = next(model.parameters(), None)
-    if device is None:
-        device = parameter.device if parameter is not None else "cpu"
-    dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
-    example = torch.zeros(input_shape, device=device, dtype=dtype)
-
-    if isinstance(target_layer, str) and target_layer == "auto":
-        try:
-            target = find_target_layer(model, example)
-        except ValueError:
-            target = None
-    elif target_layer is None:
-        target = None
-    else:
-        (target,) = resolve_layers(model, target_layer)
-
+    example = _zeros_input(model, input_shape, device)
+    input_shape = tuple(example.shape)
+    target = _marked_layer(model, example, target_layer)
     rows = _trace(model, example, target)
     return ModelSummary(rows, sum(p.numel() for p in model.parameters()), sum(row.macs for row in rows),
                         target, input_shape)
@@ -384,10 +395,23 @@ def feature_maps(model: nn.Module, image: Tensor, layer: str | nn.Module, n: int
     """
     from matplotlib.figure import Figure
 
+    name, image, output = _layer_output(model, _one_image(image), layer)
+    maps = _channel_maps(model, name, image, output, reshape)
+    return _channel_figure(Figure, maps, name, n, columns, cmap, figure_kwargs)
+
+
+def _one_image(image: Tensor) -> Tensor:
+    """``image`` as (1, C, H, W); ValueError unless it is one image."""
     if image.dim() == 3:
         image = image.unsqueeze(0)
     if image.dim() != 4 or image.shape[0] != 1:
         raise ValueError(f"feature_maps takes one image, (C, H, W) or (1, C, H, W); got shape {tuple(image.shape)}")
+    return image
+
+
+def _layer_output(model: nn.Module, image: Tensor, layer: str | nn.Module) -> tuple[str, Tensor, Tensor]:
+    """The layer's name, the image on the model's device and a copy of the layer's output
+    for it, captured with a forward hook in one eval-mode, no-grad forward pass."""
     ((name, module),) = resolve_layers(model, layer).items()
     parameter = next(model.parameters(), None)
     if parameter is not None:
@@ -408,17 +432,27 @@ def feature_maps(model: nn.Module, image: Tensor, layer: str | nn.Module, n: int
         handle.remove()
     if not captured:
         raise ValueError(f"layer {name!r} did not run in the forward pass; pick a layer the model uses")
-    output = captured[0]
+    return name, image, captured[0]
+
+
+def _channel_maps(model: nn.Module, name: str, image: Tensor, output: Tensor, reshape: Reshape | None) -> Tensor:
+    """The layer's output as (C, h, w) float maps on the CPU, through ``reshape`` or the
+    layout :func:`explain.tokens.infer_layout` finds."""
     if reshape is None:
         reshape = infer_layout(tuple(output.shape), tuple(image.shape[-2:]), model, name)
-    maps = (reshape.to_spatial(output) if isinstance(reshape, TokenLayout) else reshape(output))[0].float().cpu()
+    return (reshape.to_spatial(output) if isinstance(reshape, TokenLayout) else reshape(output))[0].float().cpu()
 
+
+def _channel_figure(figure_class: type, maps: Tensor, name: str, n: int, columns: int | None, cmap: str,
+                    figure_kwargs: dict):
+    """A ``figure_class`` (matplotlib's ``Figure``) of the ``n`` channels of ``maps`` with
+    the highest mean, strongest first."""
     strongest = maps.mean(dim=(1, 2)).argsort(descending=True)[:n].tolist()
     columns = columns or math.ceil(math.sqrt(len(strongest)))
     rows = math.ceil(len(strongest) / columns)
     figure_kwargs.setdefault("figsize", (2 * columns, 2.2 * rows + 0.4))
     figure_kwargs.setdefault("layout", "constrained")
-    figure = Figure(**figure_kwargs)
+    figure = figure_class(**figure_kwargs)
     figure.suptitle(f"{name}: {len(strongest)} of {maps.shape[0]} channels, highest mean activation first")
     for position, channel in enumerate(strongest):
         axis = figure.add_subplot(rows, columns, position + 1)

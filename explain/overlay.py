@@ -103,6 +103,38 @@ def _to_map(heatmap, signed: bool | None = None) -> tuple[np.ndarray, bool]:
     return heatmap, False
 
 
+def _fitted_map(heat: np.ndarray, signed: bool, height: int, width: int) -> np.ndarray:
+    """The map resized (bilinear) to the image's size where it differs, with a warning where
+    the aspect ratios differ too (stacklevel: the caller of :func:`overlay`)."""
+    if tuple(heat.shape) != (height, width):
+        if abs(heat.shape[0] / heat.shape[1] - height / width) > 0.02 * height / width:
+            warnings.warn(
+                f"the map ({heat.shape[0]}x{heat.shape[1]}) and the image ({height}x{width}) have "
+                "different aspect ratios, so the map is stretched; overlay it on the image the "
+                "model saw (after resizing and cropping), e.g. explain.denormalize(x, mean, std)",
+                stacklevel=3,
+            )
+        resized = F.interpolate(torch.from_numpy(heat)[None, None], size=(height, width), mode="bilinear", align_corners=False)
+        heat = resized[0, 0].clamp(-1.0 if signed else 0.0, 1.0).numpy()
+    return heat
+
+
+def _blend(rgb: np.ndarray, heat: np.ndarray, signed: bool, cmap, alpha: float) -> np.ndarray:
+    """The colour-mapped map blended over the float RGB image, as (H, W, 3) uint8; a signed
+    map's weight scales with each pixel's magnitude."""
+    if cmap is None:
+        cmap = "RdBu_r" if signed else "jet"
+    colormap = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
+    if signed:
+        colours = colormap((heat + 1.0) / 2.0)[..., :3].astype(np.float32)
+        weight = alpha * np.abs(heat)[..., None]
+    else:
+        colours = colormap(heat)[..., :3].astype(np.float32)
+        weight = alpha
+    blended = (1.0 - weight) * rgb + weight * colours
+    return np.round(blended * 255.0).astype(np.uint8)
+
+
 def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap | None = None, alpha: float = 0.5, *,
             signed: bool | None = None, boxes=None, labels: Sequence[str] | None = None, outline=None) -> np.ndarray:
     """Blend a colour-mapped heatmap over an image; returns (H, W, 3) uint8 RGB.
@@ -144,28 +176,8 @@ def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap | None = None
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
     rgb = to_rgb(image)
     heat, signed = _to_map(heatmap, signed)
-    height, width = rgb.shape[:2]
-    if tuple(heat.shape) != (height, width):
-        if abs(heat.shape[0] / heat.shape[1] - height / width) > 0.02 * height / width:
-            warnings.warn(
-                f"the map ({heat.shape[0]}x{heat.shape[1]}) and the image ({height}x{width}) have "
-                "different aspect ratios, so the map is stretched; overlay it on the image the "
-                "model saw (after resizing and cropping), e.g. explain.denormalize(x, mean, std)",
-                stacklevel=2,
-            )
-        resized = F.interpolate(torch.from_numpy(heat)[None, None], size=(height, width), mode="bilinear", align_corners=False)
-        heat = resized[0, 0].clamp(-1.0 if signed else 0.0, 1.0).numpy()
-    if cmap is None:
-        cmap = "RdBu_r" if signed else "jet"
-    colormap = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
-    if signed:
-        colours = colormap((heat + 1.0) / 2.0)[..., :3].astype(np.float32)
-        weight = alpha * np.abs(heat)[..., None]
-    else:
-        colours = colormap(heat)[..., :3].astype(np.float32)
-        weight = alpha
-    blended = (1.0 - weight) * rgb + weight * colours
-    out = np.round(blended * 255.0).astype(np.uint8)
+    heat = _fitted_map(heat, signed, *rgb.shape[:2])
+    out = _blend(rgb, heat, signed, cmap, alpha)
     if outline is not None:
         out = draw_outline(out, outline)
     if boxes is not None:

@@ -53,6 +53,38 @@ def class_logits(output):
     return output
 
 
+def _custom_scores(logits, target: Callable, topk: int | None) -> tuple[Tensor, Tensor]:
+    """The scores a callable target picks from the model output, one float per image, with
+    :data:`CUSTOM_TARGET` as their ids."""
+    if topk is not None:
+        raise ValueError("pass either a callable target or topk, not both")
+    scores = target(logits)
+    n = _batch_size(logits)
+    if not isinstance(scores, Tensor) or scores.shape != (n,):
+        got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+        raise ValueError(f"a callable target must return a tensor of shape ({n},), one score per image; got {got}")
+    if not scores.is_floating_point():
+        raise ValueError(f"a callable target must return float scores (e.g. logits), got {scores.dtype}")
+    ids = torch.full((n,), CUSTOM_TARGET, dtype=torch.long, device=scores.device)
+    return scores, ids
+
+
+def _checked_logits(output, class_names: Sequence[str] | None) -> Tensor:
+    """The model output's (N, num_classes) class logits; ValueError where it has none, or
+    where ``class_names`` has another length."""
+    logits = class_logits(output)
+    if not isinstance(logits, Tensor) or logits.dim() != 2:
+        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(
+            f"the model returned {got}, not (N, num_classes) logits; pass a callable target "
+            "that maps the model output to one score per image"
+        )
+    num_classes = logits.shape[1]
+    if class_names is not None and len(class_names) != num_classes:
+        raise ValueError(f"got {len(class_names)} class names for a model with {num_classes} outputs")
+    return logits
+
+
 def select_targets(
     logits: Tensor,
     targets: Targets = None,
@@ -79,28 +111,9 @@ def select_targets(
     if isinstance(topk, np.integer):
         topk = int(topk)
     if callable(targets) and not isinstance(targets, Tensor):
-        if topk is not None:
-            raise ValueError("pass either a callable target or topk, not both")
-        scores = targets(logits)
-        n = _batch_size(logits)
-        if not isinstance(scores, Tensor) or scores.shape != (n,):
-            got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
-            raise ValueError(f"a callable target must return a tensor of shape ({n},), one score per image; got {got}")
-        if not scores.is_floating_point():
-            raise ValueError(f"a callable target must return float scores (e.g. logits), got {scores.dtype}")
-        ids = torch.full((n,), CUSTOM_TARGET, dtype=torch.long, device=scores.device)
-        return scores, ids
-
-    logits = class_logits(logits)
-    if not isinstance(logits, Tensor) or logits.dim() != 2:
-        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(
-            f"the model returned {got}, not (N, num_classes) logits; pass a callable target "
-            "that maps the model output to one score per image"
-        )
+        return _custom_scores(logits, targets, topk)
+    logits = _checked_logits(logits, class_names)
     n, num_classes = logits.shape
-    if class_names is not None and len(class_names) != num_classes:
-        raise ValueError(f"got {len(class_names)} class names for a model with {num_classes} outputs")
     if topk is not None:
         if targets is not None:
             raise ValueError("pass either targets or topk, not both")

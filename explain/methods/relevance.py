@@ -317,6 +317,76 @@ def unseen_merges(output: Tensor) -> int:
     return count
 
 
+def _mean_and_std(model: nn.Module, normalization) -> tuple[Tensor, Tensor]:
+    """(mean, std) as flat float32 tensors: ``normalization``, or by default a timm model's
+    ``pretrained_cfg``, else ImageNet's; ValueError unless one positive std per mean."""
+    if normalization is None:
+        config = getattr(model, "pretrained_cfg", None) or {}
+        normalization = (config.get("mean", IMAGENET_MEAN), config.get("std", IMAGENET_STD))
+    try:
+        mean, std = (torch.as_tensor(values, dtype=torch.float32).flatten() for values in normalization)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(
+            f"normalization must be (mean, std), two sequences of numbers, got {normalization!r}"
+        ) from None
+    if mean.shape != std.shape or not (std > 0).all():
+        raise ValueError(f"normalization needs one positive std per mean, got {normalization!r}")
+    return mean, std
+
+
+def _zbox_bounds(images: Tensor, mean: Tensor, std: Tensor) -> tuple[Tensor, Tensor]:
+    """The z-box bounds (N, C, 1, 1): pixels 0 and 1 normalised by ``mean`` and ``std``,
+    widened to each image."""
+    low = (-mean / std).to(images).reshape(1, -1, 1, 1)
+    high = ((1 - mean) / std).to(images).reshape(1, -1, 1, 1)
+    return (torch.minimum(low, images.amin(dim=(2, 3), keepdim=True)),
+            torch.maximum(high, images.amax(dim=(2, 3), keepdim=True)))
+
+
+def _lrp_composite(model: nn.Module, images: Tensor, first: Hook, *, gamma: float, epsilon: float) -> Composite:
+    """:class:`LRP`'s rules and canonizers for ``model`` on ``images``: ``first`` on the first
+    convolution to run, LRP-gamma on the other convolutions, LRP-epsilon on dense layers, the
+    proportional rule on sums and average pools, and batch norms and activations passed."""
+    gamma_hook, epsilon_hook = gamma_rule(gamma), epsilon_rule(epsilon)
+    proportional, passed = proportional_rule(), Pass()
+    pairs, first_convolution = traced_batch_norm_pairs(model, images)
+
+    def rule_for(context: dict, name: str, module: nn.Module) -> Hook | None:
+        if isinstance(module, ConvolutionStandard):
+            return first if module is first_convolution else gamma_hook
+        if isinstance(module, nn.Linear):
+            return epsilon_hook
+        if isinstance(module, (Sum, AvgPool)):
+            return proportional
+        if isinstance(module, (BatchNorm, Activation)) or is_relu_like(module):
+            return passed
+        return None
+
+    canonizers = [TracedMergeBatchNorm(pairs), ResNetBasicBlockCanonizer(),
+                  ResNetBottleneckCanonizer(), ResidualSumCanonizer()]
+    return Composite(module_map=rule_for, canonizers=canonizers)
+
+
+@contextmanager
+def _registered_composite(composite: Composite, model: nn.Module) -> Iterator[None]:
+    """``composite`` on ``model``, removed afterwards, also if registering it failed."""
+    try:
+        composite.register(model)
+        yield
+    finally:
+        composite.remove()
+
+
+def _check_canonical_output(output: Tensor, reference: Tensor) -> None:
+    """RuntimeError unless the canonical model's ``output`` matches the model's ``reference``."""
+    if not torch.allclose(output.detach(), reference, rtol=1e-3, atol=1e-4 * float(reference.abs().max())):
+        raise RuntimeError(
+            "LRP's canonical form of the model (batch norms merged into their layers, residual additions "
+            "as modules) computes another output than the model, e.g. where a merged layer's output is "
+            "also used elsewhere; LRP cannot explain this model"
+        )
+
+
 @register
 class LRP(Attribution):
     """Layer-wise Relevance Propagation (LRP): the score handed back to the pixels, layer by layer.
@@ -411,57 +481,18 @@ class LRP(Attribution):
         if first_rule not in FIRST_RULES:
             raise ValueError(f"unknown first_rule {first_rule!r}; use one of {', '.join(FIRST_RULES)}")
         self.first_rule = first_rule
-        if normalization is None:
-            config = getattr(model, "pretrained_cfg", None) or {}
-            normalization = (config.get("mean", IMAGENET_MEAN), config.get("std", IMAGENET_STD))
-        try:
-            mean, std = (torch.as_tensor(values, dtype=torch.float32).flatten() for values in normalization)
-        except (TypeError, ValueError, RuntimeError):
-            raise ValueError(
-                f"normalization must be (mean, std), two sequences of numbers, got {normalization!r}"
-            ) from None
-        if mean.shape != std.shape or not (std > 0).all():
-            raise ValueError(f"normalization needs one positive std per mean, got {normalization!r}")
-        self.mean, self.std = mean, std
+        self.mean, self.std = _mean_and_std(model, normalization)
 
     def bounds(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """The z-box bounds (N, C, 1, 1): pixels 0 and 1 normalised, widened to each image."""
-        low = (-self.mean / self.std).to(images).reshape(1, -1, 1, 1)
-        high = ((1 - self.mean) / self.std).to(images).reshape(1, -1, 1, 1)
-        return (torch.minimum(low, images.amin(dim=(2, 3), keepdim=True)),
-                torch.maximum(high, images.amax(dim=(2, 3), keepdim=True)))
+        return _zbox_bounds(images, self.mean, self.std)
 
     def composite(self, model: nn.Module, images: Tensor) -> Composite:
         """The rules and canonizers for ``model`` on ``images``."""
         first: Hook = zbox_rule(*self.bounds(images)) if self.first_rule == "zbox" else Flat()
-        gamma, epsilon = gamma_rule(self.gamma), epsilon_rule(self.epsilon)
-        proportional, passed = proportional_rule(), Pass()
-        pairs, first_convolution = traced_batch_norm_pairs(model, images)
+        return _lrp_composite(model, images, first, gamma=self.gamma, epsilon=self.epsilon)
 
-        def rule_for(context: dict, name: str, module: nn.Module) -> Hook | None:
-            if isinstance(module, ConvolutionStandard):
-                return first if module is first_convolution else gamma
-            if isinstance(module, nn.Linear):
-                return epsilon
-            if isinstance(module, (Sum, AvgPool)):
-                return proportional
-            if isinstance(module, (BatchNorm, Activation)) or is_relu_like(module):
-                return passed
-            return None
-
-        canonizers = [TracedMergeBatchNorm(pairs), ResNetBasicBlockCanonizer(),
-                      ResNetBottleneckCanonizer(), ResidualSumCanonizer()]
-        return Composite(module_map=rule_for, canonizers=canonizers)
-
-    @staticmethod
-    @contextmanager
-    def registered(composite: Composite, model: nn.Module) -> Iterator[None]:
-        """``composite`` on ``model``, removed afterwards, also if registering it failed."""
-        try:
-            composite.register(model)
-            yield
-        finally:
-            composite.remove()
+    registered = staticmethod(_registered_composite)
 
     def attribute_targets(self, scored: ScoredModel, images: Tensor) -> list[Tensor]:
         """One canonical forward pass with the rules registered, one backward pass per target."""
@@ -478,15 +509,10 @@ class LRP(Attribution):
         relevances = []
         with restored_modules(model), self.registered(self.composite(model, images), model):
             output = model(inputs)
-            if not torch.allclose(output.detach(), reference, rtol=1e-3, atol=1e-4 * float(reference.abs().max())):
-                raise RuntimeError(
-                    "LRP's canonical form of the model (batch norms merged into their layers, residual additions "
-                    "as modules) computes another output than the model, e.g. where a merged layer's output is "
-                    "also used elsewhere; LRP cannot explain this model"
-                )
+            _check_canonical_output(output, reference)
             merges = unseen_merges(output)
             for k in range(scored.num_targets):
-                start = self._start(scored, output, k)
+                start = _start_relevance(scored, output, k)
                 last = k == scored.num_targets - 1
                 (relevance,) = torch.autograd.grad(output, inputs, grad_outputs=start, retain_graph=not last)
                 if k == 0:
@@ -512,12 +538,12 @@ class LRP(Attribution):
         # One message per cause (no figures in it), so Python shows it once, not per batch.
         warnings.warn(f"LRP: the pixels' relevance does not sum to the score: {cause}", stacklevel=4)
 
-    @staticmethod
-    def _start(scored: ScoredModel, output: Tensor, k: int) -> Tensor:
-        """The relevance at the output: the explained logit in its place, or z * df/dz for a
-        callable target f."""
-        if scored.custom is not None:
-            (gradient,) = torch.autograd.grad(scored.custom(output).sum(), output, retain_graph=True)
-            return (output * gradient).detach()
-        ids = scored.target(k)[:, None]
-        return torch.zeros_like(output).scatter(1, ids, output.gather(1, ids)).detach()
+
+def _start_relevance(scored: ScoredModel, output: Tensor, k: int) -> Tensor:
+    """The relevance at the output: the explained logit in its place, or z * df/dz for a
+    callable target f."""
+    if scored.custom is not None:
+        (gradient,) = torch.autograd.grad(scored.custom(output).sum(), output, retain_graph=True)
+        return (output * gradient).detach()
+    ids = scored.target(k)[:, None]
+    return torch.zeros_like(output).scatter(1, ids, output.gather(1, ids)).detach()

@@ -212,6 +212,29 @@ def _probability_and_hit(output: Tensor, targets: Tensor) -> Tensor:
     return torch.stack([probability, (output.argmax(1) == targets).float()], 1)
 
 
+def _road_fractions(percentages) -> Tensor:
+    """ROAD's percentages as a tensor, each strictly between 0 and 100."""
+    fractions = torch.as_tensor([float(p) for p in percentages])
+    if fractions.numel() == 0 or not ((fractions > 0) & (fractions < 100)).all():
+        raise ValueError(f"percentages must lie strictly between 0 and 100, got {list(percentages)}")
+    return fractions
+
+
+def _road_imputer(order: int, noise: float, seed: int | None):
+    """The fill for one ROAD curve (``order`` 0 for MoRF, 1 for LeRF): noisy linear
+    imputation, the noise at each step drawn from ``seed`` alone."""
+    from .imputation import noisy_linear_impute
+
+    def fill(batch: Tensor, removed: Tensor, rows: Tensor, steps: Tensor) -> Tensor:
+        out = noisy_linear_impute(batch, removed, noise=0.0)
+        if noise > 0:
+            indices = [2 * step + order for step in steps.tolist()]
+            out = out + torch.where(removed[:, None], noise * draws(seed, indices, batch.shape[1:], batch.device,
+                                                                     normal=True), 0.0)
+        return out
+    return fill
+
+
 def road(
     model: nn.Module,
     images: Tensor,
@@ -239,30 +262,15 @@ def road(
     accuracy, averaged over images); ``extra`` holds each curve's mean. The noise at each
     percentage depends only on ``seed``, so an image's result does not depend on its batch.
     """
-    from .imputation import noisy_linear_impute
-
     pairs = pairs_of(model, images, explanation, targets)
     noise = checked_number("noise", noise, positive=False)
-    fractions = torch.as_tensor([float(p) for p in percentages])
-    if fractions.numel() == 0 or not ((fractions > 0) & (fractions < 100)).all():
-        raise ValueError(f"percentages must lie strictly between 0 and 100, got {list(percentages)}")
+    fractions = _road_fractions(percentages)
     height, width = pairs.images.shape[-2:]
     counts = (fractions / 100 * height * width).long()
-
-    def imputed(order: int):
-        def fill(batch: Tensor, removed: Tensor, rows: Tensor, steps: Tensor) -> Tensor:
-            out = noisy_linear_impute(batch, removed, noise=0.0)
-            if noise > 0:
-                indices = [2 * step + order for step in steps.tolist()]
-                out = out + torch.where(removed[:, None], noise * draws(seed, indices, batch.shape[1:], batch.device,
-                                                                         normal=True), 0.0)
-            return out
-        return fill
-
     curves = {}
     for order, name in enumerate(("morf", "lerf")):
         keys = ranks(pairs.maps, descending=(name == "morf"))
-        read = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, imputed(order),
+        read = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, _road_imputer(order, noise, seed),
                                   batch_size=batch_size, score=_probability_and_hit)
         curves[name], curves[f"{name}_accuracy"] = read.unbind(-1)
     extra = {name: pairs.unflatten(curve.mean(1)) for name, curve in curves.items()}
@@ -379,6 +387,51 @@ def region_perturbation(
     )
 
 
+def _irof_segments(pairs, segments, n_segments: int, compactness: float) -> Tensor:
+    """Each map's (H, W) segment ids: SLIC's superpixels of the images, or the given
+    (N, H, W) ids checked and repeated for each of an image's targets."""
+    if segments is None:
+        return superpixels(pairs.images, positive_int("n_segments", n_segments), compactness)[:, 0]
+    segments = torch.as_tensor(segments, device=pairs.images.device).long()
+    if segments.dim() == 4 and segments.shape[1] == 1:
+        segments = segments[:, 0]
+    k = pairs.per_image
+    if segments.dim() != 3 or len(segments) * k != len(pairs.maps) or segments.shape[1:] != pairs.maps.shape[1:] \
+            or (segments < 0).any():
+        raise ValueError(f"segments must be (N, H, W) non-negative integer ids, one per image, at the maps' size "
+                         f"{tuple(pairs.maps.shape[1:])}; got {tuple(segments.shape)}")
+    return segments.repeat_interleave(k, dim=0)
+
+
+def _segment_keys(maps: Tensor, segments: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Each pixel's key: the rank of its segment by mean relevance, highest first (ids
+    absent from a map rank last); with each map's number of segments present and the
+    number of ids."""
+    m = len(maps)
+    count = int(segments.max()) + 1
+    flat = segments.flatten(1)
+    sums = torch.zeros(m, count, device=flat.device).scatter_add_(1, flat, maps.flatten(1))
+    sizes = torch.zeros(m, count, device=flat.device).scatter_add_(1, flat, torch.ones_like(maps.flatten(1)))
+    present = sizes > 0
+    means = torch.where(present, sums / sizes.clamp_min(1), -math.inf)  # absent ids rank last
+    segment_rank = ranks(means)
+    keys = segment_rank.gather(1, flat).view_as(segments)
+    return keys, present.sum(1), count
+
+
+def _irof_area(curve: Tensor, n: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+    """The curve relative to the intact image's score, held at its last value after an
+    image's ``n`` segments are gone, and the area under it by the trapezoid rule on [0, 1]."""
+    relative = curve / curve[:, :1].clamp_min(1e-12)
+    # An image with n < count segments is fully removed at step n; its curve stops there.
+    last = relative.gather(1, n[:, None])
+    relative = torch.where(counts.to(relative.device)[None] > n[:, None], last, relative)
+    area = torch.stack([
+        torch.trapezoid(relative[i, : n[i] + 1], dx=1.0 / n[i].item()) for i in range(len(curve))
+    ])
+    return relative, area
+
+
 def irof(
     model: nn.Module,
     images: Tensor,
@@ -410,38 +463,12 @@ def irof(
     value where an image has fewer segments than another.
     """
     pairs = pairs_of(model, images, explanation, targets)
-    if segments is None:
-        segments = superpixels(pairs.images, positive_int("n_segments", n_segments), compactness)[:, 0]
-    else:
-        segments = torch.as_tensor(segments, device=pairs.images.device).long()
-        if segments.dim() == 4 and segments.shape[1] == 1:
-            segments = segments[:, 0]
-        k = pairs.per_image
-        if segments.dim() != 3 or len(segments) * k != len(pairs.maps) or segments.shape[1:] != pairs.maps.shape[1:] \
-                or (segments < 0).any():
-            raise ValueError(f"segments must be (N, H, W) non-negative integer ids, one per image, at the maps' size "
-                             f"{tuple(pairs.maps.shape[1:])}; got {tuple(segments.shape)}")
-        segments = segments.repeat_interleave(k, dim=0)
-    m = len(pairs.maps)
-    count = int(segments.max()) + 1
-    flat = segments.flatten(1)
-    sums = torch.zeros(m, count, device=flat.device).scatter_add_(1, flat, pairs.maps.flatten(1))
-    sizes = torch.zeros(m, count, device=flat.device).scatter_add_(1, flat, torch.ones_like(pairs.maps.flatten(1)))
-    present = sizes > 0
-    means = torch.where(present, sums / sizes.clamp_min(1), -math.inf)  # absent ids rank last
-    segment_rank = ranks(means)
-    keys = segment_rank.gather(1, flat).view_as(segments)
+    segments = _irof_segments(pairs, segments, n_segments, compactness)
+    keys, n, count = _segment_keys(pairs.maps, segments)
     fill = pairs.images.mean((2, 3), keepdim=True).expand_as(pairs.images)
     counts = torch.arange(count + 1)
     curve = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, fill, batch_size=batch_size, score=score)
-    relative = curve / curve[:, :1].clamp_min(1e-12)
-    # An image with n < count segments is fully removed at step n; its curve stops there.
-    n = present.sum(1)
-    last = relative.gather(1, n[:, None])
-    relative = torch.where(counts.to(relative.device)[None] > n[:, None], last, relative)
-    area = torch.stack([
-        torch.trapezoid(relative[i, : n[i] + 1], dx=1.0 / n[i].item()) for i in range(m)
-    ])
+    relative, area = _irof_area(curve, n, counts)
     return Score(
         metric="irof",
         values=pairs.unflatten(1 - area),

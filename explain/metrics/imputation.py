@@ -93,6 +93,13 @@ def noisy_linear_impute(
             [4., 5., 6.],
             [7., 8., 9.]])
     """
+    _check_impute_arguments(images, removed, noise)
+    return _impute(images, removed.to(images.device), noise, generator, tol, max_iter)
+
+
+def _check_impute_arguments(images: Tensor, removed: Tensor, noise: float) -> None:
+    """Raise ValueError unless images are (N, C, H, W) floats, removed an (N, H, W) boolean
+    mask and noise a standard deviation."""
     if images.dim() != 4 or not images.is_floating_point():
         raise ValueError(f"images must be a floating point (N, C, H, W) tensor, got {tuple(images.shape)} {images.dtype}")
     n, _, h, w = images.shape
@@ -100,26 +107,38 @@ def noisy_linear_impute(
         raise ValueError(f"removed must be a boolean (N, H, W) = {(n, h, w)} tensor, got {tuple(removed.shape)} {removed.dtype}")
     if not noise >= 0:
         raise ValueError(f"noise must be a standard deviation >= 0, got {noise}")
-    removed = removed.to(images.device)
+
+
+def _impute(images: Tensor, removed: Tensor, noise: float, generator: torch.Generator | None,
+            tol: float, max_iter: int) -> Tensor:
+    """:func:`noisy_linear_impute` on checked arguments, ``removed`` on the images' device."""
     with torch.no_grad():
         images = images.detach()
         counts = removed.flatten(1).sum(1)
         if not bool(counts.any()):
             return images.clone()
         work = torch.float64 if images.dtype == torch.float64 else torch.float32
-        solvable = (counts > 0) & (counts < h * w)
-        if bool(solvable.all()):  # _solve returns a new tensor and leaves its input alone
-            out = _solve(images.to(work).contiguous(), removed[:, None].to(work), tol, max_iter)
-        else:
-            out = images.to(work, memory_format=torch.contiguous_format, copy=True)
-            some = solvable.nonzero().flatten()
-            if len(some):
-                out[some] = _solve(out[some], removed[some, None].to(work), tol, max_iter)
-            out[counts == h * w] = 0
+        out = _impute_without_noise(images, removed, counts, work, tol, max_iter)
         if noise > 0:
             draws = torch.randn(out.shape, generator=generator, device=out.device, dtype=work)
             out.add_(draws.mul_(noise).masked_fill_(~removed[:, None], 0))
     return out.to(images.dtype)
+
+
+def _impute_without_noise(images: Tensor, removed: Tensor, counts: Tensor, work: torch.dtype,
+                          tol: float, max_iter: int) -> Tensor:
+    """A new ``work``-typed copy of the images with the removed pixels imputed; an image with
+    ``counts`` (removed pixels) of every pixel becomes 0, one with none stays as it is."""
+    h, w = images.shape[-2:]
+    solvable = (counts > 0) & (counts < h * w)
+    if bool(solvable.all()):  # _solve returns a new tensor and leaves its input alone
+        return _solve(images.to(work).contiguous(), removed[:, None].to(work), tol, max_iter)
+    out = images.to(work, memory_format=torch.contiguous_format, copy=True)
+    some = solvable.nonzero().flatten()
+    if len(some):
+        out[some] = _solve(out[some], removed[some, None].to(work), tol, max_iter)
+    out[counts == h * w] = 0
+    return out
 
 
 # --- The system ---------------------------------------------------------------------------------

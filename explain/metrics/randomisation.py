@@ -98,6 +98,51 @@ def restored_state(model: nn.Module) -> Iterator[None]:
                 tensor.copy_(copy)
 
 
+def _cascade_layers(model: nn.Module, images: Tensor, layers: Sequence[str] | None) -> list[str]:
+    """The names of the layers to randomise, top first: ``layers``, or by default those of
+    :func:`randomisable_layers` in reverse order of execution."""
+    if layers is None:
+        layers = randomisable_layers(model, images)[::-1]
+    layers = list(layers)
+    if not layers:
+        raise ValueError("the model has no layer to randomise (no module with reset_parameters runs)")
+    return layers
+
+
+def _checkpoint_steps(checkpoints: int | None, count: int) -> list[int]:
+    """After how many of the ``count`` layers the maps are compared: ``checkpoints`` points
+    evenly spaced from the first layer to the last, or every layer."""
+    if checkpoints is None or positive_int("checkpoints", checkpoints) >= count:
+        return list(range(1, count + 1))
+    return sorted({round(1 + i * (count - 1) / (checkpoints - 1)) for i in range(checkpoints)}
+                  if checkpoints > 1 else {count})
+
+
+def _randomise(module: nn.Module, seed: int, device: torch.device) -> None:
+    """Re-initialise every part of ``module`` with ``reset_parameters``, after seeding ``seed``."""
+    with seeded(seed, device), torch.no_grad():
+        for child in module.modules():
+            if hasattr(child, "reset_parameters"):
+                child.reset_parameters()
+
+
+def _cascade(explainer: Explainer, pairs, modules: list[nn.Module], compared: list[int], seed: int,
+             batch_size: int) -> tuple[Tensor, Tensor]:
+    """Randomise ``modules`` one after another, explaining again after each number of layers
+    in ``compared``; the Spearman correlations and SSIMs with the original maps, (M, S) each.
+    The model's weights are put back afterwards."""
+    spearmans, ssims = [], []
+    original = rank_maps(pairs.maps)
+    with restored_state(explainer.model):
+        for done, module in enumerate(modules, start=1):
+            _randomise(module, seed + 1, pairs.images.device)
+            if done in compared:
+                again = _explain_again(explainer, pairs.images, pairs.targets, batch_size)
+                spearmans.append(spearman(original, again))
+                ssims.append(ssim(pairs.maps, again))
+    return torch.stack(spearmans, 1), torch.stack(ssims, 1)
+
+
 def model_randomisation(
     explainer: Explainer,
     images: Tensor,
@@ -136,31 +181,10 @@ def model_randomisation(
         explanation = explainer(images, targets)
     pairs = pairs_of(model, images, explanation, targets)
     batch_size = batch_size_for(batch_size, pairs.images.device)
-    if layers is None:
-        layers = randomisable_layers(model, pairs.images)[::-1]
-    layers = list(layers)
-    if not layers:
-        raise ValueError("the model has no layer to randomise (no module with reset_parameters runs)")
+    layers = _cascade_layers(model, pairs.images, layers)
     modules = [model.get_submodule(name) for name in layers]
-    if checkpoints is None or positive_int("checkpoints", checkpoints) >= len(layers):
-        compared = list(range(1, len(layers) + 1))
-    else:
-        compared = sorted({round(1 + i * (len(layers) - 1) / (checkpoints - 1)) for i in range(checkpoints)}
-                          if checkpoints > 1 else {len(layers)})
-    spearmans, ssims = [], []
-    original = rank_maps(pairs.maps)
-    with restored_state(model):
-        for done, module in enumerate(modules, start=1):
-            with seeded(seed + 1, pairs.images.device), torch.no_grad():
-                for child in module.modules():
-                    if hasattr(child, "reset_parameters"):
-                        child.reset_parameters()
-            if done in compared:
-                again = _explain_again(explainer, pairs.images, pairs.targets, batch_size)
-                spearmans.append(spearman(original, again))
-                ssims.append(ssim(pairs.maps, again))
-    by_layer = torch.stack(spearmans, 1)
-    ssim_by_layer = torch.stack(ssims, 1)
+    compared = _checkpoint_steps(checkpoints, len(layers))
+    by_layer, ssim_by_layer = _cascade(explainer, pairs, modules, compared, seed, batch_size)
     return Score(
         metric="randomisation",
         values=pairs.unflatten(by_layer.mean(1)),

@@ -113,32 +113,14 @@ class SegmentationTarget:
         n, classes, height, width = logits.shape
         if self.fixed:
             self._check_rows(n)
-            self._check_classes(classes)
+            _check_class_ids(self.category, classes)
             return self
-        region = self.mask
-        if self.box is not None:
-            from ..metrics.localisation import region_masks
-
-            region = region_masks(self.box, (height, width))
-        if region is not None:
-            if tuple(region.shape[-2:]) != (height, width):
-                raise ValueError(
-                    f"the mask is {tuple(region.shape[-2:])} but the model's output is {height} x {width}; give "
-                    "the mask on the output's grid (torchvision's segmentation models output at the input's size)"
-                )
-            region = region.to(logits.device)
-            if len(region) not in (1, n):
-                raise ValueError(f"got {len(region)} regions for {n} images; give one for every image or one per image")
-            region = region.expand(n, height, width)
+        region = _given_region(self.mask, self.box, n, height, width, logits.device)
         predicted = logits.detach().argmax(dim=1)
         if self.category is None:
-            category = self._dominant(predicted, region, classes)
+            category = _dominant_classes(predicted, region, classes, self.background)
         else:
-            self._check_classes(classes)
-            if len(self.category) not in (1, n):
-                raise ValueError(f"got {len(self.category)} classes for {n} images; give one for every image "
-                                 "or one per image")
-            category = self.category.to(logits.device).expand(n)
+            category = _given_classes(self.category, n, classes, logits.device)
         if region is None:
             region = predicted == category[:, None, None]
         fixed = SegmentationTarget(category, mask=region, background=self.background)
@@ -219,25 +201,58 @@ class SegmentationTarget:
                 "explain one image at a time"
             )
 
-    def _check_classes(self, classes: int) -> None:
-        bad = [int(c) for c in self.category if not 0 <= c < classes]
-        if bad:
-            raise ValueError(f"class id {bad[0]} is out of range: the model has {classes} classes (0..{classes - 1})")
 
-    def _dominant(self, predicted: Tensor, region: Tensor | None, classes: int) -> Tensor:
-        """Per image, the predicted class with the most pixels in the region, ``background``
-        only where no other class is predicted there."""
-        ids = []
-        for i in range(len(predicted)):
-            pixels = predicted[i] if region is None else predicted[i][region[i]]
-            counts = torch.bincount(pixels.flatten(), minlength=classes)
-            if self.background is not None and 0 <= self.background < classes:
-                others = counts.clone()
-                others[self.background] = 0
-                if others.any():
-                    counts = others
-            ids.append(counts.argmax())
-        return torch.stack(ids)
+def _check_class_ids(category: Tensor, classes: int) -> None:
+    """ValueError unless every id in ``category`` is a class of a model with ``classes``."""
+    bad = [int(c) for c in category if not 0 <= c < classes]
+    if bad:
+        raise ValueError(f"class id {bad[0]} is out of range: the model has {classes} classes (0..{classes - 1})")
+
+
+def _given_classes(category: Tensor, n: int, classes: int, device) -> Tensor:
+    """The given class ids (one, or one per image) checked and as (n,) on ``device``."""
+    _check_class_ids(category, classes)
+    if len(category) not in (1, n):
+        raise ValueError(f"got {len(category)} classes for {n} images; give one for every image "
+                         "or one per image")
+    return category.to(device).expand(n)
+
+
+def _given_region(mask: Tensor | None, box: Tensor | None, n: int, height: int, width: int, device) -> Tensor | None:
+    """The given region (from ``mask`` or ``box``) as (n, height, width) on ``device``; None
+    where neither is given."""
+    region = mask
+    if box is not None:
+        from ..metrics.localisation import region_masks
+
+        region = region_masks(box, (height, width))
+    if region is None:
+        return None
+    if tuple(region.shape[-2:]) != (height, width):
+        raise ValueError(
+            f"the mask is {tuple(region.shape[-2:])} but the model's output is {height} x {width}; give "
+            "the mask on the output's grid (torchvision's segmentation models output at the input's size)"
+        )
+    region = region.to(device)
+    if len(region) not in (1, n):
+        raise ValueError(f"got {len(region)} regions for {n} images; give one for every image or one per image")
+    return region.expand(n, height, width)
+
+
+def _dominant_classes(predicted: Tensor, region: Tensor | None, classes: int, background: int | None) -> Tensor:
+    """Per image, the predicted class with the most pixels in the region, ``background``
+    only where no other class is predicted there."""
+    ids = []
+    for i in range(len(predicted)):
+        pixels = predicted[i] if region is None else predicted[i][region[i]]
+        counts = torch.bincount(pixels.flatten(), minlength=classes)
+        if background is not None and 0 <= background < classes:
+            others = counts.clone()
+            others[background] = 0
+            if others.any():
+                counts = others
+        ids.append(counts.argmax())
+    return torch.stack(ids)
 
 
 def _class_ids(category) -> Tensor:
