@@ -12,16 +12,17 @@ import importlib
 import sys
 import types
 
-_SUBMODULES = ("metrics", "models", "tasks")
+_SUBMODULES = ("methods", "metrics", "models", "tasks")
 # Where each public name lives. Importing `explain` imports none of them (nor torch): the
 # command line answers --help at once, and a Ray driver plans a run without torch's memory.
 _LOCATIONS = {
     "Explainer": "base",
     "NotApplicable": "base",
-    "describe_methods": "base",
-    "explainer": "base",
-    "methods": "base",
     "register": "base",
+    "describe_methods": "catalogue",
+    "explainer": "catalogue",
+    "method_class": "catalogue",
+    "method_names": "catalogue",
     "AblationCAM": "methods",
     "AttentionRelevance": "methods",
     "AttentionRollout": "methods",
@@ -142,6 +143,8 @@ __all__ = [
     "explainer",
     "feature_maps",
     "find_target_layer",
+    "method_class",
+    "method_names",
     "methods",
     "metrics",
     "models",
@@ -171,12 +174,12 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """``explain.methods`` is the function that lists the methods and ``explain.overlay`` the
-    function that draws a map, though both names are also submodules: importing a submodule
-    binds its name on the package, and here that binding does not replace the function."""
+    """``explain.overlay`` is the function that draws a map, though the name is also a
+    submodule: importing a submodule binds its name on the package, and here that binding
+    does not replace the function."""
 
     def __setattr__(self, name, value):
-        if name in ("methods", "overlay") and isinstance(value, types.ModuleType):
+        if name == "overlay" and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)
 

@@ -1,4 +1,8 @@
-"""What every explainer shares: input checks, the method registry and the factory."""
+"""What every explainer shares: the :class:`Explainer` base class, :class:`NotApplicable`,
+and the method registry that :func:`register` fills (:func:`registered` reads it).
+
+The registry holds what has been registered so far; :mod:`explain.catalogue` lists and
+makes the methods by name, with the built-in ones registered."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from torch import Tensor, nn
 from .explanation import Explanation
 from .targets import Targets
 
-__all__ = ["Explainer", "NotApplicable", "check_images", "channel_hint", "describe_methods", "explainer", "method_class", "methods", "register"]
+__all__ = ["Explainer", "NotApplicable", "check_images", "channel_hint", "method_key", "register", "registered", "registered_class"]
 
 _REGISTRY: dict[str, type[Explainer]] = {}
 
@@ -25,15 +29,12 @@ class NotApplicable(ValueError):
     --method all`` leaves such methods out instead of failing."""
 
 
-def _registry() -> dict[str, type[Explainer]]:
-    """The registered methods; the built-in ones register when :mod:`explain.methods` is
-    imported, which ``import explain`` leaves until a method is asked for."""
-    import explain.methods  # noqa: F401
+def method_key(name: str) -> str:
+    """The registry's key of a method name: names ignore case, dashes, underscores and spaces.
 
-    return _REGISTRY
-
-
-def _key(name: str) -> str:
+    >>> method_key("Grad-CAM++")
+    'gradcam++'
+    """
     return name.lower().replace("-", "").replace("_", "").replace(" ", "")
 
 
@@ -75,58 +76,28 @@ class Explainer:
 
 
 def register(cls: type[Explainer]) -> type[Explainer]:
-    """Class decorator that makes a method available to :func:`explainer` by its ``name``."""
+    """Class decorator that makes a method available to :func:`explain.explainer` by its ``name``."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a non-empty `name` to be registered")
-    _REGISTRY[_key(cls.name)] = cls
+    _REGISTRY[method_key(cls.name)] = cls
     return cls
 
 
-def methods() -> list[str]:
-    """Names of the registered methods, for :func:`explainer`.
-
-    >>> "gradcam" in methods()
-    True
-    """
-    return [cls.name for cls in _registry().values()]
+def registered() -> dict[str, type[Explainer]]:
+    """The methods registered so far, by name, in the order they were registered. The
+    built-in ones register when :mod:`explain.methods` is imported (see
+    :mod:`explain.catalogue`, which imports it)."""
+    return {cls.name: cls for cls in _REGISTRY.values()}
 
 
-def describe_methods() -> dict[str, dict[str, str | bool]]:
-    """Each method's name with its family, cost, whether it needs a target layer, and the
-    first line of its docstring.
-
-    >>> describe_methods()["gradcam"]["family"], describe_methods()["ig"]["needs_layer"]
-    ('gradient CAM', False)
-    """
-    return {
-        cls.name: {
-            "family": cls.family,
-            "cost": cls.cost,
-            "needs_layer": cls.needs_layer,
-            "description": (cls.__doc__ or "").strip().splitlines()[0],
-        }
-        for cls in _registry().values()
-    }
-
-
-def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
-    """Make an explainer by method name; names ignore case, dashes and underscores.
-
-    >>> import torchvision
-    >>> cam = explainer("Grad-CAM++", torchvision.models.resnet18())
-    >>> type(cam).__name__
-    'GradCAMPlusPlus'
-    """
-    return method_class(method)(model, **kwargs)
-
-
-def method_class(method: str) -> type[Explainer]:
-    """The class registered as ``method``; names ignore case, dashes and underscores."""
-    cls = _registry().get(_key(method))
+def registered_class(method: str) -> type[Explainer]:
+    """The class registered so far as ``method`` (see :func:`method_key`); a ``ValueError``
+    names the closest registered names otherwise."""
+    cls = _REGISTRY.get(method_key(method))
     if cls is None:
-        close = difflib.get_close_matches(_key(method), list(_REGISTRY), n=3, cutoff=0.5)
+        close = difflib.get_close_matches(method_key(method), list(_REGISTRY), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(_REGISTRY[c].name for c in close)}? " if close else ""
-        raise ValueError(f"unknown method {method!r}; {hint}known methods: {', '.join(methods())}")
+        raise ValueError(f"unknown method {method!r}; {hint}known methods: {', '.join(registered())}")
     return cls
 
 

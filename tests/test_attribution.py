@@ -30,7 +30,7 @@ from torch import nn
 
 import explain
 from conftest import BackwardFails, ModelState
-from explain.base import method_class
+from explain.catalogue import method_class
 from explain.methods.attribution_base import make_baselines, normalize_maps, reduce_channels, seeded
 from explain.methods.gradient_attribution import is_relu_like
 from explain.methods.perturbation_attribution import superpixels

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base import NotApplicable, method_class, methods
+from ..base import NotApplicable
+from ..catalogue import method_class, method_names as methods
 from ..metrics.registry import METRICS, metric
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget

@@ -17,7 +17,7 @@ def methods_command(args) -> int:
 def method_table() -> str:
     """``explain methods``' table, from the registry: method, family, whether it takes a layer,
     cost per image and target, description."""
-    from ..base import describe_methods
+    from ..catalogue import describe_methods
 
     rows = [("method", "family", "layer", "cost per image and target", "")]
     rows += [(name, info["family"], "yes" if info["needs_layer"] else "-", info["cost"], info["description"])

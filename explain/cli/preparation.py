@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..base import method_class
+from ..catalogue import method_class
 from ..methods import BaseCAM
 from ..tasks import models as task_models
 from .common import LOCALISATION, UsageError
