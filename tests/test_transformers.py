@@ -15,7 +15,7 @@ from torch import nn
 import explain
 from conftest import ModelState, hook_count
 from explain import TokenLayout
-from explain.attention import AttentionCapture, explicit_attention_kernels
+from explain.attention_capture import AttentionCapture, explicit_attention_kernels
 from explain.tokens import infer_layout, model_token_hints
 
 transformers = pytest.importorskip("transformers")

@@ -15,7 +15,7 @@ from torch import Tensor
 from torchvision import transforms
 
 from ..images import ImageError, load_rgb
-from ..overlay import denormalize, normalization_of
+from ..drawing import denormalize, normalization_of
 
 
 def default_workers(device: torch.device) -> int:

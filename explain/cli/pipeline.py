@@ -18,7 +18,7 @@ from ..methods import BaseCAM, explain_together
 from ..heap import ReusedHeap
 from ..evaluation import format_summary, score, summary_table
 from ..metrics.registry import METRICS
-from ..overlay import overlay
+from ..drawing import overlay
 from ..report import encode_npz, encode_png, read_manifest, write_index, write_manifest
 from .common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, MANIFEST, StopFlag, _safe, is_complete, manifest_row
 from .decoding import _Decode, _Inputs, _collate, _init_worker

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import explicit_attention_kernels
+from ..attention_capture import explicit_attention_kernels
 from ..base import register, registered_class
 from ..layers import LayerSpec
 from ..tokens import Reshape

@@ -24,7 +24,7 @@ from zennit.rules import ClampMod, Flat, GammaMod, NoMod, Pass
 from zennit.torchvision import ResNetBasicBlockCanonizer, ResNetBottleneckCanonizer
 from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
 
-from ..attention import has_attention
+from ..attention_capture import has_attention
 from ..base import NotApplicable, register
 from ..models import IMAGENET_MEAN, IMAGENET_STD
 from .attribution_base import Attribution, ScoredModel
