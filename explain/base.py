@@ -7,18 +7,15 @@ makes the methods by name, with the built-in ones registered."""
 from __future__ import annotations
 
 import difflib
-import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from .explanation import Explanation
 from .targets import Targets
 
-__all__ = ["Explainer", "NotApplicable", "check_images", "channel_hint", "method_key", "register", "registered", "registered_class"]
+__all__ = ["Explainer", "NotApplicable", "method_key", "register", "registered", "registered_class"]
 
 _REGISTRY: dict[str, type[Explainer]] = {}
 
@@ -99,73 +96,3 @@ def registered_class(method: str) -> type[Explainer]:
         hint = f"did you mean {', '.join(_REGISTRY[c].name for c in close)}? " if close else ""
         raise ValueError(f"unknown method {method!r}; {hint}known methods: {', '.join(registered())}")
     return cls
-
-
-def check_images(images: Tensor, model: nn.Module) -> Tensor:
-    """Validate a batch for ``model`` and return it detached; errors say how to fix it."""
-    if not isinstance(images, Tensor):
-        raise TypeError(
-            f"images must be a torch.Tensor of shape (N, C, H, W), got {type(images).__name__}; "
-            "turn a PIL image into a batch with preprocess(image).unsqueeze(0)"
-        )
-    if images.dim() == 3:
-        raise ValueError(
-            f"images has shape {tuple(images.shape)}, a single image; add the batch dimension "
-            "with images.unsqueeze(0)"
-        )
-    if images.dim() != 4:
-        raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
-    if images.shape[0] == 0:
-        raise ValueError("images is an empty batch")
-    if not images.is_floating_point():
-        raise TypeError(
-            f"images have dtype {images.dtype}; the model expects preprocessed float input "
-            "(e.g. the preprocess returned by explain.models.load)"
-        )
-    reference = next(iter(model.parameters()), None)
-    if reference is None:
-        reference = next(iter(model.buffers()), None)
-    if reference is not None:
-        if reference.device != images.device:
-            raise ValueError(
-                f"images are on {images.device} but the model is on {reference.device}; "
-                f"move them with images.to('{reference.device}')"
-            )
-        if reference.is_floating_point() and reference.dtype != images.dtype:
-            raise ValueError(
-                f"images are {images.dtype} but the model's weights are {reference.dtype}; "
-                f"cast them with images.to({reference.dtype})"
-            )
-    if not torch.isfinite(images).all():
-        raise ValueError("images contain NaN or infinite values")
-    return images.detach()
-
-
-_CHANNEL_ERROR = re.compile(r"expected input\[[^\]]*\] to have (\d+) channels, but got (\d+) channels")
-
-
-@contextmanager
-def channel_hint(images: Tensor) -> Iterator[None]:
-    """Around a forward pass: the model's own error for images with the wrong number of
-    channels becomes a ``ValueError`` that names the fix.
-
-    (The first convolution to run is what counts, which need not be the first registered,
-    so this is not checked before the forward pass.)
-
-    >>> import torchvision
-    >>> images = torch.zeros(1, 1, 32, 32)
-    >>> with channel_hint(images):
-    ...     torchvision.models.resnet18()(images)
-    Traceback (most recent call last):
-    ValueError: images have 1 channel(s) but the model's first convolution expects 3; convert the images (PIL: image.convert('RGB')) before preprocessing
-    """
-    try:
-        yield
-    except RuntimeError as error:
-        match = _CHANNEL_ERROR.search(str(error))
-        if match is None or int(match[2]) != images.shape[1]:
-            raise
-        raise ValueError(
-            f"images have {match[2]} channel(s) but the model's first convolution expects "
-            f"{match[1]}; convert the images (PIL: image.convert('RGB')) before preprocessing"
-        ) from error

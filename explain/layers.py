@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import channel_hint
+from .checks import channel_hint
 from .hooks import preserved_state
 
 __all__ = ["LayerInfo", "LayerSpec", "candidate_layers", "find_target_layer", "module_calls", "resolve_layers",

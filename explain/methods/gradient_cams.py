@@ -17,10 +17,11 @@ from torch import Tensor, nn
 
 from ..attention_capture import explicit_attention_kernels
 from ..base import register, registered_class
+from ..checks import positive_int
 from ..layers import LayerSpec
 from ..tokens import Reshape
 from ..targets import Targets, class_logits
-from .cam_base import BaseCAM, Captured, positive_int, principal_component, safe_divide
+from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 
 __all__ = [
     "EigenGradCAM",

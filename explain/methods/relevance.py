@@ -26,9 +26,9 @@ from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
 
 from ..attention_capture import has_attention
 from ..base import NotApplicable, register
+from ..checks import checked_number
 from ..models import IMAGENET_MEAN, IMAGENET_STD
 from .attribution_base import Attribution, ScoredModel
-from .cam_base import checked_number
 from .gradient_attribution import is_relu_like
 
 __all__ = ["FIRST_RULES", "LRP", "SharingRule", "ResidualSumCanonizer", "traced_batch_norm_pairs"]

@@ -21,12 +21,13 @@ import torch
 from torch import Tensor, nn
 
 from ..attention_capture import AttentionCapture
-from ..base import Explainer, NotApplicable, channel_hint, check_images, register
+from ..base import Explainer, NotApplicable, register
+from ..checks import channel_hint, check_images, checked_number
 from ..explanation import Explanation, scale_maps
 from ..layers import transformer_blocks
 from ..targets import Targets, class_logits, select_targets
 from ..tokens import TokenLayout, infer_layout
-from .cam_base import checked_number, detached
+from .cam_base import detached
 
 __all__ = ["AttentionRelevance", "AttentionRollout", "LeGrad", "TransformerAttention"]
 

@@ -117,7 +117,7 @@ class SegmentationTarget:
             return self
         region = self.mask
         if self.box is not None:
-            from ..metrics.localisation import region_masks
+            from ..regions import region_masks
 
             region = region_masks(self.box, (height, width))
         if region is not None:
