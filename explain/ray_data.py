@@ -197,7 +197,7 @@ def _prepare(args) -> dict:
 
     from .cli.common import UsageError
     from .cli.decoding import _Inputs
-    from .cli.loading import _warn_if_random
+    from .models import warn_if_random as _warn_if_random
     from .cli.preparation import prepare_run
     from .metrics.registry import METRICS
 

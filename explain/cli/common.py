@@ -15,6 +15,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from ..errors import UsageError
 from ..options import LOCALISATION_METRICS
 
 
@@ -24,15 +25,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUT_OF_MEMORY, EXIT_INTERRUPTED = 0, 1, 2
 MANIFEST = "manifest.jsonl"
 
 
-MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")
-
-
 #: Metrics that need --regions, and those that take --step.
 LOCALISATION = LOCALISATION_METRICS
-
-
-class UsageError(Exception):
-    """A mistake in the command line; the message says how to fix it."""
 
 
 def _positive_int(text: str) -> int:

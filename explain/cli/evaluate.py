@@ -27,7 +27,7 @@ from .common import (
 from .explainers import build_explainers, parse_metrics, parse_target, _metric_options
 from .decoding import default_workers, _Decode, _Inputs, _collate, _init_worker, _is_torchvision_classification_preset
 from .inputs import collect_inputs
-from .loading import load_model, _warn_if_random
+from ..models import load_model, warn_if_random as _warn_if_random
 
 
 def _mask_geometry(preprocess):

@@ -17,7 +17,7 @@ from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
 from ..options import STEP_METRICS
 from .common import LOCALISATION, UsageError
-from .loading import LoadedModel
+from ..models import LoadedModel
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ def layers_command(args) -> int:
     a spatial (N, C, H, W) output, blocks included, in execution order."""
     from ..layers import candidate_layers, find_target_layer
     from ..model_summary import summary
-    from ..tasks import models as task_models
-    from .loading import load_model
+    from .. import layers as task_models
+    from ..models import load_model
 
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     try:

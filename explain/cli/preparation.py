@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from ..catalogue import method_class
 from ..methods import BaseCAM
-from ..tasks import models as task_models
+from .. import layers as task_models
 from .common import LOCALISATION, UsageError
 from .explainers import build_explainers, parse_metrics, parse_target, parse_task_target, _metric_options, _takes
-from .loading import LoadedModel, load_model
+from ..models import LoadedModel, load_model
 from .pipeline import _Run
 from .task_pipeline import _TaskRun
 

@@ -28,7 +28,7 @@ def run_command(args) -> int:
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
     sources = collect_inputs(args.inputs, out_dir)
     from .decoding import default_workers
-    from .loading import _warn_if_random
+    from ..models import warn_if_random as _warn_if_random
     from .preparation import prepare_run
 
     prepared = prepare_run(args)

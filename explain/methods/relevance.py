@@ -27,7 +27,7 @@ from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
 from ..attention_capture import has_attention
 from ..base import NotApplicable, register
 from ..checks import checked_number
-from ..models import IMAGENET_MEAN, IMAGENET_STD
+from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from .attribution_base import Attribution, ScoredModel
 from .gradient_attribution import is_relu_like
 
