@@ -36,8 +36,8 @@ import torch
 import torchvision
 
 import explain
-from explain.methods.attribution_base import make_baselines
-from explain.methods.perturbation_attribution import superpixels
+from explain.baselines import make_baselines
+from explain.superpixels import superpixels
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_gradcam import interleaved_medians  # noqa: E402

@@ -55,7 +55,7 @@ from PIL import Image  # noqa: E402
 import explain  # noqa: E402
 from bench_gradcam import interleaved_medians  # noqa: E402
 from explain import metrics  # noqa: E402
-from explain.methods.perturbation_attribution import superpixels  # noqa: E402
+from explain.superpixels import superpixels  # noqa: E402
 from explain.metrics.randomisation import randomisable_layers  # noqa: E402
 
 try:

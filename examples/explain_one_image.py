@@ -32,7 +32,7 @@ x = preprocess(Image.open(args.image).convert("RGB")).unsqueeze(0)
 BATCHED_ATTRIBUTIONS = {"smoothgrad", "vargrad", "ig", "deeplift", "deepliftshap", "gradientshap", "occlusion",
                         "lime", "kernelshap", "ablation"}
 results = []
-for name in explain.methods() if args.methods == "all" else args.methods.split(","):
+for name in explain.method_names() if args.methods == "all" else args.methods.split(","):
     options = {"n_samples": args.samples} if name in ("sscam", "iscam") else {}
     if name in ("scorecam", "sscam", "iscam", "ablationcam"):
         options["batch_size"] = args.batch_size

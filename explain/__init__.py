@@ -9,150 +9,39 @@
 """
 
 import importlib
-import sys
-import types
 
-_SUBMODULES = ("metrics", "models", "tasks")
-# Where each public name lives. Importing `explain` imports none of them (nor torch): the
-# command line answers --help at once, and a Ray driver plans a run without torch's memory.
-_LOCATIONS = {
-    "Explainer": "base",
-    "NotApplicable": "base",
-    "describe_methods": "base",
-    "explainer": "base",
-    "methods": "base",
-    "register": "base",
-    "AblationCAM": "methods",
-    "AttentionRelevance": "methods",
-    "AttentionRollout": "methods",
-    "Attribution": "methods",
-    "BaseCAM": "methods",
-    "CAM": "methods",
-    "Deconvolution": "methods",
-    "DeepLift": "methods",
-    "DeepLiftShap": "methods",
-    "EigenCAM": "methods",
-    "EigenGradCAM": "methods",
-    "FEM": "methods",
-    "FeatureAblation": "methods",
-    "FinerCAM": "methods",
-    "FullGrad": "methods",
-    "GradCAM": "methods",
-    "GradCAMElementWise": "methods",
-    "GradCAMPlusPlus": "methods",
-    "GradientCAM": "methods",
-    "GradientShap": "methods",
-    "GuidedBackprop": "methods",
-    "GuidedGradCAM": "methods",
-    "HiResCAM": "methods",
-    "ISCAM": "methods",
-    "InputXGradient": "methods",
-    "IntegratedGradients": "methods",
-    "KPCACAM": "methods",
-    "KernelShap": "methods",
-    "LRP": "methods",
-    "LayerCAM": "methods",
-    "LeGrad": "methods",
-    "Lime": "methods",
-    "Occlusion": "methods",
-    "RandomCAM": "methods",
-    "SSCAM": "methods",
-    "Saliency": "methods",
-    "ScoreCAM": "methods",
-    "ShapleyCAM": "methods",
-    "SmoothGrad": "methods",
-    "SmoothGradCAMPlusPlus": "methods",
-    "VarGrad": "methods",
-    "XGradCAM": "methods",
-    "explain_together": "methods",
-    "Explanation": "explanation",
-    "LayerCapture": "hooks",
-    "candidate_layers": "layers",
-    "find_target_layer": "layers",
-    "denormalize": "overlay",
-    "normalization_of": "overlay",
-    "overlay": "overlay",
-    "plot_explanations": "overlay",
-    "to_rgb": "overlay",
-    "DetectionTarget": "tasks",
-    "SegmentationTarget": "tasks",
-    "explain_detections": "tasks",
-    "TokenLayout": "tokens",
-    "feature_maps": "model_summary",
-    "summary": "model_summary",
+#: Subpackages that ``explain.NAME`` imports on first use.
+_SUBMODULES = ("methods", "metrics", "models", "tasks")
+
+# Each public name, under the module it lives in: the one list of what `explain` exports.
+# Importing `explain` imports none of them (nor torch): the command line answers --help at
+# once, and a Ray driver plans a run without torch's memory.
+_EXPORTS = {
+    "base": ("Explainer", "NotApplicable", "register"),
+    "catalogue": ("describe_methods", "explainer", "method_class", "method_names"),
+    "methods": (
+        "AblationCAM", "AttentionRelevance", "AttentionRollout", "Attribution", "BaseCAM", "CAM",
+        "Deconvolution", "DeepLift", "DeepLiftShap", "EigenCAM", "EigenGradCAM", "FEM",
+        "FeatureAblation", "FinerCAM", "FullGrad", "GradCAM", "GradCAMElementWise",
+        "GradCAMPlusPlus", "GradientCAM", "GradientShap", "GuidedBackprop", "GuidedGradCAM",
+        "HiResCAM", "ISCAM", "InputXGradient", "IntegratedGradients", "KPCACAM", "KernelShap",
+        "LRP", "LayerCAM", "LeGrad", "Lime", "Occlusion", "RandomCAM", "SSCAM", "Saliency",
+        "ScoreCAM", "ShapleyCAM", "SmoothGrad", "SmoothGradCAMPlusPlus", "VarGrad", "XGradCAM",
+        "explain_together",
+    ),
+    "explanation": ("Explanation",),
+    "hooks": ("LayerCapture",),
+    "layers": ("candidate_layers", "find_target_layer"),
+    "tokens": ("TokenLayout",),
+    "drawing": ("denormalize", "normalization_of", "overlay", "plot_explanations", "to_rgb"),
+    "tasks": ("DetectionTarget", "SegmentationTarget", "explain_detections"),
+    "model_summary": ("feature_maps", "summary"),
 }
+_LOCATIONS = {name: module for module, names in _EXPORTS.items() for name in names}
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AblationCAM",
-    "AttentionRelevance",
-    "AttentionRollout",
-    "Attribution",
-    "BaseCAM",
-    "CAM",
-    "Deconvolution",
-    "DetectionTarget",
-    "DeepLift",
-    "DeepLiftShap",
-    "EigenCAM",
-    "EigenGradCAM",
-    "Explainer",
-    "Explanation",
-    "FEM",
-    "FeatureAblation",
-    "FinerCAM",
-    "FullGrad",
-    "GradCAM",
-    "GradCAMElementWise",
-    "GradCAMPlusPlus",
-    "GradientCAM",
-    "GradientShap",
-    "GuidedBackprop",
-    "GuidedGradCAM",
-    "HiResCAM",
-    "ISCAM",
-    "InputXGradient",
-    "IntegratedGradients",
-    "KPCACAM",
-    "KernelShap",
-    "LRP",
-    "LayerCAM",
-    "LeGrad",
-    "NotApplicable",
-    "LayerCapture",
-    "Lime",
-    "Occlusion",
-    "RandomCAM",
-    "SSCAM",
-    "SegmentationTarget",
-    "Saliency",
-    "ScoreCAM",
-    "ShapleyCAM",
-    "SmoothGrad",
-    "SmoothGradCAMPlusPlus",
-    "TokenLayout",
-    "VarGrad",
-    "XGradCAM",
-    "candidate_layers",
-    "denormalize",
-    "describe_methods",
-    "explain_detections",
-    "explain_together",
-    "explainer",
-    "feature_maps",
-    "find_target_layer",
-    "methods",
-    "metrics",
-    "models",
-    "tasks",
-    "normalization_of",
-    "overlay",
-    "plot_explanations",
-    "register",
-    "summary",
-    "to_rgb",
-]
+__all__ = sorted([*_LOCATIONS, *_SUBMODULES])
 
 
 def __getattr__(name: str):
@@ -168,17 +57,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """``explain.methods`` is the function that lists the methods and ``explain.overlay`` the
-    function that draws a map, though both names are also submodules: importing a submodule
-    binds its name on the package, and here that binding does not replace the function."""
-
-    def __setattr__(self, name, value):
-        if name in ("methods", "overlay") and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -1,20 +1,21 @@
-"""What every explainer shares: input checks, the method registry and the factory."""
+"""What every explainer shares: the :class:`Explainer` base class, :class:`NotApplicable`,
+and the method registry that :func:`register` fills (:func:`registered` reads it).
+
+The registry holds what has been registered so far; :mod:`explain.catalogue` lists and
+makes the methods by name, with the built-in ones registered."""
 
 from __future__ import annotations
 
 import difflib
-import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import ClassVar
 
-import torch
 from torch import Tensor, nn
 
 from .explanation import Explanation
 from .targets import Targets
 
-__all__ = ["Explainer", "NotApplicable", "check_images", "channel_hint", "describe_methods", "explainer", "method_class", "methods", "register"]
+__all__ = ["Explainer", "NotApplicable", "method_key", "register", "registered", "registered_class"]
 
 _REGISTRY: dict[str, type[Explainer]] = {}
 
@@ -25,15 +26,12 @@ class NotApplicable(ValueError):
     --method all`` leaves such methods out instead of failing."""
 
 
-def _registry() -> dict[str, type[Explainer]]:
-    """The registered methods; the built-in ones register when :mod:`explain.methods` is
-    imported, which ``import explain`` leaves until a method is asked for."""
-    import explain.methods  # noqa: F401
+def method_key(name: str) -> str:
+    """The registry's key of a method name: names ignore case, dashes, underscores and spaces.
 
-    return _REGISTRY
-
-
-def _key(name: str) -> str:
+    >>> method_key("Grad-CAM++")
+    'gradcam++'
+    """
     return name.lower().replace("-", "").replace("_", "").replace(" ", "")
 
 
@@ -75,126 +73,26 @@ class Explainer:
 
 
 def register(cls: type[Explainer]) -> type[Explainer]:
-    """Class decorator that makes a method available to :func:`explainer` by its ``name``."""
+    """Class decorator that makes a method available to :func:`explain.explainer` by its ``name``."""
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a non-empty `name` to be registered")
-    _REGISTRY[_key(cls.name)] = cls
+    _REGISTRY[method_key(cls.name)] = cls
     return cls
 
 
-def methods() -> list[str]:
-    """Names of the registered methods, for :func:`explainer`.
-
-    >>> "gradcam" in methods()
-    True
-    """
-    return [cls.name for cls in _registry().values()]
+def registered() -> dict[str, type[Explainer]]:
+    """The methods registered so far, by name, in the order they were registered. The
+    built-in ones register when :mod:`explain.methods` is imported (see
+    :mod:`explain.catalogue`, which imports it)."""
+    return {cls.name: cls for cls in _REGISTRY.values()}
 
 
-def describe_methods() -> dict[str, dict[str, str | bool]]:
-    """Each method's name with its family, cost, whether it needs a target layer, and the
-    first line of its docstring.
-
-    >>> describe_methods()["gradcam"]["family"], describe_methods()["ig"]["needs_layer"]
-    ('gradient CAM', False)
-    """
-    return {
-        cls.name: {
-            "family": cls.family,
-            "cost": cls.cost,
-            "needs_layer": cls.needs_layer,
-            "description": (cls.__doc__ or "").strip().splitlines()[0],
-        }
-        for cls in _registry().values()
-    }
-
-
-def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
-    """Make an explainer by method name; names ignore case, dashes and underscores.
-
-    >>> import torchvision
-    >>> cam = explainer("Grad-CAM++", torchvision.models.resnet18())
-    >>> type(cam).__name__
-    'GradCAMPlusPlus'
-    """
-    return method_class(method)(model, **kwargs)
-
-
-def method_class(method: str) -> type[Explainer]:
-    """The class registered as ``method``; names ignore case, dashes and underscores."""
-    cls = _registry().get(_key(method))
+def registered_class(method: str) -> type[Explainer]:
+    """The class registered so far as ``method`` (see :func:`method_key`); a ``ValueError``
+    names the closest registered names otherwise."""
+    cls = _REGISTRY.get(method_key(method))
     if cls is None:
-        close = difflib.get_close_matches(_key(method), list(_REGISTRY), n=3, cutoff=0.5)
+        close = difflib.get_close_matches(method_key(method), list(_REGISTRY), n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(_REGISTRY[c].name for c in close)}? " if close else ""
-        raise ValueError(f"unknown method {method!r}; {hint}known methods: {', '.join(methods())}")
+        raise ValueError(f"unknown method {method!r}; {hint}known methods: {', '.join(registered())}")
     return cls
-
-
-def check_images(images: Tensor, model: nn.Module) -> Tensor:
-    """Validate a batch for ``model`` and return it detached; errors say how to fix it."""
-    if not isinstance(images, Tensor):
-        raise TypeError(
-            f"images must be a torch.Tensor of shape (N, C, H, W), got {type(images).__name__}; "
-            "turn a PIL image into a batch with preprocess(image).unsqueeze(0)"
-        )
-    if images.dim() == 3:
-        raise ValueError(
-            f"images has shape {tuple(images.shape)}, a single image; add the batch dimension "
-            "with images.unsqueeze(0)"
-        )
-    if images.dim() != 4:
-        raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
-    if images.shape[0] == 0:
-        raise ValueError("images is an empty batch")
-    if not images.is_floating_point():
-        raise TypeError(
-            f"images have dtype {images.dtype}; the model expects preprocessed float input "
-            "(e.g. the preprocess returned by explain.models.load)"
-        )
-    reference = next(iter(model.parameters()), None)
-    if reference is None:
-        reference = next(iter(model.buffers()), None)
-    if reference is not None:
-        if reference.device != images.device:
-            raise ValueError(
-                f"images are on {images.device} but the model is on {reference.device}; "
-                f"move them with images.to('{reference.device}')"
-            )
-        if reference.is_floating_point() and reference.dtype != images.dtype:
-            raise ValueError(
-                f"images are {images.dtype} but the model's weights are {reference.dtype}; "
-                f"cast them with images.to({reference.dtype})"
-            )
-    if not torch.isfinite(images).all():
-        raise ValueError("images contain NaN or infinite values")
-    return images.detach()
-
-
-_CHANNEL_ERROR = re.compile(r"expected input\[[^\]]*\] to have (\d+) channels, but got (\d+) channels")
-
-
-@contextmanager
-def channel_hint(images: Tensor) -> Iterator[None]:
-    """Around a forward pass: the model's own error for images with the wrong number of
-    channels becomes a ``ValueError`` that names the fix.
-
-    (The first convolution to run is what counts, which need not be the first registered,
-    so this is not checked before the forward pass.)
-
-    >>> import torchvision
-    >>> images = torch.zeros(1, 1, 32, 32)
-    >>> with channel_hint(images):
-    ...     torchvision.models.resnet18()(images)
-    Traceback (most recent call last):
-    ValueError: images have 1 channel(s) but the model's first convolution expects 3; convert the images (PIL: image.convert('RGB')) before preprocessing
-    """
-    try:
-        yield
-    except RuntimeError as error:
-        match = _CHANNEL_ERROR.search(str(error))
-        if match is None or int(match[2]) != images.shape[1]:
-            raise
-        raise ValueError(
-            f"images have {match[2]} channel(s) but the model's first convolution expects "
-            f"{match[1]}; convert the images (PIL: image.convert('RGB')) before preprocessing"
-        ) from error

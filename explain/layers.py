@@ -1,4 +1,5 @@
-"""Finding target layers: by module, by dotted name, or automatically."""
+"""Finding target layers: by module, by dotted name, or automatically (for a CNN, a vision
+transformer, or the backbone of a segmentation or detection model)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,22 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .base import channel_hint
+from .checks import channel_hint
 from .hooks import preserved_state
+from .model_tasks import task_of
+from .tokens import infer_layout, on_input_grid
 
-__all__ = ["LayerInfo", "LayerSpec", "candidate_layers", "find_target_layer", "module_calls", "resolve_layers",
+__all__ = ["LayerInfo", "LayerSpec", "backbone_layer", "candidate_layers", "find_target_layer", "module_calls", "resolve_layers",
            "transformer_blocks"]
 
 LayerSpec = str | nn.Module | Sequence[str | nn.Module] | None
 
 # Modules that pool or resample rather than compute features; a CAM on their output adds nothing.
 _POOLING = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.AvgPool2d, nn.Upsample)
+
+#: Backbone parts that serve the detection head rather than compute the image's features:
+#: feature pyramids and SSD's extra layers.
+_HEAD_PARTS = ("fpn", "extra")
 
 
 @dataclass(frozen=True)
@@ -76,20 +83,6 @@ def _get_submodule(model: nn.Module, name: str, all_names: list[str]) -> nn.Modu
     raise ValueError(
         f"model has no layer named {name!r}; {hint} (`explain layers MODEL` lists candidates)"
     )
-
-
-def on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
-    """Whether ``shape`` is (N, C, h, w) with (h, w) a downscaled grid of ``example``'s pixels."""
-    if shape is None or len(shape) != 4:
-        return False
-    height, width = example.shape[-2:]
-    h, w = shape[-2:]
-    if max(h, w) < 2 or h > height or w > width:
-        return False
-    # Strided layers round each side, which on a small grid can move the aspect ratio far
-    # (48 x 256 -> 2 x 8 in a ResNet), so one cell of slack is allowed too.
-    return (abs(h / w - height / width) <= 0.25 * height / width
-            or abs(h - w * height / width) <= 1 or abs(w - h * width / height) <= 1)
 
 
 def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module, tuple[int, ...] | None]]:
@@ -150,8 +143,6 @@ def _block_norms(trace, example: Tensor) -> list[list[str]]:
     """The transformer blocks of a traced forward pass, in the order they run, each as the
     names of its LayerNorms over tokens (or a channels-last grid), in the order they run.
     A block is a module with two or more such norms."""
-    from .tokens import infer_layout
-
     calls = Counter(name for name, _, _ in trace)
     norms: dict[str, list[str]] = {}
     for name, module, shape in trace:
@@ -188,6 +179,31 @@ def _transformer_layer(trace, example: Tensor) -> str | None:
     return blocks[-1][0] if blocks else None
 
 
+def backbone_layer(model: nn.Module, example: Tensor) -> str:
+    """The target layer for CAMs of a segmentation or detection model: the last layer of
+    ``model.backbone`` whose output is one spatial (N, C, h, w) tensor, feature pyramids and
+    SSD's extra layers left out (their outputs are dicts or lists, or serve the head).
+
+    Picks ``backbone.layer4`` in torchvision's ResNet segmentation models,
+    ``backbone.body.layer4`` in ResNet-FPN detectors, the last MobileNet block in the
+    MobileNet ones, ``backbone.features`` in SSD300-VGG16. One forward pass on ``example``
+    finds it; layers that run more than once in a pass are left out.
+    """
+    backbone = getattr(model, "backbone", None)
+    if not isinstance(backbone, nn.Module):
+        raise ValueError(f"{type(model).__name__} has no `backbone` to pick a target layer from; pass target_layer "
+                         "explicitly (`explain layers MODEL` lists the layers)")
+    calls = [(name, shape) for name, _, shape in module_calls(model, example[:1])
+             if name.startswith("backbone.") and name.split(".")[1] not in _HEAD_PARTS]
+    counts = Counter(name for name, _ in calls)
+    spatial = [name for name, shape in calls if shape is not None and len(shape) == 4 and shape[-2] * shape[-1] > 1
+               and counts[name] == 1]
+    if not spatial:
+        raise ValueError(f"no layer of {type(model).__name__}.backbone outputs one spatial tensor; pass target_layer "
+                         "explicitly (`explain layers MODEL` lists the layers)")
+    return spatial[-1]
+
+
 def find_target_layer(model: nn.Module, example: Tensor) -> str:
     """Pick the target layer a person would pick: for a CNN, the last spatial layer before
     global pooling (the usual Grad-CAM choice); for a vision transformer, the first norm of
@@ -202,11 +218,9 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
     the first norm of its last block, even where a spatial layer follows (Swin's final
     norm, permuted): see :func:`_transformer_layer` for why. torchvision's segmentation and
     detection models are explained at their backbone's last spatial layer
-    (:func:`explain.tasks.backbone_layer`), not at their heads.
+    (:func:`backbone_layer`), not at their heads.
     """
     example = example[:1]
-    from .tasks.models import backbone_layer, task_of  # here: explain.tasks imports the explainers
-
     if task_of(model) is not None:
         return backbone_layer(model, example)
     trace = module_calls(model, example)

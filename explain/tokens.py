@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Reshape", "ReshapeFunction", "TokenLayout", "infer_layout", "model_token_hints"]
+__all__ = ["Reshape", "ReshapeFunction", "TokenLayout", "infer_layout", "model_token_hints", "on_input_grid"]
 
 KINDS = ("spatial", "tokens", "channels-last")
 #: At most this many prefix tokens are tried when the model does not say how many it has
@@ -177,8 +177,6 @@ def infer_layout(shape: tuple[int, ...], input_size: tuple[int, int], model: nn.
     >>> infer_layout((2, 7, 7, 768), (224, 224))
     TokenLayout(kind='channels-last', prefix=0, grid=None)
     """
-    from .layers import on_input_grid
-
     height, width = input_size
     where = f"layer {layer!r}" if layer else "the layer"
     fix = ("pass reshape=explain.TokenLayout('tokens', prefix=P, grid=(h, w)) (P tokens before the patches, an "
@@ -211,6 +209,20 @@ def infer_layout(shape: tuple[int, ...], input_size: tuple[int, int], model: nn.
             return TokenLayout("tokens", count, best)
     raise ValueError(f"{where} outputs {tuple(shape)} tokens whose patch grid could not be found for a {height} x "
                      f"{width} input; {fix}")
+
+
+def on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
+    """Whether ``shape`` is (N, C, h, w) with (h, w) a downscaled grid of ``example``'s pixels."""
+    if shape is None or len(shape) != 4:
+        return False
+    height, width = example.shape[-2:]
+    h, w = shape[-2:]
+    if max(h, w) < 2 or h > height or w > width:
+        return False
+    # Strided layers round each side, which on a small grid can move the aspect ratio far
+    # (48 x 256 -> 2 x 8 in a ResNet), so one cell of slack is allowed too.
+    return (abs(h / w - height / width) <= 0.25 * height / width
+            or abs(h - w * height / width) <= 1 or abs(w - h * width / height) <= 1)
 
 
 def _example(height: int, width: int) -> Tensor:

@@ -29,7 +29,7 @@ TRANSFORMER = ["attention-rollout", "attention-relevance", "legrad"]
 
 
 def test_methods_and_factory():
-    assert sorted(explain.methods()) == sorted(METHODS + ATTRIBUTIONS + TRANSFORMER)
+    assert sorted(explain.method_names()) == sorted(METHODS + ATTRIBUTIONS + TRANSFORMER)
     model = torchvision.models.resnet18()
     for name in METHODS:
         cam = explain.explainer(name, model, target_layer=None if name == "fullgrad" else "layer4")
@@ -44,13 +44,13 @@ def test_methods_and_factory():
     for name in TRANSFORMER:
         method = explain.explainer(name, vit)
         assert method.name == name and isinstance(method, TransformerAttention)
-    # Every name the package exported before it grew a package of methods still imports.
-    from explain.cam import GradCAM, explain_together
+    # The package of methods exports the same objects as explain.
+    from explain.methods import GradCAM, explain_together
     from explain.methods import explain_together as from_package
     from explain.methods.gradient_free_cams import EigenCAM
 
     assert explain_together is from_package is explain.explain_together and GradCAM is explain.GradCAM
-    assert callable(explain.methods) and explain.EigenCAM is EigenCAM
+    assert callable(explain.method_names) and explain.EigenCAM is EigenCAM
     assert isinstance(explain.explainer("Grad-CAM++", model), explain.GradCAMPlusPlus)
     assert isinstance(explain.explainer("grad_cam_elementwise", model), explain.GradCAMElementWise)
     described = explain.describe_methods()
@@ -125,8 +125,8 @@ def test_example_script_draws_every_method(tmp_path):
     out = tmp_path / "figure.png"
     # Every CAM but SS-CAM and IS-CAM, which only repeat Score-CAM's passes per sample, and
     # the attributions of one or two passes (the others repeat those passes many times).
-    shown = [m for m in explain.methods() if m not in ("sscam", "iscam")
-             and issubclass(explain.base.method_class(m), (explain.BaseCAM, explain.FullGrad))]
+    shown = [m for m in explain.method_names() if m not in ("sscam", "iscam")
+             and issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))]
     shown += ["saliency", "guidedbp", "guidedgradcam", "deeplift", "lrp"]
     command = [sys.executable, str(script), "--out", str(out), "--batch-size", "8", "--methods", ",".join(shown)]
     done = subprocess.run(command, capture_output=True, text=True,

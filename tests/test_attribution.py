@@ -30,10 +30,11 @@ from torch import nn
 
 import explain
 from conftest import BackwardFails, ModelState
-from explain.base import method_class
-from explain.methods.attribution_base import make_baselines, normalize_maps, reduce_channels, seeded
+from explain.catalogue import method_class
+from explain.baselines import make_baselines, seeded
+from explain.methods.attribution_base import normalize_maps, reduce_channels
 from explain.methods.gradient_attribution import is_relu_like
-from explain.methods.perturbation_attribution import superpixels
+from explain.superpixels import superpixels
 
 METHODS = (
     "saliency", "inputxgrad", "smoothgrad", "vargrad", "ig", "guidedbp", "deconv", "guidedgradcam",

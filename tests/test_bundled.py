@@ -55,7 +55,7 @@ def test_map_is_class_discriminative_at_an_earlier_layer(bundled, photos, method
 # same masks as Score-CAM many times over (their formulas are checked in
 # test_methods_reference.py); Score-CAM itself runs here on the coffee photo alone: one
 # pass per channel, about 450 on this model, in batches of 8 (fastest on one CPU thread).
-CAMS = [m for m in explain.methods() if issubclass(explain.base.method_class(m), (explain.BaseCAM, explain.FullGrad))]
+CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))]
 
 
 @pytest.mark.parametrize("method", [m for m in CAMS if m not in ("randomcam", "sscam", "iscam")])

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from explain import methods, models
+from explain import method_names as methods, models
 from explain.cli import main
 from explain.report import MANIFEST_FIELDS, TEMP_SUFFIX
 

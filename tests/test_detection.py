@@ -16,10 +16,10 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from conftest import ModelState
 from explain import EigenCAM, Explanation, GradCAM, ScoreCAM, overlay
 from explain.cli import main
-from explain.overlay import draw_boxes
+from explain.drawing import draw_boxes
 from explain.report import MANIFEST_FIELDS, TASK_FIELDS
 from explain.tasks import DetectionTarget, crop_padding, explain_detections
-from explain.tasks.models import backbone_layer, task_of
+from explain.tasks import backbone_layer, task_of
 
 
 def prediction(boxes, labels, scores):

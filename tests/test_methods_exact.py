@@ -157,8 +157,8 @@ def test_dead_layer_gives_zero_maps():
         model[0].weight.fill_(1.0)
         model[0].bias.zero_()
         model[4].weight.fill_(-1.0)
-    gradient_weighted = [name for name in explain.methods()
-                         if issubclass(explain.base.method_class(name), explain.GradientCAM) and name != "eigengradcam"]
+    gradient_weighted = [name for name in explain.method_names()
+                         if issubclass(explain.method_class(name), explain.GradientCAM) and name != "eigengradcam"]
     assert len(gradient_weighted) == 9
     for name in gradient_weighted:
         res = explain.explainer(name, model, target_layer="1")(torch.rand(1, 1, 4, 4) + 0.1, targets=0)

@@ -16,7 +16,7 @@ from explain import EigenCAM, GradCAM, Saliency, ScoreCAM, overlay
 from explain.cli import main
 from explain.report import MANIFEST_FIELDS, TASK_FIELDS
 from explain.tasks import SegmentationTarget, segmentation_logits
-from explain.tasks.models import backbone_layer, task_of
+from explain.tasks import backbone_layer, task_of
 
 # A 4 x 4 grey image: 9 pixels above 0.5, 7 below.
 IMAGE = torch.tensor([[0.9, 0.8, 0.1, 0.2],
@@ -275,7 +275,7 @@ def test_cli_explains_a_segmentation_model(tmp_path, capsys):
 
 
 def _lraspp():
-    from explain.tasks.models import load
+    from explain.models import load_task_model as load
 
     torch.manual_seed(0)
     return load("lraspp_mobilenet_v3_large")

@@ -15,7 +15,7 @@ from torch import nn
 import explain
 from conftest import ModelState, hook_count
 from explain import TokenLayout
-from explain.attention import AttentionCapture, explicit_attention_kernels
+from explain.attention_capture import AttentionCapture, explicit_attention_kernels
 from explain.tokens import infer_layout, model_token_hints
 
 transformers = pytest.importorskip("transformers")
@@ -367,7 +367,7 @@ def test_every_method_on_transformers(name):
     x = torch.randn(1, 3, size, size)
     state = ModelState(model)
     ran = []
-    for method in explain.methods():
+    for method in explain.method_names():
         if method in ("scorecam", "sscam", "iscam") and name in WIDE:
             continue
         refused = {**REFUSED, **(REFUSED_SWIN if name == "swin" else {})}.get(method)
@@ -383,7 +383,7 @@ def test_every_method_on_transformers(name):
         assert res.targets.tolist() == logits_of(res.logits).argmax(1).tolist(), (name, method)
         ran.append(method)
     state.assert_unchanged()
-    assert len(ran) >= len(explain.methods()) - 8
+    assert len(ran) >= len(explain.method_names()) - 8
 
 
 def test_score_cams_on_vit_b16():
@@ -473,7 +473,7 @@ def test_cli_runs_a_hugging_face_folder_and_leaves_out_what_does_not_apply(tmp_p
     err = capsys.readouterr().err
     assert "leaving out cam, which does not apply" in err and "leaving out lrp" in err
     methods = {json.loads(line)["method"] for line in (tmp_path / "all" / "manifest.jsonl").read_text().splitlines()}
-    assert methods == set(explain.methods()) - {"cam", "lrp"}
+    assert methods == set(explain.method_names()) - {"cam", "lrp"}
     # Named explicitly, a method that does not apply is a usage error that says why.
     assert main(["run", str(photo), "--out", str(tmp_path / "cam"), "--model", str(folder), "--method", "cam"]) == 2
     assert "CAM's premise" in capsys.readouterr().err

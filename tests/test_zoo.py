@@ -39,8 +39,8 @@ CAM_APPLIES = {"resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "regne
 SCORE_CAMS = ["scorecam", "sscam", "iscam"]
 FEWER_SAMPLES = {"sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2}}
 
-CAMS = [m for m in explain.methods() if issubclass(explain.base.method_class(m), (explain.BaseCAM, explain.FullGrad))]
-ATTRIBUTIONS = [m for m in explain.methods() if issubclass(explain.base.method_class(m), explain.Attribution)]
+CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))]
+ATTRIBUTIONS = [m for m in explain.method_names() if issubclass(explain.method_class(m), explain.Attribution)]
 # The fewest passes that still exercise each attribution method's batching and hooks.
 CHEAP = {
     "smoothgrad": {"n_samples": 3, "internal_batch_size": 2}, "vargrad": {"n_samples": 3, "internal_batch_size": 2},

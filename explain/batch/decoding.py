@@ -14,7 +14,7 @@ from torch import Tensor
 from torchvision import transforms
 
 from ..images import ImageError, load_rgb
-from ..overlay import denormalize, normalization_of
+from ..drawing import denormalize, normalization_of
 from .guards import set_pixel_limit
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 from torchvision import transforms
 from tqdm import tqdm
 
-from ..cli.loading import load_model, warn_if_random
+from ..models import load_model, warn_if_random
 from ..errors import UsageError
 from ..evaluation import (
     evaluate, format_summary, plot_curves, plot_randomisation, plot_summary, read_regions, summary_table,

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..base import NotApplicable, method_class, methods
+from ..base import NotApplicable
+from ..catalogue import method_class, method_names
 from ..metrics.registry import METRICS, metric
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
 from ..errors import UsageError
 from ..options import LOCALISATION_METRICS, STEP_METRICS
-from ..cli.loading import LoadedModel
+from ..models import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
     whose definition does not apply to the model (:class:`~explain.NotApplicable`: CAM
     without a pooled linear head, attention methods on a CNN) are left out with a note."""
     everything = names.strip().lower() == "all"
-    wanted = methods() if everything else [n.strip() for n in names.split(",") if n.strip()]
+    wanted = method_names() if everything else [n.strip() for n in names.split(",") if n.strip()]
     if not wanted:
         raise UsageError("--method is empty; see `explain methods`")
     if layer.strip().lower() != "auto":

@@ -35,7 +35,7 @@ def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None
     """``explain run`` on this machine: check the options against the model, then make the
     outputs that are missing under ``out_dir`` (of ``sources``: by default the images that
     ``options.inputs`` name); returns the exit status."""
-    from ..cli.loading import warn_if_random
+    from ..models import warn_if_random
     from ..report import remove_temp_files
 
     if sources is None:

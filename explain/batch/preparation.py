@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..base import method_class
-from ..cli.loading import LoadedModel, load_model
+from ..catalogue import method_class
+from ..models import LoadedModel, load_model
 from ..errors import UsageError
+from ..layers import backbone_layer
 from ..methods import BaseCAM
 from ..metrics.registry import METRICS
 from ..options import LOCALISATION_METRICS
-from ..tasks import models as task_models
 from .decoding import ModelInputs, draft_size
 from .explainers import (
     TargetSpec, build_explainers, metric_options, option_applies, parse_metrics, parse_target, parse_task_target,
@@ -126,6 +126,6 @@ def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[
     if args.layer.strip().lower() != "auto":
         return args.layer
     try:
-        return task_models.backbone_layer(loaded.model, loaded.example)
+        return backbone_layer(loaded.model, loaded.example)
     except ValueError as error:
         raise UsageError(f"--layer auto: {error}") from None

@@ -114,7 +114,7 @@ def may_use_gpu(options: RunOptions) -> bool:
 
 def check_run(options: RunOptions) -> CheckedRun | str:
     """The model check, in a worker: what it found, or the usage error's message."""
-    from ..cli.loading import warn_if_random
+    from ..models import warn_if_random
     from .preparation import prepare_run
 
     messages = io.StringIO()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..overlay import overlay
+from ..drawing import overlay
 from ..report import encode_npz, encode_png
 from .storage import OutputFolder
 

@@ -17,7 +17,7 @@ def methods_command(args) -> int:
 def method_table() -> str:
     """``explain methods``' table, from the registry: method, family, whether it takes a layer,
     cost per image and target, description."""
-    from ..base import describe_methods
+    from ..catalogue import describe_methods
 
     rows = [("method", "family", "layer", "cost per image and target", "")]
     rows += [(name, info["family"], "yes" if info["needs_layer"] else "-", info["cost"], info["description"])
@@ -42,17 +42,16 @@ def layers_command(args) -> int:
     """The per-layer table of :func:`explain.summary` (output shape, parameters, multiply-adds,
     '*' on the automatic target layer, totals), then the candidate target layers: those with
     a spatial (N, C, H, W) output, blocks included, in execution order."""
-    from ..layers import candidate_layers, find_target_layer
+    from ..layers import backbone_layer, candidate_layers, find_target_layer
     from ..model_summary import summary
-    from ..tasks import models as task_models
-    from .loading import load_model
+    from ..models import load_model
 
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     try:
         if loaded.task == "classify":
             auto = find_target_layer(loaded.model, loaded.example)
         else:
-            auto = task_models.backbone_layer(loaded.model, loaded.example)
+            auto = backbone_layer(loaded.model, loaded.example)
     except ValueError:
         auto = None
     print(summary(loaded.model, tuple(loaded.example.shape), device=loaded.device, target_layer=auto))

@@ -14,7 +14,7 @@ from PIL import Image
 from torch import Tensor
 
 from ..images import ImageError, READABLE_EXTENSIONS, load_rgb
-from ..metrics.localisation import region_masks
+from ..regions import region_masks
 
 __all__ = ["BOX_FIELDS", "read_regions"]
 

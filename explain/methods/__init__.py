@@ -25,7 +25,7 @@ what the attribution methods share (targets, channel reduction, normalisation, b
 :func:`explain.register`.
 """
 
-# The import order is the order explain.methods() lists the methods in.
+# The import order is the order explain.method_names() lists the methods in.
 from .gradient_cams import (  # isort: skip
     EigenGradCAM,
     FinerCAM,

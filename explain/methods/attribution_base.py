@@ -9,7 +9,8 @@ libraries leave to their users:
 - one map per image from the channels (:func:`reduce_channels`), scaled by a high
   percentile of its magnitude so that a few hot pixels cannot wash it out
   (:func:`normalize_maps`);
-- baselines chosen by name (:func:`make_baselines`), an internal batch size that bounds
+- baselines chosen by name (:func:`explain.baselines.make_baselines`, for the methods
+  relative to a baseline: :class:`WithBaseline`), an internal batch size that bounds
   memory, a seeded random stream that leaves the caller's untouched;
 - the model as it was after the call, also after an exception: no hooks, no attributes
   left on its modules, the same train/eval and ``requires_grad`` flags.
@@ -24,35 +25,30 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..base import Explainer, channel_hint, check_images
+from ..base import Explainer
+from ..baselines import BASELINES, make_baselines, seeded
+from ..checks import channel_hint, check_images, positive_int
 from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..options import REDUCTIONS
 from ..targets import Targets, class_logits, select_targets
-from .cam_base import detached, map_tensors, positive_int
+from .cam_base import detached, map_tensors
 
 __all__ = [
-    "BASELINES",
     "REDUCTIONS",
     "Attribution",
     "Batched",
     "ScoredModel",
+    "WithBaseline",
     "attribution_context",
-    "make_baselines",
     "normalize_maps",
     "reduce_channels",
     "rows_per_pass",
-    "seeded",
     "slice_target",
 ]
-
-#: How the channels of an attribution become one map per image.
-#: The baselines selectable by name (a number or a tensor is taken as it is).
-BASELINES = ("zeros", "blur", "noise")
 
 # Attributes DeepLift (captum's and explain's rules) sets on the modules it hooks, and
 # removes only when the call succeeds.
@@ -126,80 +122,6 @@ def rows_per_pass(internal_batch_size: int, images: int) -> int:
 def slice_target(target: Tensor | None, rows: slice) -> Tensor | None:
     """captum's ``target`` for ``images[rows]`` (``None`` stays ``None``)."""
     return None if target is None else target[rows]
-
-
-@contextmanager
-def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
-    """Run a block on its own random streams, torch's and numpy's global one (captum's
-    GradientShap draws from numpy), seeded with ``seed``; the caller's streams are left as
-    they were. ``None``: the caller's streams, unseeded."""
-    if seed is None:
-        yield
-        return
-    numpy_state = np.random.get_state()
-    # manual_seed reseeds every CUDA device, so every one is forked, not just the input's.
-    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            np.random.seed(seed)
-            yield
-    finally:
-        np.random.set_state(numpy_state)
-
-
-def _gaussian_blur(images: Tensor, sigma: float) -> Tensor:
-    import torchvision.transforms.v2.functional as TF
-
-    height, width = images.shape[-2:]
-    # torchvision pads by reflection, which needs the kernel's half-width below the side.
-    size = min(2 * math.ceil(3 * sigma) + 1, 2 * ((min(height, width) - 1) // 2) + 1)
-    # Two 1-D passes (the kernel is separable): (k + k) rather than k * k products per pixel.
-    blurred = TF.gaussian_blur(images, kernel_size=[size, 1], sigma=[sigma, sigma])
-    return TF.gaussian_blur(blurred, kernel_size=[1, size], sigma=[sigma, sigma])
-
-
-def make_baselines(images: Tensor, baseline: str | float | Tensor = "zeros", *, blur_sigma: float | None = None) -> Tensor:
-    """The reference input of each image, in the model's input space.
-
-    - ``"zeros"``: all zeros. For inputs normalised with ``Normalize(mean, std)``, as
-      torchvision and timm models expect, that is every pixel at the dataset's ``mean``
-      colour (a flat grey-brown for ImageNet), not black;
-    - ``"blur"``: the image under a Gaussian blur (sigma = ``blur_sigma``, default a tenth
-      of the longer side): the image with its details, but not its colours, removed;
-    - ``"noise"``: uniform noise between each channel's minimum and maximum in the image;
-      draw it inside :func:`seeded` for reproducible runs;
-    - a number, or a tensor that broadcasts to ``images``, taken as it is.
-
-    >>> x = torch.rand(2, 3, 8, 8)
-    >>> make_baselines(x).abs().sum().item(), make_baselines(x, "blur").shape
-    (0.0, torch.Size([2, 3, 8, 8]))
-    """
-    if isinstance(baseline, Tensor):
-        try:
-            return torch.broadcast_to(baseline.to(images.device, images.dtype), images.shape).contiguous()
-        except RuntimeError:
-            raise ValueError(
-                f"a baseline tensor of shape {tuple(baseline.shape)} does not broadcast to the "
-                f"images' shape {tuple(images.shape)}"
-            ) from None
-    if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
-        return torch.full_like(images, float(baseline))
-    if baseline == "zeros":
-        return torch.zeros_like(images)
-    if baseline == "blur":
-        sigma = blur_sigma if blur_sigma is not None else max(images.shape[-2:]) / 10
-        if not sigma > 0:
-            raise ValueError(f"blur_sigma must be positive, got {sigma}")
-        return _gaussian_blur(images, float(sigma))
-    if baseline == "noise":
-        low = images.amin(dim=(-2, -1), keepdim=True)
-        high = images.amax(dim=(-2, -1), keepdim=True)
-        return low + (high - low) * torch.rand_like(images)
-    raise ValueError(
-        f"unknown baseline {baseline!r}; use one of {', '.join(BASELINES)}, a number, or a tensor "
-        "that broadcasts to the images"
-    )
 
 
 @contextmanager
@@ -428,3 +350,25 @@ class Batched(Attribution):
         self.seed = None if seed is None else int(seed)
         self.internal_batch_size = positive_int("internal_batch_size", internal_batch_size)
 
+
+class WithBaseline(Batched):
+    """An attribution relative to a baseline input (see :func:`make_baselines`)."""
+
+    def __init__(self, model: nn.Module, *, baseline: str | float | Tensor = "zeros", **options):
+        super().__init__(model, **options)
+        self.baseline = baseline
+        if isinstance(baseline, str) and baseline not in BASELINES:
+            make_baselines(torch.zeros(1, 1, 2, 2), baseline)  # raises, naming the choices
+
+    def baselines(self, scored: ScoredModel, images: Tensor) -> Tensor:
+        """The baselines of ``images``, made once per call; noise is drawn per image."""
+        if "baselines" not in scored.memo:
+            if isinstance(self.baseline, str) and self.baseline == "noise":
+                draws = []
+                for image in images.split(1):
+                    with seeded(self.seed, images.device):
+                        draws.append(make_baselines(image, "noise"))
+                scored.memo["baselines"] = torch.cat(draws)
+            else:
+                scored.memo["baselines"] = make_baselines(images, self.baseline)
+        return scored.memo["baselines"]

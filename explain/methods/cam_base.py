@@ -25,33 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Explainer, channel_hint, check_images
+from ..base import Explainer
+from ..checks import channel_hint, check_images
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
 from ..layers import LayerSpec, find_target_layer, resolve_layers
 from ..targets import Targets, class_logits, select_targets
 from ..tokens import Reshape, ReshapeFunction, TokenLayout, infer_layout
 
-__all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "checked_number", "explain_together", "positive_int", "principal_component",
-           "safe_divide"]
-
-
-def positive_int(name: str, value) -> int:
-    """``value``, checked to be a positive int (a count such as ``n_samples``)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
-def checked_number(name: str, value, *, positive: bool) -> float:
-    """``value`` as a float, checked to be a positive (or non-negative) number.
-
-    >>> checked_number("gamma", 0, positive=False)
-    0.0
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 if positive else value >= 0):
-        raise ValueError(f"{name} must be a {'positive' if positive else 'non-negative'} number, got {value!r}")
-    return float(value)
+__all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "explain_together", "principal_component", "safe_divide"]
 
 
 def safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Explainer, channel_hint, check_images, register
+from ..base import Explainer, register
+from ..checks import channel_hint, check_images
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
 from ..layers import module_calls

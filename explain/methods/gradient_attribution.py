@@ -35,17 +35,9 @@ from torch import Tensor, nn
 
 from ..base import register
 from ..layers import LayerSpec
-from .attribution_base import (
-    BASELINES,
-    Attribution,
-    Batched,
-    ScoredModel,
-    make_baselines,
-    rows_per_pass,
-    seeded,
-    slice_target,
-)
-from .cam_base import checked_number, positive_int
+from ..baselines import make_baselines, seeded
+from ..checks import checked_number, positive_int
+from .attribution_base import Attribution, Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
 from .gradient_cams import GradCAM
 
 __all__ = [
@@ -279,31 +271,8 @@ class VarGrad(_NoiseTunnel):
     nonnegative = True
 
 
-class _WithBaseline(Batched):
-    """An attribution relative to a baseline input (see :func:`make_baselines`)."""
-
-    def __init__(self, model: nn.Module, *, baseline: str | float | Tensor = "zeros", **options):
-        super().__init__(model, **options)
-        self.baseline = baseline
-        if isinstance(baseline, str) and baseline not in BASELINES:
-            make_baselines(torch.zeros(1, 1, 2, 2), baseline)  # raises, naming the choices
-
-    def baselines(self, scored: ScoredModel, images: Tensor) -> Tensor:
-        """The baselines of ``images``, made once per call; noise is drawn per image."""
-        if "baselines" not in scored.memo:
-            if isinstance(self.baseline, str) and self.baseline == "noise":
-                draws = []
-                for image in images.split(1):
-                    with seeded(self.seed, images.device):
-                        draws.append(make_baselines(image, "noise"))
-                scored.memo["baselines"] = torch.cat(draws)
-            else:
-                scored.memo["baselines"] = make_baselines(images, self.baseline)
-        return scored.memo["baselines"]
-
-
 @register
-class IntegratedGradients(_WithBaseline):
+class IntegratedGradients(WithBaseline):
     """Integrated Gradients: the gradient integrated along a path from a baseline.
 
     (x - x') * the integral over a in [0, 1] of dS/dx at x' + a (x - x'), baseline x'.
@@ -312,7 +281,7 @@ class IntegratedGradients(_WithBaseline):
     attributions sum to S(x) - S(x') (completeness) up to the error of the ``n_steps``-point
     quadrature (``method``, captum's, Gauss-Legendre by default). The default baseline,
     zeros in the model's input space, is the dataset's mean colour for normalised inputs;
-    ``baseline="blur"`` or ``"noise"`` selects the others (:func:`make_baselines`). Steps
+    ``baseline="blur"`` or ``"noise"`` selects the others (:func:`~explain.baselines.make_baselines`). Steps
     run in internal batches of ``internal_batch_size`` rows.
     """
 
@@ -406,7 +375,7 @@ class GuidedGradCAM(Attribution):
 
 
 @register
-class DeepLift(_WithBaseline):
+class DeepLift(WithBaseline):
     """DeepLift: contributions to S(x) - S(x') by the rescale rule.
 
     Each element-wise activation passes the gradient scaled by (f(x) - f(x')) / (x - x'),

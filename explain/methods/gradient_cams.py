@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import explicit_attention_kernels
-from ..base import method_class, register
+from ..attention_capture import explicit_attention_kernels
+from ..base import register, registered_class
+from ..checks import positive_int
 from ..layers import LayerSpec
 from ..tokens import Reshape
 from ..targets import Targets, class_logits
-from .cam_base import BaseCAM, Captured, positive_int, principal_component, safe_divide
+from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 
 __all__ = [
     "EigenGradCAM",
@@ -351,7 +352,7 @@ class FinerCAM(GradientCAM):
                  comparison: Sequence[int] = (1, 2, 3), base: str = "gradcam",
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
-        base_class = method_class(base)
+        base_class = registered_class(base)
         if not issubclass(base_class, GradientCAM) or not base_class.channel_sum or base_class.shares_capture is False:
             raise ValueError(f"Finer-CAM's base must be a plain gradient CAM such as gradcam or layercam, not {base!r}")
         ranks = list(comparison)

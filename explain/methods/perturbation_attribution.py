@@ -10,50 +10,20 @@ stream seeded with ``seed`` (the caller's random stream is left as it was).
 from __future__ import annotations
 
 import captum.attr as captum_attr
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ..base import register
-from .attribution_base import ScoredModel, rows_per_pass, seeded, slice_target
-from .cam_base import checked_number, positive_int
-from .gradient_attribution import _WithBaseline
+from ..baselines import seeded
+from ..checks import checked_number, positive_int
+from ..superpixels import superpixels
+from .attribution_base import ScoredModel, WithBaseline, rows_per_pass, slice_target
 
-__all__ = ["FeatureAblation", "KernelShap", "Lime", "Occlusion", "superpixels"]
-
-
-def superpixels(images: Tensor, n_segments: int = 50, compactness: float = 10.0) -> Tensor:
-    """SLIC superpixels of each image: (N, 1, H, W) integer ids 0..M-1 on the images' device.
-
-    Each image is min-max scaled to [0, 1] first (model inputs are normalised, SLIC expects
-    pixel values); colour images are segmented in Lab space, as scikit-image does.
-    Achanta et al., "SLIC Superpixels Compared to State-of-the-Art Superpixel Methods",
-    IEEE TPAMI 2012, through :func:`skimage.segmentation.slic`.
-
-    >>> image = torch.zeros(1, 3, 16, 16); image[..., 8:] = 1.0   # two flat halves
-    >>> segments = superpixels(image, n_segments=4)
-    >>> segments.shape, segments.unique().tolist()
-    (torch.Size([1, 1, 16, 16]), [0, 1, 2, 3])
-    >>> set(segments[..., :8].unique().tolist()) & set(segments[..., 8:].unique().tolist())   # none crosses the edge
-    set()
-    """
-    from skimage.segmentation import slic
-
-    positive_int("n_segments", n_segments)
-    pixels = images.detach().float().cpu()
-    low = pixels.amin(dim=(1, 2, 3), keepdim=True)
-    span = (pixels.amax(dim=(1, 2, 3), keepdim=True) - low).clamp_min(1e-12)
-    pixels = ((pixels - low) / span).permute(0, 2, 3, 1).numpy()
-    masks = []
-    for image in pixels:
-        labels = slic(image, n_segments=n_segments, compactness=compactness, start_label=0, channel_axis=-1)
-        _, contiguous = np.unique(labels, return_inverse=True)
-        masks.append(contiguous.reshape(labels.shape))
-    return torch.from_numpy(np.stack(masks)).long()[:, None].to(images.device)
+__all__ = ["FeatureAblation", "KernelShap", "Lime", "Occlusion"]
 
 
 @register
-class Occlusion(_WithBaseline):
+class Occlusion(WithBaseline):
     """Occlusion: the drop in the score when a sliding square is replaced by the baseline.
 
     The square is ``window`` x ``window``, slid with ``stride``; each pixel gets the mean
@@ -87,7 +57,7 @@ class Occlusion(_WithBaseline):
         )
 
 
-class _Superpixels(_WithBaseline):
+class _Superpixels(WithBaseline):
     """A perturbation method over SLIC superpixels of each image."""
 
     family = "perturbation attribution"

@@ -24,10 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import register
+from ..checks import positive_int
 from ..hooks import preserved_state
 from ..layers import LayerSpec
 from ..tokens import Reshape
-from .cam_base import BaseCAM, Captured, positive_int, principal_component, safe_divide
+from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 from .layer_replay import LayerReplay
 
 __all__ = ["AblationCAM", "ISCAM", "SSCAM", "ScoreCAM"]

@@ -24,11 +24,11 @@ from zennit.rules import ClampMod, Flat, GammaMod, NoMod, Pass
 from zennit.torchvision import ResNetBasicBlockCanonizer, ResNetBottleneckCanonizer
 from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
 
-from ..attention import has_attention
+from ..attention_capture import has_attention
 from ..base import NotApplicable, register
-from ..models import IMAGENET_MEAN, IMAGENET_STD
+from ..checks import checked_number
+from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from .attribution_base import Attribution, ScoredModel
-from .cam_base import checked_number
 from .gradient_attribution import is_relu_like
 
 __all__ = ["FIRST_RULES", "LRP", "SharingRule", "ResidualSumCanonizer", "traced_batch_norm_pairs"]

@@ -1,7 +1,7 @@
 """Transformer attention methods: maps from the attention matrices of a vision transformer.
 
 Each method reads the attention weights A_l (N, heads, T, T) of every self-attention layer
-through :class:`~explain.attention.AttentionCapture`, turns them into a relevance per token,
+through :class:`~explain.attention_capture.AttentionCapture`, turns them into a relevance per token,
 and shows the patch tokens' relevance on the patch grid (:class:`~explain.TokenLayout`),
 upsampled to the input and min-max scaled like every map of the library.
 
@@ -20,13 +20,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..attention import AttentionCapture
-from ..base import Explainer, NotApplicable, channel_hint, check_images, register
+from ..attention_capture import AttentionCapture
+from ..base import Explainer, NotApplicable, register
+from ..checks import channel_hint, check_images, checked_number
 from ..explanation import Explanation, scale_maps
 from ..layers import transformer_blocks
 from ..targets import Targets, class_logits, select_targets
 from ..tokens import TokenLayout, infer_layout
-from .cam_base import checked_number, detached
+from .cam_base import detached
 
 __all__ = ["AttentionRelevance", "AttentionRollout", "LeGrad", "TransformerAttention"]
 
@@ -34,7 +35,7 @@ HEAD_FUSIONS = ("mean", "max", "min")
 
 
 class TransformerAttention(Explainer):
-    """Base class: one forward pass through :class:`~explain.attention.AttentionCapture`
+    """Base class: one forward pass through :class:`~explain.attention_capture.AttentionCapture`
     (and the backward passes a method needs), then :meth:`relevance` per target.
 
     ``layout`` says where the patch tokens lie among the attention's T tokens (default:

@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from ..base import channel_hint, check_images
+from ..checks import channel_hint, check_images, positive_int
 from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..targets import class_logits
-from ..methods.cam_base import positive_int
 
 __all__ = ["Pairs", "Score", "batch_size_for", "batched_scores", "draws", "pairs_of", "perturbation_curve", "read_scores"]
 

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..baselines import make_baselines, seeded
+from ..checks import checked_number, positive_int
 from ..explanation import Explanation
-from ..methods.attribution_base import make_baselines, seeded
-from ..methods.cam_base import checked_number, positive_int
-from ..methods.perturbation_attribution import superpixels
+from ..superpixels import superpixels
 from .base import Score, batch_size_for, batched_scores, chunks, draws, pairs_of, perturbation_curve, ranks
 
 __all__ = [

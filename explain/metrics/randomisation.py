@@ -17,11 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from ..base import Explainer
+from ..baselines import seeded
+from ..checks import positive_int
 from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..layers import module_calls
-from ..methods.attribution_base import seeded
-from ..methods.cam_base import positive_int
 from .base import Score, batch_size_for, chunks, pairs_of
 
 __all__ = ["model_randomisation", "random_logit", "randomisable_layers", "rank_maps", "spearman", "ssim"]

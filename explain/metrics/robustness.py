@@ -6,8 +6,8 @@ import torch
 from torch import Tensor
 
 from ..base import Explainer
+from ..checks import checked_number, positive_int
 from ..explanation import Explanation
-from ..methods.cam_base import checked_number, positive_int
 from .base import Score, batch_size_for, chunks, draws, pairs_of
 
 __all__ = ["sensitivity"]

@@ -16,8 +16,9 @@ For detectors, :func:`explain_detections` picks the boxes and explains each one.
 """
 
 from .detection import Detection, DetectionTarget, crop_padding, detections_of, explain_detections
-from .models import backbone_layer, task_of, task_of_output
-from .segmentation import SegmentationTarget, segmentation_logits
+from ..layers import backbone_layer
+from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
+from .segmentation import SegmentationTarget
 
 __all__ = ["Detection", "DetectionTarget", "SegmentationTarget", "backbone_layer", "crop_padding", "detections_of",
-           "explain_detections", "segmentation_logits", "task_of", "task_of_output"]
+           "explain_detections", "segmentation_logits", "task_of", "task_of_output", "torchvision_task"]

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.ops import box_iou
 
-from ..base import Explainer, check_images
+from ..base import Explainer
+from ..checks import check_images
 from ..explanation import Explanation, scale_maps
 from ..hooks import preserved_state
 

