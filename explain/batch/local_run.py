@@ -13,7 +13,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..evaluation import format_summary
-from ..report import write_index, write_manifest
+from ..models import warn_if_random
+from ..report import remove_temp_files, write_index, write_manifest
 from .decoding import DecodedBatch, default_workers
 from .explaining import GroupExplainer
 from .guards import pixel_limit, sole_run
@@ -35,9 +36,6 @@ def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None
     """``explain run`` on this machine: check the options against the model, then make the
     outputs that are missing under ``out_dir`` (of ``sources``: by default the images that
     ``options.inputs`` name); returns the exit status."""
-    from ..models import warn_if_random
-    from ..report import remove_temp_files
-
     if sources is None:
         sources = collect_inputs(options.inputs, out_dir)
     prepared = prepare_run(options)
