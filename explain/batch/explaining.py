@@ -63,10 +63,10 @@ class GroupExplainer:
         return manifest_row(source_input, method, label, prepared.layers[method], prepared.settings[method],
                             prepared.task, **values)
 
-    def failed_rows(self, source: Source, method: str, error: str, labels=None) -> list[dict]:
-        """A failed row per target (``labels``: the run's targets)."""
+    def failed_rows(self, source: Source, method: str, error: str) -> list[dict]:
+        """A failed row per target of the run."""
         return [self.row(source.input, method, label, status="failed", error=error)
-                for label in (self.prepared.target.labels if labels is None else labels)]
+                for label in self.prepared.target.labels]
 
     def fail(self, outcome: Outcome, work: list[tuple[Source, list]], positions, cam, error: str,
              reported: str | None = None) -> None:
