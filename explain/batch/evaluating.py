@@ -6,13 +6,11 @@ in halves (:func:`~explain.batch.loop.in_halves`)."""
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
 import torch
 from torch import Tensor
 from torchvision import transforms
-from tqdm import tqdm
 
 from ..models import load_model, warn_if_random
 from ..errors import UsageError
@@ -30,7 +28,7 @@ from .inputs import collect_inputs
 from .loop import OutOfMemory, for_each_batch, in_halves
 from .manifest import safe_name
 from .options import EvaluateOptions
-from .outcome import exit_code, interrupted_summary
+from .outcome import exit_code, interrupted_summary, report_failure
 
 
 def _mask_geometry(preprocess):
@@ -74,7 +72,7 @@ class EvaluationRun:
         self.scores_path, self.curves_path = out_dir / evaluation_files.SCORES, out_dir / evaluation_files.CURVES
         self.pending: dict[int, dict[str, list[str]]] = {}  # source index -> method -> metrics to compute
         self.failures: list[dict] = []
-        self.reported: set[str] = set()
+        self.reported: set[tuple[str, str]] = set()
         self.stats = {"computed": 0, "skipped": 0, "failed": 0}
 
     def _settings(self, method: str, name: str) -> str:
@@ -125,10 +123,10 @@ class EvaluationRun:
                 self.failures.append({"image": self.sources[index].input, "method": method, "metric": name,
                                       "error": error})
                 self.stats["failed"] += 1
-            message = f"{self.sources[index].input}: {error}" if per_image else f"{method} {', '.join(names)}: {error}"
-            if message not in self.reported:  # a method's or metric's error once, an image's once per image
-                self.reported.add(message)
-                tqdm.write(f"explain: failed: {message}", file=sys.stderr)
+            where = self.sources[index].input if per_image else f"{method} {', '.join(names)}"
+            if (where, error) not in self.reported:  # a method's or metric's error once, an image's once per image
+                self.reported.add((where, error))
+                report_failure(where, error)
 
     def _record(self, indices: list[int], wanted: dict[str, list[str]], found) -> tuple[str, str]:
         """Failures noted; the new rows of scores.csv and curves.jsonl as text."""

@@ -4,13 +4,10 @@ write the overlays from a thread pool, keep the manifest and index up to date.""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-
-from tqdm import tqdm
 
 from ..evaluation import format_summary
 from ..models import warn_if_random
@@ -21,15 +18,11 @@ from .guards import pixel_limit, sole_run
 from .inputs import Source, collect_inputs
 from .loop import for_each_batch
 from .manifest import MANIFEST, metric_table
-from .outcome import exit_code, interrupted_summary
+from .outcome import exit_code, interrupted_summary, report_failure
 from .planning import RunPlan
 from .preparation import PreparedRun, prepare_run
 from .options import RunOptions
 from .storage import OutputFolder
-
-
-def report_failure(where: str, error: str) -> None:
-    tqdm.write(f"explain: failed: {where}: {error}", file=sys.stderr)
 
 
 def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None = None) -> int:

@@ -34,7 +34,7 @@ from .guards import StopFlag, sole_run
 from .inputs import InputListing
 from .manifest import MANIFEST, manifest_row
 from .options import CheckedRun, RunOptions
-from .outcome import exit_code, interrupted_summary
+from .outcome import exit_code, interrupted_summary, report_failure
 from .planning import finished_pairs
 from .storage import OutputFolder
 
@@ -212,7 +212,7 @@ class RayRun:
             self.stats[row["status"]] += 1
             if report and row["status"] == "failed" and (row["input"], row["error"]) not in reported:
                 reported.add((row["input"], row["error"]))
-                tqdm.write(f"explain: failed: {row['input']}: {row['error']}", file=sys.stderr)
+                report_failure(row["input"], row["error"])
 
     def _publish(self) -> None:
         """A folder given by URI: upload the working copy of the manifest."""
