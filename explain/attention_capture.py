@@ -17,7 +17,8 @@ used, so gradients reach it. Inside the block:
 Everything is put back on leaving the block, also after an error, along with the model's
 train/eval flags and ``requires_grad`` flags (:func:`~explain.hooks.preserved_state`). The
 patch is process-wide while the block runs: another thread's attention calls meanwhile are
-computed explicitly too (same values, slower), and recorded only on this capture's thread.
+computed explicitly too (same values, slower), and recorded only on this capture's thread;
+it is made when the first capture of any thread opens and undone when the last one closes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .concurrency import model_lock, process_lock
 from .hooks import preserved_state
 
 __all__ = ["AttentionCapture", "attention_weights", "explicit_attention", "explicit_attention_kernels", "has_attention"]
@@ -82,18 +84,46 @@ def explicit_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Ten
     return applied @ _grouped(query, value, enable_gqa)
 
 
+class _ExplicitKernel:
+    """The process-wide swap of ``F.scaled_dot_product_attention`` for
+    :func:`explicit_attention` and of ``nn.MultiheadAttention``'s fast path: made when the
+    first block of any thread opens, undone when the last one closes (two threads that each
+    saved and put back what they found would leave the swap in place for good)."""
+
+    def __init__(self):
+        self.users = 0
+        self.saved: tuple | None = None
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        with process_lock:
+            if self.users == 0:
+                self.saved = (F.scaled_dot_product_attention, torch.backends.mha.get_fastpath_enabled())
+                F.scaled_dot_product_attention = explicit_attention
+                torch.backends.mha.set_fastpath_enabled(False)
+            self.users += 1
+        try:
+            yield
+        finally:
+            with process_lock:
+                self.users -= 1
+                if self.users == 0:
+                    F.scaled_dot_product_attention, fastpath = self.saved
+                    torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
+_explicit_kernel = _ExplicitKernel()
+
+
 @contextmanager
 def explicit_attention_kernels(model: nn.Module) -> Iterator[None]:
     """Within the block, every attention of ``model`` runs through :func:`explicit_attention`
     (see the module's description), whose operations, unlike the fused kernels, all have
-    second derivatives; everything is put back afterwards, also after an error."""
+    second derivatives; everything is put back afterwards, also after an error. The block
+    holds the model's lock (:mod:`explain.concurrency`)."""
     with ExitStack() as context:
-        original = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = explicit_attention
-        context.callback(setattr, F, "scaled_dot_product_attention", original)
-        fastpath = torch.backends.mha.get_fastpath_enabled()
-        torch.backends.mha.set_fastpath_enabled(False)
-        context.callback(torch.backends.mha.set_fastpath_enabled, fastpath)
+        context.enter_context(model_lock(model))
+        context.enter_context(_explicit_kernel.installed())
         for module in model.modules():
             if getattr(module, "fused_attn", None) is False:  # timm: its explicit path forms no record
                 module.fused_attn = True

@@ -7,11 +7,13 @@ makes the methods by name, with the built-in ones registered."""
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Sequence
 from typing import ClassVar
 
 from torch import Tensor, nn
 
+from .concurrency import model_lock
 from .explanation import Explanation
 from .targets import Targets
 
@@ -39,7 +41,8 @@ class Explainer:
     """Base class: an explainer is made once per model and called on batches of images.
 
     Subclasses set ``name`` (the registered method name) and implement ``__call__``, which
-    returns an :class:`~explain.Explanation`.
+    returns an :class:`~explain.Explanation`. Each call holds the model's lock
+    (:mod:`explain.concurrency`): threads that share a model take turns.
     """
 
     name: ClassVar[str] = ""
@@ -49,6 +52,11 @@ class Explainer:
     cost: ClassVar[str] = ""
     #: Whether the method explains through a target layer (``target_layer=``).
     needs_layer: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "__call__" in cls.__dict__:
+            cls.__call__ = _holding_model_lock(cls.__dict__["__call__"])
 
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):
@@ -70,6 +78,15 @@ class Explainer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.model).__name__})"
+
+
+def _holding_model_lock(call):
+    @functools.wraps(call)
+    def locked(self: Explainer, *args, **kwargs):
+        with model_lock(self.model):
+            return call(self, *args, **kwargs)
+
+    return locked
 
 
 def register(cls: type[Explainer]) -> type[Explainer]:

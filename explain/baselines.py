@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .concurrency import process_lock
+
 __all__ = ["BASELINES", "make_baselines", "seeded"]
 
 #: The baselines selectable by name (a number or a tensor is taken as it is).
@@ -22,20 +24,24 @@ BASELINES = ("zeros", "blur", "noise")
 def seeded(seed: int | None, device: torch.device) -> Iterator[None]:
     """Run a block on its own random streams, torch's and numpy's global one (captum's
     GradientShap draws from numpy), seeded with ``seed``; the caller's streams are left as
-    they were. ``None``: the caller's streams, unseeded."""
+    they were. ``None``: the caller's streams, unseeded.
+
+    The streams are the process's, so seeded blocks of different threads take turns
+    (:data:`~explain.concurrency.process_lock`)."""
     if seed is None:
         yield
         return
-    numpy_state = np.random.get_state()
-    # manual_seed reseeds every CUDA device, so every one is forked, not just the input's.
-    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            np.random.seed(seed)
-            yield
-    finally:
-        np.random.set_state(numpy_state)
+    with process_lock:
+        numpy_state = np.random.get_state()
+        # manual_seed reseeds every CUDA device, so every one is forked, not just the input's.
+        devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed)
+                np.random.seed(seed)
+                yield
+        finally:
+            np.random.set_state(numpy_state)
 
 
 def _gaussian_blur(images: Tensor, sigma: float) -> Tensor:

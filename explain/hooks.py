@@ -13,18 +13,24 @@ there: an explanation costs about one forward pass.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import Tensor, nn
 
+from .concurrency import model_lock
+
 __all__ = ["LayerCapture", "preserved_state"]
 
 
 @contextmanager
 def preserved_state(model: nn.Module, *, freeze: bool = True) -> Iterator[None]:
-    """Run a block with ``model`` in eval mode and its parameters frozen, then restore both.
+    """Run a block with ``model`` in eval mode and its parameters frozen, then restore both;
+    the block holds the model's lock (:func:`~explain.concurrency.model_lock`), so that
+    another thread's block on the same model neither interleaves with it nor restores flags
+    it changed.
 
     Eval mode keeps batch-norm statistics and dropout out of the explanation (and keeps the
     running statistics unchanged); freezing means backward never touches ``param.grad`` and
@@ -40,6 +46,11 @@ def preserved_state(model: nn.Module, *, freeze: bool = True) -> Iterator[None]:
     >>> model.training, model[0].weight.requires_grad
     (True, True)
     """
+    with model_lock(model):
+        yield from _preserved(model, freeze)
+
+
+def _preserved(model: nn.Module, freeze: bool) -> Iterator[None]:
     training = [(module, module.training) for module in model.modules()]
     # Lazy modules' parameters do not exist yet; they cannot be frozen, nor need to be.
     # Inference tensors (a model built under torch.inference_mode()) could be frozen but
@@ -119,6 +130,7 @@ class LayerCapture:
         self._probes = {name: _GradientProbe() for name in self.layers}
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._context: ExitStack | None = None
+        self._thread: int | None = None
 
     def __enter__(self) -> LayerCapture:
         if self.track_gradients:
@@ -137,8 +149,9 @@ class LayerCapture:
                 context.enter_context(torch.enable_grad())
             context.enter_context(preserved_state(self.model))
             context.callback(self._remove_hooks)
+            self._thread = threading.get_ident()
             # Call counts are per forward pass of the whole model.
-            self._handles.append(self.model.register_forward_pre_hook(lambda module, args: self._calls.clear()))
+            self._handles.append(self.model.register_forward_pre_hook(self._start_pass))
             for name, module in self.layers.items():
                 self._handles.append(module.register_forward_pre_hook(self._count_call(name)))
                 self._handles.append(module.register_forward_hook(self._store_activation(name)))
@@ -159,8 +172,19 @@ class LayerCapture:
             handle.remove()
         self._handles.clear()
 
+    def _own_pass(self) -> bool:
+        """Whether the running forward pass is this capture's: another thread's passes
+        through the model (the user's own inference meanwhile) are left alone."""
+        return threading.get_ident() == self._thread
+
+    def _start_pass(self, module: nn.Module, args) -> None:
+        if self._own_pass():
+            self._calls.clear()
+
     def _count_call(self, name: str):
         def hook(module: nn.Module, args) -> None:
+            if not self._own_pass():
+                return
             self._calls[name] = self._calls.get(name, 0) + 1
             if self._calls[name] > 1:
                 raise ValueError(
@@ -173,6 +197,8 @@ class LayerCapture:
 
     def _store_activation(self, name: str):
         def hook(module: nn.Module, args, output):
+            if not self._own_pass():
+                return None
             if not isinstance(output, Tensor):
                 raise TypeError(
                     f"layer {name!r} returns {type(output).__name__}, not a tensor; pick a layer "

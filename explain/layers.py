@@ -97,13 +97,13 @@ def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module
 
         return hook
 
-    handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if n]
-    try:
-        with preserved_state(model), torch.no_grad(), channel_hint(example):
+    with preserved_state(model), torch.no_grad(), channel_hint(example):
+        handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if n]
+        try:
             model(example)
-    finally:
-        for handle in handles:
-            handle.remove()
+        finally:
+            for handle in handles:
+                handle.remove()
     return trace
 
 

@@ -257,19 +257,19 @@ def _trace(model: nn.Module, example: Tensor, target: str | None) -> list[LayerR
                 if isinstance(inner, nn.Linear) and first is not None:
                     row.macs += first.numel() // first.shape[-1] * inner.in_features * inner.out_features
 
-    handles = []
-    try:
-        for name, module in model.named_modules():
-            name = name or "<model>"  # as explain.layers.resolve_layers names the model itself
-            if (name == target or _is_attention(module) or next(module.children(), None) is None
-                    or next(module.parameters(recurse=False), None) is not None):
-                handles.append(module.register_forward_pre_hook(before(name), with_kwargs=True))
-                handles.append(module.register_forward_hook(after, with_kwargs=True))
-        with preserved_state(model, freeze=False), torch.no_grad():
+    with preserved_state(model, freeze=False), torch.no_grad():
+        handles = []
+        try:
+            for name, module in model.named_modules():
+                name = name or "<model>"  # as explain.layers.resolve_layers names the model itself
+                if (name == target or _is_attention(module) or next(module.children(), None) is None
+                        or next(module.parameters(recurse=False), None) is not None):
+                    handles.append(module.register_forward_pre_hook(before(name), with_kwargs=True))
+                    handles.append(module.register_forward_hook(after, with_kwargs=True))
             model(example)
-    finally:
-        for handle in handles:
-            handle.remove()
+        finally:
+            for handle in handles:
+                handle.remove()
     return rows
 
 
@@ -424,12 +424,12 @@ def _layer_output(model: nn.Module, image: Tensor, layer: str | nn.Module) -> tu
                             "output is a single tensor")
         captured.append(output.detach().clone())  # later in-place operations must not change it
 
-    handle = module.register_forward_hook(store)
-    try:
-        with preserved_state(model, freeze=False), torch.no_grad():
+    with preserved_state(model, freeze=False), torch.no_grad():
+        handle = module.register_forward_hook(store)
+        try:
             model(image)
-    finally:
-        handle.remove()
+        finally:
+            handle.remove()
     if not captured:
         raise ValueError(f"layer {name!r} did not run in the forward pass; pick a layer the model uses")
     return name, image, captured[0]

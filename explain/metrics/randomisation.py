@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..base import Explainer
 from ..baselines import seeded
 from ..checks import positive_int
+from ..concurrency import model_lock
 from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..layers import module_calls
@@ -184,7 +185,8 @@ def model_randomisation(
     layers = _cascade_layers(model, pairs.images, layers)
     modules = [model.get_submodule(name) for name in layers]
     compared = _checkpoint_steps(checkpoints, len(layers))
-    by_layer, ssim_by_layer = _cascade(explainer, pairs, modules, compared, seed, batch_size)
+    with model_lock(model):  # no other thread may explain with the randomised weights
+        by_layer, ssim_by_layer = _cascade(explainer, pairs, modules, compared, seed, batch_size)
     return Score(
         metric="randomisation",
         values=pairs.unflatten(by_layer.mean(1)),

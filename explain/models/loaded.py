@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
+from ..concurrency import process_lock
 from ..errors import UsageError
 from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
 from . import classifiers
@@ -61,7 +62,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
         task = torchvision_task(spec)
         # Random weights (a name without --weights) are drawn from a fixed seed, so that every
         # process of a run (the Ray engine's actors) and every rerun has the same model.
-        with torch.random.fork_rng(devices=[]):
+        with process_lock, torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             try:
                 if task is None:
