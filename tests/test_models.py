@@ -87,3 +87,37 @@ def test_weight_enum_objects_are_accepted(monkeypatch):
     with pytest.raises(RuntimeError):  # the empty state dict does not fit; the request is what counts
         models.load("resnet18", weights=weights)
     assert asked == [weights.url]
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "mobilenet_v3_small", "regnet_y_400mf"])
+def test_safetensors_weights_give_the_head_by_the_models_structure(tmp_path, arch):
+    # safetensors sorts keys by name: resnet18's last key is layer4's, not the head's.
+    from safetensors.torch import save_file
+
+    reference = torchvision.models.get_model(arch, num_classes=7)
+    path = tmp_path / f"{arch}.safetensors"
+    save_file({key: tensor.contiguous() for key, tensor in reference.state_dict().items()}, path)
+    model, _, classes = models.load(arch, weights=path)
+    assert classes == [str(i) for i in range(7)]
+    for key, tensor in reference.state_dict().items():
+        assert torch.equal(model.state_dict()[key], tensor)
+
+
+def test_unreadable_weights_exit_2_naming_the_file_and_never_suggest_an_unsafe_load(tmp_path, capsys):
+    from PIL import Image
+
+    from explain.cli import main
+
+    Image.new("RGB", (32, 32), "red").save(tmp_path / "red.png")
+    torch.save({"model": torchvision.models.resnet18(num_classes=2), "epoch": 3}, tmp_path / "checkpoint.pth")
+    (tmp_path / "junk.pth").write_bytes(b"not a tensor file" * 10)
+    (tmp_path / "junk.safetensors").write_bytes(b"\0" * 40)
+    for name, reason in [("checkpoint.pth", "holds pickled Python objects besides tensors"),
+                         ("junk.pth", "not a state dict saved by torch.save or safetensors"),
+                         ("junk.safetensors", "not a state dict saved by torch.save or safetensors")]:
+        weights = tmp_path / name
+        code = main(["run", str(tmp_path / "red.png"), "--out", str(tmp_path / "out"), "--model", "resnet18",
+                     "--weights", str(weights), "--workers", "0", "-q"])
+        error = capsys.readouterr().err
+        assert code == 2 and error.startswith("explain: error: ") and str(weights) in error and reason in error
+        assert "weights_only" not in error and "Traceback" not in error

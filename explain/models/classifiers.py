@@ -10,6 +10,7 @@ preprocessing and class names.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -157,7 +158,7 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
         weights = weights.name
     if weights is None or Path(weights).suffix in (".pt", ".pth", ".bin", ".ckpt") or Path(weights).is_file():
         state = None if weights is None else read_state_dict(Path(weights))
-        num_classes = 1000 if state is None else _state_num_classes(state)
+        num_classes = 1000 if state is None else _state_num_classes(name, state)
         model = tvm.get_model(name, weights=None, num_classes=num_classes)
         if state is not None:
             model.load_state_dict(state)
@@ -257,7 +258,21 @@ def huggingface_preprocess(folder: Path, config) -> Preprocess:
     return transforms.Compose(steps)
 
 
-def _state_num_classes(state: dict[str, Tensor]) -> int:
-    """Outputs of the classifier, read from the last weight matrix (or 1x1 conv) of a state dict."""
-    weights = [t for key, t in state.items() if key.endswith("weight") and isinstance(t, Tensor) and t.dim() >= 2]
-    return int(weights[-1].shape[0]) if weights else 1000
+def _state_num_classes(name: str, state: dict[str, Tensor]) -> int:
+    """The outputs of torchvision's ``name`` that ``state`` holds, read at the model's own head:
+    the tensors whose first side is the number of classes in the architecture built (on the
+    meta device, at no cost) with an unusual number of them. Not from the order of the keys,
+    which a ``.safetensors`` file sorts by name. 1000 where no head is found."""
+    import torchvision.models as tvm
+
+    probe_classes = 1013
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # inception_v3's notice on its initialisation
+        try:
+            with torch.device("meta"):
+                probe = tvm.get_model(name, weights=None, num_classes=probe_classes)
+        except (NotImplementedError, RuntimeError):  # a builder that computes with tensors (RegNet)
+            probe = tvm.get_model(name, weights=None, num_classes=probe_classes)
+    heads = [key for key, tensor in probe.state_dict().items()
+             if tensor.dim() >= 1 and tensor.shape[0] == probe_classes and key in state]
+    return int(state[heads[0]].shape[0]) if heads else 1000

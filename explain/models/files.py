@@ -5,6 +5,7 @@ said in words."""
 from __future__ import annotations
 
 import logging
+import pickle
 import warnings
 import zipfile
 from collections.abc import Iterator
@@ -24,14 +25,29 @@ MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".c
 
 def read_state_dict(path: Path) -> dict[str, Tensor]:
     """The tensors of a state-dict file: ``.safetensors``, or anything ``torch.load`` reads with
-    ``weights_only=True`` (a checkpoint's ``"state_dict"`` entry is taken)."""
+    ``weights_only=True`` (a checkpoint's ``"state_dict"`` entry is taken). A file that is
+    neither, or holds other Python objects, is a ``ValueError`` that names it; such a file is
+    never loaded with ``weights_only=False``, which would run code from it."""
     if not path.is_file():
         raise FileNotFoundError(f"weights file {path} does not exist")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
 
-        return load_file(path)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+            return load_file(path)
+        with warnings.catch_warnings():  # a foreign file's first byte reads as an unknown pickle protocol
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        if "Unsupported global" in str(error):
+            raise ValueError(
+                f"weights file {path} holds pickled Python objects besides tensors (a whole model, or a "
+                "training checkpoint with its optimizer?), which are not loaded: unpickling runs code from "
+                "the file. Save model.state_dict() with torch.save or safetensors and pass that file") from None
+        # The unpickler's own errors (KeyError: 101, ...) say nothing to a reader.
+        detail = "" if isinstance(error, (KeyError, EOFError, pickle.UnpicklingError)) else f" ({_in_brief(error)})"
+        raise ValueError(f"cannot read weights file {path}: not a state dict saved by torch.save or "
+                         f"safetensors, or a damaged one{detail}") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
