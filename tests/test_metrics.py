@@ -1053,3 +1053,22 @@ def test_declared_columns():
     }
     assert metrics.METRICS["road"].columns["road-morf"] == ("morf", False)
     assert metrics.METRICS["average-drop"].columns["average-gain"] == ("gain", True)
+
+
+@pytest.mark.parametrize("metric", [metrics.sparseness, metrics.complexity,
+                                    lambda maps: metrics.pointing_game(maps, torch.ones(1, 4, 4, dtype=torch.bool)),
+                                    lambda maps: metrics.relevance_mass(maps, torch.ones(1, 4, 4, dtype=torch.bool)),
+                                    lambda maps: metrics.relevance_rank(maps, torch.ones(1, 4, 4, dtype=torch.bool)),
+                                    lambda maps: metrics.energy_pointing_game(maps, torch.ones(1, 4, 4, dtype=torch.bool))])
+def test_maps_metrics_refuse_nan_maps_as_the_faithfulness_metrics_do(metric):
+    maps = torch.rand(1, 4, 4)
+    maps[0, 1, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        metric(maps)
+
+
+@pytest.mark.parametrize("metric", [metrics.deletion, metrics.insertion, metrics.average_drop, metrics.road])
+def test_a_target_beyond_the_models_classes_names_the_range(metric):
+    model = region_model([0, 1], classes=2)
+    with pytest.raises(ValueError, match=r"target class 5 is out of range: the model has 2 classes \(ids 0..1\)"):
+        metric(model, torch.rand(1, 1, 4, 4), torch.rand(1, 4, 4), targets=torch.tensor([5]))

@@ -112,11 +112,7 @@ def pairs_of(model: nn.Module, images: Tensor, explanation: Explanation | Tensor
             "a metric reads the explained class's score, so targets must be class ids; an explanation "
             "made with a callable target has none: explain class ids, or pass targets="
         )
-    if not torch.isfinite(maps).all():
-        raise ValueError(
-            "the maps hold NaN or infinite values: the explainer's scores or gradients overflowed; "
-            "explain in float32 (model.float(), images.float()) and check the model's output is finite"
-        )
+    check_finite(maps)
     shape = tuple(targets.shape)
     k = 1 if maps.dim() == 3 else maps.shape[1]
     return Pairs(
@@ -126,6 +122,24 @@ def pairs_of(model: nn.Module, images: Tensor, explanation: Explanation | Tensor
         shape=shape,
         signed=signed,
     )
+
+
+def check_finite(maps: Tensor) -> Tensor:
+    """``maps``, after checking that they hold no NaN or infinite value (a score of such maps
+    would be a number that means nothing)."""
+    if not torch.isfinite(maps).all():
+        raise ValueError(
+            "the maps hold NaN or infinite values: the explainer's scores or gradients overflowed; "
+            "explain in float32 (model.float(), images.float()) and check the model's output is finite"
+        )
+    return maps
+
+
+def check_target_range(output: Tensor, targets: Tensor) -> None:
+    """Raise where a target class id is not one of the (M, classes) ``output``'s classes."""
+    if targets.numel() and int(targets.max()) >= output.shape[1]:
+        raise ValueError(f"target class {int(targets.max())} is out of range: the model has {output.shape[1]} "
+                         f"classes (ids 0..{output.shape[1] - 1})")
 
 
 SCORES = ("probability", "logit")
@@ -141,6 +155,7 @@ def read_scores(output: Tensor, targets: Tensor, score: str | Callable[[Tensor, 
             f"{type(output).__name__}{'' if not isinstance(output, Tensor) else tuple(output.shape)}"
         )
     output = output.float()
+    check_target_range(output, targets)
     if callable(score):
         return score(output, targets)
     if score == "probability":

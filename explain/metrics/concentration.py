@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from ..explanation import Explanation
-from .base import Score
+from .base import Score, check_finite
 
 __all__ = ["complexity", "sparseness"]
 
@@ -15,7 +15,7 @@ def _magnitudes(explanation: Explanation | Tensor) -> tuple[Tensor, tuple[int, .
     maps = explanation.maps if isinstance(explanation, Explanation) else torch.as_tensor(explanation)
     if maps.dim() not in (3, 4):
         raise ValueError(f"maps must be (N, H, W) or (N, k, H, W), got {tuple(maps.shape)}")
-    return maps.reshape(-1, maps.shape[-2] * maps.shape[-1]).abs().double(), tuple(maps.shape[:-2])
+    return check_finite(maps.reshape(-1, maps.shape[-2] * maps.shape[-1]).abs().double()), tuple(maps.shape[:-2])
 
 
 def sparseness(explanation: Explanation | Tensor) -> Score:

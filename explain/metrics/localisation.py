@@ -13,7 +13,7 @@ from torch import Tensor
 from ..explanation import Explanation
 from ..checks import checked_number
 from ..regions import region_masks
-from .base import Score
+from .base import Score, check_finite
 
 __all__ = ["energy_pointing_game", "pointing_game", "relevance_mass", "relevance_rank"]
 
@@ -28,7 +28,7 @@ def _maps_and_masks(explanation: Explanation | Tensor, regions: Tensor) -> tuple
         raise ValueError(f"{masks.shape[0]} regions for {maps.shape[0]} maps: give one region per image")
     if maps.dim() == 4:  # topk: every target of an image is judged against its region
         masks = masks.repeat_interleave(maps.shape[1], dim=0)
-    return maps.reshape(-1, *maps.shape[-2:]).float(), masks, shape
+    return check_finite(maps.reshape(-1, *maps.shape[-2:]).float()), masks, shape
 
 
 def _empty_is_nan(values: Tensor, masks: Tensor) -> Tensor:
