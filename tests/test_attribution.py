@@ -15,6 +15,7 @@ Tiny seeded models (16 x 16 or 32 x 32 inputs) keep it fast; the bundled Efficie
 (ReLU6) is used only for DeepLift completeness and guided-vs-plain gradients.
 """
 
+import copy
 import subprocess
 import sys
 import textwrap
@@ -968,3 +969,13 @@ def test_occlusion_window_larger_than_the_image():
     state = ModelState(model)
     explain.Occlusion(model, window=16)(images(), IDS)  # the whole image at once is fine
     state.assert_unchanged()
+
+
+@pytest.mark.parametrize("method", ["smoothgrad", "vargrad", "gradientshap", "ig"])
+def test_float16_models_take_the_float32_noise_and_baselines_captum_adds(method):
+    model = torchvision.models.resnet18(num_classes=3).eval()
+    images = torch.rand(1, 3, 32, 32)
+    options = {"n_steps": 4} if method == "ig" else {"n_samples": 4}
+    half = explain.explainer(method, copy.deepcopy(model).half(), **options)
+    maps = half(images.half()).maps
+    assert maps.shape == (1, 32, 32) and torch.isfinite(maps).all()

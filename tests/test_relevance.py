@@ -324,3 +324,20 @@ def test_refuses_a_merge_that_changes_the_model():
     with pytest.raises(RuntimeError, match="canonical form"):
         LRP(model)(torch.randn(1, 3, 8, 8))
     state.assert_unchanged()
+
+
+def test_lrp_reads_the_logits_of_a_model_that_returns_a_dict():
+    class DictOutput(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, x):
+            return {"logits": self.model(x), "features": x.mean()}
+
+    model = torchvision.models.resnet18(num_classes=3).eval()
+    images = torch.rand(2, 3, 32, 32)
+    expected = explain.LRP(model)(images)
+    wrapped = explain.LRP(DictOutput(model))(images)
+    assert torch.equal(wrapped.targets, expected.targets)
+    assert torch.allclose(wrapped.maps, expected.maps, atol=1e-6)

@@ -162,10 +162,13 @@ class ScoredModel(nn.Module):
     """
 
     def __init__(self, model: nn.Module, targets: Targets, topk: int | None, class_names: Sequence[str] | None,
-                 rows: int):
+                 rows: int, dtype: torch.dtype | None = None):
         super().__init__()
         self.model = model
         self.rows = rows
+        #: The images' dtype: captum adds float32 noise and baselines, which a float16 model
+        #: cannot take, so inputs are cast back to it.
+        self.dtype = dtype
         self.targets = targets
         self.topk = topk
         self.class_names = class_names
@@ -179,11 +182,13 @@ class ScoredModel(nn.Module):
         self.memo: dict = {}
 
     def forward(self, inputs: Tensor) -> Tensor:
+        if self.dtype is not None and inputs.dtype != self.dtype:
+            inputs = inputs.to(self.dtype)
         output = self.model(inputs)
         if self.ids is None:
             if inputs.shape[0] % self.rows:
                 raise RuntimeError(f"the first pass ran {inputs.shape[0]} rows, not copies of the {self.rows} images")
-            images = map_tensors(lambda tensor: tensor[:self.rows], output)
+            images = map_tensors(lambda tensor: tensor[:self.rows] if tensor.dim() else tensor, output)
             _, self.ids = select_targets(images, self.targets, topk=self.topk, class_names=self.class_names)
             self.output = detached(images if self.custom is not None else class_logits(images))
         if self.custom is not None:
@@ -294,7 +299,7 @@ class Attribution(Explainer):
         each image's k best classes and gives maps of shape (N, k, H, W).
         """
         images = check_images(images, self.model)
-        scored = ScoredModel(self.model, targets, topk, self.class_names, len(images))
+        scored = ScoredModel(self.model, targets, topk, self.class_names, len(images), images.dtype)
         columns = []
         with attribution_context(self.model), channel_hint(images):
             if images.is_inference():  # made under inference_mode: autograd cannot use it
@@ -328,7 +333,7 @@ class Attribution(Explainer):
             self(images[:1], targets[:1] if per_image else targets, topk=topk)
             return
         with attribution_context(self.model), channel_hint(images):
-            ScoredModel(self.model, targets, topk, self.class_names, len(images)).resolve(images)
+            ScoredModel(self.model, targets, topk, self.class_names, len(images), images.dtype).resolve(images)
 
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         return (self.layer_label,)

@@ -28,6 +28,7 @@ from ..attention_capture import has_attention
 from ..base import NotApplicable, register
 from ..checks import checked_number
 from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
+from ..targets import class_logits
 from .attribution_base import Attribution, ScoredModel
 from .gradient_attribution import is_relu_like
 
@@ -504,11 +505,14 @@ class LRP(Attribution):
             )
         model, reference = scored.model, scored.output
         if not isinstance(reference, Tensor):
-            raise TypeError(f"LRP needs a model that returns one tensor, got {type(reference).__name__}")
+            raise TypeError(f"LRP with a callable target needs a model that returns one tensor, got "
+                            f"{type(reference).__name__}; explain class ids, which LRP reads by the output's logits")
         inputs = images.detach().requires_grad_()
         relevances = []
         with restored_modules(model), self.registered(self.composite(model, images), model):
             output = model(inputs)
+            if scored.custom is None:  # a dict or a Hugging Face output: its logits, as the other methods read
+                output = class_logits(output)
             _check_canonical_output(output, reference)
             merges = unseen_merges(output)
             for k in range(scored.num_targets):
