@@ -13,7 +13,7 @@ from torch import Tensor
 from torchvision import transforms
 
 from ..models import load_model, warn_if_random
-from ..errors import UsageError
+from ..errors import UsageError, out_of_memory_reason
 from ..evaluation import (
     evaluate, format_summary, plot_curves, plot_randomisation, plot_summary, read_regions, summary_table,
 )
@@ -205,7 +205,7 @@ class EvaluationRun:
                 regions = torch.stack([self.regions[i] for i in members]).to(self.loaded.device)
             found = evaluate(self.explainers, images, wanted, targets=self.target.targets, topk=self.target.topk,
                              regions=regions, options=self.options)
-            if len(members) > 1 and any(f["error"].startswith("OutOfMemoryError:") for f in found.failures):
+            if len(members) > 1 and any(out_of_memory_reason(f["error"]) for f in found.failures):
                 raise OutOfMemory
             return self._record(members, wanted, found)
 

@@ -8,14 +8,13 @@ import re
 import sys
 from dataclasses import dataclass
 
-import torch
 
 from ..base import NotApplicable
 from ..catalogue import method_class, method_names
 from ..metrics.registry import METRICS, metric
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
-from ..errors import UsageError
+from ..errors import UsageError, is_out_of_memory
 from ..options import LOCALISATION_METRICS, STEP_METRICS
 from ..models import LoadedModel
 
@@ -144,9 +143,9 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
             print(f"explain: --method all: leaving out {name}, which does not apply to this model: {error}",
                   file=sys.stderr)
             continue
-        except torch.OutOfMemoryError:
-            raise  # a resource failure, not a mistake in the options: main() says so
         except Exception as error:  # on a blank image, any other failure is a setup problem
+            if is_out_of_memory(error):
+                raise  # a resource failure, not a mistake in the options: main() says so
             raise UsageError(f"--method {name} --layer {layer}: {type(error).__name__}: {error}") from None
         if cam.name not in (e.name for e in explainers):
             explainers.append(cam)

@@ -11,9 +11,10 @@ from collections.abc import Callable
 from torch import Tensor
 
 from ..evaluation import score
+from ..errors import is_out_of_memory
 from .decoding import ModelInputs
 from .inputs import Source
-from .loop import in_halves
+from .loop import OutOfMemory, in_halves
 from .manifest import manifest_row, safe_name
 from .method_results import Outcome
 from .preparation import PreparedRun
@@ -48,8 +49,18 @@ class GroupExplainer:
         return outcome
 
     def _explain_once(self, work: list[tuple[Source, list]], images: Tensor) -> Outcome:
-        model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
-        pictures = self.inputs.pictures(images, model_input)
+        try:
+            model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
+            pictures = self.inputs.pictures(images, model_input)
+        except Exception as error:
+            if not is_out_of_memory(error):
+                raise
+            if len(work) > 1:
+                raise OutOfMemory from None
+            outcome = Outcome()
+            for cam in self.pending(work):
+                self.fail(outcome, work, range(1), cam, f"{type(error).__name__}: {error}")
+            return outcome
         return self.outputs.explain(self, work, model_input, pictures)
 
     # -- what the strategies share

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
 from ..methods import BaseCAM, explain_together
+from ..errors import is_out_of_memory
 from .loop import OutOfMemory
 from .writing import Job
 
@@ -48,5 +48,5 @@ def explain_all(cams: list, images: Tensor, targets, topk: int | None = None) ->
 def raise_if_out_of_memory(results, images: int) -> None:
     """A group of several images where some method ran out of device memory is explained
     again in halves (:func:`~explain.batch.loop.in_halves`)."""
-    if images > 1 and any(isinstance(result, torch.OutOfMemoryError) for result in results):
+    if images > 1 and any(isinstance(result, BaseException) and is_out_of_memory(result) for result in results):
         raise OutOfMemory

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..hooks import preserved_state
+from ..errors import is_out_of_memory
 from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
 from .explainers import class_name
 from .inputs import Source
@@ -112,7 +113,7 @@ class DenseOutputs:
         try:
             target, owners, records, marks, predicted = self._targets(host, model_input)
         except Exception as error:  # the model or the target fails on this batch
-            if isinstance(error, torch.OutOfMemoryError) and len(work) > 1:
+            if is_out_of_memory(error) and len(work) > 1:
                 raise_if_out_of_memory([error], len(work))
             for cam in cams:
                 host.fail(outcome, work, range(len(work)), cam, f"{type(error).__name__}: {error}")

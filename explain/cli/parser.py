@@ -15,7 +15,7 @@ from PIL import Image
 from .. import __version__
 from ..options import BUNDLED_MODEL, METRIC_NAMES, REDUCTIONS, STEP_METRICS, TASKS
 from ..batch.outcome import EXIT_OUT_OF_MEMORY, EXIT_USAGE
-from ..errors import UsageError
+from ..errors import UsageError, is_out_of_memory
 from ..options import LOCALISATION_METRICS
 from .common import non_negative_int, positive_int
 
@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"explain: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as error:
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(error, torch.OutOfMemoryError):
+        if not is_out_of_memory(error):
             raise
         # Before the first batch: loading the model, checking the methods.
         print(f"explain: error: out of memory before any image was explained ({str(error).splitlines()[0]}); "
