@@ -92,8 +92,14 @@ def load_rgb(path: str | os.PathLike, draft_size: int | None = None) -> Image.Im
         ) from None
     except UnidentifiedImageError:
         raise ImageError(_unidentified_reason(path)) from None
+    except PermissionError:
+        raise ImageError("permission denied: this user cannot read the file") from None
+    except FileNotFoundError:
+        raise ImageError("file not found (removed after it was listed?)") from None
     except OSError as error:
         message = str(error)
+        if error.errno is not None and error.strerror:  # the system's error, not Pillow's
+            raise ImageError(f"cannot read the file: {error.strerror.lower()}") from None
         if "truncated" in message:
             raise ImageError(f"truncated image: {message}") from None
         raise ImageError(f"corrupt image data ({message or type(error).__name__})") from None

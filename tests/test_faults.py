@@ -42,3 +42,66 @@ def test_a_failed_cpu_allocation_halves_the_batch_as_out_of_memory_does(tmp_path
     rows = _rows(out)
     assert len(rows) == 4 and all(r["status"] == "ok" and (out / r["output"]).is_file() for r in rows)
     assert 4 in sizes and 2 in sizes and sizes.count(1) >= 4
+
+
+def _image(folder: Path, name: str = "red.png") -> Path:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (32, 32), "red").save(folder / name)
+    return folder / name
+
+
+def test_a_list_without_line_ends_is_refused_not_read_without_bound(tmp_path, capsys):
+    # @/dev/zero once read until the kernel killed the process; a line this long is no path.
+    for list_file in ["/dev/zero", tmp_path / "nul.txt"]:
+        if list_file != "/dev/zero":
+            list_file.write_bytes(b"a.png\n\0\0\0\n")
+        code = main(["run", f"@{list_file}", "--out", str(tmp_path / "out"), "-q"])
+        error = capsys.readouterr().err
+        assert code == 2 and f"list file @{list_file}" in error
+        assert ("longer than 16384 characters" in error) or ("NUL byte" in error)
+
+
+def test_a_list_that_is_not_utf8_names_its_files_and_missing_entries_are_counted(tmp_path, capsys):
+    from explain.batch.inputs import collect_inputs
+
+    _image(tmp_path / "photos")
+    entries = [str(tmp_path / "photos" / "red.png").encode()] + [f"gone{i}.png".encode() for i in range(5)]
+    (tmp_path / "list.txt").write_bytes(b"# caf\xe9\n" + b"\n".join(entries) + b"\n")
+    sources = collect_inputs([f"@{tmp_path / 'list.txt'}"], tmp_path / "out")
+    assert [s.error for s in sources] == [None] + ["file not found"] * 5
+    error = capsys.readouterr().err
+    assert "explain: 5 input(s) cannot be read and are recorded as failed: gone0.png (file not found)" in error
+    assert "gone2.png" in error and "gone3.png" not in error and error.count("\n") == 1
+
+
+def test_an_unreadable_subfolder_and_file_are_named_failures_with_their_reason(tmp_path, monkeypatch):
+    # The tests run as root, who reads everything: the system's refusals are simulated.
+    import os
+
+    from PIL import Image
+
+    from explain.batch.inputs import collect_inputs
+    from explain.images import ImageError, load_rgb
+
+    _image(tmp_path / "photos")
+    _image(tmp_path / "photos" / "locked")
+    locked, scandir = str(tmp_path / "photos" / "locked"), os.scandir
+
+    def refusing(path="."):
+        if os.fspath(path) == locked:
+            raise PermissionError(13, "Permission denied", locked)
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    sources = collect_inputs([str(tmp_path / "photos")], tmp_path / "out")
+    assert [(Path(s.path).name, s.error) for s in sources] == [
+        ("red.png", None), ("locked", "cannot list this folder: permission denied")]
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "photos" / "red.png"))
+
+    monkeypatch.setattr(Image, "open", denied)
+    with pytest.raises(ImageError, match="^permission denied: this user cannot read the file$"):
+        load_rgb(tmp_path / "photos" / "red.png")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,15 +49,22 @@ class InputListing:
         self.arguments = list(arguments)
         self.out_abs = os.path.abspath(out_dir) if out_dir is not None else None
         root = present_root = None
-        self.count = 0
+        self.count = self.failed = 0
+        missing: list[str] = []
         for source in self._expanded():
             self.count += 1
             root = source.base if root is None else os.path.commonpath([root, source.base])
             if source.error is None:
                 present_root = source.base if present_root is None else os.path.commonpath([present_root, source.base])
+            elif len(missing) < 4:
+                missing.append(f"{source.input} ({source.error})")
+            self.failed += source.error is not None
         if not self.count:
             raise UsageError(f"no images found in {' '.join(arguments)}")
         self.root = present_root if present_root is not None else root
+        if missing:
+            shown = ", ".join(missing[:3]) + (", ..." if self.failed > 3 else "")
+            print(f"explain: {self.failed} input(s) cannot be read and are recorded as failed: {shown}", file=sys.stderr)
 
     def __len__(self) -> int:
         return self.count
@@ -105,8 +113,8 @@ class InputListing:
             for line in _read_list(argument[1:]):
                 yield from self._expand(line, from_list=True)
         elif os.path.isdir(argument):
-            for path in _walk_images(argument, self.out_abs):
-                yield path, argument, None
+            for path, error in _walk_images(argument, self.out_abs):
+                yield path, argument, error
         elif os.path.exists(argument):
             yield argument, None, None
         elif any(char in argument for char in "*?["):
@@ -117,8 +125,8 @@ class InputListing:
                 raise UsageError(f"no files match {argument!r}")
             for match in matches:
                 if os.path.isdir(match):
-                    for path in _walk_images(match, self.out_abs):
-                        yield path, match, None
+                    for path, error in _walk_images(match, self.out_abs):
+                        yield path, match, error
                 elif Path(match).suffix.lower() in IMAGE_EXTENSIONS:
                     yield match, None, None
         elif from_list:
@@ -133,25 +141,45 @@ def _inside(path: str, folder: str | None) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
+#: The longest line of a list file: a path is at most 4096 bytes on Linux (PATH_MAX).
+MAX_LIST_LINE = 16384
+
+
 def _read_list(list_file: str) -> Iterator[str]:
-    """The entries of a list file, one per line, read as a stream; blank lines and # comments skipped."""
+    """The entries of a list file, one per line, read as a stream; blank lines and # comments
+    skipped. Bytes that are not UTF-8 are kept as the surrogate escapes Python uses for such
+    file names (``os.fsdecode``), so they name the same files."""
     try:
-        file = open(list_file, encoding="utf-8")
+        file = open(list_file, encoding="utf-8", errors="surrogateescape")
     except OSError as error:
         raise UsageError(f"cannot read list file @{list_file}: {error.strerror or error}") from None
     with file:
-        for line in file:
+        number = 0
+        while line := file.readline(MAX_LIST_LINE + 1):
+            number += 1
+            if len(line) > MAX_LIST_LINE:
+                raise UsageError(f"list file @{list_file}: line {number} is longer than {MAX_LIST_LINE} characters, "
+                                 "so it is no path; give a text file with one image path per line")
+            if "\0" in line:
+                raise UsageError(f"list file @{list_file}: line {number} holds a NUL byte; give a text file with one "
+                                 "image path per line")
             if line.strip() and not line.lstrip().startswith("#"):
                 yield line.strip()
 
 
-def _walk_images(folder: str, out_abs: str) -> list[str]:
-    """Image files under ``folder``, sorted, skipping hidden entries and the output folder."""
-    paths = []
-    for root, dirs, files in os.walk(folder):
+def _walk_images(folder: str, out_abs: str) -> list[tuple[str, str | None]]:
+    """(path, error) of the image files under ``folder``, sorted, skipping hidden entries and
+    the output folder; a subfolder that cannot be listed is one entry with its error."""
+    found: list[tuple[str, str | None]] = []
+
+    def unlisted(error: OSError) -> None:
+        reason = "permission denied" if isinstance(error, PermissionError) else (error.strerror or str(error)).lower()
+        found.append((error.filename or folder, f"cannot list this folder: {reason}"))
+
+    for root, dirs, files in os.walk(folder, onerror=unlisted):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not _inside(os.path.abspath(os.path.join(root, d)), out_abs))
-        paths.extend(
-            os.path.join(root, name) for name in sorted(files)
+        found.extend(
+            (os.path.join(root, name), None) for name in sorted(files)
             if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS
         )
-    return paths
+    return found
