@@ -105,3 +105,17 @@ def test_an_unreadable_subfolder_and_file_are_named_failures_with_their_reason(t
     monkeypatch.setattr(Image, "open", denied)
     with pytest.raises(ImageError, match="^permission denied: this user cannot read the file$"):
         load_rgb(tmp_path / "photos" / "red.png")
+
+
+def test_a_manifest_row_of_other_types_is_made_again_not_a_crash(tmp_path):
+    _image(tmp_path / "photos")
+    out = tmp_path / "out"
+    args = ["run", str(tmp_path / "photos"), "--out", str(out), "--model", "resnet18", "--workers", "0", "-q"]
+    assert main(args) == 0
+    row = _rows(out)[0]
+    broken = [dict(row, output=5), dict(row, input=["red.png"]), dict(row, metrics=[1, 2]), dict(row, target={"a": 1})]
+    (out / "manifest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in broken))
+    assert main(args) == 0
+    rows = _rows(out)
+    assert [(r["input"], r["status"]) for r in rows] == [(row["input"], "ok")]
+    assert (out / rows[0]["output"]).is_file()

@@ -18,6 +18,20 @@ def manifest_row(input: str, method: str, target: str, layer: str, settings: str
     return row
 
 
+def is_well_formed(row: dict) -> bool:
+    """Whether a manifest row has the types ``explain run`` writes, so that resuming can read
+    it; a row edited by hand or by another tool into other types is left out, and its output
+    made again.
+
+    >>> is_well_formed({"input": "a.png", "method": "gradcam", "target": "top1", "output": 5})
+    False
+    """
+    text, optional_text = (str,), (str, type(None))
+    return (isinstance(row.get("input"), text) and isinstance(row.get("method"), text)
+            and all(isinstance(row.get(key), optional_text) for key in ("target", "output", "maps", "settings", "layer"))
+            and isinstance(row.get("metrics"), (dict, type(None))))
+
+
 def is_complete(row: dict | None, exists: Callable[[str], bool], settings: str | None, layer: str | None,
                 save_maps: bool, metric_columns: list[str]) -> bool:
     """Whether an earlier run's row is an output this run would make again: done with the same

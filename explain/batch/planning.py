@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from ..report import iter_json_records, read_manifest
 from .inputs import Source
-from .manifest import is_complete, is_detection_row
+from .manifest import is_complete, is_detection_row, is_well_formed
 from .options import CheckedRun
 
 
@@ -36,7 +36,7 @@ class RunPlan:
         """Read the earlier manifest and plan: complete outputs are recorded as skipped, the rest
         pending; yields ``(source, method, error)`` for the inputs that failed before decoding,
         whose failed rows the caller records."""
-        for row in read_manifest(self.manifest_path):
+        for row in filter(is_well_formed, read_manifest(self.manifest_path)):
             self.rows[(row.get("input"), row.get("method"), row.get("target"))] = row
         labels = self.prepared.target.labels
         for index, source in enumerate(sources):
@@ -83,7 +83,7 @@ def finished_pairs(manifest_lines: Iterable[str], inputs: Iterable[str], checked
     complete_keys: set[int] = set()
     counts: dict[int, list[int]] = {}  # detect: pair -> [rows with these settings, complete ones]
     settings, layers = checked.settings, checked.layers
-    for row in iter_json_records(manifest_lines):
+    for row in filter(is_well_formed, iter_json_records(manifest_lines)):
         method = row.get("method")
         if method not in settings:
             continue
