@@ -10,6 +10,8 @@ True
 
 from __future__ import annotations
 
+import inspect
+
 from torch import nn
 
 from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
@@ -29,7 +31,7 @@ def method_names() -> list[str]:
 
 def describe_methods() -> dict[str, dict[str, str | bool]]:
     """Each method's name with its family, cost, whether it needs a target layer, and the
-    first line of its docstring.
+    first paragraph of its docstring, on one line.
 
     >>> describe_methods()["gradcam"]["family"], describe_methods()["ig"]["needs_layer"]
     ('gradient CAM', False)
@@ -39,7 +41,7 @@ def describe_methods() -> dict[str, dict[str, str | bool]]:
             "family": cls.family,
             "cost": cls.cost,
             "needs_layer": cls.needs_layer,
-            "description": (cls.__doc__ or "").strip().splitlines()[0],
+            "description": " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split()),
         }
         for name, cls in registered().items()
     }

@@ -294,6 +294,20 @@ def denormalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> 
     return (images.detach() * std_t + mean_t).clamp(0.0, 1.0)
 
 
+def _target_panels(title: str, explanation, index: int) -> list[tuple[str, Tensor, bool]]:
+    """(title, map, signed) of each target an explanation explains for image ``index``: the
+    method (and the target's rank, with ``topk``), the class and its probability."""
+    heat, names, probs = explanation.maps[index], explanation.target_names[index], explanation.probabilities[index]
+    if heat.dim() == 2:
+        heat, names, probs = heat[None], [names], probs[None]
+    panels = []
+    for rank, (target_map, name, prob) in enumerate(zip(heat, names, probs), start=1):
+        method = f"{title} top{rank}" if len(names) > 1 else title
+        label = f"{method}\n{name}" + ("" if torch.isnan(prob) else f" ({float(prob):.0%})")
+        panels.append((label, target_map, explanation.signed))
+    return panels
+
+
 def plot_explanations(
     image,
     explanations: Sequence | Mapping,
@@ -303,13 +317,21 @@ def plot_explanations(
     alpha: float = 0.5,
     columns: int | None = None,
 ):
-    """A matplotlib figure: the image, then one overlay per explanation, titled with the
-    method, the explained class and its probability.
+    """A matplotlib figure: the image, then one overlay per explanation and target, titled
+    with the method, the explained class and its probability.
 
     ``explanations`` is a list of :class:`~explain.Explanation` (titled by method) or a
     mapping of title to Explanation or to a 2-D map, so CAMs and attributions sit side by
-    side in one grid. ``index`` picks the image in the batch. With ``topk``, the first
-    target is shown. Signed maps are drawn with a diverging colormap (see :func:`overlay`).
+    side in one grid. ``index`` picks the image in the batch. With ``topk``, each target has
+    its panel, titled with its rank. Signed maps are drawn with a diverging colormap (see
+    :func:`overlay`).
+
+    >>> import explain, torchvision
+    >>> model = torchvision.models.resnet18(num_classes=4).eval()
+    >>> image = torch.rand(1, 3, 64, 64)
+    >>> figure = plot_explanations(image[0], [explain.explainer("gradcam", model)(image, topk=2)])
+    >>> [axis.get_title().splitlines()[0] for axis in figure.axes]   # the titles' first lines
+    ['image', 'gradcam top1', 'gradcam top2']
     """
     import matplotlib.pyplot as plt
 
@@ -320,16 +342,7 @@ def plot_explanations(
     )
     panels = [("image", None, False)]
     for title, item in items:
-        if isinstance(item, Explanation):
-            heat = item.maps[index]
-            name = item.target_names[index]
-            prob = item.probabilities[index]
-            if heat.dim() == 3:
-                heat, name, prob = heat[0], name[0], prob[0]
-            label = f"{title}\n{name}" + ("" if torch.isnan(prob) else f" ({float(prob):.0%})")
-            panels.append((label, heat, item.signed))
-        else:
-            panels.append((title, item, None))
+        panels += _target_panels(title, item, index) if isinstance(item, Explanation) else [(title, item, None)]
     columns = columns or min(len(panels), 4)
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(

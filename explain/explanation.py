@@ -44,7 +44,7 @@ def scale_maps(raw: Tensor, size: tuple[int, int]) -> Tensor:
     return scaled.reshape(*lead, *size)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Explanation:
     """Maps that explain a batch of model decisions, with what they explain.
 
@@ -115,6 +115,25 @@ class Explanation:
 
         ids = self.targets.tolist()
         return [[name(i) for i in row] if isinstance(row, list) else name(row) for row in ids]
+
+    def __repr__(self) -> str:
+        """One line: the method, the shapes of the tensors, the layers and the targets.
+
+        >>> Explanation(torch.zeros(2, 4, 4), {"layer4": torch.zeros(2, 1, 2, 2)}, torch.zeros(2, 10),
+        ...             torch.tensor([3, 5]), "gradcam", class_names=[f"class{i}" for i in range(10)])
+        Explanation(method='gradcam', maps=(2, 4, 4), raw_layers={'layer4': (2, 1, 2, 2)}, targets=[3, 5] ['class3', 'class5'], logits=(2, 10))
+        """
+        def shape(value) -> str:
+            return str(tuple(value.shape)) if isinstance(value, Tensor) else type(value).__name__
+
+        targets = str(self.targets.tolist()) if self.targets.numel() <= 8 else f"shape {tuple(self.targets.shape)}"
+        if self.class_names and self.targets.numel() <= 8:
+            targets += f" {self.target_names}"
+        layers = ", ".join(f"{name!r}: {shape(raw)}" for name, raw in self.raw_layers.items())
+        extra = "".join([", signed=True" if self.signed else "",
+                         f", device='{self.maps.device}'" if self.maps.device.type != "cpu" else ""])
+        return (f"Explanation(method={self.method!r}, maps={shape(self.maps)}, raw_layers={{{layers}}}, "
+                f"targets={targets}, logits={shape(self.logits)}{extra})")
 
     def __len__(self) -> int:
         return self.maps.shape[0]

@@ -5,6 +5,11 @@ command line builds its parser (``explain --help``) from them without importing 
 #: The bundled offline model (EfficientNet-Lite0 with ImageNet weights).
 BUNDLED_MODEL = "efficientnet_lite0"
 
+#: What ``--model`` takes, in words (its help, and the error for a name no source knows).
+MODEL_FORMS = (f"{BUNDLED_MODEL} (bundled), a torchvision classification, segmentation or detection model name, "
+               "timm:NAME for a timm model, a folder holding a Hugging Face image classifier (save_pretrained), "
+               "a torch.export .pt2 file, or a pickled nn.Module (needs --trust-model-file)")
+
 #: What a model does: a class per image, a class per pixel, or boxes.
 TASKS = ("classify", "segment", "detect")
 

@@ -116,6 +116,9 @@ def test_explanation_helpers():
     torch.testing.assert_close(probs, expected)
     assert res.cpu().maps.device.type == "cpu"
     assert "GradCAM(ResNet)" == repr(explain.GradCAM(model))
+    # An explanation reads as one line of shapes, layers and targets, not its tensors' values.
+    assert repr(res) == ("Explanation(method='gradcam', maps=(2, 32, 32), raw_layers={'layer3': (2, 2, 2)}, "
+                         "targets=[1, 4] ['b', 'e'], logits=(2, 5))")
 
 
 def test_example_script_draws_every_method(tmp_path):

@@ -116,10 +116,10 @@ def noise_image(seed: int, size=(48, 40)) -> Image.Image:
 
 
 def summary_counts(stdout: str) -> tuple[int, int, int]:
-    match = re.search(r"(\d+) ok, (\d+) skipped \(already complete\), (\d+) failed; \d+ images in [\d.]+ s "
-                      r"\([\d.]+ images/s\)", stdout)
+    match = re.search(r"(\d+) done now, (\d+) skipped \(done before\), (\d+) failed; (\d+ images in [\d.]+ s "
+                      r"\([\d.]+ images/s\)|nothing left to do|no images explained)", stdout)
     assert match, stdout
-    return tuple(map(int, match.groups()))
+    return tuple(map(int, match.groups()[:3]))
 
 
 # --------------------------------------------------------------------------- end to end
@@ -323,7 +323,29 @@ def test_demo_command_on_the_sample_photos(tmp_path, capsys):
     check_index(tmp_path, rows)
 
     assert main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path), "--method", "gradcam++,layercam,gradcam", "-q"]) == 0
-    assert summary_counts(capsys.readouterr().out) == (0, 12, 0)
+    rerun = capsys.readouterr().out
+    assert summary_counts(rerun) == (0, 12, 0)
+    # Nothing ran, and the summary (also index.html's) says so: no count of 0 images at 0.00 images/s.
+    assert "; nothing left to do; see " in rerun and "images/s" not in rerun
+    assert "0 done now, 12 skipped (done before), 0 failed; nothing left to do" in (tmp_path / "index.html").read_text()
+
+
+def test_a_log_file_gets_whole_lines_and_no_carriage_returns(photos, capsys, monkeypatch):
+    from explain.batch import progress
+
+    (photos / "broken.png").write_bytes(b"not a png")
+    monkeypatch.setattr(progress, "PLAIN_EVERY", 0.0)  # a line after every batch
+    assert main(["run", str(photos), "--out", str(photos.parent / "out"), "--workers", "0", "-b", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert [line for line in lines if line.startswith("explain: failed:")] == [
+        f"explain: failed: {photos / 'broken.png'}: not an image: the file holds text"]
+    assert [line.split(" (")[0] for line in lines if re.match(r"explain: \d", line)] == [
+        "explain: 1/4 images", "explain: 2/4 images", "explain: 3/4 images"]
+    assert all(line.startswith("explain: ") for line in lines), lines
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal gets tqdm's bar
+    assert type(progress.progress_bar(4, quiet=False)).__name__ == "tqdm"
 
 
 def test_score_cam_ablation_cam_fullgrad_and_smoothing_options_end_to_end(tmp_path, capsys):
@@ -426,6 +448,20 @@ def _tiny_model() -> nn.Module:
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5)).eval()
 
 
+def test_method_all_leaves_out_what_does_not_apply_in_one_plain_line_each(capsys):
+    from explain.batch.explainers import build_explainers, parse_target
+    from explain.models import LoadedModel
+
+    loaded = LoadedModel(_tiny_model(), None, list("abcde"), torch.device("cpu"), torch.rand(1, 3, 32, 32))
+    explainers = build_explainers("all", loaded, "auto", parse_target("top1", loaded.class_names))
+    notes = capsys.readouterr().err.splitlines()
+    left_out = [re.match(r"explain: --method all: leaving out ([\w-]+): ", note)[1] for note in notes]
+    assert left_out == ["attention-rollout", "attention-relevance", "legrad"]
+    assert len(explainers) == len(methods()) - 3
+    for note in notes:  # why, in the command line's words: no Python arguments, no other models' quirks
+        assert len(note) < 200 and not re.search(r"\w=|Swin|\bpass\b|\buse\b", note), note
+
+
 @pytest.fixture
 def photos(tmp_path):
     folder = tmp_path / "photos"
@@ -440,7 +476,9 @@ def photos(tmp_path):
     [
         (["--method", "gradcamm"], "unknown method 'gradcamm'; did you mean gradcam"),
         (["--model", "nowhere/model.pt"], "model file nowhere/model.pt does not exist"),
-        (["--model", "resnet5O"], "unknown model 'resnet5O'"),
+        (["--model", "resnet5O"], "unknown model 'resnet5O'; did you mean resnet50"),
+        (["--model", "resnet5O"], "timm:NAME for a timm model, a folder holding a Hugging Face image classifier"),
+        (["--model", "vit_tiny_patch16_224"], "did you mean timm:vit_tiny_patch16_224"),
         (["--weights", "missing.pth", "--model", "resnet18"], "missing.pth does not exist"),
         (["--layer", "bn3"], "model has no layer named 'bn3'; did you mean: bn2"),
         (["--layer", "classifier"], "--method gradcam --layer classifier: "),
@@ -457,6 +495,7 @@ def test_usage_errors_exit_2_with_the_fix(photos, capsys, options, message):
     assert main(["run", str(photos), "--out", str(photos.parent / "out"), "--workers", "0", *options]) == 2
     error = capsys.readouterr().err
     assert error.startswith("explain: error: ") and message in error
+    assert not re.search(r"\w+(Error|Exception):", error), error  # a sentence, not a Python class name
     assert not (photos.parent / "out" / "manifest.jsonl").exists()
 
 
@@ -543,12 +582,12 @@ def test_help_methods_and_usage_errors_answer_without_torch():
 
 def test_the_tables_kept_for_a_fast_start_match_the_registries():
     from explain import options
-    from explain.cli.listing import method_table
-    from explain.cli.method_table import METHOD_TABLE
+    from explain.cli.listing import method_rows
+    from explain.cli.method_table import METHOD_ROWS
     from explain.methods.attribution_base import reduce_channels
     from explain.metrics import METRICS
 
-    assert METHOD_TABLE == method_table(), "run python -m explain.cli.listing to regenerate explain/cli/method_table.py"
+    assert METHOD_ROWS == method_rows(), "run python -m explain.cli.listing to regenerate explain/cli/method_table.py"
     assert options.METRIC_NAMES == tuple(METRICS)
     assert options.LOCALISATION_METRICS == tuple(name for name, spec in METRICS.items() if spec.needs == "regions")
     assert all(name in METRICS for name in options.STEP_METRICS)
@@ -557,31 +596,85 @@ def test_the_tables_kept_for_a_fast_start_match_the_registries():
     assert options.BUNDLED_MODEL == models.BUNDLED
 
 
-def test_methods_layers_and_help(capsys):
-    assert main(["methods"]) == 0
-    listed = capsys.readouterr().out.splitlines()
-    assert listed[0].split()[:3] == ["method", "family", "layer"]
-    assert [line.split()[0] for line in listed[1:]] == methods()
-    rows = {line.split()[0]: line for line in listed[1:]}
-    assert re.match(r"ig +gradient attribution +- +1 forward \+ n_steps \(50\) forward \+ backward +Integrated", rows["ig"])
-    assert re.match(r"gradcam +gradient CAM +yes +1 forward \+ 1 backward to the layer +Grad-CAM:", rows["gradcam"])
+def test_methods_table_fits_the_terminal_with_a_heading_on_every_column(capsys, monkeypatch):
+    from explain.cli.listing import method_rows
+
+    for columns in (80, 100, 300):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        assert main(["methods"]) == 0
+        listed = capsys.readouterr().out.splitlines()
+        assert max(map(len, listed)) < columns
+        assert listed[0].split()[:3] == ["method", "family", "layer"] and listed[0].split()[-1] == "description"
+        starts = [i for i, line in enumerate(listed) if line[:1] not in ("", " ")]
+        assert [listed[i].split()[0] for i in starts[1:]] == methods()
+        # Descriptions wrap, whole: the last column's pieces of each row join into the registry's text.
+        column = listed[0].index("description")
+        for (name, *_, description), start, end in zip(method_rows(), starts[1:], starts[2:] + [len(listed)]):
+            pieces = [line[column:].strip() for line in listed[start:end]]
+            assert " ".join(piece for piece in pieces if piece) == description, name
+    ig = " ".join(listed[starts[methods().index("ig") + 1]].split())  # 300 columns: one line a method
+    assert ig.startswith("ig gradient attribution - 1 forward + n_steps (50) forward + backward Integrated")
+    assert any(line.endswith("and the residual connections.") for line in listed)  # cut short before
+
+
+def test_help_shows_each_default_once_and_every_option_has_help(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+
+    def help_of(*command) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*command, "--help"])
+        assert exit_info.value.code == 0
+        return capsys.readouterr().out
+
+    top = help_of()
+    commands = re.findall(r"^    (\w+) ", top, flags=re.MULTILINE)
+    assert commands == ["run", "evaluate", "methods", "layers"]
+    for command in commands:
+        text = help_of(command)
+        assert "default: None" not in text and "default: False" not in text, command
+        # An entry: its flags (or name) at two spaces, its help after them or on the lines below.
+        entries = re.split(r"\n(?=  \S)", text.split("\n\n", 2)[2])
+        for entry in entries:
+            if entry.endswith(":") or not entry.startswith("  "):  # a group's heading
+                continue
+            flags, _, rest = entry.strip().partition("  ")
+            assert rest.strip(), f"explain {command}: {flags} has no help"
+            assert entry.count("default:") <= 1, f"explain {command}: {flags} shows two defaults"
+    assert "--batch-size BATCH_SIZE, -b BATCH_SIZE\n" in help_of("run")
+    assert "(default: 16)" in help_of("evaluate") and "(default: cuda if available, else cpu)" in help_of("layers")
+
+
+def test_layers_shows_a_summary_and_the_main_candidates_and_all_on_request(capsys):
     assert main(["layers", "efficientnet_lite0"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0] == ("efficientnet_lite0: classifier, 4.65 M parameters, 0.39 GMACs (multiply-adds) for an "
+                         "input of 1x3x224x224")
+    assert listed[1] == "automatic target layer (--layer auto): bn2 (BatchNormAct2d, output 1280x7x7)"
+    start = listed.index("main candidate target layers (spatial outputs), in execution order; * marks the "
+                         "automatic choice:")
+    table = listed[start + 2:listed.index("", start)]
+    assert listed[start + 1].split() == ["layer", "type", "output", "shape"]
+    assert [line.split()[1] for line in table if line.startswith("*")] == ["bn2"]
+    names = [line.split()[-3] for line in table]
+    assert {"conv_stem", "blocks.0", "blocks.6", "blocks", "conv_head", "bn2"} <= set(names)
+    assert len(names) <= 31 and "blocks.1.0.conv_dw" not in names and len(listed) < 40
+    assert listed[-1].endswith("explain layers efficientnet_lite0 --all")
+    assert main(["layers", "efficientnet_lite0", "--all"]) == 0
     listed = capsys.readouterr().out.splitlines()
     # The per-layer table: parameters and multiply-adds, the automatic target marked, totals.
     assert listed[0].split() == ["layer", "type", "output", "shape", "parameters", "multiply-adds"]
     assert re.fullmatch(r"   conv_stem +Conv2dSame +32x112x112 +864 +10,838,016", listed[1])
-    assert [line.split()[:5] for line in listed if line.startswith("*  ")] == [
-        ["*", "bn2", "BatchNormAct2d", "1280x7x7", "2,560"]]
+    assert [line.split()[:5] for line in listed if line.startswith("*  ")][0] == [
+        "*", "bn2", "BatchNormAct2d", "1280x7x7", "2,560"]
     assert "total: 4.65 M parameters, 0.39 GMACs (multiply-adds) for an input of 1x3x224x224" in listed
-    # Then the candidate target layers, as before.
-    assert re.fullmatch(r"\* bn2 +BatchNormAct2d +1280x7x7 +<- auto", listed[-1])
-    candidates = listed[listed.index("candidate target layers (spatial outputs), in execution order:"):]
-    assert sum(line.startswith("*") for line in candidates) == 1
-    for command in (["--help"], ["run", "--help"], ["methods", "--help"], ["layers", "--help"]):
-        with pytest.raises(SystemExit) as exit_info:
-            main(command)
-        assert exit_info.value.code == 0
-        assert "usage: explain" in capsys.readouterr().out
+    # Then every candidate target layer.
+    assert re.fullmatch(r"\* +bn2 +BatchNormAct2d +1280x7x7", listed[-1])
+    candidates = listed[listed.index("candidate target layers (spatial outputs), in execution order; * marks the "
+                                     "automatic choice:"):]
+    assert sum(line.startswith("*") for line in candidates) == 1 and len(candidates) > 250
+
+
+def test_usage_mistakes_print_the_usage(capsys):
     for command in (["run", "x", "--out", "o", "--batch-size", "0"], ["run", "--out", "o"], ["explain-everything"]):
         with pytest.raises(SystemExit) as exit_info:
             main(command)

@@ -281,7 +281,7 @@ def test_cli_explains_a_detector(tmp_path, capsys):
         with Image.open(out / row["output"]) as drawn:
             assert drawn.size == (426, 320)
     assert main(common + ["--out", str(out), "--method", "gradcam,eigencam", "--target", "box:1"]) == 0
-    assert "0 ok, 4 skipped" in capsys.readouterr().out
+    assert "0 done now, 4 skipped" in capsys.readouterr().out
     # a selection that finds nothing: the image fails with the reason, exit status 1
     assert main(common + ["--out", str(tmp_path / "none"), "--method", "gradcam", "--target", "person,score:0.9"]) == 1
     failed = _rows(tmp_path / "none")

@@ -90,7 +90,9 @@ def test_evaluate_writes_scores_summary_and_plots_then_resumes(tmp_path, capsys,
     assert [line.split()[0] for line in table[1:3]] == ["gradcam", "saliency"]
     assert all(line.count("±") == 2 for line in table[1:3])
     assert sum(line.count("*") for line in table[1:3]) == 2  # one best per column
-    assert "8 scored, 0 skipped (already in scores.csv), 4 failed" in streams.out
+    # One unreadable image is one failed image (its 4 scores, method x metric, are missing).
+    assert (f"8 scored now, 0 skipped (already in scores.csv), 1 image failed (4 scores missing, see "
+            f"{out / 'failures.csv'}); 3 images in ") in streams.out
     summary = read_csv(out / "summary.csv")
     assert {(s["method"], s["metric"], s["n"]) for s in summary} == {
         (m, k, "2") for m in ("gradcam", "saliency") for k in ("deletion", "insertion")}
@@ -106,7 +108,7 @@ def test_evaluate_writes_scores_summary_and_plots_then_resumes(tmp_path, capsys,
     counted.clear()
     assert main(command + ["-q"]) == 1
     assert counted == []
-    assert "0 scored, 8 skipped (already in scores.csv), 4 failed" in capsys.readouterr().out
+    assert "0 scored now, 8 skipped (already in scores.csv), 1 image failed (4 scores missing" in capsys.readouterr().out
     assert read_csv(out / "scores.csv") == rows
 
     # A new metric: only it is computed; --overwrite redoes it without duplicating rows.
@@ -190,7 +192,7 @@ def test_run_with_metrics_puts_the_table_in_the_index(tmp_path, capsys):
     # Complete outputs with their metric values are skipped on a rerun; without --metrics the
     # index has no table.
     assert main(command) == 0
-    assert "0 ok, 2 skipped" in capsys.readouterr().out
+    assert "0 done now, 2 skipped" in capsys.readouterr().out
     assert main(command[:6] + ["-q"]) == 0
     capsys.readouterr()
     assert "<h2>Metrics</h2>" not in (out / "index.html").read_text(encoding="utf-8")

@@ -136,6 +136,11 @@ def test_figure_has_image_and_titled_overlays(bundled, photos):
     titles = [axis.get_title() for axis in figure.axes if axis.get_title()]
     assert titles[0] == "image"
     assert titles[1].startswith("gradcam\nespresso (9") and titles[2].startswith("layercam\nespresso")
+    ranked = explain.plot_explanations(image, [explain.GradCAM(model)(batch[2:3], topk=3)])
+    titles = [axis.get_title() for axis in ranked.axes if axis.get_title()]
+    assert len(titles) == 4 and [title.split("\n")[0] for title in titles[1:]] == ["gradcam top1", "gradcam top2",
+                                                                                 "gradcam top3"]
+    assert titles[1].startswith("gradcam top1\nespresso") and len({title.split("\n")[1] for title in titles[1:]}) == 3
     mapped = explain.plot_explanations(image, {"mine": results[0].maps[0]})
     assert [a.get_title() for a in mapped.axes if a.get_title()] == ["image", "mine"]
     import matplotlib.pyplot as plt

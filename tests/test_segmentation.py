@@ -267,7 +267,7 @@ def test_cli_explains_a_segmentation_model(tmp_path, capsys):
         with Image.open(out / row["output"]) as overlay_png:
             assert overlay_png.size == (picture.shape[-1], picture.shape[-2])
     assert main(common + ["--method", "gradcam,eigencam"]) == 0  # resumed: nothing to redo
-    assert "0 ok, 4 skipped" in capsys.readouterr().out
+    assert "0 done now, 4 skipped" in capsys.readouterr().out
     # a class by name, over its predicted mask
     assert main(common + ["--method", "gradcam", "--target", "person", "--out", str(tmp_path / "person")]) == 0
     person = _rows(tmp_path / "person")

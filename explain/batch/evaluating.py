@@ -29,6 +29,7 @@ from .loop import OutOfMemory, for_each_batch, in_halves
 from .manifest import safe_name
 from .options import EvaluateOptions
 from .outcome import exit_code, interrupted_summary, report_failure
+from .progress import time_taken
 
 
 def _mask_geometry(preprocess):
@@ -234,12 +235,18 @@ class EvaluationRun:
                 _save_figure(plots / "randomisation.png", randomisation)
             print(format_summary(table))
             print(legend + " with *.")
-        computed, skipped, failed = self.stats["computed"], self.stats["skipped"], self.stats["failed"]
-        rate = images / elapsed if elapsed > 0 else 0.0
-        text = (f"explain: {computed} scored, {skipped} skipped (already in {evaluation_files.SCORES}), {failed} failed "
-                f"(image x method x metric); {images} images in {elapsed:.1f} s ({rate:.2f} images/s); "
-                f"see {out / 'summary.md'}, {out / evaluation_files.SCORES} and {out / 'plots'}")
-        print(interrupted_summary(text) if interrupted else text)
+        print(self._summary(images, elapsed, interrupted))
+
+    def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
+        """The last line: scores computed now and skipped (each an image, method and metric), the
+        images that failed, and this run's images and time."""
+        failed_images = len({failure["image"] for failure in self.failures})
+        failed = (f"{failed_images} image{'s' * (failed_images != 1)} failed ({self.stats['failed']} scores missing, "
+                  f"see {self.out_dir / evaluation_files.FAILURES})" if failed_images else "0 images failed")
+        text = (f"explain: {self.stats['computed']} scored now, {self.stats['skipped']} skipped (already in "
+                f"{evaluation_files.SCORES}), {failed}; {time_taken(images, elapsed, failed_images)}; "
+                f"see {self.out_dir / 'summary.md'}, {self.out_dir / evaluation_files.SCORES} and {self.out_dir / 'plots'}")
+        return interrupted_summary(text) if interrupted else text
 
 
 def run_evaluation(args: EvaluateOptions) -> int:

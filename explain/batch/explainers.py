@@ -140,9 +140,10 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
         except NotApplicable as error:
             if not everything:
                 raise UsageError(f"--method {name}: {error}") from None
-            print(f"explain: --method all: leaving out {name}, which does not apply to this model: {error}",
-                  file=sys.stderr)
+            print(f"explain: --method all: leaving out {name}: {why_not(error)}", file=sys.stderr)
             continue
+        except ValueError as error:  # the library's word for a mistake in what it was given
+            raise UsageError(f"--method {name} --layer {layer}: {error}") from None
         except Exception as error:  # on a blank image, any other failure is a setup problem
             if is_out_of_memory(error):
                 raise  # a resource failure, not a mistake in the options: main() says so
@@ -150,6 +151,22 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
         if cam.name not in (e.name for e in explainers):
             explainers.append(cam)
     return explainers
+
+
+def why_not(error: NotApplicable) -> str:
+    """Why a method does not apply to the model, in one short sentence: the reason its error
+    gives, without the details after a colon, the remedy after a semicolon (which speaks to a
+    Python caller) or the asides in parentheses.
+
+    >>> why_not(NotApplicable("CAM needs a pooled linear head (as in ResNet); pass fc_layer="))
+    'CAM needs a pooled linear head'
+    >>> why_not(NotApplicable("rollout saw no attention: the model computes none through F.sdpa"))
+    'rollout saw no attention'
+    """
+    reason = str(error)
+    while re.search(r"\([^()]*\)", reason):
+        reason = re.sub(r"\s*\([^()]*\)", "", reason)
+    return reason.split(";")[0].split(": ")[0].strip()
 
 
 def accepts_option(cls: type, option: str) -> bool:

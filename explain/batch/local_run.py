@@ -20,6 +20,7 @@ from .loop import for_each_batch
 from .manifest import MANIFEST, metric_table
 from .outcome import exit_code, interrupted_summary, report_failure
 from .planning import RunPlan
+from .progress import run_summary
 from .preparation import PreparedRun, prepare_run
 from .options import RunOptions
 from .storage import OutputFolder
@@ -124,11 +125,6 @@ class LocalRun:
         return exit_code(self.plan.stats["failed"], not completed)
 
     def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
-        ok, skipped, failed = self.plan.stats["ok"], self.plan.stats["skipped"], self.plan.stats["failed"]
-        rate = images / elapsed if elapsed > 0 else 0.0
-        text = (
-            f"explain: {ok} ok, {skipped} skipped (already complete), {failed} failed; "
-            f"{images} images in {elapsed:.1f} s ({rate:.2f} images/s); "
-            f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}"
-        )
+        text = (f"{run_summary(self.plan.stats, images, elapsed)}; "
+                f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")
         return interrupted_summary(text) if interrupted else text

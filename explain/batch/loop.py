@@ -5,7 +5,6 @@ the Ray actors use too."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,11 +12,11 @@ from functools import partial
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
 from ..heap import ReusedHeap
 from .decoding import DecodedBatch, DecodedImages, ModelInputs, collate, draft_size, init_worker
 from .guards import StopFlag
+from .progress import progress_bar
 
 
 class OutOfMemory(Exception):
@@ -63,8 +62,7 @@ def for_each_batch(paths: list[str], inputs: ModelInputs, loaded, options,
         batch_size=batch_size, num_workers=options.workers, collate_fn=collate,
         pin_memory=loaded.device.type == "cuda", worker_init_fn=partial(init_worker, options.max_pixels),
     )
-    progress = tqdm(total=len(paths), unit="img", disable=options.quiet or not paths, file=sys.stderr,
-                    dynamic_ncols=True)
+    progress = progress_bar(len(paths), options.quiet)
     end = LoopEnd()
     started = time.perf_counter()
     try:

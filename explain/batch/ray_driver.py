@@ -26,7 +26,6 @@ import time
 import uuid
 from pathlib import Path
 
-from tqdm import tqdm
 
 from ..errors import UsageError
 from ..report import index_html, iter_json_records, manifest_line, remove_temp_files
@@ -36,6 +35,7 @@ from .manifest import MANIFEST, manifest_row
 from .options import CheckedRun, RunOptions
 from .outcome import exit_code, interrupted_summary, report_failure
 from .planning import finished_pairs
+from .progress import progress_bar, run_summary
 from .storage import OutputFolder
 
 #: Images per plan file: Ray Data reads the plan file by file, a decode task per file.
@@ -249,8 +249,7 @@ class RayRun:
             with open(self.manifest, "a", encoding="utf-8") as out, stop:
                 planned = self._write_plan(finished, out)
                 del finished
-                progress = tqdm(total=planned, unit="img", disable=self.args.quiet or not planned, file=sys.stderr,
-                                dynamic_ncols=True)
+                progress = progress_bar(planned, self.args.quiet)
                 try:
                     if planned:
                         from . import ray_stages
@@ -304,10 +303,7 @@ class RayRun:
         return f"{location.rstrip('/')}/{name}" if self.folder.filesystem else os.path.join(location, name)
 
     def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
-        ok, skipped, failed = self.stats["ok"], self.stats["skipped"], self.stats["failed"]
-        rate = images / elapsed if elapsed > 0 else 0.0
-        text = (f"explain: {ok} ok, {skipped} skipped (already complete), {failed} failed; "
-                f"{images} images in {elapsed:.1f} s ({rate:.2f} images/s) on Ray; "
+        text = (f"{run_summary(self.stats, images, elapsed)}{' on Ray' if images else ''}; "
                 f"see {self._shown('index.html')} and {self._shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"

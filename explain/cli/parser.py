@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from pathlib import Path
 
 from PIL import Image
 
 from .. import __version__
-from ..options import BUNDLED_MODEL, METRIC_NAMES, REDUCTIONS, STEP_METRICS, TASKS
-from ..batch.outcome import EXIT_OUT_OF_MEMORY, EXIT_USAGE
+from ..options import BUNDLED_MODEL, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
+from ..batch.outcome import EXIT_FAILED, EXIT_OUT_OF_MEMORY, EXIT_USAGE
 from ..errors import UsageError, is_out_of_memory
 from ..options import LOCALISATION_METRICS
 from .common import non_negative_int, positive_int
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"explain: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader left (`explain layers MODEL --all | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs advise
+        return EXIT_FAILED
     except Exception as error:
         if not is_out_of_memory(error):
             raise
@@ -36,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
               "this is the device's limit, not a mistake in the options: free the device's memory, pick a smaller "
               "model or fewer methods, or pass --device cpu", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
+
+
+class DefaultsOnceFormatter(argparse.HelpFormatter):
+    """Help that shows each option's default once: argparse's "(default: X)" where the default
+    means something, not for None or a flag's False, nor where the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default not in (None, False, argparse.SUPPRESS) and not action.required
+        if shown and action.option_strings and "default:" not in text and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_command(commands) -> None:
     run = commands.add_parser(
-        "run", formatter_class=argparse.ArgumentDefaultsHelpFormatter, help="write heatmap overlays for images, folders and lists",
+        "run", formatter_class=DefaultsOnceFormatter, help="write heatmap overlays for images, folders and lists",
         description="Write one heatmap overlay per image, method and target under --out, with "
         "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
         "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory before the first image, "
@@ -73,8 +89,8 @@ def _add_run_command(commands) -> None:
     run.add_argument("--task", choices=TASKS, default=None,
                      help="what the model does: classify (a class per image), segment (a class per pixel: maps "
                      "explain a class over its region) or detect (boxes: maps explain a detected box, one output "
-                     "per box) [default: inferred from the model]")
-    run.add_argument("--batch-size", "-b", type=positive_int, default=16)
+                     "per box) (default: inferred from the model)")
+    _add_batch_size(run)
     run.add_argument("--eigen-smooth", action="store_true",
                      help="map by the first principal component of each method's per-channel terms "
                      "(CAMs that are a sum over channels)")
@@ -91,11 +107,11 @@ def _add_run_command(commands) -> None:
                      help="also write each image's maps (scaled and raw) as .npz next to its overlays")
     run.add_argument("--workers", "-j", type=non_negative_int, default=None,
                      help="processes decoding images, and threads writing overlays (0: decode in the "
-                     "main process, write from one thread) [default: on cuda up to 4; on cpu the "
-                     "cores the model's threads leave free, up to 4]")
+                     "main process, write from one thread) (default: on cuda up to 4; on cpu the "
+                     "cores the model's threads leave free, up to 4)")
     run.add_argument("--overwrite", action="store_true", help="redo outputs that are already complete")
     _add_max_pixels(run)
-    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary line still print")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress (bar or lines); errors and the summary line still print")
     run.add_argument("--metrics", default=None,
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
@@ -112,15 +128,15 @@ def _add_scaling_options(run: argparse.ArgumentParser) -> None:
                        "outputs, manifest and resume")
     scale.add_argument("--address", default=None,
                        help="the Ray cluster to join (auto, ray://HEAD:10001, HEAD:6379); --out must be a folder "
-                       "every node sees [default: start a local Ray on this machine's cores]")
+                       "every node sees (default: start a local Ray on this machine's cores)")
     scale.add_argument("--actors", type=positive_int, default=None,
-                       help="explaining actors [default: one per GPU where the cluster has GPUs, else one per node, "
-                       "each leaving a CPU to the read and decode tasks]")
+                       help="explaining actors (default: one per GPU where the cluster has GPUs, else one per node, "
+                       "each leaving a CPU to the read and decode tasks)")
 
 
 def _add_evaluate_command(commands) -> None:
     scoring = commands.add_parser(
-        "evaluate", formatter_class=argparse.ArgumentDefaultsHelpFormatter, help="score methods with faithfulness and other metrics",
+        "evaluate", formatter_class=DefaultsOnceFormatter, help="score methods with faithfulness and other metrics",
         description="Explain the images with each method and score the maps with each metric. Writes under --out: "
         "scores.csv (one row per image, method, target and metric column), failures.csv, curves.jsonl, "
         "summary.csv, summary.md and plots/*.png; prints the summary (mean ± std per method and metric, * marks "
@@ -137,17 +153,17 @@ def _add_evaluate_command(commands) -> None:
                           help="target layer(s), comma-separated; see `explain layers MODEL`")
     scoring.add_argument("--target", default="top1",
                           help="class to explain: top1, a class id, a class name, or topk:K for the K best")
-    scoring.add_argument("--batch-size", "-b", type=positive_int, default=16)
+    _add_batch_size(scoring)
     _add_step_option(scoring)
     scoring.add_argument("--regions", type=Path, metavar="FILE",
                           help="where the objects are, for " + ", ".join(LOCALISATION_METRICS) + ": a CSV with the header "
                           "image,x0,y0,x1,y1 (boxes in pixels of the model input, after resizing and cropping; "
                           "image: file name, stem or path) or a folder of masks named by the images' stems")
     scoring.add_argument("--workers", "-j", type=non_negative_int, default=None,
-                          help="processes decoding images (0: decode in the main process) [default: as for run]")
+                          help="processes decoding images (0: decode in the main process) (default: as for run)")
     scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
     _add_max_pixels(scoring)
-    scoring.add_argument("--quiet", "-q", action="store_true", help="no progress bar; errors and the summary still print")
+    scoring.add_argument("--quiet", "-q", action="store_true", help="no progress (bar or lines); errors and the summary still print")
     scoring.set_defaults(handler="evaluate:evaluate_command")
 
 
@@ -159,13 +175,14 @@ def _add_listing_commands(commands) -> None:
     listing.set_defaults(handler="listing:methods_command")
 
     layers = commands.add_parser(
-        "layers", formatter_class=argparse.ArgumentDefaultsHelpFormatter, help="a model's layers: shapes, parameters, multiply-adds, target layers",
-        description="Print the model's layers in execution order with their output shapes, parameters and "
-        "multiply-adds (measured with forward hooks on one image, see explain.summary) and the totals, then the "
-        "candidate target layers (spatial outputs); '*' marks the layer picked when --layer is auto.",
+        "layers", formatter_class=DefaultsOnceFormatter, help="a model's target layers, sizes and cost",
+        description="Print a summary of the model (parameters, multiply-adds, the layer picked when --layer is "
+        "auto) and its main candidate target layers (spatial outputs; '*' marks the automatic choice). --all "
+        "prints every layer in execution order with its output shape, parameters and multiply-adds (measured "
+        "with forward hooks on one image, see explain.summary), then every candidate target layer.",
     )
-    layers.add_argument("model", metavar="MODEL",
-                        help="efficientnet_lite0, a torchvision model name, or a model file")
+    layers.add_argument("model", metavar="MODEL", help=MODEL_FORMS)
+    layers.add_argument("--all", action="store_true", help="the full per-layer table and every candidate layer")
     _add_model_options(layers, with_model=False)
     layers.set_defaults(handler="listing:layers_command")
 
@@ -181,28 +198,31 @@ def _add_inputs_and_model(parser: argparse.ArgumentParser, evaluate: bool = Fals
     _add_model_options(parser)
 
 
+def _add_batch_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-size", "-b", type=positive_int, default=16,
+                        help="images explained together on the device; a batch that runs out of device memory is "
+                        "redone in halves")
+
+
 def _add_max_pixels(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pixels", type=non_negative_int, default=None,
                         help="refuse images with more pixels as decompression bombs (0: no limit) "
-                        "[default: Pillow's limit, %d]" % Image.MAX_IMAGE_PIXELS)
+                        "(default: Pillow's limit, %d)" % Image.MAX_IMAGE_PIXELS)
 
 
 def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:
     if with_model:
-        parser.add_argument("--model", default=BUNDLED_MODEL,
-                            help="efficientnet_lite0 (bundled), a torchvision classification, segmentation or "
-                            "detection model name, timm:NAME for a timm model, a folder holding a Hugging Face image "
-                            "classifier (save_pretrained), a torch.export .pt2 file, or a pickled nn.Module (needs "
-                            "--trust-model-file)")
+        parser.add_argument("--model", default=BUNDLED_MODEL, help=MODEL_FORMS)
     parser.add_argument("--weights", help="state-dict file (.safetensors, or loaded weights_only) for a torchvision "
-                        "or timm model name; nothing is downloaded unless you name torchvision's weights (DEFAULT)")
+                        "or timm model name, or DEFAULT for torchvision's own weights, the one choice that downloads "
+                        "(default: none: such a name gets random weights, with a warning)")
     parser.add_argument("--trust-model-file", action="store_true",
                         help="allow loading a pickled nn.Module, which runs code from the file")
-    parser.add_argument("--device", help="torch device [default: cuda if available, else cpu]")
+    parser.add_argument("--device", help="torch device (default: cuda if available, else cpu)")
 
 
 def _add_step_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=positive_int, default=None,
                         help="pixels removed or inserted per step by " + ", ".join(STEP_METRICS) + " (fewer steps "
-                        "run faster) [default: each metric's own: one row of the image for deletion and insertion, "
-                        "1 %% of it for pixel-flipping]")
+                        "run faster) (default: each metric's own: one row of the image for deletion and insertion, "
+                        "1 %% of it for pixel-flipping)")

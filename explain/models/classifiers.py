@@ -23,7 +23,7 @@ from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..options import BUNDLED_MODEL
 from .files import read_state_dict
 
-__all__ = ["BUNDLED", "TIMM_PREFIX", "Preprocess", "huggingface_preprocess", "imagenet_classes", "imagenet_preprocess", "is_bundled",
+__all__ = ["BUNDLED", "TIMM_PREFIX", "Preprocess", "UnknownModel", "close_model_names", "huggingface_preprocess", "imagenet_classes", "imagenet_preprocess", "is_bundled",
            "is_huggingface_folder", "load"]
 
 BUNDLED = BUNDLED_MODEL
@@ -147,13 +147,8 @@ def is_huggingface_folder(name: str | os.PathLike) -> bool:
 def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
     import torchvision.models as tvm
 
-    classifiers = tvm.list_models(module=tvm)
-    if name not in classifiers:
-        import difflib
-
-        close = difflib.get_close_matches(name, classifiers, n=5)
-        hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ValueError(f"unknown model {name!r}; {hint}use {BUNDLED!r} or a torchvision classification model name")
+    if name not in tvm.list_models(module=tvm):
+        raise UnknownModel(name)
     if isinstance(weights, tvm.WeightsEnum):
         weights = weights.name
     if weights is None or Path(weights).suffix in (".pt", ".pth", ".bin", ".ckpt") or Path(weights).is_file():
@@ -178,6 +173,39 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
             f"them elsewhere and pass the .pth file as weights="
         ) from error
     return model, enum.transforms(), list(enum.meta["categories"])
+
+
+class UnknownModel(ValueError):
+    """A model name that is neither the bundled model nor a torchvision classifier's; the
+    message names the close matches (timm's as ``timm:NAME``) and the forms a model takes."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.close = close_model_names(name)
+        hint = f"did you mean {', '.join(self.close)}? A" if self.close else "a"
+        super().__init__(f"unknown model {name!r}; {hint} classifier is {BUNDLED!r} (bundled), a torchvision "
+                         "classification model name, timm:NAME for a timm model, or a folder holding a Hugging Face "
+                         "image classifier")
+
+
+def close_model_names(name: str, n: int = 5) -> list[str]:
+    """Names close to ``name``: torchvision's (classification, segmentation, detection) and the
+    bundled model's, or else timm's as ``timm:NAME``; a timm model's exact name first.
+
+    >>> close_model_names("resnet5O")[0], close_model_names("vit_tiny_patch16_224")[0]
+    ('resnet50', 'timm:vit_tiny_patch16_224')
+    """
+    import difflib
+
+    import timm
+    import torchvision.models as tvm
+
+    exact = [f"{TIMM_PREFIX}{name}"] if timm.is_model(name) else []
+    known = [BUNDLED, *tvm.list_models(module=tvm), *tvm.list_models(module=tvm.segmentation),
+             *tvm.list_models(module=tvm.detection)]
+    close = difflib.get_close_matches(name, known, n=n) or [
+        f"{TIMM_PREFIX}{match}" for match in difflib.get_close_matches(name, timm.list_models(), n=n)]
+    return (exact + [match for match in close if match not in exact])[:n]
 
 
 def _load_timm(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..concurrency import process_lock
 from ..errors import UsageError
 from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
+from ..options import MODEL_FORMS
 from . import classifiers
 from .dense import load_task_model, preprocess_for
 from .files import MODEL_FILE_SUFFIXES, read_model_file
@@ -70,6 +71,9 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
                     task = "classify"
                 else:
                     model, preprocess, class_names = load_task_model(spec, weights, device=device)
+            except classifiers.UnknownModel as error:
+                hint = f"did you mean {', '.join(error.close)}? A" if error.close else "a"
+                raise UsageError(f"unknown model {spec!r}; {hint} model is {MODEL_FORMS}") from None
             except (ValueError, FileNotFoundError, RuntimeError) as error:
                 raise UsageError(f"{error}") from None
         fixed_batch = False
