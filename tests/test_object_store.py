@@ -173,7 +173,8 @@ def test_the_lease_refuses_a_second_run_is_renewed_and_is_released(s3, monkeypat
     monkeypatch.setattr(explain.batch.guards, "LEASE_SETTLE_SECONDS", 0.05)
     folder = OutputFolder(f"s3://{BUCKET}/lease")
     folder.create()
-    with leased_run(folder, seconds=1.5):
+    with leased_run(folder, seconds=1.5) as taken_over:
+        assert not taken_over
         held = json.loads(s3.read("lease", LEASE))
         assert (held["host"], held["pid"]) == (socket.gethostname(), os.getpid())
         with pytest.raises(UsageError, match=rf"another `explain run` \(pid {os.getpid()} on .*\) is writing to "
@@ -198,8 +199,11 @@ def test_the_lease_refuses_a_second_run_is_renewed_and_is_released(s3, monkeypat
         pass
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     s3.write("lease", LEASE, json.dumps(dict(others, host=socket.gethostname(), pid=int(dead.stdout))).encode())
-    with leased_run(folder):
-        assert json.loads(s3.read("lease", LEASE))["pid"] == os.getpid()
+    with leased_run(folder) as taken_over:
+        assert taken_over and json.loads(s3.read("lease", LEASE))["pid"] == os.getpid()
+    s3.write("lease", LEASE, json.dumps(dict(others, expires=time.time() - 1)).encode())
+    with leased_run(folder) as taken_over:
+        assert taken_over
 
 
 def test_two_runs_that_start_together_get_one_lease(s3, monkeypatch):

@@ -54,14 +54,14 @@ def sole_run(out_dir: Path, command: str = "run") -> Iterator[None]:
 
 
 @contextmanager
-def leased_run(folder: OutputFolder, command: str = "run", seconds: float = LEASE_SECONDS) -> Iterator[None]:
+def leased_run(folder: OutputFolder, command: str = "run", seconds: float = LEASE_SECONDS) -> Iterator[bool]:
     """:func:`sole_run` for a folder given by URI, where there is no flock: a lease object
     (:data:`LEASE`: owner, host, pid, expiry) that a second run finds and is refused by, renewed
     by a thread while the run goes on and deleted at its end, error and Ctrl-C included. A
     lease that expired, or whose holder on this host is no longer running (killed), is taken
-    over."""
+    over. Yields whether it was: a run that did not end left it, and perhaps other leftovers."""
     mine = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
-    _refuse_if_held(folder, mine, command)
+    left = _refuse_if_held(folder, mine, command)
     _renew(folder, mine, seconds)
     time.sleep(LEASE_SETTLE_SECONDS)
     _refuse_if_held(folder, mine, command)
@@ -70,7 +70,7 @@ def leased_run(folder: OutputFolder, command: str = "run", seconds: float = LEAS
                                name="explain-lease")
     renewer.start()
     try:
-        yield
+        yield left
     finally:
         stop.set()
         renewer.join()
@@ -78,12 +78,16 @@ def leased_run(folder: OutputFolder, command: str = "run", seconds: float = LEAS
             folder.remove(LEASE)
 
 
-def _refuse_if_held(folder: OutputFolder, mine: dict, command: str) -> None:
+def _refuse_if_held(folder: OutputFolder, mine: dict, command: str) -> bool:
+    """Raise a usage error where another run holds the lease; whether one that did not end left it."""
     holder = _lease_holder(folder)
-    if holder and holder.get("owner") != mine["owner"] and _is_live(holder):
+    if holder is None or holder.get("owner") == mine["owner"]:
+        return False
+    if _is_live(holder):
         raise UsageError(f"another `explain {command}` (pid {holder.get('pid')} on {holder.get('host')}) is writing to "
                          f"{folder}; wait for it to finish or pass another --out (the lock of a run that was killed, "
                          f"{folder.shown(LEASE)}, lapses {max(0, round(holder['expires'] - time.time()))} s from now)")
+    return True
 
 
 def _lease_holder(folder: OutputFolder) -> dict | None:

@@ -102,8 +102,9 @@ def run_on_ray(args: RunOptions) -> int:
     ray = import_ray()
     folder.create()
     # One run per folder: a flock on a local one, a lease object on one given by URI.
-    with sole_run(out_dir) if local else leased_run(folder):
-        _remove_leftovers(folder)
+    with sole_run(out_dir) if local else leased_run(folder) as taken_over:
+        if local or taken_over:  # on an object store, only after a run that did not end (listing costs)
+            _remove_leftovers(folder)
         started = connect(ray, args.address)
         try:
             from .ray_stages import actor_resources, remote_prepare
