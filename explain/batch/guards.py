@@ -1,11 +1,16 @@
-"""What guards a batch job: one job per output folder, Pillow's pixel limit, and Ctrl-C."""
+"""What guards a batch job: one job per output folder (a flock on a local folder, a lease on a
+folder given by URI), Pillow's pixel limit, and Ctrl-C."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +18,15 @@ from pathlib import Path
 from PIL import Image
 
 from ..errors import UsageError
+from .storage import OutputFolder
+
+#: The lease of a run on a folder given by URI, a JSON object in the folder.
+LEASE = ".explain.lock"
+#: How long a lease holds unless renewed; the running driver renews it every third of that.
+LEASE_SECONDS = 60.0
+#: How long a new lease settles before its holder reads it back: of two runs that both found
+#: no lease, the one whose write came last keeps it and the other is refused.
+LEASE_SETTLE_SECONDS = 1.0
 
 
 @contextmanager
@@ -37,6 +51,79 @@ def sole_run(out_dir: Path, command: str = "run") -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+@contextmanager
+def leased_run(folder: OutputFolder, command: str = "run", seconds: float = LEASE_SECONDS) -> Iterator[bool]:
+    """:func:`sole_run` for a folder given by URI, where there is no flock: a lease object
+    (:data:`LEASE`: owner, host, pid, expiry) that a second run finds and is refused by, renewed
+    by a thread while the run goes on and deleted at its end, error and Ctrl-C included. A
+    lease that expired, or whose holder on this host is no longer running (killed), is taken
+    over. Yields whether it was: a run that did not end left it, and perhaps other leftovers."""
+    mine = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
+    left = _refuse_if_held(folder, mine, command)
+    _renew(folder, mine, seconds)
+    time.sleep(LEASE_SETTLE_SECONDS)
+    _refuse_if_held(folder, mine, command)
+    stop = threading.Event()
+    renewer = threading.Thread(target=_keep_renewing, args=(folder, mine, seconds, stop), daemon=True,
+                               name="explain-lease")
+    renewer.start()
+    try:
+        yield left
+    finally:
+        stop.set()
+        renewer.join()
+        if (_lease_holder(folder) or {}).get("owner") == mine["owner"]:
+            folder.remove(LEASE)
+
+
+def _refuse_if_held(folder: OutputFolder, mine: dict, command: str) -> bool:
+    """Raise a usage error where another run holds the lease; whether one that did not end left it."""
+    holder = _lease_holder(folder)
+    if holder is None or holder.get("owner") == mine["owner"]:
+        return False
+    if _is_live(holder):
+        raise UsageError(f"another `explain {command}` (pid {holder.get('pid')} on {holder.get('host')}) is writing to "
+                         f"{folder}; wait for it to finish or pass another --out (the lock of a run that was killed, "
+                         f"{folder.shown(LEASE)}, lapses {max(0, round(holder['expires'] - time.time()))} s from now)")
+    return True
+
+
+def _lease_holder(folder: OutputFolder) -> dict | None:
+    try:
+        holder = json.loads(folder.read_text(LEASE) or "null")
+    except ValueError:  # a lease cut short: nobody's
+        return None
+    return holder if isinstance(holder, dict) and isinstance(holder.get("expires"), (int, float)) else None
+
+
+def _is_live(holder: dict) -> bool:
+    if holder["expires"] < time.time():
+        return False
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        try:
+            os.kill(holder["pid"], 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+    return True
+
+
+def _renew(folder: OutputFolder, mine: dict, seconds: float) -> None:
+    folder.write(LEASE, json.dumps(dict(mine, expires=time.time() + seconds)).encode("utf-8"))
+
+
+def _keep_renewing(folder: OutputFolder, mine: dict, seconds: float, stop: threading.Event) -> None:
+    while not stop.wait(seconds / 3):
+        try:
+            if (_lease_holder(folder) or {}).get("owner") != mine["owner"]:
+                print(f"explain: warning: another run took over the lock on {folder}", file=sys.stderr)
+                return
+            _renew(folder, mine, seconds)
+        except OSError:  # the store did not answer: try again at the next turn
+            pass
 
 
 @contextmanager

@@ -4,6 +4,7 @@ write the overlays from a thread pool, keep the manifest and index up to date.""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,12 +19,12 @@ from .guards import pixel_limit, sole_run
 from .inputs import Source, collect_inputs
 from .loop import for_each_batch
 from .manifest import MANIFEST, metric_table
-from .outcome import exit_code, interrupted_summary, report_failure
+from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
 from .planning import RunPlan
 from .progress import run_summary
 from .preparation import PreparedRun, prepare_run
 from .options import RunOptions
-from .storage import OutputFolder
+from .storage import OutputDeviceError, OutputFolder, device_errors
 
 
 def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None = None) -> int:
@@ -65,9 +66,10 @@ class LocalRun:
         keeps the earlier rows of outputs not redone yet, so that a killed run loses nothing."""
         start = time.monotonic()
         planned = self.plan.planned_rows()
-        write_manifest(self.out_dir / MANIFEST, planned if final else self.plan.all_rows())
         table = metric_table(planned) if self.prepared.metrics else []
-        write_index(self.out_dir, planned, summary or "in progress", format_summary(table, "html") if table else "")
+        with device_errors(self.out_dir):
+            write_manifest(self.out_dir / MANIFEST, planned if final else self.plan.all_rows())
+            write_index(self.out_dir, planned, summary or "in progress", format_summary(table, "html") if table else "")
         self.reports_written = time.monotonic()
         self.reports_cost = self.reports_written - start
 
@@ -100,7 +102,7 @@ class LocalRun:
                 self._record(in_flight.popleft().result())
 
         started = time.perf_counter()
-        end, completed = None, False
+        end, completed, refused = None, False, None
         try:
             self._save_reports()
             end = for_each_batch([self.sources[i].path for i in work], self.explainer.inputs, self.prepared.loaded,
@@ -110,19 +112,39 @@ class LocalRun:
             completed = not end.interrupted
         except KeyboardInterrupt:
             completed = False
+        except OutputDeviceError as error:  # a full disk: the outputs written so far are kept
+            refused = error
         finally:
             saver.shutdown(wait=True, cancel_futures=True)
-            while in_flight:
-                future = in_flight.popleft()
-                if future.done() and not future.cancelled():
-                    self._record(future.result())
-            summary = self._summary(end.images if end else 0, time.perf_counter() - started, not completed)
-            self._save_reports(final=completed, summary=summary)
+            refused = self._record_finished(in_flight) or refused
+            completed = completed and refused is None
+            counts = self._summary(end.images if end else 0, time.perf_counter() - started, False)
+            summary = counts if completed else interrupted_summary(counts)
+            try:
+                self._save_reports(final=completed, summary=summary)
+            except OutputDeviceError as error:  # the manifest keeps its last whole version
+                refused = refused or error
         table = metric_table(self.plan.planned_rows()) if self.prepared.metrics else []
         if table:
             print(format_summary(table))
+        if refused is not None:
+            print(f"explain: error: {refused}", file=sys.stderr)
+            summary = stopped_summary(refused, counts)
         print(summary)
-        return exit_code(self.plan.stats["failed"], not completed)
+        return exit_code(self.plan.stats["failed"], not completed, device_error=refused is not None)
+
+    def _record_finished(self, in_flight: deque[Future]) -> OutputDeviceError | None:
+        """Record the writes that finished before the run stopped; the device's error if one
+        of them met it."""
+        refused = None
+        while in_flight:
+            future = in_flight.popleft()
+            if future.done() and not future.cancelled():
+                try:
+                    self._record(future.result())
+                except OutputDeviceError as error:
+                    refused = refused or error
+        return refused
 
     def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
         text = (f"{run_summary(self.plan.stats, images, elapsed)}; "

@@ -7,15 +7,18 @@ import sys
 
 from tqdm import tqdm
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUT_OF_MEMORY, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUT_OF_MEMORY, EXIT_OUTPUT_DEVICE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
 
-def exit_code(failed: int, interrupted: bool) -> int:
-    """130 when stopped by Ctrl-C, else 1 when some outputs failed, else 0.
+def exit_code(failed: int, interrupted: bool, device_error: bool = False) -> int:
+    """4 when the output folder's device refused a write (full, read-only, ...), else 130 when
+    stopped by Ctrl-C, else 1 when some outputs failed, else 0.
 
-    >>> exit_code(0, False), exit_code(2, False), exit_code(2, True)
-    (0, 1, 130)
+    >>> exit_code(0, False), exit_code(2, False), exit_code(2, True), exit_code(2, True, device_error=True)
+    (0, 1, 130, 4)
     """
+    if device_error:
+        return EXIT_OUTPUT_DEVICE
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if failed else EXIT_OK
@@ -24,6 +27,17 @@ def exit_code(failed: int, interrupted: bool) -> int:
 def interrupted_summary(text: str) -> str:
     """A summary line ("explain: ...") as it reads after Ctrl-C."""
     return "explain: interrupted, run the same command again to finish. " + text[len("explain: "):]
+
+
+def stopped_summary(error: Exception, text: str) -> str:
+    """A summary line ("explain: ...") as it reads after the output folder's device refused a
+    write (:class:`~explain.batch.storage.OutputDeviceError`).
+
+    >>> stopped_summary("cannot write to out: no space left on device", "explain: 2 ok, ...")[:60]
+    'explain: stopped: cannot write to out: no space left on devi'
+    """
+    return (f"explain: stopped: {error}; the manifest keeps the outputs written before it: make room there (or make "
+            f"it writable) and run the same command again to finish. {text[len('explain: '):]}")
 
 
 def report_failure(where: str, error: str) -> None:

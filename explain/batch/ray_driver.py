@@ -24,19 +24,20 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-
 from ..errors import UsageError
-from ..report import index_html, iter_json_records, manifest_line, remove_temp_files
-from .guards import StopFlag, sole_run
+from ..report import TEMP_SUFFIX, index_html, iter_json_records, manifest_line, remove_temp_files
+from .guards import StopFlag, leased_run, sole_run
 from .inputs import InputListing
 from .manifest import MANIFEST, manifest_row
 from .options import CheckedRun, RunOptions
-from .outcome import exit_code, interrupted_summary, report_failure
+from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
 from .planning import finished_pairs
 from .progress import progress_bar, run_summary
-from .storage import OutputFolder
+from .storage import OutputDeviceError, OutputFolder, append_whole, device_errors
 
 #: Images per plan file: Ray Data reads the plan file by file, a decode task per file.
 PLAN_CHUNK = 1_000
@@ -98,25 +99,91 @@ def run_on_ray(args: RunOptions) -> int:
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
     listing = InputListing(args.inputs, out_dir if local else None)
     ray = import_ray()
-    started = connect(ray, args.address)
-    try:
-        from .ray_stages import actor_resources, remote_prepare
+    folder.create()
+    # One run per folder: a flock on a local one, a lease object on one given by URI.
+    with sole_run(out_dir) if local else leased_run(folder) as taken_over:
+        if local or taken_over:  # on an object store, only after a run that did not end (listing costs)
+            _remove_leftovers(folder)
+        started = connect(ray, args.address)
+        try:
+            from .ray_stages import actor_resources, remote_prepare
 
-        checked = remote_prepare(ray, args)
-        if checked.messages:
-            print(checked.messages, end="", file=sys.stderr)
-        run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked))
-        if not local:  # an object store has no lock and no partial files to clean up
-            return run.execute(ray)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with sole_run(out_dir):
-            remove_temp_files(out_dir)
-            for stale in out_dir.glob(PLAN_PREFIX + "*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            return run.execute(ray)
-    finally:
-        if started:
-            ray.shutdown()
+            checked = remote_prepare(ray, args)
+            if checked.messages:
+                print(checked.messages, end="", file=sys.stderr)
+            return RayRun(args, folder, listing, checked, actor_resources(ray, args, checked)).execute(ray)
+        finally:
+            if started:
+                ray.shutdown()
+
+
+def _remove_leftovers(folder: OutputFolder) -> None:
+    """What a killed run left in the folder: its temporary files and plan folders."""
+    if folder.filesystem is None:
+        remove_temp_files(folder.root)
+    for name in folder.names(PLAN_PREFIX):
+        folder.remove_folder(name)
+
+
+@dataclass
+class DriverEnd:
+    """How the driver's run ended: images received, whether Ctrl-C stopped it, whether it ran
+    to the end, and the output device's error that stopped it."""
+
+    images: int = 0
+    interrupted: bool = False
+    completed: bool = False
+    refused: OutputDeviceError | None = None
+
+
+class PlanFiles:
+    """The images a run explains with the methods still to run on each: parquet files in a
+    folder under --out (``PLAN_PREFIX...``), :data:`PLAN_CHUNK` images a file, that Ray Data
+    reads, a decode task per file."""
+
+    COLUMNS = ("input", "path", "folder", "stem", "methods")
+
+    def __init__(self, folder: OutputFolder):
+        self.folder = folder
+        self.name = f"{PLAN_PREFIX}{uuid.uuid4().hex[:8]}"  # read by the workers
+        self.files: list[str] = []
+        self.count = 0
+        self._chunk: dict[str, list] = {name: [] for name in self.COLUMNS}
+
+    def add(self, *values: str) -> None:
+        """One image: its ``input``, ``path``, ``folder``, ``stem`` and ``methods`` (comma-separated)."""
+        for name, value in zip(self.COLUMNS, values):
+            self._chunk[name].append(value)
+        self.count += 1
+        if len(self._chunk["input"]) >= PLAN_CHUNK:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the images added since the last file as the next file."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self._chunk["input"]:
+            return
+        path = self.folder.path(f"{self.name}/part-{len(self.files):05d}.parquet")
+        with device_errors(self.folder.location):
+            if not self.files:
+                if self.folder.filesystem is None:
+                    os.makedirs(self.folder.path(self.name))
+                else:
+                    self.folder.filesystem.create_dir(self.folder.path(self.name), recursive=True)
+            pq.write_table(pa.table(self._chunk), path, filesystem=self.folder.filesystem)
+        self.files.append(path)
+        for values in self._chunk.values():
+            values.clear()
+
+    def entries(self) -> Iterator[tuple[str, str]]:
+        """The planned images' inputs and methods, read back file by file."""
+        import pyarrow.parquet as pq
+
+        for path in self.files:
+            table = pq.read_table(path, columns=["input", "methods"], filesystem=self.folder.filesystem).to_pydict()
+            yield from zip(table["input"], table["methods"])
 
 
 class RayRun:
@@ -133,8 +200,7 @@ class RayRun:
             self.manifest = Path(folder.path(MANIFEST))
         else:
             self.manifest = Path(tempfile.mkdtemp(prefix="explain-ray-")) / MANIFEST
-        self.plan_name = f"{PLAN_PREFIX}{uuid.uuid4().hex[:8]}"  # read by the workers
-        self.plan_files: list[str] = []
+        self.plan = PlanFiles(folder)
         self.published = time.monotonic()
 
     # -- planning
@@ -145,52 +211,32 @@ class RayRun:
 
     def _start_manifest(self, inputs: set[int], finished: set[int]) -> None:
         """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
-        temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp")
-        with open(temp, "w", encoding="utf-8") as file:
-            for row in iter_json_records(self.folder.lines(MANIFEST)):
-                if hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
-                        and not self.args.overwrite:
-                    file.write(manifest_line(dict(row, status="skipped", error=None)) + "\n")
-                    self.stats["skipped"] += 1
-        os.replace(temp, self.manifest)
+        temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+        try:
+            with device_errors(self.manifest.parent), open(temp, "w", encoding="utf-8") as file:
+                for row in iter_json_records(self.folder.lines(MANIFEST)):
+                    if hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
+                            and not self.args.overwrite:
+                        file.write(manifest_line(dict(row, status="skipped", error=None)) + "\n")
+                        self.stats["skipped"] += 1
+            os.replace(temp, self.manifest)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
 
     def _write_plan(self, finished: set[int], out) -> int:
         """Plan files of the images to explain, with the methods still to run on each; failed
         rows for the inputs that are missing. Returns how many images are planned."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if self.folder.filesystem is None:
-            os.makedirs(self.folder.path(self.plan_name))
-        else:
-            self.folder.filesystem.create_dir(self.folder.path(self.plan_name), recursive=True)
-        columns = ("input", "path", "folder", "stem", "methods")
-        chunk: dict[str, list] = {name: [] for name in columns}
-        planned = 0
-
-        def flush() -> None:
-            if chunk["input"]:
-                path = self.folder.path(f"{self.plan_name}/part-{len(self.plan_files):05d}.parquet")
-                pq.write_table(pa.table(chunk), path, filesystem=self.folder.filesystem)
-                self.plan_files.append(path)
-                for values in chunk.values():
-                    values.clear()
-
         for source in self.listing:
             if source.error:
                 self._append(out, [self._row(source.input, method, label, status="failed", error=source.error)
                                    for method in self.methods for label in self.labels])
                 continue
             pending = [m for m in self.methods if self.args.overwrite or hash((source.input, m)) not in finished]
-            if not pending:
-                continue
-            for name, value in zip(columns, (source.input, source.path, source.folder, source.stem, ",".join(pending))):
-                chunk[name].append(value)
-            planned += 1
-            if len(chunk["input"]) >= PLAN_CHUNK:
-                flush()
-        flush()
-        return planned
+            if pending:
+                self.plan.add(source.input, source.path, source.folder, source.stem, ",".join(pending))
+        self.plan.flush()
+        return self.plan.count
 
     def _row(self, input: str, method: str, label: str, **values) -> dict:
         checked = self.checked
@@ -199,12 +245,12 @@ class RayRun:
 
     def _append(self, out, rows: list[dict], report: bool = False) -> None:
         """Rows to the manifest, whole lines in one write (a killed driver leaves at most a
-        partial last line, which readers drop and the next run's rewrite removes); with
-        ``report``, their failures on stderr too."""
+        partial last line, which readers drop and the next run's rewrite removes; a full disk
+        none); with ``report``, their failures on stderr too."""
         if not rows:
             return
-        out.write("".join(manifest_line(row) + "\n" for row in rows))
-        out.flush()
+        with device_errors(self.manifest.parent):
+            append_whole(out, "".join(manifest_line(row) + "\n" for row in rows).encode("utf-8"))
         if self.folder.filesystem is not None and time.monotonic() - self.published > PUBLISH_SECONDS:
             self._publish()
         reported = set()
@@ -223,72 +269,94 @@ class RayRun:
     def _fail_lost(self, out, received: set[int]) -> None:
         """Failed rows for the planned images whose rows never came back: their batch failed
         in Ray itself (an actor that died on it, past Ray's retries), not in our code."""
-        import pyarrow.parquet as pq
-
         error = "worker failed: Ray lost this image's batch (an actor died on it; see Ray's log)"
-        for part in self.plan_files:
-            table = pq.read_table(part, columns=["input", "methods"], filesystem=self.folder.filesystem).to_pydict()
-            for input, methods in zip(table["input"], table["methods"]):
-                if hash(input) not in received:
-                    self._append(out, [self._row(input, method, label, status="failed", error=error)
-                                       for method in methods.split(",") for label in self.labels], report=True)
+        for input, methods in self.plan.entries():
+            if hash(input) not in received:
+                self._append(out, [self._row(input, method, label, status="failed", error=error)
+                                   for method in methods.split(",") for label in self.labels], report=True)
 
     # -- the run
 
     def execute(self, ray) -> int:
         started = time.perf_counter()
+        end = DriverEnd()
+        try:
+            self._execute(ray, end)
+        except OutputDeviceError as error:  # a full disk: the rows received so far are kept
+            end.refused = error
+        finally:
+            self.folder.remove_folder(self.plan.name)
+            counts = self._summary(end.images, time.perf_counter() - started)
+            summary = counts if end.completed else interrupted_summary(counts)
+            metrics_text = self._finish(ray, end, summary)
+        if metrics_text:
+            print(metrics_text)
+        if end.refused is not None:
+            print(f"explain: error: {end.refused}", file=sys.stderr)
+            summary = stopped_summary(end.refused, counts)
+        print(summary)
+        return exit_code(self.stats["failed"], not end.completed, device_error=end.refused is not None)
+
+    def _execute(self, ray, end: DriverEnd) -> None:
         inputs, finished = self._finished_pairs()
         if self.args.overwrite:
             finished = set()
         self._start_manifest(inputs, finished)
         del inputs
-        interrupted = completed = False
-        images = 0
-        stop = StopFlag()
-        try:
-            with open(self.manifest, "a", encoding="utf-8") as out, stop:
-                planned = self._write_plan(finished, out)
-                del finished
-                progress = progress_bar(planned, self.args.quiet)
-                try:
-                    if planned:
-                        from . import ray_stages
+        # Unbuffered, so that a failed append is cut off whole (storage.append_whole).
+        with open(self.manifest, "ab", buffering=0) as out, StopFlag() as stop:
+            planned = self._write_plan(finished, out)
+            del finished
+            progress = progress_bar(planned, self.args.quiet)
+            try:
+                if planned:
+                    self._explain(ray, out, stop, progress, end)
+                end.completed = not end.interrupted
+            except KeyboardInterrupt:
+                end.interrupted = True
+            finally:
+                progress.close()
 
-                        received: set[int] = set()
-                        for rows in ray_stages.explain_plan(ray, self.folder.path(self.plan_name),
-                                                            self.folder.filesystem, self.args.with_absolute_paths(),
-                                                            self.checked, self.resources):
-                            self._append(out, rows, report=True)
-                            count = len({row["input"] for row in rows})
-                            received.update(hash(row["input"]) for row in rows)
-                            images += count
-                            progress.update(count)
-                            if stop.set:
-                                interrupted = True
-                                break
-                        if not interrupted:
-                            self._fail_lost(out, received)
-                    completed = not interrupted
-                except KeyboardInterrupt:
-                    interrupted = True
-                finally:
-                    progress.close()
-        finally:
-            self.folder.remove_folder(self.plan_name)
+    def _explain(self, ray, out, stop: StopFlag, progress, end: DriverEnd) -> None:
+        """The plan's images on Ray, their rows appended as they come."""
+        from . import ray_stages
+
+        received: set[int] = set()
+        for rows in ray_stages.explain_plan(ray, self.folder.path(self.plan.name), self.folder.filesystem,
+                                            self.args.with_absolute_paths(), self.checked, self.resources):
+            refused = [row for row in rows if row.get("refused")]  # files the folder's device refused
+            rows = [row for row in rows if not row.get("refused")]
+            self._append(out, rows, report=True)
+            count = len({row["input"] for row in rows})
+            received.update(hash(row["input"]) for row in rows)
+            end.images += count
+            progress.update(count)
+            if refused:
+                raise OutputDeviceError(refused[0]["error"])
+            if stop.set:
+                end.interrupted = True
+                return
+        self._fail_lost(out, received)
+
+    def _finish(self, ray, end: DriverEnd, summary: str) -> str:
+        """Upload the manifest (a folder given by URI) and write index.html; the text of the
+        metric summary (--metrics)."""
+        metrics_text = ""
+        try:
             self._publish()
-            summary = self._summary(images, time.perf_counter() - started, not completed)
-            metrics_text, metrics_html = self._metric_summary(ray) if completed and self.checked.metrics else ("", "")
+            metrics_text, metrics_html = self._metric_summary(ray) if end.completed and self.checked.metrics \
+                else ("", "")
             # On an object store every ok row's file was written or found by this run: asking
             # for each again would cost a request per image.
             exists = self.folder.is_file if self.folder.filesystem is None else (lambda output: True)
             rows = _index_rows(self.manifest, INDEX_LIMIT)
             self.folder.write("index.html", index_html(rows, summary, metrics_html, exists).encode("utf-8"))
+        except OutputDeviceError as error:
+            end.refused = end.refused or error
+        finally:
             if self.folder.filesystem is not None:  # the working copy, uploaded above
                 shutil.rmtree(self.manifest.parent, ignore_errors=True)
-        if metrics_text:
-            print(metrics_text)
-        print(summary)
-        return exit_code(self.stats["failed"], interrupted)
+        return metrics_text
 
     def _metric_summary(self, ray) -> tuple[str, str]:
         """--metrics: the summary table (text and HTML) of the manifest's values, made in a Ray
@@ -298,16 +366,12 @@ class RayRun:
         # Absolute: Ray's workers do not share this process's working directory.
         return remote_metric_summary(ray, self.folder.location if self.folder.filesystem else self.folder.root)
 
-    def _shown(self, name: str) -> str:
-        location = str(self.folder)
-        return f"{location.rstrip('/')}/{name}" if self.folder.filesystem else os.path.join(location, name)
-
-    def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
+    def _summary(self, images: int, elapsed: float) -> str:
         text = (f"{run_summary(self.stats, images, elapsed)}{' on Ray' if images else ''}; "
-                f"see {self._shown('index.html')} and {self._shown(MANIFEST)}")
+                f"see {self.folder.shown('index.html')} and {self.folder.shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"
-        return interrupted_summary(text) if interrupted else text
+        return text
 
 
 def _index_rows(path: Path, limit: int) -> list[dict]:

@@ -96,7 +96,11 @@ def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: C
             WriteActor, fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads")),
             batch_size=1 if checked.fixed_batch else options.batch_size, max_task_retries=2, **resources)
     for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
-        yield [json.loads(line) for line in batch["row"]]
+        rows = [json.loads(line) for line in batch["row"]]
+        for row, refused in zip(rows, batch["refused"]):
+            if refused:  # the output folder's device refused its files: the driver stops the run
+                row["refused"] = True
+        yield rows
 
 
 def remote_metric_summary(ray, location: str) -> tuple[str, str]:
@@ -221,7 +225,7 @@ class WriteActor(ExplainingActor):
     def __call__(self, batch: dict) -> dict:
         from ..report import manifest_line
         from .inputs import Source
-        from .storage import OutputFolder
+        from .storage import OutputDeviceError, OutputFolder
 
         explainer = self.explainer
         by_name = {cam.name: cam for cam in explainer.prepared.explainers}
@@ -229,6 +233,7 @@ class WriteActor(ExplainingActor):
                         str(batch["stem"][i])), [by_name[name] for name in str(batch["methods"][i]).split(",")])
                 for i in range(len(batch["input"]))]
         rows: list[dict] = []
+        refused: list[dict] = []  # the rows whose files the output folder's device refused (a full disk)
         try:
             decoded = decoded_groups(batch)
             for i, error in decoded.failures:
@@ -241,15 +246,20 @@ class WriteActor(ExplainingActor):
                     rows += outcome.failed
                     jobs += outcome.jobs
             folder = OutputFolder(explainer.options.out)
-            for job in jobs:
-                rows += job.write(folder)
+            for index, job in enumerate(jobs):
+                try:
+                    rows += job.write(folder)
+                except OutputDeviceError as error:
+                    refused = [dict(row, status="failed", error=str(error)) for later in jobs[index:] for row in later.rows]
+                    break
         except Exception as error:  # a failure of the whole batch fails its rows, not the run
-            explained = {(row["input"], row["method"]) for row in rows}
+            explained = {(row["input"], row["method"]) for row in rows + refused}
             for source, cams in work:
                 for cam in cams:
                     if (source.input, cam.name) not in explained:
                         rows += explainer.failed_rows(source, cam.name, f"worker failed: {type(error).__name__}: {error}")
-        return {"row": np.array([manifest_line(row) for row in rows], dtype=object)}
+        return {"row": np.array([manifest_line(row) for row in rows + refused], dtype=object),
+                "refused": np.array([False] * len(rows) + [True] * len(refused))}
 
 
 def metric_summary(location: str) -> tuple[str, str]:

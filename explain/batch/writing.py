@@ -10,7 +10,7 @@ import numpy as np
 
 from ..drawing import overlay
 from ..report import encode_npz, encode_png
-from .storage import OutputFolder
+from .storage import OutputDeviceError, OutputFolder
 
 
 @dataclass
@@ -29,7 +29,9 @@ class Job:
     marks: list[dict] | None = None
 
     def write(self, folder: OutputFolder) -> list[dict]:
-        """Draw and save the files; the rows with their status (ok, or failed with the reason)."""
+        """Draw and save the files; the rows with their status (ok, or failed with the reason).
+        The folder's device refusing the write (a full disk) raises
+        :class:`~explain.batch.storage.OutputDeviceError`: that stops the run."""
         try:
             for k, (heat, row) in enumerate(zip(self.maps, self.rows)):
                 drawn = overlay(self.picture, heat, cmap=self.cmap, alpha=self.alpha, signed=self.signed,
@@ -37,6 +39,8 @@ class Job:
                 folder.write(row["output"], encode_png(drawn))
             if self.npz is not None:
                 folder.write(self.rows[0]["maps"], encode_npz(**self.npz))
+        except OutputDeviceError:
+            raise
         except Exception as error:
             return [dict(row, status="failed", error=f"cannot write output: {error}") for row in self.rows]
         return [dict(row, status="ok") for row in self.rows]

@@ -73,7 +73,7 @@ def _add_run_command(commands) -> None:
         description="Write one heatmap overlay per image, method and target under --out, with "
         "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
         "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory before the first image, "
-        "130 interrupted.",
+        "4 the output folder's disk refused a write (full, read-only), 130 interrupted.",
     )
     _add_inputs_and_model(run)
     run.add_argument("--method", "-m", default="gradcam",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..batch.inputs import collect_inputs
 from ..batch.options import RunOptions
-from ..batch.storage import is_uri
+from ..batch.storage import OutputFolder, is_uri
 from ..errors import UsageError
 
 
@@ -29,6 +29,7 @@ def run_command(args) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
     sources = collect_inputs(options.inputs, out_dir)  # mistakes in the inputs answer before torch loads
+    OutputFolder(out_dir).create()  # and an --out that cannot be made or written to
     from ..batch.local_run import run_locally
 
     return run_locally(options, out_dir, sources)
