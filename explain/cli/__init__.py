@@ -12,7 +12,7 @@ encoding overlap. ``explain evaluate`` scores the maps with :mod:`explain.metric
 :mod:`explain.evaluation`. Every file is written atomically (scores.csv by whole-line
 appends); re-running a command skips outputs (scores) that are already complete. Exit
 codes: 0 all done, 1 some inputs failed, 2 usage error, 3 out of memory before the first
-image, 130 stopped by Ctrl-C.
+image, 4 the output folder's device refused a write (full, read-only), 130 stopped by Ctrl-C.
 
 The command line is a thin shell over the batch layer (:mod:`explain.batch`): each command
 parses its flags, builds the batch layer's typed options, calls it and prints. Its modules:
