@@ -124,13 +124,40 @@ def write_manifest(path: str | os.PathLike, rows: Iterable[dict]) -> None:
 
 
 def manifest_line(row: dict) -> str:
-    """One row of the manifest as its JSON line (without the newline)."""
+    """One row of the manifest as its JSON line (without the newline). A file name that is
+    not UTF-8 (held by Python as surrogate escapes) makes its line ASCII, with ``\\udcXX``
+    escapes that ``json.loads`` reads back to the same name: lossless, and valid UTF-8."""
     fields = {key: _json_value(row.get(key)) for key in MANIFEST_FIELDS}
     if row.get("task") not in (None, "classify"):
         fields.update({key: _json_value(row.get(key)) for key in TASK_FIELDS})
     if row.get(METRICS_FIELD) is not None:
         fields[METRICS_FIELD] = _json_value(row[METRICS_FIELD])
-    return json.dumps(fields, ensure_ascii=False)
+    return json_line(fields)
+
+
+def json_line(record: dict) -> str:
+    """``record`` as one line of JSON, UTF-8 where it can be and ASCII escapes where a string
+    holds surrogate escapes (see :func:`manifest_line`).
+
+    >>> json_line({"input": "café.png"}), json_line({"input": os.fsdecode(b"caf\\xe9.png")})
+    ('{"input": "café.png"}', '{"input": "caf\\\\udce9.png"}')
+    """
+    line = json.dumps(record, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(record)
+    return line
+
+
+def readable(text: str) -> str:
+    """``text`` with the bytes of a file name that are not UTF-8 shown as ``\\xNN``: how
+    index.html shows such names.
+
+    >>> readable(os.fsdecode(b"caf\\xe9.png"))
+    'caf\\\\xe9.png'
+    """
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def json_records(lines: Iterable[str]) -> list[dict]:
@@ -236,4 +263,4 @@ def index_html(rows: Sequence[dict], summary: str = "", metrics_html: str = "",
         + "\n".join(body)
         + "\n</tbody></table>\n</body></html>\n"
     )
-    return document
+    return readable(document)  # input names that are not UTF-8, shown with \xNN escapes

@@ -119,3 +119,28 @@ def test_a_manifest_row_of_other_types_is_made_again_not_a_crash(tmp_path):
     rows = _rows(out)
     assert [(r["input"], r["status"]) for r in rows] == [(row["input"], "ok")]
     assert (out / rows[0]["output"]).is_file()
+
+
+def test_a_file_name_that_is_not_utf8_is_explained_recorded_losslessly_and_skipped_on_rerun(tmp_path, capsys):
+    import os
+    import shutil
+
+    folder = tmp_path / "d"
+    _image(folder, "ok.png")
+    shutil.copy(folder / "ok.png", os.fsdecode(bytes(folder) + b"/caf\xe9.png"))
+    out = tmp_path / "out"
+    args = ["run", str(folder), "--out", str(out), "--model", "resnet18", "--workers", "0", "-q"]
+    assert main(args) == 0
+    manifest = (out / "manifest.jsonl").read_bytes()
+    manifest.decode("utf-8")  # valid UTF-8, the odd name as a JSON escape
+    rows = _rows(out)
+    names = sorted(os.fsencode(Path(r["input"]).name) for r in rows)
+    assert names == [b"caf\xe9.png", b"ok.png"] and all(r["status"] == "ok" for r in rows)
+    assert all((out / r["output"]).is_file() and r["output"].encode("utf-8") for r in rows)
+    index = (out / "index.html").read_bytes().decode("utf-8")
+    assert "caf\\xe9.png" in index
+    assert main(args) == 0 and [r["status"] for r in _rows(out)] == ["skipped", "skipped"]
+    evaluate = ["evaluate", str(folder), "--out", str(tmp_path / "scores"), "--model", "resnet18",
+                "--metrics", "sparseness", "--workers", "0", "-q"]
+    assert main(evaluate) == 0 and main(evaluate) == 0
+    assert "0 scored now, 2 skipped" in capsys.readouterr().out

@@ -73,13 +73,13 @@ class InputListing:
         once: set[int] = set()
         clashing: set[int] = set()
         for source in self._expanded():
-            key = hash((self._folder(source), Path(source.path).stem.lower()))
+            key = hash((self._folder(source), Path(utf8_name(source.path)).stem.lower()))
             (clashing if key in once else once).add(key)
         del once
         taken: set[int] = set()
         for source in self._expanded():
             source.folder = self._folder(source)
-            name = Path(source.path).name
+            name = Path(utf8_name(source.path)).name
             unique = hash((source.folder, Path(name).stem.lower())) not in clashing
             source.stem = Path(name).stem if unique else name
             while hash((source.folder, source.stem.lower())) in taken:  # e.g. a.png and a.png.jpg beside a.jpg
@@ -94,7 +94,7 @@ class InputListing:
 
     def _folder(self, source: Source) -> str:
         folder = os.path.relpath(os.path.dirname(source.path), self.root)
-        return "" if folder == "." or folder.startswith("..") else Path(folder).as_posix()
+        return "" if folder == "." or folder.startswith("..") else Path(utf8_name(folder)).as_posix()
 
     def _expanded(self) -> Iterator[Source]:
         """The sources in argument order, each path once; folder and stem not laid out yet."""
@@ -133,6 +133,17 @@ class InputListing:
             yield argument, None, "file not found"
         else:
             raise UsageError(f"{argument}: no such file or folder")
+
+
+def utf8_name(name: str) -> str:
+    r"""``name`` as an output name: the bytes of a file name that are not UTF-8 (which Python
+    holds as surrogate escapes) become U+FFFD, so that every output name is valid UTF-8, as
+    object stores, HTML and JSON readers need. The input keeps its own name in the manifest.
+
+    >>> utf8_name(os.fsdecode(b"caf\xe9.png")) == "caf\ufffd.png"
+    True
+    """
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _inside(path: str, folder: str | None) -> bool:

@@ -1,19 +1,22 @@
 """The files ``explain evaluate`` keeps under ``--out``: ``scores.csv`` and ``curves.jsonl``
 grow by appends (one write per batch, so a killed run loses at most its last batch, and a
 line cut short by the kill is dropped on reading), and are rewritten atomically with the
-latest row of each key when a run starts and ends."""
+latest row of each key when a run starts and ends.
+
+An image whose file name is not UTF-8 keeps its name's own bytes in the CSV files (as
+``ls > list.txt`` would write them; Python reads them back with ``errors="surrogateescape"``)
+and ``\\udcXX`` escapes in curves.jsonl, so that a rerun finds its scores."""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from ..report import atomic_write, json_records
+from ..report import atomic_write, json_line, json_records
 
 __all__ = ["CURVES", "FAILURES", "FAILURE_FIELDS", "SCORES", "SCORE_FIELDS", "SUMMARY_FIELDS",
            "append_lines", "csv_lines", "jsonl_lines", "latest", "read_csv", "read_jsonl", "rewrite"]
@@ -29,7 +32,7 @@ SUMMARY_FIELDS = ("method", "metric", "higher_is_better", "n", "mean", "std", "b
 def _complete_text(path: Path) -> str:
     """The file's text up to its last newline: what follows is a line a killed run left unfinished."""
     try:
-        with open(path, encoding="utf-8", errors="replace", newline="") as file:
+        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as file:
             text = file.read()
     except FileNotFoundError:
         return ""
@@ -83,15 +86,14 @@ def _json_value(value):
 
 def jsonl_lines(records: Iterable[Mapping]) -> str:
     """``records`` as JSON Lines; NaN and infinities become null."""
-    return "".join(json.dumps({k: _json_value(v) for k, v in record.items()}, ensure_ascii=False) + "\n"
-                   for record in records)
+    return "".join(json_line({k: _json_value(v) for k, v in record.items()}) + "\n" for record in records)
 
 
 def append_lines(path: str | os.PathLike, text: str) -> None:
     """Append ``text`` (whole lines) in one write and flush it to the disk."""
     if not text:
         return
-    with open(path, "a", encoding="utf-8", newline="") as file:
+    with open(path, "a", encoding="utf-8", errors="surrogateescape", newline="") as file:
         file.write(text)
         file.flush()
         os.fsync(file.fileno())
@@ -111,4 +113,4 @@ def latest(rows: Iterable[Mapping], key: Sequence[str]) -> list[dict]:
 
 def rewrite(path: str | os.PathLike, text: str) -> None:
     """Replace the file's content atomically."""
-    atomic_write(path, text.encode("utf-8"))
+    atomic_write(path, text.encode("utf-8", "surrogateescape"))
