@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from urllib.parse import quote
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,8 @@ def _photos(folder: Path) -> list[Path]:
             image.save(folder / photo.name)
             ImageOps.mirror(image).save(folder / "nested" / f"{photo.stem}_mirrored.jpg", quality=90)
             paths += [folder / photo.name, folder / "nested" / f"{photo.stem}_mirrored.jpg"]
-    noise_image(7, size=(300, 200)).save(folder / "nested" / "noise.png")
+    # A file name that is not UTF-8 (Latin-1 "é"), as archives and shared drives have them.
+    noise_image(7, size=(300, 200)).save(folder / "nested" / os.fsdecode(b"nois\xe9.png"), format="PNG")
     (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     return paths
 
@@ -110,7 +112,8 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
                                 - np.asarray(Image.open(local / name), dtype=int))
             assert difference.max() <= 8 and difference.mean() < 0.01, name
     index = (on_ray / "index.html").read_text()
-    assert all(row["output"] in index for row in ray_rows.values() if row["status"] == "ok")
+    assert all(quote(row["output"]) in index for row in ray_rows.values() if row["status"] == "ok")
+    assert "nested/nois\\xe9.png" in index  # the name that is not UTF-8, shown escaped
 
 
 def test_outputs_to_a_folder_given_by_uri(tmp_path, capsys):

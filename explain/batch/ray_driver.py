@@ -139,9 +139,11 @@ class DriverEnd:
 class PlanFiles:
     """The images a run explains with the methods still to run on each: parquet files in a
     folder under --out (``PLAN_PREFIX...``), :data:`PLAN_CHUNK` images a file, that Ray Data
-    reads, a decode task per file."""
+    reads, a decode task per file. ``input`` and ``path`` are bytes (``os.fsencode``): a file
+    name that is not UTF-8 has no place in a parquet string column."""
 
     COLUMNS = ("input", "path", "folder", "stem", "methods")
+    NAMES = ("input", "path")
 
     def __init__(self, folder: OutputFolder):
         self.folder = folder
@@ -153,7 +155,7 @@ class PlanFiles:
     def add(self, *values: str) -> None:
         """One image: its ``input``, ``path``, ``folder``, ``stem`` and ``methods`` (comma-separated)."""
         for name, value in zip(self.COLUMNS, values):
-            self._chunk[name].append(value)
+            self._chunk[name].append(os.fsencode(value) if name in self.NAMES else value)
         self.count += 1
         if len(self._chunk["input"]) >= PLAN_CHUNK:
             self.flush()
@@ -183,7 +185,7 @@ class PlanFiles:
 
         for path in self.files:
             table = pq.read_table(path, columns=["input", "methods"], filesystem=self.folder.filesystem).to_pydict()
-            yield from zip(table["input"], table["methods"])
+            yield from zip(map(os.fsdecode, table["input"]), table["methods"])
 
 
 class RayRun:

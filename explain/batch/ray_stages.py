@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import warnings
 from contextlib import redirect_stderr
 from functools import lru_cache
@@ -146,7 +147,7 @@ def decode_files(batch: dict, decoding: bytes, column: str, max_pixels: int | No
 
     preprocess, draft_size = _decoder(decoding)
     set_pixel_limit(max_pixels)
-    decode = DecodedImages(list(batch[column]), preprocess, draft_size)
+    decode = DecodedImages([os.fsdecode(path) for path in batch[column]], preprocess, draft_size)
     return dict(batch, **_columns(decode[i][1:] for i in range(len(decode))))
 
 
@@ -229,8 +230,9 @@ class WriteActor(ExplainingActor):
 
         explainer = self.explainer
         by_name = {cam.name: cam for cam in explainer.prepared.explainers}
-        work = [(Source(str(batch["input"][i]), str(batch["path"][i]), "", str(batch["folder"][i]),
-                        str(batch["stem"][i])), [by_name[name] for name in str(batch["methods"][i]).split(",")])
+        work = [(Source(os.fsdecode(bytes(batch["input"][i])), os.fsdecode(bytes(batch["path"][i])), "",
+                        str(batch["folder"][i]), str(batch["stem"][i])),
+                 [by_name[name] for name in str(batch["methods"][i]).split(",")])
                 for i in range(len(batch["input"]))]
         rows: list[dict] = []
         refused: list[dict] = []  # the rows whose files the output folder's device refused (a full disk)
