@@ -9,8 +9,8 @@ import signal
 import subprocess
 import sys
 import time
-from urllib.parse import quote
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pytest
