@@ -226,3 +226,27 @@ def test_the_ray_engine_stops_on_a_full_disk_and_a_rerun_with_room_finishes(loca
     ok, skipped, failed = summary_counts(capsys.readouterr().out)
     assert (ok + skipped, failed) == (IMAGES, 0) and skipped >= len(kept)
     assert len(_check_consistent(out)) == IMAGES
+
+
+def test_explain_evaluate_stops_on_a_full_disk_and_a_rerun_with_room_finishes(small_disk, tmp_path, capsys):
+    _inputs(tmp_path)
+    os.chdir(tmp_path)
+    out = small_disk / "scores"
+    evaluate = ["evaluate", "in", "--out", str(out), "--method", "gradcam", "--metrics", "sparseness",
+                "--workers", "0", "--batch-size", "4", "-q"]
+    out.mkdir()
+    filler = _fill(small_disk)
+    assert main(evaluate) == EXIT_OUTPUT_DEVICE
+    stdout, stderr = capsys.readouterr()
+    assert f"explain: error: cannot write to {out}: no space left on device" in stderr and "Traceback" not in stderr
+    assert f"explain: stopped: cannot write to {out}" in stdout
+    # Room for the scores but not for the plots: the scores appended are kept.
+    os.truncate(filler, filler.stat().st_size - 16 * 1024)
+    assert main(evaluate) == EXIT_OUTPUT_DEVICE
+    stdout, stderr = capsys.readouterr()
+    assert "no space left on device" in stderr and "Traceback" not in stderr
+    kept = len((out / "scores.csv").read_text().splitlines()) - 1
+    filler.unlink()
+    assert main(evaluate) == 0
+    assert f"{IMAGES - kept} scored now, {kept} skipped" in capsys.readouterr().out
+    assert main(evaluate) == 0 and "0 scored now" in capsys.readouterr().out

@@ -6,6 +6,7 @@ in halves (:func:`~explain.batch.loop.in_halves`)."""
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import torch
@@ -28,7 +29,8 @@ from .inputs import collect_inputs
 from .loop import OutOfMemory, for_each_batch, in_halves
 from .manifest import safe_name
 from .options import EvaluateOptions
-from .outcome import exit_code, interrupted_summary, report_failure
+from .storage import OutputDeviceError, device_errors
+from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
 from .progress import time_taken
 
 
@@ -164,7 +166,13 @@ class EvaluationRun:
     # -- the loop
 
     def execute(self) -> int:
-        self._make_plan(self._compact())
+        try:
+            with device_errors(self.out_dir):
+                self._make_plan(self._compact())
+        except OutputDeviceError as error:  # the files keep their last whole version
+            print(f"explain: error: {error}", file=sys.stderr)
+            print(stopped_summary(error, self._summary(0, 0.0)))
+            return exit_code(0, True, device_error=True)
         work = sorted(self.pending)
 
         def handle(batch: DecodedBatch) -> None:
@@ -175,12 +183,26 @@ class EvaluationRun:
             evaluation_files.append_lines(self.scores_path, "".join(t[0] for t in texts))
             evaluation_files.append_lines(self.curves_path, "".join(t[1] for t in texts))
 
-        end = None
+        end, refused = None, None
         try:
-            end = for_each_batch([self.sources[i].path for i in work], self.inputs, self.loaded, self.args, handle)
+            with device_errors(self.out_dir):
+                end = for_each_batch([self.sources[i].path for i in work], self.inputs, self.loaded, self.args, handle)
+        except OutputDeviceError as error:  # a full disk: the scores appended so far are kept
+            refused = error
         finally:
-            self._report(end.images if end else 0, end.elapsed if end else 0.0, bool(end and end.interrupted))
-        return exit_code(self.stats["failed"], end.interrupted)
+            interrupted = end is None or end.interrupted or refused is not None
+            counts = self._summary(end.images if end else 0, end.elapsed if end else 0.0)
+            summary = interrupted_summary(counts) if interrupted else counts
+            try:
+                with device_errors(self.out_dir):
+                    self._report()
+            except OutputDeviceError as error:
+                refused = refused or error
+        if refused is not None:
+            print(f"explain: error: {refused}", file=sys.stderr)
+            summary = stopped_summary(refused, counts)
+        print(summary)
+        return exit_code(self.stats["failed"], interrupted, device_error=refused is not None)
 
     def _evaluate(self, indices: list[int], images: Tensor) -> tuple[str, str]:
         """Score one decoded group; images with the same work to do are scored together."""
@@ -212,8 +234,8 @@ class EvaluationRun:
 
         return in_halves(once, members, images, self.loaded.device)
 
-    def _report(self, images: int, elapsed: float, interrupted: bool) -> None:
-        """Rewrite the files from every row, draw the plots, print the summary."""
+    def _report(self) -> None:
+        """Rewrite the files from every row, draw the plots, print the metric table."""
         rows = self._compact()
         out = self.out_dir
         evaluation_files.rewrite(out / evaluation_files.FAILURES,
@@ -235,9 +257,8 @@ class EvaluationRun:
                 _save_figure(plots / "randomisation.png", randomisation)
             print(format_summary(table))
             print(legend + " with *.")
-        print(self._summary(images, elapsed, interrupted))
 
-    def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
+    def _summary(self, images: int, elapsed: float) -> str:
         """The last line: scores computed now and skipped (each an image, method and metric), the
         images that failed, and this run's images and time."""
         failed_images = len({failure["image"] for failure in self.failures})
@@ -246,7 +267,7 @@ class EvaluationRun:
         text = (f"explain: {self.stats['computed']} scored now, {self.stats['skipped']} skipped (already in "
                 f"{evaluation_files.SCORES}), {failed}; {time_taken(images, elapsed, failed_images)}; "
                 f"see {self.out_dir / 'summary.md'}, {self.out_dir / evaluation_files.SCORES} and {self.out_dir / 'plots'}")
-        return interrupted_summary(text) if interrupted else text
+        return text
 
 
 def run_evaluation(args: EvaluateOptions) -> int:

@@ -36,8 +36,8 @@ def stopped_summary(error: Exception, text: str) -> str:
     >>> stopped_summary("cannot write to out: no space left on device", "explain: 2 ok, ...")[:60]
     'explain: stopped: cannot write to out: no space left on devi'
     """
-    return (f"explain: stopped: {error}; the manifest keeps the outputs written before it: make room there (or make "
-            f"it writable) and run the same command again to finish. {text[len('explain: '):]}")
+    return (f"explain: stopped: {error}; what was written before it is kept: make room there (or make it "
+            f"writable) and run the same command again to finish. {text[len('explain: '):]}")
 
 
 def report_failure(where: str, error: str) -> None:
