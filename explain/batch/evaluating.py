@@ -195,7 +195,7 @@ class EvaluationRun:
             summary = interrupted_summary(counts) if interrupted else counts
             try:
                 with device_errors(self.out_dir):
-                    self._report()
+                    write_reports(self.out_dir, self._compact(), self.failures, self.curves)
             except OutputDeviceError as error:
                 refused = refused or error
         if refused is not None:
@@ -234,30 +234,6 @@ class EvaluationRun:
 
         return in_halves(once, members, images, self.loaded.device)
 
-    def _report(self) -> None:
-        """Rewrite the files from every row, draw the plots, print the metric table."""
-        rows = self._compact()
-        out = self.out_dir
-        evaluation_files.rewrite(out / evaluation_files.FAILURES,
-                                 evaluation_files.csv_lines(self.failures, evaluation_files.FAILURE_FIELDS, header=True))
-        table = summary_table(rows)
-        evaluation_files.rewrite(out / "summary.csv",
-                                 evaluation_files.csv_lines(table, evaluation_files.SUMMARY_FIELDS, header=True))
-        legend = "mean ± std over images and targets; the arrow says which way is better; best per column marked"
-        evaluation_files.rewrite(out / "summary.md", f"{format_summary(table, 'markdown')}\n\n{legend} in bold.\n"
-                                 if table else "No scores yet.\n")
-        if table:
-            plots = out / "plots"
-            plots.mkdir(exist_ok=True)
-            for name, figure in plot_curves(self.curves).items():
-                _save_figure(plots / f"curves_{safe_name(name)}.png", figure)
-            _save_figure(plots / "summary.png", plot_summary(table))
-            randomisation = plot_randomisation(self.curves)
-            if randomisation is not None:
-                _save_figure(plots / "randomisation.png", randomisation)
-            print(format_summary(table))
-            print(legend + " with *.")
-
     def _summary(self, images: int, elapsed: float) -> str:
         """The last line: scores computed now and skipped (each an image, method and metric), the
         images that failed, and this run's images and time."""
@@ -268,6 +244,29 @@ class EvaluationRun:
                 f"{evaluation_files.SCORES}), {failed}; {time_taken(images, elapsed, failed_images)}; "
                 f"see {self.out_dir / 'summary.md'}, {self.out_dir / evaluation_files.SCORES} and {self.out_dir / 'plots'}")
         return text
+
+
+def write_reports(out: Path, rows: list[dict], failures: list[dict], curves: list[dict]) -> None:
+    """Rewrite failures.csv and the summaries from every row, draw the plots, print the metric table."""
+    evaluation_files.rewrite(out / evaluation_files.FAILURES,
+                             evaluation_files.csv_lines(failures, evaluation_files.FAILURE_FIELDS, header=True))
+    table = summary_table(rows)
+    evaluation_files.rewrite(out / "summary.csv",
+                             evaluation_files.csv_lines(table, evaluation_files.SUMMARY_FIELDS, header=True))
+    legend = "mean ± std over images and targets; the arrow says which way is better; best per column marked"
+    evaluation_files.rewrite(out / "summary.md", f"{format_summary(table, 'markdown')}\n\n{legend} in bold.\n"
+                             if table else "No scores yet.\n")
+    if table:
+        plots = out / "plots"
+        plots.mkdir(exist_ok=True)
+        for name, figure in plot_curves(curves).items():
+            _save_figure(plots / f"curves_{safe_name(name)}.png", figure)
+        _save_figure(plots / "summary.png", plot_summary(table))
+        randomisation = plot_randomisation(curves)
+        if randomisation is not None:
+            _save_figure(plots / "randomisation.png", randomisation)
+        print(format_summary(table))
+        print(legend + " with *.")
 
 
 def run_evaluation(args: EvaluateOptions) -> int:
