@@ -144,3 +144,20 @@ def test_a_file_name_that_is_not_utf8_is_explained_recorded_losslessly_and_skipp
                 "--metrics", "sparseness", "--workers", "0", "-q"]
     assert main(evaluate) == 0 and main(evaluate) == 0
     assert "0 scored now, 2 skipped" in capsys.readouterr().out
+
+
+def test_a_fifo_and_symlink_loops_are_failed_rows_and_the_run_goes_on(tmp_path):
+    import os
+
+    folder = tmp_path / "d"
+    _image(folder, "ok.png")
+    os.mkfifo(folder / "pipe.png")  # opening it would wait for a writer for ever
+    os.symlink(folder / "b.png", folder / "a.png")
+    os.symlink(folder / "a.png", folder / "b.png")
+    os.symlink(folder, folder / "again")  # a folder loop: not followed
+    out = tmp_path / "out"
+    assert main(["run", str(folder), "--out", str(out), "--model", "resnet18", "--workers", "0", "-q"]) == 1
+    rows = {Path(r["input"]).name: r for r in _rows(out)}
+    assert set(rows) == {"ok.png", "pipe.png", "a.png", "b.png"}
+    assert rows["ok.png"]["status"] == "ok" and rows["pipe.png"]["error"] == "not a regular file"
+    assert all("symbolic links" in rows[name]["error"] for name in ("a.png", "b.png"))
