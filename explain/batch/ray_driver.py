@@ -29,7 +29,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..errors import UsageError
-from ..report import index_html, iter_json_records, manifest_line, remove_temp_files
+from ..report import TEMP_SUFFIX, index_html, iter_json_records, manifest_line, remove_temp_files
 from .guards import StopFlag, sole_run
 from .inputs import InputListing
 from .manifest import MANIFEST, manifest_row
@@ -145,7 +145,9 @@ class RayRun:
 
     def _start_manifest(self, inputs: set[int], finished: set[int]) -> None:
         """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
-        temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}.tmp")
+        # Named as atomic_write names its files, so that a driver killed here leaves a file
+        # the next run's remove_temp_files deletes.
+        temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
         with open(temp, "w", encoding="utf-8") as file:
             for row in iter_json_records(self.folder.lines(MANIFEST)):
                 if hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
