@@ -24,6 +24,12 @@ from .options import CheckedRun, RunOptions
 DECODE_CPUS = 0.5
 #: Calls an explaining actor runs at once: one on the model, one writing its overlays.
 CALLS_PER_ACTOR = 2
+#: Tries of a batch on the explaining actors after the first. Ray also spends them while a
+#: lost node's actor cannot be reached, until the cluster declares the node dead (about 15 s
+#: with Ray's default health checks; Ray waits 0.1 s, 0.2 s, 0.4 s, ... at most 5 s between
+#: tries): ten outlast that, where two failed the batches in flight on the node. A batch that
+#: kills its actor every time is tried as often, then its images are failed.
+ACTOR_TASK_RETRIES = 10
 #: The columns the decode tasks add.
 DECODED = ("image_data", "image_shape", "image_dtype", "decode_error")
 
@@ -88,14 +94,15 @@ def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: C
                                batch_size=options.batch_size, num_cpus=DECODE_CPUS)
     resources = dict(resources)
     # An actor that dies is restarted (a node may go), but a batch that kills actors is tried
-    # twice more, not forever; the driver fails its images (RayRun.fail_lost).
+    # ACTOR_TASK_RETRIES more times, not forever; the driver fails its images (RayRun._fail_lost).
     # Ray 2.60 offers no named option for that and warns about the remote arguments that it
     # will drop in 2.64 (hence the extra's bound).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
         explained = decoded.map_batches(
             WriteActor, fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads")),
-            batch_size=1 if checked.fixed_batch else options.batch_size, max_task_retries=2, **resources)
+            batch_size=1 if checked.fixed_batch else options.batch_size, max_task_retries=ACTOR_TASK_RETRIES,
+            **resources)
     for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
         rows = [json.loads(line) for line in batch["row"]]
         for row, refused in zip(rows, batch["refused"]):
