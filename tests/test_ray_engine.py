@@ -5,10 +5,8 @@ driver, and a driver that plans without torch."""
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -23,10 +21,10 @@ import explain.batch.ray_stages
 import explain.ray_data
 from explain.cli import main
 from explain.errors import UsageError
-from explain.batch.ray_driver import PLAN_PREFIX, import_ray
+from explain.batch.ray_driver import import_ray
 from explain.ray_data import explain_dataset
 
-from test_cli import check_png, environment, explain_command, noise_image, read_rows, summary_counts
+from test_cli import check_png, environment, noise_image, read_rows, summary_counts
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = sorted((REPO / "data" / "images").iterdir())
@@ -145,43 +143,6 @@ def test_segmentation_runs_on_ray_as_locally(tmp_path, capsys):
     for row in local_rows.values():
         with np.load(tmp_path / "local" / row["maps"]) as expected, np.load(tmp_path / "on_ray" / row["maps"]) as found:
             np.testing.assert_allclose(found["maps"], expected["maps"], atol=1e-5)
-
-
-def test_a_killed_driver_is_finished_by_the_next_run_without_duplicates(tmp_path, capsys):
-    IMAGES = 60
-    inputs = tmp_path / "in"
-    inputs.mkdir()
-    for i in range(IMAGES):
-        noise_image(i, size=(64, 48)).save(inputs / f"img{i:02d}.png")
-    manifest = tmp_path / "out" / "manifest.jsonl"
-    driver = subprocess.Popen(explain_command() + ["run", "in", "--out", "out", "--engine", "ray", "--batch-size",
-                                                   "1", "--method", "gradcam,layercam"],
-                              cwd=tmp_path, env=environment(), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 240
-        while not (manifest.is_file() and sum(1 for line in manifest.read_text().splitlines() if '"ok"' in line) >= 2):
-            assert driver.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no rows appeared in the manifest"
-            time.sleep(0.05)
-    finally:
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started
-        driver.wait()
-    with open(manifest, "a") as file:
-        file.write('{"input": "in/img09.png", "method": "gradc')  # a row cut short by the kill
-    kept = [row for row in map(json.loads, manifest.read_text().splitlines()[:-1]) if row["status"] == "ok"]
-    assert 2 <= len(kept) < 2 * IMAGES
-
-    os.chdir(tmp_path)
-    assert main(["run", "in", "--out", "out", "--engine", "ray", "--method", "gradcam,layercam", "-q"]) == 0
-    ok, skipped, failed = summary_counts(capsys.readouterr().out)
-    assert (ok + skipped, failed) == (2 * IMAGES, 0) and skipped >= len(kept)
-    rows = _by_key(read_rows(manifest))
-    assert set(rows) == {(f"in/img{i:02d}.png", m, "top1") for i in range(IMAGES) for m in ("gradcam", "layercam")}
-    assert {row["status"] for row in rows.values()} <= {"ok", "skipped"}
-    for row in rows.values():
-        check_png(tmp_path / "out" / row["output"])
-    assert not list((tmp_path / "out").glob(PLAN_PREFIX + "*")) and not list((tmp_path / "out").rglob(".*.tmp"))
 
 
 def _preprocessed(paths: list[Path]) -> torch.Tensor:

@@ -195,8 +195,10 @@ def test_a_killed_driver_leaves_a_manifest_the_rerun_completes(cluster, tmp_path
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
+    with open(manifest, "a", encoding="utf-8") as file:
+        file.write('{"input": "in/img09.png", "method": "gradc')  # a row cut short by the kill
     lines = manifest.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [json.loads(line) for line in lines if line.endswith("\n")]  # a last line may be cut short
+    kept = [json.loads(line) for line in lines if line.endswith("\n")]
     assert 4 <= sum(row["status"] == "ok" for row in kept) < IMAGES
 
     monkeypatch.chdir(tmp_path)
