@@ -219,8 +219,8 @@ def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monke
         noise_image(i).save(tmp_path / "in" / f"img{i}.png")
     real = explain.batch.ray_stages.explain_plan
 
-    def losing_img2(*args):  # as when an actor dies on img2's batch past Ray's retries
-        for rows in real(*args):
+    def losing_img2(*args, **kwargs):  # as when an actor dies on img2's batch past Ray's retries
+        for rows in real(*args, **kwargs):
             yield [row for row in rows if row["input"] != "in/img2.png"]
 
     monkeypatch.setattr(explain.batch.ray_stages, "explain_plan", losing_img2)

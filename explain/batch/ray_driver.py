@@ -102,8 +102,11 @@ def run_on_ray(args: RunOptions) -> int:
     folder.create()
     # One run per folder: a flock on a local one, a lease object on one given by URI.
     with sole_run(out_dir) if local else leased_run(folder) as taken_over:
+        leftovers = []
         if local or taken_over:  # on an object store, only after a run that did not end (listing costs)
-            _remove_leftovers(folder)
+            if local:
+                remove_temp_files(folder.root)
+            leftovers = folder.names(PLAN_PREFIX)  # read for their rows, then removed (RayRun)
         started = connect(ray, args.address)
         try:
             from .ray_stages import actor_resources, remote_prepare
@@ -111,18 +114,22 @@ def run_on_ray(args: RunOptions) -> int:
             checked = remote_prepare(ray, args)
             if checked.messages:
                 print(checked.messages, end="", file=sys.stderr)
-            return RayRun(args, folder, listing, checked, actor_resources(ray, args, checked)).execute(ray)
+            run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked), leftovers)
+            return run.execute(ray)
         finally:
             if started:
                 ray.shutdown()
 
 
-def _remove_leftovers(folder: OutputFolder) -> None:
-    """What a killed run left in the folder: its temporary files and plan folders."""
-    if folder.filesystem is None:
-        remove_temp_files(folder.root)
-    for name in folder.names(PLAN_PREFIX):
-        folder.remove_folder(name)
+def earlier_lines(folder: OutputFolder, leftovers: list[str]) -> Iterator[str]:
+    """The manifest's lines, then those of the rows that the actors of a run that did not end
+    kept in its ``leftovers`` folders (their files written, the rows not yet received by its
+    driver)."""
+    yield from folder.lines(MANIFEST)
+    for leftover in leftovers:
+        for name in folder.names("", under=leftover):
+            if name.endswith(".jsonl"):
+                yield from folder.lines(f"{leftover}/{name}")
 
 
 @dataclass
@@ -148,6 +155,8 @@ class PlanFiles:
     def __init__(self, folder: OutputFolder):
         self.folder = folder
         self.name = f"{PLAN_PREFIX}{uuid.uuid4().hex[:8]}"  # read by the workers
+        #: Where the actors keep each batch's rows (beside the plan: Ray Data reads all of its folder).
+        self.rows_name = f"{self.name}-rows"
         self.files: list[str] = []
         self.count = 0
         self._chunk: dict[str, list] = {name: [] for name in self.COLUMNS}
@@ -192,8 +201,10 @@ class RayRun:
     """The driver's side of one ``explain run --engine ray``."""
 
     def __init__(self, args: RunOptions, folder: OutputFolder, listing: InputListing, checked: CheckedRun,
-                 resources: dict):
+                 resources: dict, leftovers: list[str] = ()):
         self.args, self.folder, self.listing, self.checked, self.resources = args, folder, listing, checked, resources
+        #: Plan folders of runs that did not end: the rows their actors kept count as manifest rows.
+        self.leftovers = list(leftovers)
         self.methods, self.labels = checked.methods, checked.labels
         self.stats = {"ok": 0, "skipped": 0, "failed": 0}
         # The manifest is appended to on this machine: in the folder itself, or for a folder
@@ -208,17 +219,20 @@ class RayRun:
     # -- planning
 
     def _finished_pairs(self) -> tuple[set[int], set[int]]:
-        return finished_pairs(self.folder.lines(MANIFEST), self.listing.inputs(), self.checked, self.folder.is_file,
-                              self.args.save_maps)
+        return finished_pairs(earlier_lines(self.folder, self.leftovers), self.listing.inputs(), self.checked,
+                              self.folder.is_file, self.args.save_maps)
 
     def _start_manifest(self, inputs: set[int], finished: set[int]) -> None:
         """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
         temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
         try:
+            written: set[int] = set()
             with device_errors(self.manifest.parent), open(temp, "w", encoding="utf-8") as file:
-                for row in iter_json_records(self.folder.lines(MANIFEST)):
+                for row in iter_json_records(earlier_lines(self.folder, self.leftovers)):
+                    key = hash((row.get("input"), row.get("method"), row.get("target")))
                     if hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
-                            and not self.args.overwrite:
+                            and not self.args.overwrite and key not in written:
+                        written.add(key)
                         file.write(manifest_line(dict(row, status="skipped", error=None)) + "\n")
                         self.stats["skipped"] += 1
             os.replace(temp, self.manifest)
@@ -288,6 +302,7 @@ class RayRun:
             end.refused = error
         finally:
             self.folder.remove_folder(self.plan.name)
+            self.folder.remove_folder(self.plan.rows_name)
             counts = self._summary(end.images, time.perf_counter() - started)
             summary = counts if end.completed else interrupted_summary(counts)
             metrics_text = self._finish(ray, end, summary)
@@ -305,6 +320,8 @@ class RayRun:
             finished = set()
         self._start_manifest(inputs, finished)
         del inputs
+        for leftover in self.leftovers:  # their rows are in the manifest now
+            self.folder.remove_folder(leftover)
         # Unbuffered, so that a failed append is cut off whole (storage.append_whole).
         with open(self.manifest, "ab", buffering=0) as out, StopFlag() as stop:
             planned = self._write_plan(finished, out)
@@ -325,7 +342,8 @@ class RayRun:
 
         received: set[int] = set()
         for rows in ray_stages.explain_plan(ray, self.folder.path(self.plan.name), self.folder.filesystem,
-                                            self.args.with_absolute_paths(), self.checked, self.resources):
+                                            self.args.with_absolute_paths(), self.checked, self.resources,
+                                            rows_folder=self.plan.rows_name):
             refused = [row for row in rows if row.get("refused")]  # files the folder's device refused
             rows = [row for row in rows if not row.get("refused")]
             self._append(out, rows, report=True)

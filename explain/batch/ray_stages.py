@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import uuid
 import warnings
 from contextlib import redirect_stderr
 from functools import lru_cache
@@ -85,9 +86,11 @@ def _pool(ray, actors: int):
                                       max_tasks_in_flight_per_actor=2 * CALLS_PER_ACTOR)
 
 
-def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: CheckedRun, resources: dict):
+def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: CheckedRun, resources: dict,
+                 rows_folder: str | None = None):
     """The rows (dicts) of the plan's images (parquet files in ``plan_dir``, on ``filesystem``:
-    pyarrow's, or None for a local folder), a batch at a time as the actors finish them."""
+    pyarrow's, or None for a local folder), a batch at a time as the actors finish them; the
+    actors also keep each batch's rows in ``rows_folder`` of the output folder."""
     plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
     decoded = plan.map_batches(decode_files, fn_kwargs=dict(decoding=checked.decoding, column="path",
                                                              max_pixels=options.max_pixels),
@@ -100,7 +103,8 @@ def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: C
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
         explained = decoded.map_batches(
-            WriteActor, fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads")),
+            WriteActor, fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads"),
+                                                   rows_folder=rows_folder),
             batch_size=1 if checked.fixed_batch else options.batch_size, max_task_retries=ACTOR_TASK_RETRIES,
             **resources)
     for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
@@ -206,7 +210,7 @@ class ExplainingActor:
     """An explaining actor: the model loaded once, with the run's explainers, shared by the
     calls it runs at once under a lock (the explainers' hooks are the model's)."""
 
-    def __init__(self, options: RunOptions, threads: int):
+    def __init__(self, options: RunOptions, threads: int, rows_folder: str | None = None):
         import threading
 
         import torch
@@ -219,12 +223,16 @@ class ExplainingActor:
             prepared = prepare_run(options)
         self.explainer = GroupExplainer(prepared)
         self.model_lock = threading.Lock()
+        #: Where each batch's rows go as soon as its files are written (see WriteActor).
+        self.rows_folder = rows_folder
 
 
 class WriteActor(ExplainingActor):
     """``explain run --engine ray``'s actor: explains a batch of the plan with the local engine's
     :class:`~explain.batch.explaining.GroupExplainer`, writes the overlays, and returns the
-    manifest rows (as JSON lines).
+    manifest rows (as JSON lines). The rows of each batch are also written at once, beside the
+    plan (``rows_folder``), so that a driver killed before they reach it loses no finished
+    output: the next run reads them back (:func:`~explain.batch.ray_driver.run_on_ray`).
 
     Two calls run at once (:data:`CALLS_PER_ACTOR`): the model explains one batch (under the
     lock) while the other batch's overlays are drawn and written, as the local engine's writer
@@ -267,8 +275,20 @@ class WriteActor(ExplainingActor):
                 for cam in cams:
                     if (source.input, cam.name) not in explained:
                         rows += explainer.failed_rows(source, cam.name, f"worker failed: {type(error).__name__}: {error}")
-        return {"row": np.array([manifest_line(row) for row in rows + refused], dtype=object),
+        lines = [manifest_line(row) for row in rows]
+        self._keep_rows(lines)
+        return {"row": np.array(lines + [manifest_line(row) for row in refused], dtype=object),
                 "refused": np.array([False] * len(rows) + [True] * len(refused))}
+
+    def _keep_rows(self, lines: list[str]) -> None:
+        from .storage import OutputFolder
+
+        if self.rows_folder and lines:
+            try:
+                OutputFolder(self.explainer.options.out).write(
+                    f"{self.rows_folder}/{uuid.uuid4().hex}.jsonl", "".join(line + "\n" for line in lines).encode())
+            except Exception:  # e.g. a full disk: the rows still reach the driver, only a kill loses them
+                pass
 
 
 def metric_summary(location: str) -> tuple[str, str]:

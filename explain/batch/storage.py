@@ -149,13 +149,16 @@ class OutputFolder:
         except FileNotFoundError:
             pass
 
-    def names(self, prefix: str) -> list[str]:
-        """The names of the files and folders directly in the folder that start with ``prefix``."""
+    def names(self, prefix: str, under: str = "") -> list[str]:
+        """The names of the files and folders directly in the folder (or in its subfolder
+        ``under``) that start with ``prefix``; none where ``under`` does not exist."""
         if self.filesystem is None:
-            return sorted(name for name in os.listdir(self.root) if name.startswith(prefix))
+            path = self.path(under) if under else self.root
+            return sorted(name for name in os.listdir(path) if name.startswith(prefix)) if os.path.isdir(path) else []
         from pyarrow import fs
 
-        found = self.filesystem.get_file_info(fs.FileSelector(self.root, allow_not_found=True))
+        found = self.filesystem.get_file_info(fs.FileSelector(self.path(under) if under else self.root,
+                                                              allow_not_found=True))
         return sorted(info.base_name for info in found if info.base_name.startswith(prefix))
 
     def is_file(self, name: str) -> bool:
