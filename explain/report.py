@@ -156,8 +156,13 @@ def readable(text: str) -> str:
 
     >>> readable(os.fsdecode(b"caf\\xe9.png"))
     'caf\\\\xe9.png'
+    >>> readable("a\\ud800")    # a lone surrogate no file name makes
+    'a\\\\ud800'
     """
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that no file name makes (a hand-edited manifest)
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def json_records(lines: Iterable[str]) -> list[dict]:

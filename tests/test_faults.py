@@ -63,6 +63,14 @@ def test_a_list_without_line_ends_is_refused_not_read_without_bound(tmp_path, ca
         assert ("longer than 16384 characters" in error) or ("NUL byte" in error)
 
 
+def test_a_list_line_of_the_longest_length_is_still_read(tmp_path, capsys):
+    from explain.batch.inputs import MAX_LIST_LINE, collect_inputs
+
+    (tmp_path / "list.txt").write_text("x" * MAX_LIST_LINE + "\n")
+    (source,) = collect_inputs([f"@{tmp_path / 'list.txt'}"], tmp_path / "out")
+    assert source.error == "file not found" and len(source.input) == MAX_LIST_LINE
+
+
 def test_a_list_that_is_not_utf8_names_its_files_and_missing_entries_are_counted(tmp_path, capsys):
     from explain.batch.inputs import collect_inputs
 

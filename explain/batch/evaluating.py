@@ -180,13 +180,13 @@ class EvaluationRun:
                 for method, names in self.pending[work[position]].items():
                     self._fail([work[position]], method, names, error, per_image=True)
             texts = [self._evaluate([work[p] for p in positions], images) for positions, images in batch.groups]
-            evaluation_files.append_lines(self.scores_path, "".join(t[0] for t in texts))
-            evaluation_files.append_lines(self.curves_path, "".join(t[1] for t in texts))
+            with device_errors(self.out_dir):
+                evaluation_files.append_lines(self.scores_path, "".join(t[0] for t in texts))
+                evaluation_files.append_lines(self.curves_path, "".join(t[1] for t in texts))
 
         end, refused = None, None
         try:
-            with device_errors(self.out_dir):
-                end = for_each_batch([self.sources[i].path for i in work], self.inputs, self.loaded, self.args, handle)
+            end = for_each_batch([self.sources[i].path for i in work], self.inputs, self.loaded, self.args, handle)
         except OutputDeviceError as error:  # a full disk: the scores appended so far are kept
             refused = error
         finally:

@@ -14,9 +14,9 @@ from ..evaluation import score
 from ..errors import is_out_of_memory
 from .decoding import ModelInputs
 from .inputs import Source
-from .loop import OutOfMemory, in_halves
+from .loop import in_halves
 from .manifest import manifest_row, safe_name
-from .method_results import Outcome
+from .method_results import Outcome, raise_if_out_of_memory
 from .preparation import PreparedRun
 from .task_outputs import outputs_for
 
@@ -55,8 +55,7 @@ class GroupExplainer:
         except Exception as error:
             if not is_out_of_memory(error):
                 raise
-            if len(work) > 1:
-                raise OutOfMemory from None
+            raise_if_out_of_memory([error], len(work))  # several images: explained in halves
             outcome = Outcome()
             for cam in self.pending(work):
                 self.fail(outcome, work, range(1), cam, f"{type(error).__name__}: {error}")

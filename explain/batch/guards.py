@@ -119,7 +119,10 @@ def _keep_renewing(folder: OutputFolder, mine: dict, seconds: float, stop: threa
     while not stop.wait(seconds / 3):
         try:
             if (_lease_holder(folder) or {}).get("owner") != mine["owner"]:
-                print(f"explain: warning: another run took over the lock on {folder}", file=sys.stderr)
+                # Two runs must not write one folder: this one stops as Ctrl-C stops it.
+                print(f"explain: error: another run took over the lock on {folder}; stopping this one",
+                      file=sys.stderr)
+                signal.raise_signal(signal.SIGINT)
                 return
             _renew(folder, mine, seconds)
         except OSError:  # the store did not answer: try again at the next turn

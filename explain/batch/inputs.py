@@ -168,7 +168,7 @@ def _read_list(list_file: str) -> Iterator[str]:
         number = 0
         while line := file.readline(MAX_LIST_LINE + 1):
             number += 1
-            if len(line) > MAX_LIST_LINE:
+            if len(line) > MAX_LIST_LINE and not line.endswith("\n"):
                 raise UsageError(f"list file @{list_file}: line {number} is longer than {MAX_LIST_LINE} characters, "
                                  "so it is no path; give a text file with one image path per line")
             if "\0" in line:

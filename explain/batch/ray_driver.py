@@ -32,7 +32,7 @@ from ..errors import UsageError
 from ..report import TEMP_SUFFIX, index_html, iter_json_records, manifest_line, remove_temp_files
 from .guards import StopFlag, leased_run, sole_run
 from .inputs import InputListing
-from .manifest import MANIFEST, manifest_row
+from .manifest import MANIFEST, is_well_formed, manifest_row
 from .options import CheckedRun, RunOptions
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
 from .planning import finished_pairs
@@ -50,6 +50,8 @@ PUBLISH_SECONDS = 30
 #: index.html shows at most this many images (the manifest has them all).
 INDEX_LIMIT = 10_000
 PLAN_PREFIX = ".explain-ray-plan-"
+#: The end of the name of the folder beside a plan where its actors keep their batches' rows.
+ROWS_SUFFIX = "-rows"
 
 
 def import_ray():
@@ -127,8 +129,8 @@ def earlier_lines(folder: OutputFolder, leftovers: list[str]) -> Iterator[str]:
     driver)."""
     yield from folder.lines(MANIFEST)
     for leftover in leftovers:
-        for name in folder.names("", under=leftover):
-            if name.endswith(".jsonl"):
+        if leftover.endswith(ROWS_SUFFIX):
+            for name in folder.names("", under=leftover):
                 yield from folder.lines(f"{leftover}/{name}")
 
 
@@ -156,7 +158,7 @@ class PlanFiles:
         self.folder = folder
         self.name = f"{PLAN_PREFIX}{uuid.uuid4().hex[:8]}"  # read by the workers
         #: Where the actors keep each batch's rows (beside the plan: Ray Data reads all of its folder).
-        self.rows_name = f"{self.name}-rows"
+        self.rows_name = f"{self.name}{ROWS_SUFFIX}"
         self.files: list[str] = []
         self.count = 0
         self._chunk: dict[str, list] = {name: [] for name in self.COLUMNS}
@@ -226,12 +228,13 @@ class RayRun:
         """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
         temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
         try:
-            written: set[int] = set()
+            written: set[int] = set()  # a row kept by an actor may be in the manifest too
             with device_errors(self.manifest.parent), open(temp, "w", encoding="utf-8") as file:
-                for row in iter_json_records(earlier_lines(self.folder, self.leftovers)):
+                for row in filter(is_well_formed, iter_json_records(earlier_lines(self.folder, self.leftovers))):
                     key = hash((row.get("input"), row.get("method"), row.get("target")))
                     if hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
-                            and not self.args.overwrite and key not in written:
+                            and row.get("status") in ("ok", "skipped") and not self.args.overwrite \
+                            and key not in written:
                         written.add(key)
                         file.write(manifest_line(dict(row, status="skipped", error=None)) + "\n")
                         self.stats["skipped"] += 1
@@ -302,10 +305,10 @@ class RayRun:
             end.refused = error
         finally:
             self.folder.remove_folder(self.plan.name)
-            self.folder.remove_folder(self.plan.rows_name)
             counts = self._summary(end.images, time.perf_counter() - started)
             summary = counts if end.completed else interrupted_summary(counts)
             metrics_text = self._finish(ray, end, summary)
+            self.folder.remove_folder(self.plan.rows_name)  # only once the manifest holds them
         if metrics_text:
             print(metrics_text)
         if end.refused is not None:
@@ -320,6 +323,7 @@ class RayRun:
             finished = set()
         self._start_manifest(inputs, finished)
         del inputs
+        self._publish()
         for leftover in self.leftovers:  # their rows are in the manifest now
             self.folder.remove_folder(leftover)
         # Unbuffered, so that a failed append is cut off whole (storage.append_whole).

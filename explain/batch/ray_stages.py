@@ -251,6 +251,7 @@ class WriteActor(ExplainingActor):
                 for i in range(len(batch["input"]))]
         rows: list[dict] = []
         refused: list[dict] = []  # the rows whose files the output folder's device refused (a full disk)
+        folder = OutputFolder(explainer.options.out)
         try:
             decoded = decoded_groups(batch)
             for i, error in decoded.failures:
@@ -262,7 +263,6 @@ class WriteActor(ExplainingActor):
                     outcome = explainer.explain([work[p] for p in positions], images)
                     rows += outcome.failed
                     jobs += outcome.jobs
-            folder = OutputFolder(explainer.options.out)
             for index, job in enumerate(jobs):
                 try:
                     rows += job.write(folder)
@@ -276,16 +276,14 @@ class WriteActor(ExplainingActor):
                     if (source.input, cam.name) not in explained:
                         rows += explainer.failed_rows(source, cam.name, f"worker failed: {type(error).__name__}: {error}")
         lines = [manifest_line(row) for row in rows]
-        self._keep_rows(lines)
+        self._keep_rows(folder, lines)
         return {"row": np.array(lines + [manifest_line(row) for row in refused], dtype=object),
                 "refused": np.array([False] * len(rows) + [True] * len(refused))}
 
-    def _keep_rows(self, lines: list[str]) -> None:
-        from .storage import OutputFolder
-
+    def _keep_rows(self, folder, lines: list[str]) -> None:
         if self.rows_folder and lines:
             try:
-                OutputFolder(self.explainer.options.out).write(
+                folder.write(
                     f"{self.rows_folder}/{uuid.uuid4().hex}.jsonl", "".join(line + "\n" for line in lines).encode())
             except Exception:  # e.g. a full disk: the rows still reach the driver, only a kill loses them
                 pass
