@@ -56,14 +56,14 @@ class InputListing:
             root = source.base if root is None else os.path.commonpath([root, source.base])
             if source.error is None:
                 present_root = source.base if present_root is None else os.path.commonpath([present_root, source.base])
-            elif len(missing) < 4:
+            elif len(missing) < 3:
                 missing.append(f"{source.input} ({source.error})")
             self.failed += source.error is not None
         if not self.count:
             raise UsageError(f"no images found in {' '.join(arguments)}")
         self.root = present_root if present_root is not None else root
         if missing:
-            shown = ", ".join(missing[:3]) + (", ..." if self.failed > 3 else "")
+            shown = ", ".join(missing) + (", ..." if self.failed > len(missing) else "")
             print(f"explain: {self.failed} input(s) cannot be read and are recorded as failed: {shown}", file=sys.stderr)
 
     def __len__(self) -> int:

@@ -118,7 +118,7 @@ class LocalRun:
             saver.shutdown(wait=True, cancel_futures=True)
             refused = self._record_finished(in_flight) or refused
             completed = completed and refused is None
-            counts = self._summary(end.images if end else 0, time.perf_counter() - started, False)
+            counts = self._summary(end.images if end else 0, time.perf_counter() - started)
             summary = counts if completed else interrupted_summary(counts)
             try:
                 self._save_reports(final=completed, summary=summary)
@@ -146,7 +146,7 @@ class LocalRun:
                     refused = refused or error
         return refused
 
-    def _summary(self, images: int, elapsed: float, interrupted: bool) -> str:
+    def _summary(self, images: int, elapsed: float) -> str:
         text = (f"{run_summary(self.plan.stats, images, elapsed)}; "
                 f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")
-        return interrupted_summary(text) if interrupted else text
+        return text
