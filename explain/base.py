@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -15,6 +16,7 @@ from torch import Tensor, nn
 
 from .concurrency import model_lock
 from .explanation import Explanation
+from .passes import call_settings
 from .targets import Targets
 
 __all__ = ["Explainer", "NotApplicable", "method_key", "register", "registered", "registered_class"]
@@ -43,6 +45,11 @@ class Explainer:
     Subclasses set ``name`` (the registered method name) and implement ``__call__``, which
     returns an :class:`~explain.Explanation`. Each call holds the model's lock
     (:mod:`explain.concurrency`): threads that share a model take turns.
+
+    Every call also takes ``max_memory=`` (the budget of the inner batches of a method that
+    runs extra passes, such as ``"2GB"``; default: half the memory available on the device)
+    and ``progress=`` (True: a progress bar; False: none; None: a bar where the call runs
+    more than a few hundred passes); see :mod:`explain.passes`.
     """
 
     name: ClassVar[str] = ""
@@ -52,6 +59,8 @@ class Explainer:
     cost: ClassVar[str] = ""
     #: Whether the method explains through a target layer (``target_layer=``).
     needs_layer: ClassVar[bool] = False
+    #: Whether the method's passes run backward as well as forward.
+    backward: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -76,17 +85,38 @@ class Explainer:
         """Names of the layers the maps of ``images`` come from (``Explanation.layers``)."""
         return self(images[:1]).layers
 
+    def planned_passes(self, images: Tensor) -> int:
+        """The rows a call on ``images`` (one target each) runs through the model, forward
+        and, where :attr:`backward`, backward: what its progress counts and its cost is
+        estimated from. One pass of the images unless the method runs more."""
+        return len(images)
+
+    def pass_cost(self, images: Tensor) -> float:
+        """The cost of a call on ``images`` in forward passes of one image: a backward pass
+        counts as two forward ones (it computes two products per layer to the forward's one)."""
+        return self.planned_passes(images) * (3.0 if self.backward else 1.0)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.model).__name__})"
 
 
 def _holding_model_lock(call):
     @functools.wraps(call)
-    def locked(self: Explainer, *args, **kwargs):
-        with model_lock(self.model):
+    def locked(self: Explainer, *args, max_memory=None, progress=None, **kwargs):
+        with model_lock(self.model), call_settings(max_memory, progress):
             return call(self, *args, **kwargs)
 
+    signature = inspect.signature(call)
+    if "max_memory" not in signature.parameters:
+        locked.__signature__ = _with_pass_options(signature)
     return locked
+
+
+def _with_pass_options(signature: inspect.Signature) -> inspect.Signature:
+    parameters = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in ("max_memory", "progress")]
+    tail = [p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    return signature.replace(parameters=parameters + extra + tail)
 
 
 def register(cls: type[Explainer]) -> type[Explainer]:

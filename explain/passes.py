@@ -1,0 +1,396 @@
+"""The extra passes of the heavy methods (Score-CAM's masked images, IG's steps, LIME's
+coalitions, the metrics' perturbed copies): how many rows each inner batch holds, what a
+long call shows while it runs, and how it stops.
+
+- **Rows from a memory budget.** :func:`inner_rows` sizes an inner batch so that its passes
+  fit in :func:`memory_budget`: by default :data:`MEMORY_SHARE` of the memory available on
+  the images' device (free RAM on the CPU, free device memory on CUDA), or ``max_memory``
+  where the caller gives one. What one row costs is measured once per model, input shape
+  and kind of pass (:func:`row_bytes`: the tensors autograd keeps for a backward pass, a few
+  of the largest activations for a forward pass).
+- **The fastest size within it.** Among the sizes the budget allows, :func:`fastest_rows`
+  takes the one with the lowest time per row, measured at first use on this model, device
+  and input size (powers of two, from 1 up while the time per row falls) and kept for the
+  process. On a CPU that is a small batch (the bundled EfficientNet-Lite0 at 224 px: 8),
+  where a larger one leaves the caches; on a GPU, a large one.
+- **Progress.** :class:`Passes` counts a call's rows: a tqdm bar where the call runs more
+  than :data:`PROGRESS_AFTER` of them (or where ``progress=True``), and the listener of
+  :func:`pass_settings` (the command line's bar) told of each inner batch.
+- **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
+  fraction of a second, and the call restores the model on its way out. A batch job that
+  asks for a stop (``stop=`` of :func:`pass_settings`) gets :class:`StopRequested` there.
+
+Every explainer's call and every metric take ``max_memory=`` and ``progress=``; a block of
+calls takes them from :func:`pass_settings`::
+
+    cam(images, max_memory="2GB", progress=True)
+    with pass_settings(max_memory="1GB", progress=False):
+        deletion(model, images, explanation)
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import math
+import re
+import sys
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "MEMORY_SHARE",
+    "PROGRESS_AFTER",
+    "Passes",
+    "StopRequested",
+    "advance",
+    "available_memory",
+    "call_settings",
+    "fastest_rows",
+    "inner_rows",
+    "memory_budget",
+    "parse_memory",
+    "pass_settings",
+    "row_bytes",
+    "with_pass_options",
+]
+
+#: The share of the available memory that a call's inner batches may take by default.
+MEMORY_SHARE = 0.5
+#: Calls that run more rows than this through the model show a progress bar by default.
+PROGRESS_AFTER = 256
+#: The largest inner batch :func:`fastest_rows` tries.
+LARGEST_ROWS = 256
+#: A probe pass that takes longer than this ends the search: larger batches would gain
+#: little, and the search itself would cost more than it saves.
+PROBE_SECONDS = 0.5
+#: Bytes of the method's own per-row tensors (masks, scaled inputs, gradients), in inputs.
+INPUT_COPIES = 4
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
+          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+
+
+class StopRequested(KeyboardInterrupt):
+    """A batch job asked the call to stop (its first Ctrl-C): raised between two inner
+    batches, like the ``KeyboardInterrupt`` it is."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What :func:`pass_settings` sets for the calls in its block."""
+
+    max_memory: int | None = None
+    progress: bool | None = None
+    #: Told ``(method, rows done, rows in all)`` after each inner batch.
+    listener: Callable[[str, int, int], None] | None = None
+    #: Asked after each inner batch whether to stop.
+    stop: Callable[[], bool] | None = None
+
+
+_settings: contextvars.ContextVar[Settings] = contextvars.ContextVar("explain_pass_settings", default=Settings())
+_running: contextvars.ContextVar[Passes | None] = contextvars.ContextVar("explain_running_passes", default=None)
+_label: contextvars.ContextVar[str] = contextvars.ContextVar("explain_pass_label", default="passes")
+_UNSET = object()
+
+
+def parse_memory(value) -> int | None:
+    """``value`` in bytes: an int or float of bytes, or text such as ``"2GB"``, ``"1.5 GiB"``
+    or ``"800M"`` (decimal units, and binary ones with an ``i``); None stays None.
+
+    >>> parse_memory("2GB"), parse_memory("512 MiB"), parse_memory(10**6)
+    (2000000000, 536870912, 1000000)
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"max_memory must be a size such as '2GB' or a number of bytes, got {value!r}")
+    if isinstance(value, (int, float)):
+        number, unit = float(value), ""
+    else:
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"max_memory must be a size such as '2GB', '512MiB' or a number of bytes, got {value!r}")
+        number, unit = float(match.group(1)), match.group(2).lower()
+    size = int(number * _UNITS[unit])
+    if size < 1 or not math.isfinite(number):
+        raise ValueError(f"max_memory must be a positive size such as '2GB', got {value!r}")
+    return size
+
+
+@contextmanager
+def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_UNSET) -> Iterator[Settings]:
+    """Set, for the calls in the block (in this thread), the memory budget of their inner
+    batches (``max_memory``, see :func:`parse_memory`), whether they show a progress bar
+    (``progress``: None for the default), a listener told of each inner batch and a stop
+    test asked after each; what is not given stays as it was.
+
+    >>> with pass_settings(max_memory="1GB"):
+    ...     memory_budget(torch.device("cpu"))
+    1000000000
+    """
+    changes = {}
+    if max_memory is not _UNSET:
+        changes["max_memory"] = parse_memory(max_memory)
+    if progress is not _UNSET:
+        if progress is not None and not isinstance(progress, bool):
+            raise ValueError(f"progress must be True, False or None (a bar for long calls), got {progress!r}")
+        changes["progress"] = progress
+    if listener is not _UNSET:
+        changes["listener"] = listener
+    if stop is not _UNSET:
+        changes["stop"] = stop
+    token = _settings.set(replace(_settings.get(), **changes))
+    try:
+        yield _settings.get()
+    finally:
+        _settings.reset(token)
+
+
+def call_settings(max_memory=None, progress=None):
+    """:func:`pass_settings` of one call's own ``max_memory`` and ``progress`` arguments, those
+    that are not None, over the settings in force."""
+    given = {}
+    if max_memory is not None:
+        given["max_memory"] = max_memory
+    if progress is not None:
+        given["progress"] = progress
+    return pass_settings(**given)
+
+
+def with_pass_options(function: Callable) -> Callable:
+    """Decorator of a metric: it takes ``max_memory=`` and ``progress=`` (see
+    :func:`pass_settings`), and its progress bar is labelled with its name."""
+
+    @functools.wraps(function)
+    def wrapper(*args, max_memory=None, progress=None, **kwargs):
+        token = _label.set(function.__name__.replace("_", "-"))
+        try:
+            with call_settings(max_memory, progress):
+                return function(*args, **kwargs)
+        finally:
+            _label.reset(token)
+
+    return wrapper
+
+
+def available_memory(device: torch.device) -> int:
+    """Bytes available on ``device``: free device memory on CUDA; on the CPU, the kernel's
+    estimate of what can be allocated without swapping (``MemAvailable``), within the
+    process's cgroup limit where one is set."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    available = _meminfo_available()
+    limit = _cgroup_room()
+    return min(available, limit) if limit is not None else available
+
+
+def _meminfo_available() -> int:
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:  # other Unixes
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 8 * 2**30  # unknown: as if on an 8 GB machine
+
+
+def _cgroup_room() -> int | None:
+    try:
+        with open("/sys/fs/cgroup/memory.max") as limit, open("/sys/fs/cgroup/memory.current") as current:
+            text = limit.read().strip()
+            return None if text == "max" else max(0, int(text) - int(current.read().strip()))
+    except (OSError, ValueError):
+        return None
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes a call's inner batches may take on ``device``: ``max_memory`` where set (see
+    :func:`pass_settings`), else :data:`MEMORY_SHARE` of :func:`available_memory`."""
+    given = _settings.get().max_memory
+    return given if given is not None else int(MEMORY_SHARE * available_memory(device))
+
+
+# -- measured once per model, input shape, dtype, device and kind of pass
+
+_measured: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+
+
+def _cache(model: nn.Module, row: Tensor, backward: bool, what: str) -> tuple[dict, tuple]:
+    key = (what, tuple(row.shape[1:]), row.dtype, str(row.device), backward)
+    return _measured.setdefault(model, {}), key
+
+
+def _score(output) -> Tensor:
+    """A scalar of every floating tensor of a model's output, to run backward from."""
+    if isinstance(output, Tensor):
+        return output.float().sum() if output.is_floating_point() else output.new_zeros((), dtype=torch.float32)
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (list, tuple)) else ()
+    parts = [_score(value) for value in values if isinstance(value, (Tensor, dict, list, tuple))]
+    return torch.stack(parts).sum() if parts else torch.zeros(())
+
+
+def _one_pass(model: nn.Module, rows: Tensor, backward: bool) -> None:
+    if not backward:
+        with torch.no_grad():
+            model(rows)
+        return
+    with torch.enable_grad():
+        rows = rows.detach().requires_grad_(True)
+        score = _score(model(rows))
+        if score.requires_grad:
+            torch.autograd.grad(score, rows, allow_unused=True)
+
+
+def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
+    """Bytes one row like ``row`` (1, ...) takes in a pass through ``model``: with
+    ``backward``, the tensors autograd keeps for the backward pass plus as much again for
+    the gradients that flow back through them; without, four of the largest activation
+    (what a forward pass holds at once: the input and output of a layer, a residual, a
+    workspace). The method's own tensors add :data:`INPUT_COPIES` inputs. Measured on one
+    pass at first use, then kept for the process."""
+    cache, key = _cache(model, row, backward, "bytes")
+    if key not in cache:
+        saved: dict[int, int] = {}
+
+        def pack(tensor: Tensor):
+            if tensor.device.type != "meta":
+                saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), torch.enable_grad():
+            grown = row.detach().requires_grad_(True)
+            _score(model(grown))
+        largest = max(saved.values(), default=0)
+        kept = 2 * sum(saved.values()) if backward else 4 * largest
+        cache[key] = kept + INPUT_COPIES * row.numel() * row.element_size()
+    return cache[key]
+
+
+def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int) -> int:
+    """The inner batch, at most ``most`` rows, with the lowest time per row for passes of
+    rows like ``row`` through ``model`` (forward only, or with ``backward``).
+
+    Measured at first use: passes of 1, 2, 4, ... copies of ``row``, after a warm-up, each
+    size the faster of two passes, from 1 up until two sizes in a row are slower per row
+    than the best (or a pass takes over :data:`PROBE_SECONDS`); kept for the process. A later
+    call that allows larger batches than were tried measures on from there."""
+    cache, key = _cache(model, row, backward, "times")
+    times: dict[int, float] = cache.setdefault(key, {})
+    size = 1
+    while size <= min(most, LARGEST_ROWS):
+        if size not in times:
+            if _search_over(times):
+                break
+            batch = row.expand(size, *row.shape[1:]).contiguous()
+            if not times:
+                _one_pass(model, batch, backward)  # warm-up: the first pass allocates
+            best = math.inf
+            for _ in range(2):
+                started = time.perf_counter()
+                _one_pass(model, batch, backward)
+                best = min(best, time.perf_counter() - started)
+            times[size] = best / size
+        size *= 2
+    allowed = {size: t for size, t in times.items() if size <= most}
+    return min(allowed, key=allowed.get) if allowed else 1
+
+
+def _search_over(times: dict[int, float]) -> bool:
+    """Whether larger batches need not be tried: the last two were slower per row than the
+    best by over 5 %, or the last pass took long."""
+    if len(times) < 2:
+        return False
+    best = min(times.values())
+    last, before = sorted(times)[-1], sorted(times)[-2]
+    slower = times[last] > 1.05 * best and times[before] > 1.05 * best
+    return slower or times[last] * last > PROBE_SECONDS
+
+
+def inner_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int, given: int | None = None) -> int:
+    """Rows per inner batch for a call that runs ``total`` rows like ``images[:1]`` through
+    ``model``: ``given`` where the caller set one (``batch_size=``, ``internal_batch_size=``),
+    else the fastest size (:func:`fastest_rows`) among those that fit in
+    :func:`memory_budget` (:func:`row_bytes` each; at least one row).
+
+    Call it with the model in the state the passes run in (eval mode, frozen weights: inside
+    :func:`~explain.hooks.preserved_state`)."""
+    if given is not None:
+        return given
+    row = images[:1].detach()
+    fitting = max(1, memory_budget(row.device) // row_bytes(model, row, backward=backward))
+    most = max(1, min(total, fitting))
+    if most <= 2:
+        return most
+    return fastest_rows(model, row, backward=backward, most=most)
+
+
+# -- progress and stops
+
+
+class Passes:
+    """The rows one call runs through its model: a progress bar where the call is long (or
+    ``progress=True``), the listener of :func:`pass_settings` told of each inner batch, and a
+    stop test between inner batches. A call inside another's (a metric that explains
+    again) reports to the outer one's bar, not a bar of its own.
+
+    >>> with Passes("demo", total=3) as passes:
+    ...     passes.advance(2); passes.advance(1)
+    >>> passes.done
+    3
+    """
+
+    def __init__(self, method: str | None, total: int, progress: bool | None = None):
+        self.method = method or _label.get()
+        self.total, self.done = max(0, int(total)), 0
+        settings = _settings.get()
+        wanted = settings.progress if progress is None else progress
+        self.outer = _running.get()
+        self.listener, self.stop = settings.listener, settings.stop
+        show = wanted if wanted is not None else self.total > PROGRESS_AFTER
+        self.bar = None
+        if show and self.outer is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, desc=self.method, unit="pass", file=sys.stderr, dynamic_ncols=True,
+                            leave=False)
+        self._token = None
+
+    def __enter__(self) -> Passes:
+        self._token = _running.set(self)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        _running.reset(self._token)
+        if self.bar is not None:
+            self.bar.close()
+
+    def advance(self, rows: int) -> None:
+        """``rows`` more rows ran; raise :class:`StopRequested` where a stop was asked for."""
+        self.done += rows
+        if self.bar is not None:
+            self.bar.update(rows)
+        if self.outer is None and self.listener is not None:
+            self.listener(self.method, self.done, max(self.total, self.done))
+        if self.stop is not None and self.stop():
+            raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
+
+
+def advance(rows: int) -> None:
+    """Tell the running call's :class:`Passes` (if any) that ``rows`` more rows ran."""
+    passes = _running.get()
+    if passes is not None:
+        passes.advance(rows)
