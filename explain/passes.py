@@ -51,6 +51,7 @@ __all__ = [
     "StopRequested",
     "advance",
     "available_memory",
+    "budget_rows",
     "call_settings",
     "fastest_rows",
     "inner_rows",
@@ -58,6 +59,7 @@ __all__ = [
     "parse_memory",
     "pass_settings",
     "row_bytes",
+    "timed_chunks",
     "with_pass_options",
 ]
 
@@ -70,6 +72,9 @@ LARGEST_ROWS = 256
 #: A probe pass that takes longer than this ends the search: larger batches would gain
 #: little, and the search itself would cost more than it saves.
 PROBE_SECONDS = 0.5
+#: The longest inner batch :func:`timed_chunks` grows to: Ctrl-C waits for the batch it
+#: lands in.
+LONGEST_PASS = 1.0
 #: Bytes of the method's own per-row tensors (masks, scaled inputs, gradients), in inputs.
 INPUT_COPIES = 4
 
@@ -305,37 +310,70 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int) ->
                 best = min(best, time.perf_counter() - started)
             times[size] = best / size
         size *= 2
-    allowed = {size: t for size, t in times.items() if size <= most}
-    return min(allowed, key=allowed.get) if allowed else 1
+    return _best(times, most) if times else 1
 
 
-def _search_over(times: dict[int, float]) -> bool:
+def _search_over(times: dict[int, float], longest: float = PROBE_SECONDS) -> bool:
     """Whether larger batches need not be tried: the last two were slower per row than the
-    best by over 5 %, or the last pass took long."""
+    best by over 5 %, or the last pass took over ``longest`` seconds."""
     if len(times) < 2:
         return False
     best = min(times.values())
     last, before = sorted(times)[-1], sorted(times)[-2]
     slower = times[last] > 1.05 * best and times[before] > 1.05 * best
-    return slower or times[last] * last > PROBE_SECONDS
+    return slower or times[last] * last > longest
+
+
+def timed_chunks(owner: object, key: tuple, total: int, most: int) -> Iterator[int]:
+    """Sizes of successive inner batches that cover ``total`` rows, at most ``most`` each,
+    for a loop whose passes are not the whole model's (Ablation-CAM replays the layers after
+    its target): the fastest size is measured on the loop's own batches, the time from one
+    size to the next, doubling from 1 while the time per row falls, and kept for the
+    process under ``owner`` (held weakly) and ``key``.
+
+    >>> sum(timed_chunks(nn.Identity(), ("demo",), total=100, most=8))
+    100
+    """
+    cache = _measured.setdefault(owner, {})
+    times: dict[int, float] = cache.setdefault(("chunks", *key), {})
+    done = 0
+    while done < total:
+        trying = 1 if not times else max(times) * 2
+        searching = trying <= most and not _search_over(times, LONGEST_PASS)
+        size = min(trying if searching else _best(times, most), total - done)
+        started = time.perf_counter()
+        yield size
+        if searching and size == trying:
+            times[size] = (time.perf_counter() - started) / size
+        done += size
+
+
+def _best(times: dict[int, float], most: int) -> int:
+    allowed = {size: t for size, t in times.items() if size <= most}
+    return min(allowed, key=allowed.get) if allowed else most
+
+
+def budget_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int) -> int:
+    """How many rows like ``images[:1]`` (at most ``total``, at least one) fit in
+    :func:`memory_budget`, at :func:`row_bytes` each."""
+    row = images[:1].detach()
+    return max(1, min(total, memory_budget(row.device) // row_bytes(model, row, backward=backward)))
 
 
 def inner_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int, given: int | None = None) -> int:
     """Rows per inner batch for a call that runs ``total`` rows like ``images[:1]`` through
     ``model``: ``given`` where the caller set one (``batch_size=``, ``internal_batch_size=``),
-    else the fastest size (:func:`fastest_rows`) among those that fit in
-    :func:`memory_budget` (:func:`row_bytes` each; at least one row).
+    else the fastest size (:func:`fastest_rows`) among those that fit in the memory budget
+    (:func:`budget_rows`).
 
     Call it with the model in the state the passes run in (eval mode, frozen weights: inside
     :func:`~explain.hooks.preserved_state`)."""
     if given is not None:
         return given
-    row = images[:1].detach()
-    fitting = max(1, memory_budget(row.device) // row_bytes(model, row, backward=backward))
-    most = max(1, min(total, fitting))
+    most = budget_rows(model, images, backward=backward, total=total)
     if most <= 2:
         return most
-    return fastest_rows(model, row, backward=backward, most=most)
+    return fastest_rows(model, images[:1].detach(), backward=backward, most=most)
 
 
 # -- progress and stops

@@ -34,6 +34,7 @@ from ..checks import channel_hint, check_images, positive_int
 from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..options import REDUCTIONS
+from ..passes import Passes, advance, inner_rows
 from ..targets import Targets, class_logits, select_targets
 from .cam_base import detached, map_tensors
 
@@ -184,6 +185,7 @@ class ScoredModel(nn.Module):
     def forward(self, inputs: Tensor) -> Tensor:
         if self.dtype is not None and inputs.dtype != self.dtype:
             inputs = inputs.to(self.dtype)
+        advance(inputs.shape[0])  # the pass before: Ctrl-C stops the call between two passes
         output = self.model(inputs)
         if self.ids is None:
             if inputs.shape[0] % self.rows:
@@ -301,7 +303,8 @@ class Attribution(Explainer):
         images = check_images(images, self.model)
         scored = ScoredModel(self.model, targets, topk, self.class_names, len(images), images.dtype)
         columns = []
-        with attribution_context(self.model), channel_hint(images):
+        planned = self.planned_passes(images) * (topk or 1)
+        with attribution_context(self.model), channel_hint(images), Passes(self.name, planned):
             if images.is_inference():  # made under inference_mode: autograd cannot use it
                 images = images.clone()
             if self.single_pass:
@@ -343,17 +346,25 @@ class Batched(Attribution):
     """Base class of the methods that multiply the batch (steps, samples, windows,
     baselines) and may draw at random.
 
-    ``internal_batch_size`` bounds the rows of one pass through the model (default 64);
-    ``seed`` seeds the random draws of each image (``None``: the caller's random streams).
+    ``internal_batch_size`` bounds the rows of one pass through the model; by default (None)
+    as many as fit in the memory budget, at the fastest size measured for the model
+    (:func:`~explain.passes.inner_rows`). ``seed`` seeds the random draws of each image
+    (``None``: the caller's random streams).
     """
 
-    def __init__(self, model: nn.Module, *, seed: int | None = 0, internal_batch_size: int = 64, **options):
+    def __init__(self, model: nn.Module, *, seed: int | None = 0, internal_batch_size: int | None = None, **options):
         super().__init__(model, **options)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
                                  or not 0 <= seed < 2**32):
             raise ValueError(f"seed must be an int in [0, 2**32), or None for the caller's random streams; got {seed!r}")
         self.seed = None if seed is None else int(seed)
-        self.internal_batch_size = positive_int("internal_batch_size", internal_batch_size)
+        self.internal_batch_size = (None if internal_batch_size is None
+                                    else positive_int("internal_batch_size", internal_batch_size))
+
+    def rows(self, images: Tensor, total: int) -> int:
+        """Rows of one pass for a call that runs ``total`` rows like ``images[0]``:
+        ``internal_batch_size``, or sized from the memory budget."""
+        return inner_rows(self.model, images, backward=self.backward, total=total, given=self.internal_batch_size)
 
 
 class WithBaseline(Batched):

@@ -221,7 +221,11 @@ class _NoiseTunnel(Batched):
         self.n_samples = positive_int("n_samples", n_samples)
         self.noise_level = checked_number("noise_level", noise_level, positive=True)
 
+    def planned_passes(self, images: Tensor) -> int:
+        return len(images) * (1 + self.n_samples)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        rows = self.rows(images, self.n_samples)
         tunnel = captum_attr.NoiseTunnel(captum_attr.Saliency(scored))
         target = scored.target(k)
         # sigma is relative to each image's own range (the paper's sigma / (x_max - x_min)),
@@ -232,7 +236,7 @@ class _NoiseTunnel(Batched):
             with seeded(self.seed, images.device):
                 results.append(tunnel.attribute(
                     images[i:i + 1], nt_type=self.nt_type, nt_samples=self.n_samples,
-                    nt_samples_batch_size=self.internal_batch_size, stdevs=self.noise_level * span,
+                    nt_samples_batch_size=rows, stdevs=self.noise_level * span,
                     target=slice_target(target, slice(i, i + 1)), abs=False,
                 ))
         return torch.cat(results)
@@ -296,11 +300,20 @@ class IntegratedGradients(WithBaseline):
             raise ValueError(f"unknown method {method!r}; use one of {', '.join(QUADRATURES)}")
         self.method = method
 
+    def planned_passes(self, images: Tensor) -> int:
+        return len(images) * (1 + self.n_steps)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        return captum_attr.IntegratedGradients(scored).attribute(
-            images, baselines=self.baselines(scored, images), target=scored.target(k), n_steps=self.n_steps,
-            method=self.method, internal_batch_size=self.internal_batch_size,
-        )
+        rows = self.rows(images, len(images) * self.n_steps)
+        baselines, target = self.baselines(scored, images), scored.target(k)
+        integrated = captum_attr.IntegratedGradients(scored)
+        # captum runs at least all the images it is given in each pass: fewer rows than
+        # images, the images go in groups of ``rows``.
+        return torch.cat([
+            integrated.attribute(images[group], baselines=baselines[group], target=slice_target(target, group),
+                                 n_steps=self.n_steps, method=self.method, internal_batch_size=rows)
+            for group in (slice(i, i + rows) for i in range(0, len(images), rows))
+        ])
 
 
 @register
@@ -396,9 +409,12 @@ class DeepLift(WithBaseline):
     single_pass = True  # its pass starts with the images (up to internal_batch_size / 2 of them)
     check_runs = True  # what its rules refuse (a module on parallel branches) shows only in a full pass
 
+    def planned_passes(self, images: Tensor) -> int:
+        return 2 * len(images)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         baselines = self.baselines(scored, images)
-        step = rows_per_pass(self.internal_batch_size, 2)
+        step = rows_per_pass(self.rows(images, 2 * len(images)), 2)
         deeplift = _CaptumDeepLift(scored)
         if len(images) <= step:  # one pass, on the images then their baselines: it reads the targets
             return deeplift.attribute(images, baselines=baselines)
@@ -424,6 +440,11 @@ class _Shap(Batched):
             raise ValueError(f"baseline {baseline!r} is not a distribution; use 'noise', 'zeros', or a tensor (B, C, H, W) of baselines")
         self.baseline = baseline
         self.n_baselines = positive_int("n_baselines", n_baselines)
+
+    def _distribution_size(self) -> int:
+        if isinstance(self.baseline, Tensor):
+            return len(self.baseline)
+        return self.n_baselines if self.baseline == "noise" else 1
 
     def distribution(self, image: Tensor) -> Tensor:
         """The baselines (B, C, H, W) of one image (1, C, H, W); noise is drawn on the image's
@@ -455,10 +476,13 @@ class DeepLiftShap(_Shap):
     cost = "1 forward + 1 forward + backward of 2 x n_baselines (16) rows"
     check_runs = True
 
+    def planned_passes(self, images: Tensor) -> int:
+        return len(images) * (1 + 2 * self._distribution_size())
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         target = scored.target(k)
+        step = max(2, self.rows(images, 2 * self._distribution_size()) // 2)
         deeplift = _CaptumDeepLiftShap(scored)
-        step = max(2, self.internal_batch_size // 2)
         results = []
         for i in range(len(images)):
             baselines = self.distribution(images[i:i + 1])
@@ -496,16 +520,20 @@ class GradientShap(_Shap):
         self.n_samples = positive_int("n_samples", n_samples)
         self.stdevs = checked_number("stdevs (the input noise's standard deviation)", stdevs, positive=False)
 
+    def planned_passes(self, images: Tensor) -> int:
+        return len(images) * (1 + self.n_samples)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         target = scored.target(k)
+        step = self.rows(images, self.n_samples)
         shap = captum_attr.GradientShap(scored)
         results = []
         for i in range(len(images)):
             baselines = self.distribution(images[i:i + 1])
             total = torch.zeros_like(images[i:i + 1])
             with seeded(self.seed, images.device):
-                for start in range(0, self.n_samples, self.internal_batch_size):
-                    count = min(self.internal_batch_size, self.n_samples - start)
+                for start in range(0, self.n_samples, step):
+                    count = min(step, self.n_samples - start)
                     part = shap.attribute(images[i:i + 1], baselines=baselines, n_samples=count, stdevs=self.stdevs,
                                           target=slice_target(target, slice(i, i + 1)))
                     total += part * count

@@ -37,6 +37,7 @@ class Occlusion(WithBaseline):
 
     name = "occlusion"
     family = "perturbation attribution"
+    backward = False
     cost = "2 + 169 forward at 224 x 224 (window 32, stride 16)"
 
     def __init__(self, model: nn.Module, *, window: int | None = None, stride: int | None = None, **options):
@@ -44,16 +45,29 @@ class Occlusion(WithBaseline):
         self.window = None if window is None else positive_int("window", window)
         self.stride = None if stride is None else positive_int("stride", stride)
 
-    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        channels, height, width = images.shape[1:]
+    def window_and_stride(self, images: Tensor) -> tuple[int, int]:
+        """The window and stride on ``images``, the defaults scaled to their size."""
+        height, width = images.shape[-2:]
         window = self.window or max(1, min(height, width) // 7)
         stride = self.stride or max(1, window // 2)
         if window > min(height, width):
             raise ValueError(f"the occlusion window ({window}) is larger than the images ({height} x {width}); pass a smaller window")
+        return window, stride
+
+    def planned_passes(self, images: Tensor) -> int:
+        window, stride = self.window_and_stride(images)
+        height, width = images.shape[-2:]
+        positions = ((height - window) // stride + 1) * ((width - window) // stride + 1)
+        return len(images) * (2 + positions)
+
+    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        channels = images.shape[1]
+        window, stride = self.window_and_stride(images)
+        rows = self.rows(images, self.planned_passes(images))
         return captum_attr.Occlusion(scored).attribute(
             images, sliding_window_shapes=(channels, window, window), strides=(channels, stride, stride),
             baselines=self.baselines(scored, images), target=scored.target(k),
-            perturbations_per_eval=rows_per_pass(self.internal_batch_size, len(images)),
+            perturbations_per_eval=rows_per_pass(rows, len(images)),
         )
 
 
@@ -61,6 +75,7 @@ class _Superpixels(WithBaseline):
     """A perturbation method over SLIC superpixels of each image."""
 
     family = "perturbation attribution"
+    backward = False
 
     def __init__(self, model: nn.Module, *, n_segments: int = 50, compactness: float = 10.0, **options):
         super().__init__(model, **options)
@@ -84,8 +99,12 @@ class _Sampled(_Superpixels):
     def method(self, scored: ScoredModel):
         raise NotImplementedError
 
+    def planned_passes(self, images: Tensor) -> int:
+        return len(images) * (1 + self.n_samples)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         masks, baselines, target = self.segments(scored, images), self.baselines(scored, images), scored.target(k)
+        rows_per_eval = self.rows(images, self.n_samples)
         method = self.method(scored)
         attributions = []
         # One image at a time (as captum would), each on its own seeded stream.
@@ -100,7 +119,7 @@ class _Sampled(_Superpixels):
             with seeded(self.seed, images.device):
                 attributions.append(method.attribute(
                     images[rows], baselines=baselines[rows], target=slice_target(target, rows),
-                    feature_mask=masks[rows], n_samples=self.n_samples, perturbations_per_eval=self.internal_batch_size,
+                    feature_mask=masks[rows], n_samples=self.n_samples, perturbations_per_eval=rows_per_eval,
                 ))
         attributions = torch.cat(attributions)
         # A least-squares fit leaves rounding noise where the scores do not change at all;
@@ -166,9 +185,13 @@ class FeatureAblation(_Superpixels):
     name = "ablation"
     cost = "2 + n_segments (~50) forward"
 
+    def planned_passes(self, images: Tensor) -> int:
+        return len(images) * (2 + self.n_segments)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
+        rows = self.rows(images, self.planned_passes(images))
         return captum_attr.FeatureAblation(scored).attribute(
             images, baselines=self.baselines(scored, images), target=scored.target(k),
             feature_mask=self.segments(scored, images),
-            perturbations_per_eval=rows_per_pass(self.internal_batch_size, len(images)),
+            perturbations_per_eval=rows_per_pass(rows, len(images)),
         )

@@ -8,7 +8,9 @@ Ablation-CAM zeroes each channel in turn and runs only the layers after the targ
 channel, made as cheap as the method allows:
 
 - batched, ``batch_size`` perturbed images (or activations) per pass, under
-  ``torch.inference_mode()`` on the input's device;
+  ``torch.inference_mode()`` on the input's device; by default as many as fit in the memory
+  budget, at the fastest size measured for the model (:func:`~explain.passes.inner_rows`),
+  with a progress bar where the passes are many and Ctrl-C answered between two batches;
 - exact shortcuts only: channels with identical activations share one masked pass, a
   constant channel (all zero in trained ReLU networks, often over half of the last layer)
   needs no pass in Score-CAM, and an all-zero channel none in Ablation-CAM, where zeroing it
@@ -27,6 +29,7 @@ from ..base import register
 from ..checks import positive_int
 from ..hooks import preserved_state
 from ..layers import LayerSpec
+from ..passes import Passes, budget_rows, inner_rows, timed_chunks
 from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 from .layer_replay import LayerReplay
@@ -38,13 +41,24 @@ class PerturbationCAM(BaseCAM):
     """Base class: the map is sum_k w_k A^k with channel weights from perturbed passes."""
 
     uses_gradients = False
+    backward = False
     family = "perturbation CAM"
     cost = "1 + C forward (C channels at the layer)"
+    #: Masked passes per channel.
+    samples_per_channel = 1
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 32,
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int | None = None,
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
-        self.batch_size = positive_int("batch_size", batch_size)
+        self.batch_size = None if batch_size is None else positive_int("batch_size", batch_size)
+
+    def planned_passes(self, images: Tensor) -> int:
+        """1 + C x samples per image, C the channels of the target layers (a pass of the
+        first image finds them); channels with constant or repeated activations, which the
+        method skips, are counted too."""
+        captured = self.capture(images[:1])
+        channels = sum(activations.shape[1] for activations in captured.activations.values())
+        return len(images) * (1 + channels * self.samples_per_channel)
 
     def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
         """The unperturbed pass alone: it meets every mistake in the model, layer or targets,
@@ -130,10 +144,24 @@ class ScoreCAM(PerturbationCAM):
         if not softmax_over_channels:
             wanted = wanted[~constant_rows]
         scores = torch.zeros(len(rows), captured.num_targets, device=flat.device)
-        size = captured.input_size
-        buffer = images.new_empty((min(self.batch_size, len(wanted)), *images.shape[1:]))  # reused
-        for chunk in wanted.split(self.batch_size):
-            low = rows[chunk].reshape(len(chunk), 1, *activations.shape[-2:])
+        samples = self.samples_per_channel
+        step = inner_rows(self.model, images, backward=False, total=len(wanted) * samples, given=self.batch_size)
+        with Passes(self.name, len(wanted) * samples) as passes:
+            masks = rows.reshape(len(rows), 1, *activations.shape[-2:])
+            self._score_masks(captured, masks, owners, firsts, wanted, scores, step, passes)
+        weights = scores[slots]  # (N, C, num_targets); constant channels unscored: 0
+        if softmax_over_channels:
+            weights = weights.softmax(dim=1)
+        return weights.transpose(1, 2)
+
+    def _score_masks(self, captured: Captured, activations: Tensor, owners: Tensor, firsts: Tensor,
+                     wanted: Tensor, scores: Tensor, step: int, passes: Passes) -> None:
+        """Fill ``scores`` of the ``wanted`` distinct ``activations`` (R, 1, h, w) as masks,
+        ``step`` masked images per pass."""
+        images, size, probability = captured.images, captured.input_size, self.weighting != "channel-softmax"
+        buffer = images.new_empty((min(step, len(wanted)), *images.shape[1:]))  # reused
+        for chunk in wanted.split(step):
+            low = activations[chunk]
             up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
             low_end = up.amin(dim=(2, 3), keepdim=True)
             span = up.amax(dim=(2, 3), keepdim=True) - low_end
@@ -144,13 +172,10 @@ class ScoreCAM(PerturbationCAM):
             for sample in self.sample_masks(masks, firsts[chunk]):
                 masked = torch.mul(sources, sample.to(images.dtype), out=buffer[:len(chunk)])
                 output = self.model(masked)
-                total = total + captured.scores(output, owners[chunk], probability=not softmax_over_channels)
+                total = total + captured.scores(output, owners[chunk], probability=probability)
                 count += 1
+                passes.advance(len(chunk))
             scores[chunk] = total / count
-        weights = scores[slots]  # (N, C, num_targets); constant channels unscored: 0
-        if softmax_over_channels:
-            weights = weights.softmax(dim=1)
-        return weights.transpose(1, 2)
 
 
 @register
@@ -173,11 +198,15 @@ class SSCAM(ScoreCAM):
     cost = "1 + C x n_samples (35) forward"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 35,
-                 noise: float = 2.0, seed: int = 0, batch_size: int = 32, weighting: str = "probability",
+                 noise: float = 2.0, seed: int = 0, batch_size: int | None = None, weighting: str = "probability",
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
                          eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
+
+    @property
+    def samples_per_channel(self) -> int:
+        return self.n_samples
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         for sample in range(self.n_samples):
@@ -205,11 +234,15 @@ class ISCAM(ScoreCAM):
     cost = "1 + C x n_samples (10) forward"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 10,
-                 batch_size: int = 32, weighting: str = "probability", class_names: Sequence[str] | None = None,
+                 batch_size: int | None = None, weighting: str = "probability", class_names: Sequence[str] | None = None,
                  eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
                          eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.n_samples = positive_int("n_samples", n_samples)
+
+    @property
+    def samples_per_channel(self) -> int:
+        return self.n_samples
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         coefficient = 0.0
@@ -236,7 +269,7 @@ class AblationCAM(PerturbationCAM):
 
     name = "ablationcam"
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 64,
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int | None = None,
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, batch_size=batch_size, class_names=class_names,
                          eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
@@ -258,9 +291,27 @@ class AblationCAM(PerturbationCAM):
         original = captured.scores(replay(layer_output, everyone), everyone)  # (N, num_targets)
         ablated = original[:, None, :].repeat(1, channels, 1)  # (N, C, num_targets)
         image_ids, channel_ids = (activations.flatten(2) != 0).any(dim=2).nonzero(as_tuple=True)
-        for chunk in torch.arange(len(image_ids), device=activations.device).split(self.batch_size):
-            rows, ablate = image_ids[chunk], channel_ids[chunk]
-            changed = activations[rows]
-            changed[torch.arange(len(chunk), device=changed.device), ablate] = 0
-            ablated[rows, ablate] = captured.scores(replay(captured.in_layer_layout(layer, changed, rows), rows), rows)
+        with Passes(self.name, len(image_ids)) as passes:
+            for chunk in self._chunks(captured, layer, len(image_ids)):
+                rows, ablate = image_ids[chunk], channel_ids[chunk]
+                changed = activations[rows]
+                changed[torch.arange(len(chunk), device=changed.device), ablate] = 0
+                ablated[rows, ablate] = captured.scores(replay(captured.in_layer_layout(layer, changed, rows), rows), rows)
+                passes.advance(len(chunk))
         return safe_divide(original[:, None, :] - ablated, original[:, None, :]).transpose(1, 2)
+
+    def _chunks(self, captured: Captured, layer: str, total: int) -> Iterator[Tensor]:
+        """The ablations' rows a batch at a time: ``batch_size``, or as many as fit in the
+        memory budget (as whole-model passes: replays hold less) at the fastest size for the
+        layers after the target, measured on the replays themselves."""
+        images = captured.images
+        if self.batch_size is not None:
+            sizes: Iterator[int] = iter([self.batch_size] * -(-total // self.batch_size))
+        else:
+            most = budget_rows(self.model, images, backward=False, total=total)
+            key = (tuple(captured.activations[layer].shape[1:]), images.dtype, str(images.device))
+            sizes = timed_chunks(self.replay(layer), key, total, most)
+        start = 0
+        for size in sizes:
+            yield torch.arange(start, min(start + size, total), device=images.device)
+            start += size

@@ -12,9 +12,13 @@ from torch import Tensor, nn
 from ..checks import channel_hint, check_images, positive_int
 from ..explanation import Explanation
 from ..hooks import preserved_state
+from ..passes import Passes, inner_rows
 from ..targets import class_logits
 
-__all__ = ["Pairs", "Score", "batch_size_for", "batched_scores", "draws", "pairs_of", "perturbation_curve", "read_scores"]
+__all__ = [
+    "Pairs", "Score", "batch_size_for", "batched_scores", "draws", "explanation_batch", "pairs_of",
+    "perturbation_curve", "read_scores",
+]
 
 
 @dataclass(frozen=True)
@@ -165,15 +169,18 @@ def read_scores(output: Tensor, targets: Tensor, score: str | Callable[[Tensor, 
     return output.gather(1, targets[:, None]).squeeze(1)
 
 
-def batched_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]], score) -> Tensor:
+def batched_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]], score, total: int = 0) -> Tensor:
     """Run ``(inputs, targets)`` batches through ``model`` under ``inference_mode``, in eval
     mode as explainers run it (batch norm neither learns from the perturbed batches nor
-    depends on them), and return the targets' scores, concatenated."""
+    depends on them), and return the targets' scores, concatenated. ``total`` rows in all
+    are counted by the call's progress (:class:`~explain.passes.Passes`); Ctrl-C stops it
+    between two batches."""
     out = []
-    with preserved_state(model), torch.inference_mode():
+    with preserved_state(model), torch.inference_mode(), Passes(None, total) as passes:
         for inputs, targets in batches:
             with channel_hint(inputs):
                 out.append(read_scores(model(inputs), targets, score))
+            passes.advance(len(inputs))
     return torch.cat(out)
 
 
@@ -194,16 +201,32 @@ def draws(seed: int | None, indices: list[int], shape: tuple[int, ...], device: 
     return torch.stack(out)
 
 
-#: Images per model pass when ``batch_size`` is None: on the CPU small batches keep the
-#: convolutions' data in cache (resnet18 at 224 px on 2 cores: 67 images/s in batches of 8,
-#: 63 of 16, 49 of 64); on a GPU, larger ones fill the device.
+#: Images explained again per explainer call when ``batch_size`` is None (the explainer
+#: sizes its own passes): on the CPU small batches keep the convolutions' data in cache
+#: (resnet18 at 224 px on 2 cores: 67 images/s in batches of 8, 63 of 16, 49 of 64); on a
+#: GPU, larger ones fill the device.
 DEFAULT_BATCH_SIZES = {"cpu": 8, "other": 64}
 
 
-def batch_size_for(batch_size: int | None, device: torch.device) -> int:
-    """``batch_size`` checked, or the default for ``device`` where it is None.
+def batch_size_for(batch_size: int | None, model: nn.Module, images: Tensor, total: int) -> int:
+    """Images per pass of a metric that runs ``total`` perturbed copies of ``images`` through
+    ``model``: ``batch_size`` checked, or where it is None as many as fit in the memory
+    budget at the fastest size measured for the model (:func:`~explain.passes.inner_rows`).
 
-    >>> batch_size_for(None, torch.device("cpu")), batch_size_for(3, torch.device("cpu"))
+    >>> batch_size_for(3, nn.Identity(), torch.zeros(1, 3, 8, 8), 100)
+    3
+    """
+    if batch_size is not None:
+        return positive_int("batch_size", batch_size)
+    with preserved_state(model):
+        return inner_rows(model, images, backward=False, total=total)
+
+
+def explanation_batch(batch_size: int | None, device: torch.device) -> int:
+    """Images per explainer call of a metric that explains again: ``batch_size`` checked, or
+    the default for ``device`` (:data:`DEFAULT_BATCH_SIZES`).
+
+    >>> explanation_batch(None, torch.device("cpu")), explanation_batch(3, torch.device("cpu"))
     (8, 3)
     """
     if batch_size is None:
@@ -235,10 +258,10 @@ def perturbation_curve(
     replaced pixels (B, H, W), their rows in ``images`` and their steps that returns the
     perturbed batch. ``score`` is read as :func:`read_scores` reads it. Each
     perturbed image is built in the batch it runs in, so memory stays at ``batch_size``
-    images whatever the number of steps (None: :func:`batch_size_for`'s default).
+    images whatever the number of steps (None: sized by :func:`batch_size_for`).
     """
-    batch_size = batch_size_for(batch_size, images.device)
     m, steps = images.shape[0], thresholds.numel()
+    batch_size = batch_size_for(batch_size, model, images, m * steps)
     thresholds = thresholds.to(keys.device)
     rows = torch.arange(m, device=images.device).repeat_interleave(steps)
     columns = torch.arange(steps, device=images.device).repeat(m)
@@ -253,7 +276,7 @@ def perturbation_curve(
                 perturbed = torch.where(replaced[:, None], fill[r], images[r])
             yield perturbed, targets[r]
 
-    scores = batched_scores(model, batches(), score)
+    scores = batched_scores(model, batches(), score, m * steps)
     return scores.view(m, steps, *scores.shape[1:])
 
 

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from ..explanation import Explanation
+from ..passes import with_pass_options
 from .base import Score, check_finite
 
 __all__ = ["complexity", "sparseness"]
@@ -18,6 +19,7 @@ def _magnitudes(explanation: Explanation | Tensor) -> tuple[Tensor, tuple[int, .
     return check_finite(maps.reshape(-1, maps.shape[-2] * maps.shape[-1]).abs().double()), tuple(maps.shape[:-2])
 
 
+@with_pass_options
 def sparseness(explanation: Explanation | Tensor) -> Score:
     """Sparseness: the Gini index of the map's magnitudes, 0 for a flat map and near 1 when
     one pixel holds everything (higher is sparser).
@@ -41,6 +43,7 @@ def sparseness(explanation: Explanation | Tensor) -> Score:
     return Score("sparseness", gini.float().reshape(shape), higher_is_better=True)
 
 
+@with_pass_options
 def complexity(explanation: Explanation | Tensor) -> Score:
     """Complexity: the entropy (natural log) of the map's magnitudes taken as a
     distribution over pixels; lower means fewer pixels carry the explanation.

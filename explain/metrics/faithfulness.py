@@ -22,6 +22,7 @@ from ..baselines import make_baselines, seeded
 from ..checks import checked_number, positive_int
 from ..explanation import Explanation
 from ..superpixels import superpixels
+from ..passes import with_pass_options
 from .base import Score, batch_size_for, batched_scores, chunks, draws, pairs_of, perturbation_curve, ranks
 
 __all__ = [
@@ -77,6 +78,7 @@ def _petsiuk_curve(model, pairs, *, insert: bool, step, substrate, batch_size, s
     )
 
 
+@with_pass_options
 def deletion(
     model: nn.Module,
     images: Tensor,
@@ -127,6 +129,7 @@ def blurred(images: Tensor, kernel_size: int = 11, sigma: float = 5.0) -> Tensor
     return TF.gaussian_blur(images, kernel_size=[kernel_size, kernel_size], sigma=[sigma, sigma])
 
 
+@with_pass_options
 def insertion(
     model: nn.Module,
     images: Tensor,
@@ -154,6 +157,7 @@ def insertion(
                           batch_size=batch_size, score=score, name="insertion")
 
 
+@with_pass_options
 def average_drop(
     model: nn.Module,
     images: Tensor,
@@ -192,8 +196,8 @@ def average_drop(
     m = len(pairs.targets)
     both = torch.cat([pairs.images, masked])
     labels = torch.cat([pairs.targets, pairs.targets])
-    batches = ((both[s], labels[s]) for s in chunks(2 * m, batch_size_for(batch_size, both.device)))
-    scores = batched_scores(model, batches, "probability")
+    batches = ((both[s], labels[s]) for s in chunks(2 * m, batch_size_for(batch_size, model, both, 2 * m)))
+    scores = batched_scores(model, batches, "probability", 2 * m)
     y, o = scores[:m], scores[m:]
     drop = 100 * (y - o).clamp_min(0) / y.clamp_min(1e-12)
     increase = 100 * (y < o).float()
@@ -235,6 +239,7 @@ def _road_imputer(order: int, noise: float, seed: int | None):
     return fill
 
 
+@with_pass_options
 def road(
     model: nn.Module,
     images: Tensor,
@@ -285,6 +290,7 @@ def road(
     )
 
 
+@with_pass_options
 def pixel_flipping(
     model: nn.Module,
     images: Tensor,
@@ -332,6 +338,7 @@ def _block_keys(maps: Tensor, patch_size: int, descending: bool = True) -> tuple
     return keys[:, top:top + height, left:left + width], rows * columns
 
 
+@with_pass_options
 def region_perturbation(
     model: nn.Module,
     images: Tensor,
@@ -432,6 +439,7 @@ def _irof_area(curve: Tensor, n: Tensor, counts: Tensor) -> tuple[Tensor, Tensor
     return relative, area
 
 
+@with_pass_options
 def irof(
     model: nn.Module,
     images: Tensor,

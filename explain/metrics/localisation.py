@@ -13,6 +13,7 @@ from torch import Tensor
 from ..explanation import Explanation
 from ..checks import checked_number
 from ..regions import region_masks
+from ..passes import with_pass_options
 from .base import Score, check_finite
 
 __all__ = ["energy_pointing_game", "pointing_game", "relevance_mass", "relevance_rank"]
@@ -35,6 +36,7 @@ def _empty_is_nan(values: Tensor, masks: Tensor) -> Tensor:
     return torch.where(masks.flatten(1).any(1), values, float("nan"))
 
 
+@with_pass_options
 def pointing_game(explanation: Explanation | Tensor, regions: Tensor, *, tolerance: float = 15.0) -> Score:
     """Pointing game: 1 where the map's maximum lies within ``tolerance`` pixels of the
     region, else 0 (higher is better).
@@ -62,6 +64,7 @@ def pointing_game(explanation: Explanation | Tensor, regions: Tensor, *, toleran
     return Score("pointing-game", _empty_is_nan(hit, masks).reshape(shape), higher_is_better=True)
 
 
+@with_pass_options
 def relevance_mass(explanation: Explanation | Tensor, regions: Tensor) -> Score:
     """Relevance mass accuracy: the share of the map's positive relevance inside the region
     (higher is better).
@@ -82,6 +85,7 @@ def relevance_mass(explanation: Explanation | Tensor, regions: Tensor) -> Score:
     return Score("relevance-mass", _empty_is_nan(share, masks).reshape(shape), higher_is_better=True)
 
 
+@with_pass_options
 def relevance_rank(explanation: Explanation | Tensor, regions: Tensor) -> Score:
     """Relevance rank accuracy: with K the region's size in pixels, the share of the K
     highest-ranked pixels that lie in the region (higher is better).
@@ -103,6 +107,7 @@ def relevance_rank(explanation: Explanation | Tensor, regions: Tensor) -> Score:
     return Score("relevance-rank", _empty_is_nan(share, masks).reshape(shape), higher_is_better=True)
 
 
+@with_pass_options
 def energy_pointing_game(explanation: Explanation | Tensor, regions: Tensor) -> Score:
     """Energy-based pointing game: the share of the map's energy inside the region, the map
     min-max scaled to [0, 1] first (higher is better).

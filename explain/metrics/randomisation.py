@@ -23,7 +23,8 @@ from ..concurrency import model_lock
 from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..layers import module_calls
-from .base import Score, batch_size_for, chunks, pairs_of
+from ..passes import Passes, advance, with_pass_options
+from .base import Score, chunks, explanation_batch, pairs_of
 
 __all__ = ["model_randomisation", "random_logit", "randomisable_layers", "rank_maps", "spearman", "ssim"]
 
@@ -77,7 +78,11 @@ def ssim(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _explain_again(explainer: Explainer, images: Tensor, targets: Tensor, batch_size: int) -> Tensor:
-    return torch.cat([explainer(images[part], targets[part]).maps for part in chunks(len(images), batch_size)])
+    maps = []
+    for part in chunks(len(images), batch_size):
+        maps.append(explainer(images[part], targets[part]).maps)
+        advance(len(maps[-1]))  # the metric's progress counts explanations
+    return torch.cat(maps)
 
 
 def randomisable_layers(model: nn.Module, images: Tensor) -> list[str]:
@@ -144,6 +149,7 @@ def _cascade(explainer: Explainer, pairs, modules: list[nn.Module], compared: li
     return torch.stack(spearmans, 1), torch.stack(ssims, 1)
 
 
+@with_pass_options
 def model_randomisation(
     explainer: Explainer,
     images: Tensor,
@@ -181,11 +187,12 @@ def model_randomisation(
     if explanation is None:
         explanation = explainer(images, targets)
     pairs = pairs_of(model, images, explanation, targets)
-    batch_size = batch_size_for(batch_size, pairs.images.device)
+    batch_size = explanation_batch(batch_size, pairs.images.device)
     layers = _cascade_layers(model, pairs.images, layers)
     modules = [model.get_submodule(name) for name in layers]
     compared = _checkpoint_steps(checkpoints, len(layers))
-    with model_lock(model):  # no other thread may explain with the randomised weights
+    # no other thread may explain with the randomised weights
+    with model_lock(model), Passes(None, len(compared) * len(pairs.images)):
         by_layer, ssim_by_layer = _cascade(explainer, pairs, modules, compared, seed, batch_size)
     return Score(
         metric="randomisation",
@@ -198,6 +205,7 @@ def model_randomisation(
     )
 
 
+@with_pass_options
 def random_logit(
     explainer: Explainer,
     images: Tensor,
@@ -231,7 +239,8 @@ def random_logit(
     offsets = torch.as_tensor(np.random.RandomState(seed).randint(0, classes - 1, len(pairs.targets) // k),
                               device=pairs.targets.device).repeat_interleave(k)
     others = offsets + (offsets >= pairs.targets).long()
-    again = _explain_again(explainer, pairs.images, others, batch_size_for(batch_size, pairs.images.device))
+    with Passes(None, len(pairs.images)):
+        again = _explain_again(explainer, pairs.images, others, explanation_batch(batch_size, pairs.images.device))
     return Score(
         metric="random-logit",
         values=pairs.unflatten(ssim(pairs.maps, again)),

@@ -8,11 +8,13 @@ from torch import Tensor
 from ..base import Explainer
 from ..checks import checked_number, positive_int
 from ..explanation import Explanation
-from .base import Score, batch_size_for, chunks, draws, pairs_of
+from ..passes import Passes, with_pass_options
+from .base import Score, chunks, draws, explanation_batch, pairs_of
 
 __all__ = ["sensitivity"]
 
 
+@with_pass_options
 def sensitivity(
     explainer: Explainer,
     images: Tensor,
@@ -48,13 +50,15 @@ def sensitivity(
     m = len(pairs.targets)
     distances = torch.empty(m, n_samples, device=pairs.images.device)
     rows = torch.arange(m, device=pairs.images.device).repeat_interleave(n_samples)
-    for part in chunks(m * n_samples, batch_size_for(batch_size, pairs.images.device)):
-        r = rows[part]
-        samples = [i % n_samples for i in range(part.start, part.stop)]
-        noise = (draws(seed, samples, pairs.images.shape[1:], pairs.images.device) * 2 - 1) * radius
-        again = explainer(pairs.images[r] + noise, pairs.targets[r]).maps
-        difference = (again - pairs.maps[r]).flatten(1).norm(dim=1)
-        distances.view(-1)[part] = difference
+    with Passes(None, m * n_samples) as explained:
+        for part in chunks(m * n_samples, explanation_batch(batch_size, pairs.images.device)):
+            r = rows[part]
+            samples = [i % n_samples for i in range(part.start, part.stop)]
+            noise = (draws(seed, samples, pairs.images.shape[1:], pairs.images.device) * 2 - 1) * radius
+            again = explainer(pairs.images[r] + noise, pairs.targets[r]).maps
+            difference = (again - pairs.maps[r]).flatten(1).norm(dim=1)
+            distances.view(-1)[part] = difference
+            explained.advance(len(r))
     if normalise:
         distances = distances / pairs.maps.flatten(1).norm(dim=1, keepdim=True).clamp_min(1e-12)
     return Score(
