@@ -24,12 +24,14 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
+# bench_heavy.py alone takes about 3 hours on 2 CPU cores (its docstring says how to narrow it).
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_gradcam.py
 	$(BIN)/python benchmarks/bench_transformers.py
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_attribution.py
 	$(BIN)/python benchmarks/bench_metrics.py
+	$(BIN)/python benchmarks/bench_heavy.py
 
 # The peers (pytorch-grad-cam, torchcam) are an optional extra, installed for this alone.
 bench-peers: $(VENV)/.installed
