@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..base import register
 from ..baselines import seeded
 from ..checks import checked_number, positive_int
+from ..passes import advance
 from ..superpixels import superpixels
 from .attribution_base import ScoredModel, WithBaseline, rows_per_pass, slice_target
 
@@ -111,6 +112,7 @@ class _Sampled(_Superpixels):
         for i in range(len(images)):
             rows = slice(i, i + 1)
             if masks[i].max() == 0:  # one superpixel: its value is S(x) - S(baseline); captum's fit needs two
+                advance(2)
                 with torch.no_grad():
                     pair = scored.model(torch.cat([images[rows], baselines[rows]]))
                 delta = scored.explained_scores(pair, k, torch.tensor([i, i], device=images.device))

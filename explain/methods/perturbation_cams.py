@@ -104,7 +104,7 @@ class ScoreCAM(PerturbationCAM):
     name = "scorecam"
     weightings = ("probability", "channel-softmax")
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int = 32,
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int | None = None,
                  weighting: str = "probability", class_names: Sequence[str] | None = None,
                  eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
         super().__init__(model, target_layer, batch_size=batch_size, class_names=class_names,

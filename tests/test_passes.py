@@ -1,0 +1,224 @@
+"""The heavy methods' extra passes (explain.passes): inner batches from a memory budget, the
+same results whatever the budget, progress where documented, and a stop between inner
+batches that leaves the model as it was."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import explain
+from conftest import ModelState
+from explain.hooks import preserved_state
+from explain.metrics import deletion
+from explain.passes import (
+    PROGRESS_AFTER, Passes, StopRequested, budget_rows, inner_rows, parse_memory, pass_settings, row_bytes,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_cnn(channels: int = 24, classes: int = 5) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, channels, 3, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes),
+    ).eval()
+
+
+def images(n: int = 3, size: int = 16) -> torch.Tensor:
+    """Smooth noise: SLIC finds several superpixels in it (one in pixel noise)."""
+    torch.manual_seed(1)
+    return nn.functional.interpolate(torch.rand(n, 3, 4, 4), size=size, mode="bilinear")
+
+
+def test_memory_sizes_are_read_with_their_units_and_bad_ones_name_the_form():
+    assert parse_memory("2GB") == 2 * 10**9
+    assert parse_memory("1.5 GiB") == int(1.5 * 2**30)
+    assert parse_memory("800M") == 800 * 10**6
+    assert parse_memory(4096) == 4096
+    for bad in ("two gigs", "5 parsecs", "0", -3, True):
+        with pytest.raises(ValueError, match="max_memory must be"):
+            parse_memory(bad)
+    with pytest.raises(ValueError, match="progress must be True, False or None"):
+        with pass_settings(progress="yes"):
+            pass
+
+
+def test_the_budget_bounds_the_rows_of_a_pass():
+    model, x = small_cnn(), images(1, 32)
+    with preserved_state(model):
+        per_row = row_bytes(model, x, backward=True)
+        assert per_row > x.numel() * x.element_size() and row_bytes(model, x, backward=False) > 0
+        with pass_settings(max_memory=3 * per_row):
+            assert budget_rows(model, x, backward=True, total=100) == 3
+            assert 1 <= inner_rows(model, x, backward=True, total=100) <= 3
+            assert inner_rows(model, x, backward=True, total=100, given=50) == 50  # the caller's own size wins
+        with pass_settings(max_memory=1):  # less than one row: still one row at a time
+            assert inner_rows(model, x, backward=True, total=100) == 1
+
+
+@pytest.mark.parametrize("method, options", [
+    ("scorecam", {}), ("sscam", {"n_samples": 2}), ("iscam", {"n_samples": 2}), ("ablationcam", {}),
+    ("ig", {"n_steps": 8}), ("smoothgrad", {"n_samples": 6}), ("deeplift", {}), ("deepliftshap", {"n_baselines": 3}),
+    ("occlusion", {"window": 8, "stride": 4}), ("lime", {"n_samples": 20, "n_segments": 8}),
+    ("kernelshap", {"n_samples": 20, "n_segments": 8}), ("ablation", {"n_segments": 8}),
+])
+def test_results_do_not_depend_on_the_budget(method, options):
+    model, x = small_cnn(), images(3, 32)
+    cam = explain.explainer(method, model, **options)
+    roomy = cam(x)  # the default budget: half the available memory
+    tight = cam(x, max_memory=1)  # one row per pass
+    assert torch.allclose(roomy.maps, tight.maps, atol=1e-5), method
+    assert torch.allclose(roomy.raw, tight.raw, atol=1e-5, rtol=1e-4), method
+
+
+def test_gradientshap_draws_from_the_same_distribution_whatever_the_budget():
+    model, x = small_cnn(), images(2, 32)
+    cam = explain.GradientShap(model, n_samples=400, n_baselines=4)
+    roomy, tight = cam(x).raw, cam(x, max_memory=1).raw
+    # captum draws each inner batch's path points anew: the estimates agree, not the bits.
+    assert torch.allclose(roomy.sum(dim=(1, 2, 3)), tight.sum(dim=(1, 2, 3)), rtol=0.1, atol=1e-3)
+
+
+def test_progress_bars_show_where_documented(capsys):
+    model, x = small_cnn(), images(1, 16)
+    explain.IntegratedGradients(model, n_steps=8)(x)  # 9 rows: silent by default
+    assert capsys.readouterr().err == ""
+    explain.IntegratedGradients(model, n_steps=8)(x, progress=True)
+    assert "ig" in capsys.readouterr().err
+    explain.IntegratedGradients(model, n_steps=PROGRESS_AFTER + 10)(x)  # long: a bar by default
+    assert "ig" in capsys.readouterr().err
+    explain.IntegratedGradients(model, n_steps=PROGRESS_AFTER + 10)(x, progress=False)
+    assert capsys.readouterr().err == ""
+    with pass_settings(progress=False):  # -q of the command line
+        explain.ScoreCAM(model)(x, progress=None)
+    assert capsys.readouterr().err == ""
+    explanation = explain.GradCAM(model)(x)
+    deletion(model, x, explanation, progress=True, max_memory="1GB")
+    assert "deletion" in capsys.readouterr().err
+
+
+def test_the_listener_hears_each_inner_batch_of_the_outermost_call():
+    model, x = small_cnn(), images(2, 16)
+    heard = []
+    with pass_settings(listener=lambda method, done, total: heard.append((method, done, total))):
+        explain.IntegratedGradients(model, n_steps=10, internal_batch_size=4)(x)
+    assert {method for method, _, _ in heard} == {"ig"}
+    done = [d for _, d, _ in heard]
+    assert done == sorted(done) and done[-1] == heard[-1][2] == 2 * (1 + 10)  # the images, then 20 rows of steps
+    with Passes("outer", 5) as outer:  # a call inside another (a metric that explains again) is not heard
+        heard.clear()
+        with pass_settings(listener=lambda *args: heard.append(args)):
+            explain.IntegratedGradients(model, n_steps=4)(x)
+        outer.advance(5)
+    assert heard == []
+
+
+@pytest.mark.parametrize("method, options", [
+    ("scorecam", {}), ("ablationcam", {}), ("ig", {"n_steps": 20}), ("smoothgrad", {"n_samples": 20}),
+    ("occlusion", {"window": 8, "stride": 4}), ("lime", {"n_samples": 30, "n_segments": 8}),
+    ("deepliftshap", {"n_baselines": 4}),
+])
+def test_a_stop_between_inner_batches_leaves_the_model_as_it_was(method, options):
+    model, x = small_cnn(), images(2, 32)
+    model.train()
+    model[0].weight.grad = torch.ones_like(model[0].weight)
+    state = ModelState(model)
+    asked = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return len(asked) >= 3
+
+    with pass_settings(stop=stop), pytest.raises(StopRequested):
+        explain.explainer(method, model, batch_size=2, **options)(x) if "cam" in method else \
+            explain.explainer(method, model, internal_batch_size=2, **options)(x)
+    assert len(asked) == 3  # it stopped at the first inner batch after the request
+    state.assert_unchanged()
+
+
+def test_a_metric_stops_between_its_batches_too():
+    model, x = small_cnn(), images(2, 16)
+    explanation = explain.GradCAM(model)(x)
+    state = ModelState(model)
+    with pass_settings(stop=lambda: True), pytest.raises(StopRequested, match="deletion"):
+        deletion(model, x, explanation, batch_size=2)
+    state.assert_unchanged()
+
+
+class SlowNet(nn.Module):
+    """A model whose every pass takes a while, as a large model's would."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = small_cnn(channels=64)
+
+    def forward(self, x):
+        time.sleep(0.02)
+        return self.body(x)
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals reach the main thread")
+def test_ctrl_c_stops_score_cam_within_a_second_and_restores_the_model():
+    model = SlowNet().eval()
+    x = images(4, 32)
+    state = ModelState(model)
+    cam = explain.ScoreCAM(model, "body.2")  # 64 channels x 4 images: 256 masked images
+    sent = []
+    timer = threading.Timer(0.5, lambda: (sent.append(time.perf_counter()), os.kill(os.getpid(), signal.SIGINT)))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cam(x)
+        stopped = time.perf_counter()
+    finally:
+        timer.cancel()
+    assert sent and stopped - sent[0] < 1.0
+    state.assert_unchanged()
+
+
+SUBPROCESS = textwrap.dedent("""
+    import json, resource, sys, torch, torchvision
+    import explain
+    from explain.hooks import preserved_state
+    from explain.passes import row_bytes
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    x = torch.rand(1, 3, 160, 160)
+    with preserved_state(model):
+        per_row = row_bytes(model, x, backward=True)
+    explain.IntegratedGradients(model, n_steps=2)(x)   # the first call's own costs, before the baseline
+    def peak():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    baseline = peak()
+    options = json.loads(sys.argv[1])
+    explain.IntegratedGradients(model, n_steps=24, **options["init"])(x, **options["call"])
+    print(json.dumps({"per_row": per_row, "growth": peak() - baseline}))
+""")
+
+
+def _peak_growth(init: dict, call: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", SUBPROCESS, json.dumps({"init": init, "call": call})],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_small_budget_bounds_the_peak_memory_of_a_subprocess():
+    # IG's 24 steps on resnet18 at 160 px: all in one pass, then under a budget of two rows.
+    whole = _peak_growth({"internal_batch_size": 24}, {})
+    budget = 2 * whole["per_row"]
+    bounded = _peak_growth({}, {"max_memory": budget})
+    assert bounded["growth"] <= budget, (bounded, budget)
+    assert whole["growth"] > 4 * bounded["growth"] + 100 * 2**20, (whole, bounded)
