@@ -455,7 +455,7 @@ def test_a_run_whose_methods_cost_far_more_than_the_rest_warns(photos, capsys, m
 def test_max_memory_bounds_the_methods_inner_batches(photos, capsys, heavy_method):
     command = ["run", str(photos / "p0.png"), "--out", str(photos.parent / "out"), "--method", "heavypasses", "-q"]
     assert main(command + ["--max-memory", "300MiB"]) == 0
-    assert heavy_method.budgets and set(heavy_method.budgets) == {300 * 2**20}  # the check's passes too
+    assert heavy_method.budgets and set(heavy_method.budgets) == {300 * 2**20}
     for size in ("2XB", "-1GB", "0", "lots"):
         assert main(command + [f"--max-memory={size}"]) == 2
         assert f"--max-memory {size}: give a size such as 2GB, 512MiB" in capsys.readouterr().err

@@ -18,10 +18,10 @@ def test_the_first_ctrl_c_stops_the_running_method_after_its_inner_batch(tmp_pat
     (tmp_path / "in").mkdir()
     for i in range(3):
         noise_image(i).save(tmp_path / "in" / f"p{i}.png")
-    inner_batches = []  # of the photos (the checks run on a blank image)
+    inner_batches = []  # of the photos
 
     def each_inner_batch(self, images):
-        if images.std() > 0:
+        if images.flatten(2).std(dim=2).max() > 0:  # not the blank image of the checks
             inner_batches.append(len(images))
             if len(inner_batches) == 6 + 2:  # the second photo's second inner batch
                 signal.raise_signal(signal.SIGINT)
