@@ -33,7 +33,7 @@ __all__ = ["explain_dataset"]
 def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str = "gradcam", *, target: str = "top1",
                     layer: str = "auto", weights: str | None = None, image_column: str = "image",
                     path_column: str = "path", batch_size: int = 16, actors: int | None = None,
-                    device: str | None = None):
+                    device: str | None = None, max_memory: str | int | None = None):
     """Explain the images of a Ray ``dataset``; returns a dataset with one row per image,
     method and target.
 
@@ -43,7 +43,8 @@ def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str = "gradcam
     ``target`` and ``layer`` take what ``explain run``'s options take (``explain run --help``),
     for classifiers; the explainers are the command line's, checked on the model before any
     image runs. Each actor loads the model once; ``actors`` defaults as ``explain run --engine
-    ray --actors``.
+    ray --actors``; ``max_memory`` (such as ``"2GB"``) bounds each actor's inner batches as
+    ``--max-memory`` does.
 
     The rows carry the dataset's other columns (an id, a label: whatever identifies the image),
     the input's path as ``input`` (None for images given as arrays), ``method``, ``target``
@@ -57,7 +58,8 @@ def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str = "gradcam
     import ray
 
     options = RunOptions(inputs=["-"], out="-", model=model, weights=weights, method=methods, target=target,
-                         layer=layer, batch_size=batch_size, actors=actors, device=device).with_absolute_paths()
+                         layer=layer, batch_size=batch_size, actors=actors, device=device,
+                         max_memory=max_memory).with_absolute_paths()
     try:
         checked = remote_prepare(ray, options)
     except UsageError as error:
@@ -98,7 +100,7 @@ class MapActor(ExplainingActor):
             model_input = inputs.model_input(images.to(prepared.loaded.device))
             for cam in prepared.explainers:
                 try:
-                    with self.model_lock:
+                    with self.explaining():
                         result = cam(model_input, prepared.target.targets, topk=prepared.target.topk)
                 except Exception as error:
                     out += [_map_row(names[i], cam.name, label, error=f"{type(error).__name__}: {error}", _image=i)

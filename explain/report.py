@@ -55,6 +55,7 @@ MANIFEST_FIELDS = (
     "status",                 # ok, skipped (already complete), failed
     "error",                  # why it failed
     "settings",               # options that change the pixels; resume only reuses a match
+    "seconds",                # the method's time on this output: its image's share of the batch's, per target
 )
 #: Written after those only with ``explain run --metrics``: {metric column: value} for the map.
 METRICS_FIELD = "metrics"

@@ -103,3 +103,42 @@ def one_image_at_a_time(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(cam_base.BaseCAM, "capture", capture_one)
     return sizes
+
+
+@pytest.fixture
+def heavy_method(monkeypatch):
+    """A stand-in for a heavy method, registered as ``heavypasses`` for the test: Saliency after
+    ``rows`` extra rows per image, run ``inner`` at a time through :class:`explain.passes.Passes`
+    (each inner batch sleeps ``pause`` seconds, then calls ``each_inner_batch(images)``), its
+    cost per image ``rows`` forward passes. ``budgets`` records the memory budget each inner
+    batch ran under."""
+    import time
+
+    from explain import base
+    from explain.methods.gradient_attribution import Saliency
+    from explain.passes import Passes, memory_budget
+
+    class HeavyPasses(Saliency):
+        name = "heavypasses"
+        rows, inner, pause = 300, 50, 0.0
+        budgets: list[int] = []
+        inner_batches = 0
+
+        def each_inner_batch(self, images):
+            """Told after each inner batch of a call on ``images`` (before the stop test)."""
+
+        def __call__(self, images, targets=None, *, topk=None):
+            with Passes(self.name, total=self.rows * len(images)) as passes:
+                for _ in range(0, self.rows * len(images), self.inner):
+                    time.sleep(self.pause)
+                    type(self).budgets.append(memory_budget(images.device))
+                    type(self).inner_batches += 1
+                    self.each_inner_batch(images)
+                    passes.advance(self.inner)
+            return super().__call__(images, targets, topk=topk)
+
+        def pass_cost(self, images):
+            return float(self.rows * len(images))
+
+    monkeypatch.setitem(base._REGISTRY, base.method_key(HeavyPasses.name), HeavyPasses)
+    return HeavyPasses

@@ -185,7 +185,7 @@ def test_mixed_folder_of_good_and_bad_files(tmp_path):
                 "input": row["input"], "method": "gradcam", "layer": "bn2", "target": "top1",
                 "target_id": None, "target_name": None, "target_probability": None, "predicted_id": None,
                 "predicted_name": None, "predicted_probability": None, "output": None, "maps": None,
-                "status": "failed", "settings": SETTINGS,
+                "status": "failed", "settings": SETTINGS, "seconds": None,
             }
             assert f"explain: failed: {row['input']}: {error}" in result.stderr
         else:
@@ -261,7 +261,7 @@ def test_ctrl_c_stops_after_the_current_batch(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
-    assert "stopping after the current batch" in stderr and "Traceback" not in stderr
+    assert "stopping after the current inner batch" in stderr and "Traceback" not in stderr
     assert "interrupted, run the same command again to finish" in stdout
     rows = read_rows(manifest)
     assert 2 <= len(rows) < IMAGES and {r["status"] for r in rows} == {"ok"}
@@ -341,11 +341,124 @@ def test_a_log_file_gets_whole_lines_and_no_carriage_returns(photos, capsys, mon
     lines = err.splitlines()
     assert [line for line in lines if line.startswith("explain: failed:")] == [
         f"explain: failed: {photos / 'broken.png'}: not an image: the file holds text"]
-    assert [line.split(" (")[0] for line in lines if re.match(r"explain: \d", line)] == [
+    assert [line.split(" (")[0] for line in lines if re.match(r"explain: \d", line) and " passes" not in line] == [
         "explain: 1/4 images", "explain: 2/4 images", "explain: 3/4 images"]
     assert all(line.startswith("explain: ") for line in lines), lines
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal gets tqdm's bar
-    assert type(progress.progress_bar(4, quiet=False)).__name__ == "tqdm"
+    assert type(progress.progress_bar(4, quiet=False).bar).__name__ == "tqdm"
+
+
+def test_progress_moves_within_a_batch_and_names_the_running_method(photos, capsys, monkeypatch, heavy_method):
+    monkeypatch.setenv("EXPLAIN_PROGRESS_EVERY", "0")  # a line after every inner batch
+    command = ["run", str(photos), "--out", str(photos.parent / "out"), "--method", "gradcam,heavypasses",
+               "--workers", "0", "-b", "2"]
+    assert main(command) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err  # no bar: the method's own (it runs 600 passes) stays off too
+    lines = [line for line in err.splitlines() if re.match(r"explain: \d.*heavypasses", line)]
+    # The first batch (2 images) runs 600 passes in inner batches of 50, the second 300.
+    assert [line.split("; ")[-1] for line in lines] == [f"heavypasses {done}/600 passes" for done in range(50, 601, 50)] \
+        + [f"heavypasses {done}/300 passes" for done in range(50, 301, 50)]
+    images = [float(re.match(r"explain: ([\d.]+)/3 images \(", line)[1]) for line in lines]
+    assert images == sorted(images) and 0 < images[0] < images[11] < 2 <= images[12] < images[-1] < 3, images
+    assert len(set(images)) > 6  # it moves within the batches
+    assert "explain: 2/3 images (" in err  # and between them
+    assert main(command + ["--overwrite", "-q"]) == 0
+    assert capsys.readouterr().err == ""  # -q: nothing
+
+
+def test_a_terminal_bar_moves_within_a_batch_and_names_the_method(monkeypatch):
+    from explain.batch import progress
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    bar = progress.progress_bar(4, quiet=False)
+    bar.update(1)
+    bar.within(0.57, "scorecam 340/1280 passes")
+    assert bar.bar.n == 1.5 and "1.5/4" in str(bar.bar) and "scorecam 340/1280 passes" in str(bar.bar)
+    bar.update(2)
+    assert bar.bar.n == 3 and "3/4" in str(bar.bar) and "passes" not in str(bar.bar)
+    bar.close()
+    quiet = progress.progress_bar(4, quiet=True)
+    quiet.within(0.5, "scorecam 1/2 passes")
+    assert quiet.bar.disable
+
+
+def test_the_batch_share_counts_finished_methods_by_their_cost():
+    from explain.batch.progress import WithinBatch
+
+    shown = []
+
+    class Progress:
+        def within(self, images, note):
+            shown.append((images, note))
+
+    within = WithinBatch(Progress(), {"gradcam": 1.0, "scorecam": 6.0, "ig": 3.0})
+    within.start(2)
+    within("scorecam", 3, 6)
+    within("ig", 5, 10)
+    within("deletion", 1, 4)  # a metric: named, and moves nothing
+    assert shown == [(2 * 3 / 10, "scorecam 3/6 passes"), (2 * 7.5 / 10, "ig 5/10 passes"),
+                     (2 * 9 / 10, "deletion 1/4 passes")]
+    within("ig", 10, 10)
+    assert shown[-1] == (2 * 9 / 10, "ig 10/10 passes")
+    within("gradcam", 1, 1)
+    assert shown[-1][0] == 2 * 0.99  # never the whole batch before it ends
+    within.start(1)
+    within("scorecam", 6, 6)
+    assert shown[-1][0] == 6 / 10
+
+
+def test_the_manifest_and_the_summary_give_each_methods_time(photos, capsys, heavy_method):
+    heavy_method.pause = 0.02  # 6 inner batches an image: over 0.12 s an image
+    command = ["run", str(photos), "--out", str(photos.parent / "out"), "--method", "gradcam,layercam,heavypasses",
+               "--target", "topk:2", "-q"]
+    assert main(command) == 0
+    summary = capsys.readouterr().out
+    rows = read_rows(photos.parent / "out" / "manifest.jsonl")
+    assert len(rows) == 18 and all(row["seconds"] > 0 for row in rows)
+    total = {method: sum(row["seconds"] for row in rows if row["method"] == method)
+             for method in ("gradcam", "layercam", "heavypasses")}
+    assert total["heavypasses"] > 3 * 6 * 0.02
+    # The CAMs explained together share their pass's time, by their estimated costs (equal here).
+    assert [r["seconds"] for r in rows if r["method"] == "gradcam"] == pytest.approx(
+        [r["seconds"] for r in rows if r["method"] == "layercam"], rel=0.01)
+    times = [time.split() for time in re.search(r"; method times: (.+?); see ", summary)[1].split(", ")]
+    assert sorted(name for name, _, _ in times) == sorted(total)
+    assert [float(seconds) for _, seconds, _ in times] == sorted((float(s) for _, s, _ in times), reverse=True)
+    for name, seconds, unit in times:
+        assert unit == "s" and float(seconds) == pytest.approx(total[name], abs=0.051)
+    # A rerun skips them all: their rows keep the time they took, and it names no times of its own.
+    assert main(command) == 0
+    assert "method times" not in capsys.readouterr().out
+    assert [r["seconds"] for r in read_rows(photos.parent / "out" / "manifest.jsonl")] == [r["seconds"] for r in rows]
+
+
+def test_a_run_whose_methods_cost_far_more_than_the_rest_warns(photos, capsys, monkeypatch, heavy_method):
+    image, out = str(photos / "p0.png"), str(photos.parent / "out")
+
+    def warnings(*options) -> list[str]:
+        assert main(["run", image, "--out", out, "--overwrite", *options]) == 0
+        return [line for line in capsys.readouterr().err.splitlines() if line.startswith("explain: warning:")]
+
+    found = warnings("--method", "gradcam,layercam,heavypasses")
+    assert len(found) == 1 and re.fullmatch(
+        r"explain: warning: heavypasses \((9\d) %\) takes ~\1 % of this run's estimated time; leave it out of "
+        r"--method to go faster", found[0]), found
+    assert warnings("--method", "gradcam,layercam,heavypasses", "-q") == []
+    assert warnings("--method", "gradcam,layercam") == []
+    assert warnings("--method", "heavypasses") == []  # alone, at 300 passes an image
+    monkeypatch.setattr(heavy_method, "pass_cost", lambda self, images: 4500.0 * len(images))
+    assert warnings("--method", "heavypasses") == [
+        "explain: warning: heavypasses costs ~4,500 forward passes of the model per image: expect a long run"]
+
+
+def test_max_memory_bounds_the_methods_inner_batches(photos, capsys, heavy_method):
+    command = ["run", str(photos / "p0.png"), "--out", str(photos.parent / "out"), "--method", "heavypasses", "-q"]
+    assert main(command + ["--max-memory", "300MiB"]) == 0
+    assert heavy_method.budgets and set(heavy_method.budgets) == {300 * 2**20}
+    for size in ("2XB", "-1GB", "0", "lots"):
+        assert main(command + [f"--max-memory={size}"]) == 2
+        assert f"--max-memory {size}: give a size such as 2GB, 512MiB" in capsys.readouterr().err
 
 
 def test_score_cam_ablation_cam_fullgrad_and_smoothing_options_end_to_end(tmp_path, capsys):

@@ -272,6 +272,7 @@ def test_cli_explains_a_detector(tmp_path, capsys):
             found = model(tensor.permute(2, 0, 1)[None].float() / 255)[0]
         label, score = int(found["labels"][1]), float(found["scores"][1])
         assert row["task"] == "detect" and row["layer"] == "backbone.features.1" and row["status"] == "ok"
+        assert row["seconds"] > 0
         assert (row["target_id"], row["target_name"]) == (label, names[label])
         assert row["region"]["index"] == 1 and row["region"]["score"] == pytest.approx(score, abs=1e-3)
         assert row["region"]["box"] == pytest.approx(found["boxes"][1].tolist(), abs=1.0)

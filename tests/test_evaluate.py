@@ -165,6 +165,7 @@ def test_localisation_metrics_with_regions(tmp_path, capsys):
     (["--metrics", "sparseness", "--step", "100"], "--step applies to none of the metrics sparseness"),
     (["--metrics", "relevance-mass", "--regions", "bad.csv"], "bad.csv, line 2: expected image,x0,y0,x1,y1"),
     (["--methods", "gradcamm"], "unknown method 'gradcamm'"),
+    (["--max-memory", "2XB"], "--max-memory 2XB: give a size such as 2GB, 512MiB"),
 ])
 def test_usage_errors_exit_2(tmp_path, monkeypatch, capsys, options, message):
     monkeypatch.chdir(tmp_path)
@@ -174,6 +175,17 @@ def test_usage_errors_exit_2(tmp_path, monkeypatch, capsys, options, message):
     error = capsys.readouterr().err
     assert error.startswith("explain: error: ") and message in error
     assert not (tmp_path / "out" / "scores.csv").exists()
+
+
+def test_evaluate_runs_under_max_memory_and_warns_before_costly_methods(tmp_path, capsys, heavy_method):
+    command = ["evaluate", str(PHOTOS / "coffee.png"), "--out", str(tmp_path / "out"), "--methods",
+               "gradcam,saliency,heavypasses", "--metrics", "sparseness", "--max-memory", "1.5GiB"]
+    assert main(command) == 0
+    assert heavy_method.budgets and set(heavy_method.budgets) == {int(1.5 * 2**30)}
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("explain: warning:")]
+    assert len(warnings) == 1 and warnings[0].startswith("explain: warning: heavypasses (")
+    assert main(command + ["--overwrite", "-q"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_run_with_metrics_puts_the_table_in_the_index(tmp_path, capsys):

@@ -68,13 +68,16 @@ def _by_key(rows: list[dict]) -> dict[tuple, dict]:
 
 def _same_rows(found: Path, expected: Path) -> dict[tuple, dict]:
     """The manifest rows of ``found`` by key, checked equal to those of ``expected``, numbers to
-    1e-5 (batches of other sizes round the last digits differently)."""
+    1e-5 (batches of other sizes round the last digits differently), times aside (present
+    where the row is ok)."""
     found_rows, expected_rows = _by_key(read_rows(found / "manifest.jsonl")), _by_key(read_rows(expected / "manifest.jsonl"))
     assert found_rows.keys() == expected_rows.keys()
     for key, row in expected_rows.items():
         assert found_rows[key].keys() == row.keys()
         for field, value in row.items():
-            if isinstance(value, float):
+            if field == "seconds":
+                assert (found_rows[key][field] is None) == (value is None) == (row["status"] != "ok"), key
+            elif isinstance(value, float):
                 assert found_rows[key][field] == pytest.approx(value, abs=1e-5), (key, field)
             else:
                 assert found_rows[key][field] == value, (key, field)
@@ -232,6 +235,25 @@ def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monke
     monkeypatch.undo()
     assert main(["run", "in", "--out", "out", "--engine", "ray", "-q"]) == 0  # the rerun makes it
     assert summary_counts(capsys.readouterr().out) == (1, 3, 0)
+
+
+def test_an_actor_explains_under_the_runs_memory_budget_and_times_each_method(tmp_path, heavy_method):
+    # The actor of `explain run --engine ray`, in this process: what Ray runs in its workers.
+    from explain.batch.options import RunOptions
+    from explain.batch.ray_stages import WriteActor, decode_files
+
+    noise_image(0).save(tmp_path / "a.png")
+    options = RunOptions(inputs=[str(tmp_path)], out=str(tmp_path / "out"), method="gradcam,heavypasses",
+                         max_memory="300MiB")
+    actor = WriteActor(options, threads=1)
+    batch = {"input": np.array([b"a.png"], dtype=object), "path": np.array([os.fsencode(tmp_path / "a.png")], dtype=object),
+             "folder": np.array([""]), "stem": np.array(["a"]), "methods": np.array(["gradcam,heavypasses"])}
+    decoded = decode_files(batch, actor.explainer.prepared.checked().decoding, "path", None)
+    heavy_method.budgets.clear()
+    rows = [json.loads(line) for line in actor(decoded)["row"]]
+    assert [(row["method"], row["status"]) for row in rows] == [("gradcam", "ok"), ("heavypasses", "ok")]
+    assert all(row["seconds"] > 0 for row in rows)
+    assert heavy_method.budgets and set(heavy_method.budgets) == {300 * 2**20}
 
 
 def test_metrics_on_ray_fill_the_rows_and_the_summary(tmp_path, capsys):

@@ -253,7 +253,7 @@ def test_cli_explains_a_segmentation_model(tmp_path, capsys):
     model, preprocess, names = _lraspp()
     for row in rows:
         assert row["task"] == "segment" and row["target"] == "top1" and row["layer"] == "backbone.16"
-        assert "task=segment" in row["settings"] and row["status"] == "ok"
+        assert "task=segment" in row["settings"] and row["status"] == "ok" and row["seconds"] > 0
         # what the model predicts on the image, read here by hand from its logits
         picture = preprocess(Image.open(row["input"]).convert("RGB"))[None]
         with torch.no_grad():

@@ -21,9 +21,10 @@ from ..evaluation import (
 from ..evaluation import files as evaluation_files
 from ..metrics.registry import METRICS
 from ..options import LOCALISATION_METRICS as LOCALISATION
+from ..passes import pass_settings
 from ..report import atomic_write, remove_temp_files
 from .decoding import DecodedBatch, ModelInputs, default_workers, is_torchvision_preset
-from .explainers import build_explainers, metric_options, parse_metrics, parse_target
+from .explainers import build_explainers, estimated_costs, max_memory_option, metric_options, parse_metrics, parse_target
 from .guards import pixel_limit, sole_run
 from .inputs import collect_inputs
 from .loop import OutOfMemory, for_each_batch, in_halves
@@ -69,7 +70,10 @@ class EvaluationRun:
         self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
         self.target, self.metrics, self.options, self.regions = target, metrics, options, regions
         self.explainers = {cam.name: cam for cam in explainers}
-        self.layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+        with pass_settings(max_memory=args.max_memory, progress=False):  # on one blank image
+            self.layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+        #: method -> its estimated cost per image; a warning where some cost far more than the rest
+        self.costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
         self.metric_of = {column: name for name, spec in METRICS.items() for column in spec.columns}
         self.inputs = ModelInputs(loaded.preprocess)
         self.scores_path, self.curves_path = out_dir / evaluation_files.SCORES, out_dir / evaluation_files.CURVES
@@ -186,7 +190,8 @@ class EvaluationRun:
 
         end, refused = None, None
         try:
-            end = for_each_batch([self.sources[i].path for i in work], self.inputs, self.loaded, self.args, handle)
+            end = for_each_batch([self.sources[i].path for i in work], self.inputs, self.loaded, self.args, handle,
+                                 costs=self.costs)
         except OutputDeviceError as error:  # a full disk: the scores appended so far are kept
             refused = error
         finally:
@@ -276,6 +281,7 @@ def run_evaluation(args: EvaluateOptions) -> int:
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
     metrics = parse_metrics(args.metrics, with_regions=args.regions is not None)
+    max_memory_option(args.max_memory)
     if args.regions is not None:
         if not args.regions.exists():
             raise UsageError(f"--regions {args.regions}: no such file or folder")
@@ -290,7 +296,8 @@ def run_evaluation(args: EvaluateOptions) -> int:
     if args.workers is None:
         args = args.replace(workers=default_workers(loaded.device))
     target = parse_target(args.target, loaded.class_names)
-    explainers = build_explainers(args.methods, loaded, args.layer, target)
+    with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
+        explainers = build_explainers(args.methods, loaded, args.layer, target)
     regions = [None] * len(sources)
     if args.regions is not None:
         try:

@@ -1,10 +1,12 @@
 """From options to work (the command line's words, checked against the model): ``--target`` for each task, ``--method`` into checked explainers, and
-``--metrics`` into metric names and settings."""
+``--metrics`` into metric names and settings; ``--max-memory``; the warning before a run whose
+methods cost far more than the rest."""
 
 from __future__ import annotations
 
 import inspect
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 
@@ -17,6 +19,12 @@ from ..tasks import DetectionTarget, SegmentationTarget
 from ..errors import UsageError, is_out_of_memory
 from ..options import LOCALISATION_METRICS, STEP_METRICS
 from ..models import LoadedModel
+from ..passes import parse_memory
+
+#: A run warns where its costliest methods cost over this many times the median of the others.
+COSTLY_RATIO = 10.0
+#: A method that costs over this many forward passes of the model per image is costly on its own.
+COSTLY_PASSES = 2000.0
 
 
 @dataclass(frozen=True)
@@ -222,3 +230,68 @@ def metric_options(metrics: list[str], step: int | None) -> dict[str, dict]:
         raise UsageError(f"--step applies to none of the metrics {', '.join(metrics)}; it sets the pixels per step "
                          f"of {', '.join(STEP_METRICS)}")
     return {name: {"step": step} for name in metrics if name in STEP_METRICS}
+
+
+def max_memory_option(value: str | int | None) -> int | None:
+    """``--max-memory`` in bytes (None: the default budget); a usage error shows the form."""
+    try:
+        return parse_memory(value)
+    except ValueError:
+        raise UsageError(f"--max-memory {value}: give a size such as 2GB, 512MiB or 1.5GiB, or a number of bytes") \
+            from None
+
+
+def method_costs(explainers: list, example) -> dict[str, float]:
+    """Each explainer's estimated cost per image, in forward passes of the model
+    (:meth:`~explain.Explainer.pass_cost` on ``example``, one image)."""
+    return {cam.name: float(cam.pass_cost(example)) for cam in explainers}
+
+
+def estimated_costs(explainers: list, example, *, quiet: bool) -> dict[str, float]:
+    """:func:`method_costs`, with :func:`cost_warning` on stderr where it warns (unless ``quiet``)."""
+    costs = method_costs(explainers, example)
+    warning = cost_warning(costs)
+    if warning and not quiet:
+        print(warning, file=sys.stderr)
+    return costs
+
+
+def cost_warning(costs: dict[str, float]) -> str | None:
+    """The warning before a run whose costliest method costs over :data:`COSTLY_RATIO` times
+    the median of the run's other methods: the three costliest (those above that median)
+    with their shares of the run's estimated time; else, where a method costs over :data:`COSTLY_PASSES` forward
+    passes per image, its cost; else None.
+
+    >>> print(cost_warning({"sscam": 36000, "iscam": 9000, "scorecam": 1000, "gradcam": 3, "layercam": 3}))
+    explain: warning: sscam (78 %), iscam (20 %) and scorecam (2 %) take ~100 % of this run's estimated time; \
+leave them out of --method to go faster
+    >>> print(cost_warning({"scorecam": 3840}))
+    explain: warning: scorecam costs ~3,840 forward passes of the model per image: expect a long run
+    >>> cost_warning({"gradcam": 3, "layercam": 3, "scorecam": 12}) is None
+    True
+    """
+    ranked = sorted(costs, key=costs.get, reverse=True)
+    total = sum(costs.values())
+    if len(ranked) > 1 and total > 0:
+        usual = statistics.median(costs[name] for name in ranked[1:])
+        if costs[ranked[0]] > COSTLY_RATIO * usual:
+            costly = [name for name in ranked[:3] if costs[name] > usual]
+            shares = {name: 100 * costs[name] / total for name in costly}
+            named = _joined([f"{name} ({_percent(share)})" for name, share in shares.items()])
+            them = "them" if len(costly) > 1 else "it"
+            return (f"explain: warning: {named} take{'s' * (len(costly) == 1)} ~{_percent(sum(shares.values()))} of "
+                    f"this run's estimated time; leave {them} out of --method to go faster")
+    heavy = [name for name in ranked if costs[name] > COSTLY_PASSES][:3]
+    if not heavy:
+        return None
+    named = _joined([f"{name} costs ~{costs[name]:,.0f}" if i == 0 else f"{name} ~{costs[name]:,.0f}"
+                     for i, name in enumerate(heavy)])
+    return f"explain: warning: {named} forward passes of the model per image: expect a long run"
+
+
+def _percent(share: float) -> str:
+    return "<1 %" if share < 0.5 else f"{share:.0f} %"
+
+
+def _joined(parts: list[str]) -> str:
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"

@@ -147,10 +147,14 @@ def set_pixel_limit(max_pixels: int | None) -> None:
 
 
 class StopFlag:
-    """First Ctrl-C: finish the current batch, then stop. Second Ctrl-C: stop now."""
+    """First Ctrl-C: the running method stops after its current inner batch (the loop's
+    ``stop=`` test of :func:`~explain.passes.pass_settings` reads :attr:`set`), the writes
+    under way finish, and the run stops (``after``: what the message says it stops after).
+    Second Ctrl-C: stop now."""
 
-    def __init__(self):
+    def __init__(self, after: str = "the current inner batch"):
         self.set = False
+        self.after = after
         self._previous = None
 
     def __enter__(self):
@@ -161,7 +165,7 @@ class StopFlag:
     def _handle(self, signum, frame):
         self.set = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        print("\nexplain: stopping after the current batch (Ctrl-C again to stop now)", file=sys.stderr)
+        print(f"\nexplain: stopping after {self.after} (Ctrl-C again to stop now)", file=sys.stderr)
 
     def __exit__(self, *exc_info):
         if self._previous is not None:

@@ -54,10 +54,13 @@ class LocalRun:
         self.plan = RunPlan(prepared, self.explainer.outputs, self.folder, out_dir / MANIFEST)
         self.reports_written = 0.0
         self.reports_cost = 0.0
+        self.seconds: dict[str, float] = {}  # method -> its time in this run
 
     def _record(self, rows: list[dict]) -> None:
         for row in rows:
             self.plan.record(row)
+            if row["status"] != "skipped" and row.get("seconds") is not None:
+                self.seconds[row["method"]] = self.seconds.get(row["method"], 0.0) + row["seconds"]
             if row["status"] == "failed" and row.get("output"):
                 report_failure(row["input"], f"{row['method']}: {row['error']}")
 
@@ -106,7 +109,7 @@ class LocalRun:
         try:
             self._save_reports()
             end = for_each_batch([self.sources[i].path for i in work], self.explainer.inputs, self.prepared.loaded,
-                                 self.options, handle, self._maybe_save_reports)
+                                 self.options, handle, self._maybe_save_reports, self.prepared.costs)
             while in_flight and not end.forced:
                 self._record(in_flight.popleft().result())
             completed = not end.interrupted
@@ -147,6 +150,6 @@ class LocalRun:
         return refused
 
     def _summary(self, images: int, elapsed: float) -> str:
-        text = (f"{run_summary(self.plan.stats, images, elapsed)}; "
+        text = (f"{run_summary(self.plan.stats, images, elapsed, self.seconds)}; "
                 f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")
         return text

@@ -1,7 +1,8 @@
 """The one loader loop of the batch jobs (``explain run`` and ``explain evaluate``): images decoded
-in DataLoader workers, a batch at a time, with a progress bar, Ctrl-C (finish the batch, then
-stop; twice: stop now) and glibc's heap kept for the next batch; and out-of-memory halving, which
-the Ray actors use too."""
+in DataLoader workers, a batch at a time, with a progress bar that moves within a batch as the
+methods run their passes, the run's memory budget (``--max-memory``), Ctrl-C (the running method
+stops after its current inner batch, then the run; twice: stop now) and glibc's heap kept for the
+next batch; and out-of-memory halving, which the Ray actors use too."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import torch
 from torch import Tensor
 
 from ..heap import ReusedHeap
+from ..passes import StopRequested, pass_settings
 from .decoding import DecodedBatch, DecodedImages, ModelInputs, collate, draft_size, init_worker
 from .guards import StopFlag
-from .progress import progress_bar
+from .progress import WithinBatch, progress_bar
 
 
 class OutOfMemory(Exception):
@@ -51,11 +53,17 @@ class LoopEnd:
 
 
 def for_each_batch(paths: list[str], inputs: ModelInputs, loaded, options,
-                   handle: Callable[[DecodedBatch], None], after: Callable[[], None] = lambda: None) -> LoopEnd:
+                   handle: Callable[[DecodedBatch], None], after: Callable[[], None] = lambda: None,
+                   costs: dict[str, float] | None = None) -> LoopEnd:
     """Decode ``paths`` in ``options.workers`` processes and call ``handle`` on each batch (its
     ``failures`` hold the positions in ``paths`` that could not be decoded, its ``groups`` the
-    decoded images by shape), then ``after``. Ctrl-C ends the loop after the current batch (a
-    second one at once); either way the loop returns how far it got."""
+    decoded images by shape), then ``after``; either way the loop returns how far it got.
+
+    The methods and metrics that ``handle`` calls run under ``options.max_memory`` and show no
+    bars of their own: the loop's bar moves within a batch as they run (by their estimated
+    ``costs`` per image, method -> forward passes) and names the one running. Ctrl-C makes the
+    running method stop after its current inner batch (:class:`~explain.passes.StopRequested`,
+    which leaves that batch unfinished) and ends the loop; a second Ctrl-C ends it at once."""
     batch_size = 1 if loaded.fixed_batch else options.batch_size
     loader = torch.utils.data.DataLoader(
         DecodedImages(paths, inputs.in_workers, draft_size(loaded.example)),
@@ -63,20 +71,25 @@ def for_each_batch(paths: list[str], inputs: ModelInputs, loaded, options,
         pin_memory=loaded.device.type == "cuda", worker_init_fn=partial(init_worker, options.max_pixels),
     )
     progress = progress_bar(len(paths), options.quiet)
+    within = WithinBatch(progress, costs or {})
     end = LoopEnd()
     started = time.perf_counter()
     try:
-        with StopFlag() as stop, ReusedHeap() as heap:
+        with StopFlag() as stop, ReusedHeap() as heap, pass_settings(
+                max_memory=options.max_memory, progress=False, listener=within, stop=lambda: stop.set):
             for batch in loader:
+                count = len(batch.failures) + sum(len(indices) for indices, _ in batch.groups)
+                within.start(count)
                 handle(batch)
                 after()
-                count = len(batch.failures) + sum(len(indices) for indices, _ in batch.groups)
                 end.images += count
                 progress.update(count)
                 heap.after_batch()
                 if stop.set:
                     end.interrupted = True
                     break
+    except StopRequested:  # the first Ctrl-C, within a method: what was finished is kept
+        end.interrupted = True
     except KeyboardInterrupt:
         end.interrupted = end.forced = True
     finally:

@@ -12,7 +12,7 @@ MANIFEST = "manifest.jsonl"
 def manifest_row(input: str, method: str, target: str, layer: str, settings: str, task: str, **values) -> dict:
     """A manifest row of ``explain run``, the columns not given left empty."""
     row = dict.fromkeys(("target_id", "target_name", "target_probability", "predicted_id", "predicted_name",
-                         "predicted_probability", "output", "maps", "error", "metrics", "region"))
+                         "predicted_probability", "output", "maps", "error", "metrics", "region", "seconds"))
     row.update(input=input, method=method, layer=layer, target=target, settings=settings, task=task)
     row.update(values)
     return row

@@ -1,8 +1,9 @@
-"""Each method's result on a group of images, or the error it raised, and what a group's
-results come to: failed manifest rows and files to write."""
+"""Each method's result on a group of images, or the error it raised, and the time it took; and
+what a group's results come to: failed manifest rows and files to write."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from torch import Tensor
@@ -26,23 +27,33 @@ class Outcome:
         self.jobs += other.jobs
 
 
-def explain_all(cams: list, images: Tensor, targets, topk: int | None = None) -> list:
-    """Each explainer's explanation of ``images``, or the error it raised: the CAMs together,
-    sharing one forward and backward pass, and where that fails (or for the other methods)
-    each on its own, so that an error lands on the method that fails and not on the others."""
+def explain_all(cams: list, images: Tensor, targets, topk: int | None = None,
+                costs: dict[str, float] | None = None) -> tuple[list, list[float]]:
+    """Each explainer's explanation of ``images``, or the error it raised, and the seconds each
+    took: the CAMs together, sharing one forward and backward pass (they share its time, in
+    proportion to their estimated ``costs``, method -> forward passes per image; equally where
+    not given), and where that fails (or for the other methods) each on its own, so that an
+    error lands on the method that fails and not on the others."""
     shared = [cam for cam in cams if isinstance(cam, BaseCAM)]
     outcome: dict = {}
+    seconds: dict = {}
     try:
+        started = time.perf_counter()
         outcome.update(zip(shared, explain_together(shared, images, targets, topk=topk)))
+        took = time.perf_counter() - started
+        weights = [max((costs or {}).get(cam.name, 1.0), 1e-9) for cam in shared]
+        seconds.update((cam, took * weight / sum(weights)) for cam, weight in zip(shared, weights))
     except Exception:
         pass  # each CAM on its own, below
     for cam in cams:
         if cam not in outcome:
+            started = time.perf_counter()
             try:
                 outcome[cam] = cam(images, targets, topk=topk)
             except Exception as error:
                 outcome[cam] = error
-    return [outcome[cam] for cam in cams]
+            seconds[cam] = time.perf_counter() - started
+    return [outcome[cam] for cam in cams], [seconds[cam] for cam in cams]
 
 
 def raise_if_out_of_memory(results, images: int) -> None:

@@ -35,6 +35,9 @@ class ModelOptions:
     workers: int | None = None
     overwrite: bool = False
     max_pixels: int | None = None
+    #: The budget of the methods' and metrics' inner batches, such as "2GB" (None: half the
+    #: memory available on the device); see :mod:`explain.passes`.
+    max_memory: str | int | None = None
     quiet: bool = False
 
     @classmethod

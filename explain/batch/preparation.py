@@ -3,7 +3,7 @@ their layers, the metrics, and the settings recorded with each output."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..catalogue import method_class
 from ..models import LoadedModel, load_model
@@ -12,9 +12,11 @@ from ..layers import backbone_layer
 from ..methods import BaseCAM
 from ..metrics.registry import METRICS
 from ..options import LOCALISATION_METRICS
+from ..passes import pass_settings
 from .decoding import ModelInputs, draft_size
 from .explainers import (
-    TargetSpec, build_explainers, metric_options, option_applies, parse_metrics, parse_target, parse_task_target,
+    TargetSpec, build_explainers, estimated_costs, max_memory_option, metric_options, option_applies,
+    parse_metrics, parse_target, parse_task_target,
 )
 from .options import CheckedRun, RunOptions
 
@@ -33,6 +35,8 @@ class PreparedRun:
     settings: dict[str, str]  # method -> the settings that shape its outputs (a changed one redoes them)
     metrics: list[str]
     metric_options: dict
+    #: method -> its estimated cost per image, in forward passes of the model
+    costs: dict[str, float] = field(default_factory=dict)
 
     @property
     def metric_columns(self) -> list[str]:
@@ -51,7 +55,9 @@ class PreparedRun:
 
 def prepare_run(args: RunOptions) -> PreparedRun:
     """Load the model and check the options against it: the task, the target, the methods and
-    their layers, the metrics. Mistakes are :class:`UsageError` s that say what to pass."""
+    their layers, the metrics. Mistakes are :class:`UsageError` s that say what to pass. Warns
+    (unless quiet) where some methods cost far more than the rest (:func:`cost_warning`)."""
+    max_memory_option(args.max_memory)
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     if args.max_pixels is not None:
         # Pillow checks its limit on every new image, the model's crops included.
@@ -76,10 +82,17 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     layer = args.layer
     if task != "classify":
         layer = _task_layer(args, loaded, task, metrics)
-    explainers = build_explainers(args.method, loaded, layer, target, **options)
-    layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
-    # Each method's outputs record the settings that shaped them, so that changing an option
-    # on resume redoes the methods it applies to and no other.
+    with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
+        explainers = build_explainers(args.method, loaded, layer, target, **options)
+        layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+    costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
+    settings = _method_settings(args, task, options, explainers)
+    return PreparedRun(args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics, costs)
+
+
+def _method_settings(args: RunOptions, task: str, options: dict, explainers: list) -> dict[str, str]:
+    """Each method's settings that shape its outputs: they are recorded with its outputs, so
+    that changing an option on resume redoes the methods it applies to and no other."""
     common = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
     if task != "classify":
         common += f" task={task}" + (f" target={args.target}" if task == "detect" else "")
@@ -90,7 +103,7 @@ def prepare_run(args: RunOptions) -> PreparedRun:
             f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items())
         if applied.get("reduction") == "sum":
             settings[cam.name] += f" signed_cmap={args.signed_cmap}"
-    return PreparedRun(args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics)
+    return settings
 
 
 def _run_task(args: RunOptions, loaded: LoadedModel) -> str:

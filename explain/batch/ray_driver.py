@@ -209,6 +209,7 @@ class RayRun:
         self.leftovers = list(leftovers)
         self.methods, self.labels = checked.methods, checked.labels
         self.stats = {"ok": 0, "skipped": 0, "failed": 0}
+        self.seconds: dict[str, float] = {}  # method -> its time in this run, on the actors
         # The manifest is appended to on this machine: in the folder itself, or for a folder
         # given by URI in a working copy that is uploaded now and then and at the end.
         if folder.filesystem is None:
@@ -275,6 +276,8 @@ class RayRun:
         reported = set()
         for row in rows:
             self.stats[row["status"]] += 1
+            if row.get("seconds") is not None:
+                self.seconds[row["method"]] = self.seconds.get(row["method"], 0.0) + row["seconds"]
             if report and row["status"] == "failed" and (row["input"], row["error"]) not in reported:
                 reported.add((row["input"], row["error"]))
                 report_failure(row["input"], row["error"])
@@ -327,7 +330,7 @@ class RayRun:
         for leftover in self.leftovers:  # their rows are in the manifest now
             self.folder.remove_folder(leftover)
         # Unbuffered, so that a failed append is cut off whole (storage.append_whole).
-        with open(self.manifest, "ab", buffering=0) as out, StopFlag() as stop:
+        with open(self.manifest, "ab", buffering=0) as out, StopFlag("the current batch") as stop:
             planned = self._write_plan(finished, out)
             del finished
             progress = progress_bar(planned, self.args.quiet)
@@ -391,7 +394,7 @@ class RayRun:
         return remote_metric_summary(ray, self.folder.location if self.folder.filesystem else self.folder.root)
 
     def _summary(self, images: int, elapsed: float) -> str:
-        text = (f"{run_summary(self.stats, images, elapsed)}{' on Ray' if images else ''}; "
+        text = (f"{run_summary(self.stats, images, elapsed, self.seconds, ' on Ray')}; "
                 f"see {self.folder.shown('index.html')} and {self.folder.shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"

@@ -13,7 +13,7 @@ import math
 import os
 import uuid
 import warnings
-from contextlib import redirect_stderr
+from contextlib import contextmanager, redirect_stderr
 from functools import lru_cache
 
 import numpy as np
@@ -226,6 +226,15 @@ class ExplainingActor:
         #: Where each batch's rows go as soon as its files are written (see WriteActor).
         self.rows_folder = rows_folder
 
+    @contextmanager
+    def explaining(self):
+        """The block in which a call explains: the model's lock held, the run's memory budget
+        (``--max-memory``) for the methods' inner batches, and no progress bars of theirs."""
+        from ..passes import pass_settings
+
+        with self.model_lock, pass_settings(max_memory=self.explainer.options.max_memory, progress=False):
+            yield
+
 
 class WriteActor(ExplainingActor):
     """``explain run --engine ray``'s actor: explains a batch of the plan with the local engine's
@@ -258,7 +267,7 @@ class WriteActor(ExplainingActor):
                 for cam in work[i][1]:
                     rows += explainer.failed_rows(work[i][0], cam.name, error)
             jobs = []
-            with self.model_lock:
+            with self.explaining():
                 for positions, images in decoded.groups:
                     outcome = explainer.explain([work[p] for p in positions], images)
                     rows += outcome.failed

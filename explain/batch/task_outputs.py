@@ -5,6 +5,8 @@ the boxes the target selects, one output per box (:class:`DenseOutputs`)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -40,23 +42,29 @@ class ClassifyOutputs:
     def explain(self, host, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray) -> Outcome:
         target = host.prepared.target
         cams = host.pending(work)
-        results = explain_all(cams, model_input, target.targets, target.topk)
+        results, seconds = explain_all(cams, model_input, target.targets, target.topk, host.prepared.costs)
         raise_if_out_of_memory(results, len(work))
         outcome = Outcome()
         for cam, result in zip(cams, results):
             if isinstance(result, Exception):
                 host.fail(outcome, work, range(len(work)), cam, f"{type(result).__name__}: {result}", str(result))
-        done = [(cam, result) for cam, result in zip(cams, results) if not isinstance(result, Exception)]
+        done = [(cam, result, took) for cam, result, took in zip(cams, results, seconds)
+                if not isinstance(result, Exception)]
         if not done:
             return outcome
         best_probability, best_id = done[0][1].logits.float().softmax(dim=1).max(dim=1)
         predicted = list(zip(best_id.cpu().tolist(), best_probability.cpu().tolist()))
-        for cam, result in done:
-            self._jobs(host, outcome, work, cam, result, host.scores(cam, model_input, result), predicted, pictures)
+        for cam, result, took in done:
+            started = time.perf_counter()
+            scores = host.scores(cam, model_input, result)
+            took += time.perf_counter() - started  # --metrics: the method's time includes its scoring
+            self._jobs(host, outcome, work, cam, result, scores, predicted, pictures, took / len(work))
         return outcome
 
-    def _jobs(self, host, outcome: Outcome, work, cam, result, scores: dict, predicted: list, pictures) -> None:
-        """The files and rows of one method's explanation, per image that still needs it."""
+    def _jobs(self, host, outcome: Outcome, work, cam, result, scores: dict, predicted: list, pictures,
+              seconds: float) -> None:
+        """The files and rows of one method's explanation, per image that still needs it;
+        ``seconds``: the method's time per image, which the image's targets share."""
         names, labels, options = host.loaded.class_names, host.prepared.target.labels, host.options
         maps, ids, probabilities = result.maps, result.targets, result.probabilities
         if maps.dim() == 3:
@@ -75,7 +83,7 @@ class ClassifyOutputs:
                     source.input, cam.name, label, target_id=class_id, target_name=names[class_id],
                     target_probability=round(probability, 6), predicted_id=best_id, predicted_name=names[best_id],
                     predicted_probability=round(best_probability, 6), output=output, maps=maps_file,
-                    metrics=scores.get((j, rank))))
+                    metrics=scores.get((j, rank)), seconds=round(seconds / len(labels), 6)))
             npz = None
             if options.save_maps:
                 npz = {"maps": maps[j], "targets": np.asarray(ids[j])}
@@ -130,8 +138,9 @@ class DenseOutputs:
         return outcome
 
     def _maps(self, host, cams: list, target, owners: list[int], model_input: Tensor) -> dict:
-        """Per CAM, the (maps, raw layers) of each chunk of the target's rows, or the error it
-        raised. Boxes are explained --batch-size rows at a time: an image can hold hundreds."""
+        """Per CAM, the (maps, raw layers, seconds per row) of each chunk of the target's rows,
+        or the error it raised. Boxes are explained --batch-size rows at a time: an image can
+        hold hundreds."""
         step = len(owners) if self.task == "segment" else host.options.batch_size
         found: dict = {cam: [] for cam in cams}
         for start in range(0, len(owners), max(step, 1)):
@@ -141,7 +150,7 @@ class DenseOutputs:
             else:
                 chunk = target.subset(rows)
                 batch = model_input[chunk.image_ids.to(model_input.device)]
-            for cam, result in zip(cams, explain_all(cams, batch, chunk)):
+            for cam, result, took in zip(cams, *explain_all(cams, batch, chunk, costs=host.prepared.costs)):
                 if isinstance(found[cam], Exception):
                     continue
                 if isinstance(result, Exception):
@@ -149,14 +158,16 @@ class DenseOutputs:
                     continue
                 if self.task == "detect":
                     result = crop_padding(result, host.loaded.model)
-                found[cam].append((result.maps.cpu().numpy(), {n: r.cpu().numpy() for n, r in result.raw_layers.items()}))
+                found[cam].append((result.maps.cpu().numpy(), {n: r.cpu().numpy() for n, r in result.raw_layers.items()},
+                                   took / len(rows)))
         return found
 
     def _jobs(self, host, outcome: Outcome, work, cam, chunks: list, owners: list[int], records: list[dict],
               marks: list[dict], predicted: list, pictures: np.ndarray) -> None:
         names, options = host.loaded.class_names, host.options
-        maps = np.concatenate([maps for maps, _ in chunks])
-        raw = {name: np.concatenate([layers[name] for _, layers in chunks]) for name in chunks[0][1]}
+        maps = np.concatenate([maps for maps, _, _ in chunks])
+        raw = {name: np.concatenate([layers[name] for _, layers, _ in chunks]) for name in chunks[0][1]}
+        seconds = [per_row for chunk_maps, _, per_row in chunks for _ in chunk_maps]
         for j in sorted(set(owners)):
             source, cams = work[j]
             if cam not in cams:
@@ -175,7 +186,7 @@ class DenseOutputs:
                     target_probability=record["probability"], predicted_id=best_id,
                     predicted_name=None if best_id is None else class_name(names, best_id),
                     predicted_probability=best_probability, output=output, maps=maps_file,
-                    region={key: value for key, value in record.items()
+                    seconds=round(seconds[r], 6), region={key: value for key, value in record.items()
                             if key not in ("task", "class_id", "class_name", "probability")}))
             npz = None
             if options.save_maps:

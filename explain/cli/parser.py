@@ -91,6 +91,7 @@ def _add_run_command(commands) -> None:
                      "explain a class over its region) or detect (boxes: maps explain a detected box, one output "
                      "per box) (default: inferred from the model)")
     _add_batch_size(run)
+    _add_max_memory(run)
     run.add_argument("--eigen-smooth", action="store_true",
                      help="map by the first principal component of each method's per-channel terms "
                      "(CAMs that are a sum over channels)")
@@ -154,6 +155,7 @@ def _add_evaluate_command(commands) -> None:
     scoring.add_argument("--target", default="top1",
                           help="class to explain: top1, a class id, a class name, or topk:K for the K best")
     _add_batch_size(scoring)
+    _add_max_memory(scoring)
     _add_step_option(scoring)
     scoring.add_argument("--regions", type=Path, metavar="FILE",
                           help="where the objects are, for " + ", ".join(LOCALISATION_METRICS) + ": a CSV with the header "
@@ -202,6 +204,13 @@ def _add_batch_size(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", "-b", type=positive_int, default=16,
                         help="images explained together on the device; a batch that runs out of device memory is "
                         "redone in halves")
+
+
+def _add_max_memory(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-memory", metavar="SIZE", default=None,
+                        help="memory the extra passes of a method or metric (Score-CAM's masked copies, IG's steps, "
+                        "...) may take at once, such as 2GB or 512MiB: their inner batches are sized to fit it "
+                        "(default: half the memory available on the device)")
 
 
 def _add_max_pixels(parser: argparse.ArgumentParser) -> None:
