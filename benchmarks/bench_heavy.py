@@ -262,6 +262,9 @@ def worker(spec: dict) -> None:
     """Run one measurement; its last stdout line is ``RESULT {json}`` (anything else it
     prints goes to stderr)."""
     stdout = sys.stdout
+    # A process started in the background (nohup, `&` in a script) inherits SIGINT ignored;
+    # the limits and the Ctrl-C measurement need it to raise KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     torch.set_grad_enabled(True)
     with contextlib.redirect_stdout(sys.stderr):
         result = WORKERS[spec["mode"]](spec)

@@ -11,7 +11,7 @@
 import importlib
 
 #: Subpackages that ``explain.NAME`` imports on first use.
-_SUBMODULES = ("methods", "metrics", "models", "tasks")
+_SUBMODULES = ("methods", "metrics", "models", "passes", "tasks")
 
 # Each public name, under the module it lives in: the one list of what `explain` exports.
 # Importing `explain` imports none of them (nor torch): the command line answers --help at

@@ -21,6 +21,6 @@ parses its flags, builds the batch layer's typed options, calls it and prints. I
 :mod:`~explain.cli.common` (argument types), :mod:`~explain.cli.method_table` (``explain methods``' table).
 """
 
-from .parser import main
+from .parser import console_main, main
 
-__all__ = ["main"]
+__all__ = ["console_main", "main"]

@@ -1,7 +1,5 @@
 """``python -m explain.cli``."""
 
-import sys
+from .parser import console_main
 
-from .parser import main
-
-sys.exit(main())
+console_main()
