@@ -14,7 +14,8 @@ long call shows while it runs, and how it stops.
   process. On a CPU that is a small batch (the bundled EfficientNet-Lite0 at 224 px: 8),
   where a larger one leaves the caches; on a GPU, a large one.
 - **Progress.** :class:`Passes` counts a call's rows: a tqdm bar where the call runs more
-  than :data:`PROGRESS_AFTER` of them (or where ``progress=True``), and the listener of
+  than :data:`PROGRESS_AFTER` of them and for longer than :data:`BAR_DELAY` (or at once
+  where ``progress=True``), and the listener of
   :func:`pass_settings` (the command line's bar) told of each inner batch.
 - **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
   fraction of a second, and the call restores the model on its way out. A batch job that
@@ -67,6 +68,8 @@ __all__ = [
 MEMORY_SHARE = 0.5
 #: Calls that run more rows than this through the model show a progress bar by default.
 PROGRESS_AFTER = 256
+#: Seconds a call runs before its default progress bar shows.
+BAR_DELAY = 1.0
 #: The largest inner batch :func:`fastest_rows` tries.
 LARGEST_ROWS = 256
 #: A probe pass that takes longer than this ends the search: larger batches would gain
@@ -403,8 +406,9 @@ class Passes:
         if show and self.outer is None:
             from tqdm.auto import tqdm
 
+            # By default the bar shows once the call has run a second: a long call's, not a flash.
             self.bar = tqdm(total=self.total, desc=self.method, unit="pass", file=sys.stderr, dynamic_ncols=True,
-                            leave=False)
+                            leave=False, delay=0.0 if wanted else BAR_DELAY)
         self._token = None
 
     def __enter__(self) -> Passes:

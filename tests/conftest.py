@@ -135,7 +135,7 @@ def heavy_method(monkeypatch):
                     type(self).inner_batches += 1
                     self.each_inner_batch(images)
                     passes.advance(self.inner)
-            return super().__call__(images, targets, topk=topk)
+                return super().__call__(images, targets, topk=topk)  # inside: its own pass is not heard
 
         def pass_cost(self, images):
             return float(self.rows * len(images))

@@ -96,10 +96,14 @@ def test_progress_bars_show_where_documented(capsys):
     assert capsys.readouterr().err == ""
     explain.IntegratedGradients(model, n_steps=8)(x, progress=True)
     assert "ig" in capsys.readouterr().err
-    explain.IntegratedGradients(model, n_steps=PROGRESS_AFTER + 10)(x)  # long: a bar by default
-    assert "ig" in capsys.readouterr().err
-    explain.IntegratedGradients(model, n_steps=PROGRESS_AFTER + 10)(x, progress=False)
-    assert capsys.readouterr().err == ""
+    with Passes("long", PROGRESS_AFTER + 1) as passes, Passes("short", PROGRESS_AFTER) as inner:
+        assert passes.bar is not None and passes.bar.delay > 0  # a bar once the call has run a second
+        assert inner.bar is None  # a call inside another: the outer call's bar
+    with Passes("short", PROGRESS_AFTER) as passes:
+        assert passes.bar is None
+    with pass_settings(progress=False), Passes("long", PROGRESS_AFTER + 1) as passes:
+        assert passes.bar is None
+    capsys.readouterr()
     with pass_settings(progress=False):  # -q of the command line
         explain.ScoreCAM(model)(x, progress=None)
     assert capsys.readouterr().err == ""
