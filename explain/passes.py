@@ -36,6 +36,7 @@ import functools
 import math
 import re
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -194,7 +195,8 @@ def available_memory(device: torch.device) -> int:
     process's cgroup limit where one is set."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        # What torch's allocator holds but does not use is free for this process too.
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
     available = _meminfo_available()
     limit = _cgroup_room()
     return min(available, limit) if limit is not None else available
@@ -234,12 +236,18 @@ def memory_budget(device: torch.device) -> int:
 
 # -- measured once per model, input shape, dtype, device and kind of pass
 
-_measured: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
+_measured: weakref.WeakKeyDictionary[object, dict] = weakref.WeakKeyDictionary()
+_measured_guard = threading.Lock()
+
+
+def _measurements(owner: object) -> dict:
+    with _measured_guard:
+        return _measured.setdefault(owner, {})
 
 
 def _cache(model: nn.Module, row: Tensor, backward: bool, what: str) -> tuple[dict, tuple]:
     key = (what, tuple(row.shape[1:]), row.dtype, str(row.device), backward)
-    return _measured.setdefault(model, {}), key
+    return _measurements(model), key
 
 
 def _score(output) -> Tensor:
@@ -306,19 +314,40 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int) ->
             batch = row.expand(size, *row.shape[1:]).contiguous()
             if not times:
                 _one_pass(model, batch, backward)  # warm-up: the first pass allocates
-            best = math.inf
-            for _ in range(2):
-                started = time.perf_counter()
-                _one_pass(model, batch, backward)
-                best = min(best, time.perf_counter() - started)
-            times[size] = best / size
+            try:
+                times[size] = _timed(model, batch, backward) / size
+            except Exception:
+                if size == 1:
+                    raise
+                # Out of device memory, or a model that takes no batch of this size: the
+                # sizes that ran are the choice.
+                if row.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                times[size] = math.inf  # never tried again, nor anything larger
+                break
         size *= 2
     return _best(times, most) if times else 1
+
+
+def _timed(model: nn.Module, batch: Tensor, backward: bool) -> float:
+    """Seconds of the faster of two passes of ``batch``."""
+    best = math.inf
+    for _ in range(2):
+        if batch.device.type == "cuda":
+            torch.cuda.synchronize(batch.device)
+        started = time.perf_counter()
+        _one_pass(model, batch, backward)
+        if batch.device.type == "cuda":
+            torch.cuda.synchronize(batch.device)
+        best = min(best, time.perf_counter() - started)
+    return best
 
 
 def _search_over(times: dict[int, float], longest: float = PROBE_SECONDS) -> bool:
     """Whether larger batches need not be tried: the last two were slower per row than the
     best by over 5 %, or the last pass took over ``longest`` seconds."""
+    if math.inf in times.values():
+        return True
     if len(times) < 2:
         return False
     best = min(times.values())
@@ -337,8 +366,7 @@ def timed_chunks(owner: object, key: tuple, total: int, most: int) -> Iterator[i
     >>> sum(timed_chunks(nn.Identity(), ("demo",), total=100, most=8))
     100
     """
-    cache = _measured.setdefault(owner, {})
-    times: dict[int, float] = cache.setdefault(("chunks", *key), {})
+    times: dict[int, float] = _measurements(owner).setdefault(("chunks", *key), {})
     done = 0
     while done < total:
         trying = 1 if not times else max(times) * 2

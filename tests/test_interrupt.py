@@ -93,3 +93,14 @@ def test_ctrl_c_stops_score_cam_within_two_seconds_and_a_rerun_finishes(tmp_path
     assert main(command + ["-q"]) == 0  # the rerun (in this process, which has torch loaded already)
     assert summary_counts(capsys.readouterr().out) == (1, 1, 0)
     check_png(tmp_path / "out" / read_rows(tmp_path / "out" / "manifest.jsonl")[1]["output"])
+
+
+def test_ctrl_c_before_the_first_batch_exits_130_without_a_traceback(tmp_path, capsys, monkeypatch):
+    from explain.batch import preparation
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preparation, "load_model", interrupted)  # Ctrl-C while the model loads
+    assert main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path / "out")]) == 130
+    assert capsys.readouterr().err.strip() == "explain: interrupted before any image was explained"

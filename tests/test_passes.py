@@ -21,7 +21,7 @@ from conftest import ModelState
 from explain.hooks import preserved_state
 from explain.metrics import deletion
 from explain.passes import (
-    PROGRESS_AFTER, Passes, StopRequested, budget_rows, inner_rows, parse_memory, pass_settings, row_bytes,
+    PROGRESS_AFTER, Passes, StopRequested, budget_rows, fastest_rows, inner_rows, parse_memory, pass_settings, row_bytes,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +65,27 @@ def test_the_budget_bounds_the_rows_of_a_pass():
             assert inner_rows(model, x, backward=True, total=100, given=50) == 50  # the caller's own size wins
         with pass_settings(max_memory=1):  # less than one row: still one row at a time
             assert inner_rows(model, x, backward=True, total=100) == 1
+
+
+def test_the_fastest_batch_is_measured_once_and_stops_at_sizes_the_model_refuses():
+    class AtMostFour(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.calls = small_cnn(), []
+
+        def forward(self, x):
+            self.calls.append(len(x))
+            if len(x) > 4:
+                raise RuntimeError("out of memory")
+            return self.body(x)
+
+    model, x = AtMostFour().eval(), images(1, 16)
+    with preserved_state(model):
+        assert fastest_rows(model, x, backward=False, most=64) in (1, 2, 4)
+        measured = list(model.calls)
+        assert 8 in measured and max(measured) == 8  # tried, refused, not tried further
+        fastest_rows(model, x, backward=False, most=64)
+        assert model.calls == measured  # kept for the process
 
 
 @pytest.mark.parametrize("method, options", [

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as error:
         print(f"explain: error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # before the first batch (loading the model, checking the methods)
+        print("\nexplain: interrupted before any image was explained", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader left (`explain layers MODEL --all | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs advise
         return EXIT_FAILED

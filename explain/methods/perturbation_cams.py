@@ -268,6 +268,7 @@ class AblationCAM(PerturbationCAM):
     """
 
     name = "ablationcam"
+    cost = "1 forward + C forward of the layers after the target (C channels there)"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int | None = None,
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
