@@ -11,7 +11,8 @@ long call shows while it runs, and how it stops.
 - **The fastest size within it.** Among the sizes the budget allows, :func:`fastest_rows`
   takes the one with the lowest time per row, measured at first use on this model, device
   and input size (powers of two, from 1 up while the time per row falls) and kept for the
-  process. On a CPU that is a small batch (the bundled EfficientNet-Lite0 at 224 px: 8),
+  process; the search spends at most :data:`SEARCH_SHARE` of a call's rows, later calls
+  going on with it. On a CPU that is a small batch (the bundled EfficientNet-Lite0 at 224 px: 8),
   where a larger one leaves the caches; on a GPU, a large one.
 - **Progress.** :class:`Passes` counts a call's rows: a tqdm bar where the call runs more
   than :data:`PROGRESS_AFTER` of them and for longer than :data:`BAR_DELAY` (or at once
@@ -71,6 +72,8 @@ MEMORY_SHARE = 0.5
 PROGRESS_AFTER = 256
 #: Seconds a call runs before its default progress bar shows.
 BAR_DELAY = 1.0
+#: The share of a call's rows that the search for the fastest batch may spend in that call.
+SEARCH_SHARE = 0.125
 #: The largest inner batch :func:`fastest_rows` tries.
 LARGEST_ROWS = 256
 #: A probe pass that takes longer than this ends the search: larger batches would gain
@@ -296,21 +299,26 @@ def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
     return cache[key]
 
 
-def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int) -> int:
+def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int, allowance: int | None = None) -> int:
     """The inner batch, at most ``most`` rows, with the lowest time per row for passes of
     rows like ``row`` through ``model`` (forward only, or with ``backward``).
 
     Measured at first use: passes of 1, 2, 4, ... copies of ``row``, after a warm-up, each
     size the faster of two passes, from 1 up until two sizes in a row are slower per row
-    than the best (or a pass takes over :data:`PROBE_SECONDS`); kept for the process. A later
-    call that allows larger batches than were tried measures on from there."""
+    than the best (or a pass takes over :data:`PROBE_SECONDS`); kept for the process. The
+    search spends at most ``allowance`` rows in one call (None: no limit), so that a short
+    call pays little for it: it stops there with the best size found so far, and later calls
+    search on from there, as does a call that allows larger batches than were tried."""
     cache, key = _cache(model, row, backward, "times")
     times: dict[int, float] = cache.setdefault(key, {})
+    spent = 0
     size = 1
     while size <= min(most, LARGEST_ROWS):
         if size not in times:
-            if _search_over(times):
+            cost = 2 * size + (0 if times else size)
+            if _search_over(times) or (allowance is not None and spent + cost > allowance):
                 break
+            spent += cost
             batch = row.expand(size, *row.shape[1:]).contiguous()
             if not times:
                 _one_pass(model, batch, backward)  # warm-up: the first pass allocates
@@ -404,7 +412,8 @@ def inner_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int, 
     most = budget_rows(model, images, backward=backward, total=total)
     if most <= 2:
         return most
-    return fastest_rows(model, images[:1].detach(), backward=backward, most=most)
+    return fastest_rows(model, images[:1].detach(), backward=backward, most=most,
+                        allowance=max(3, int(SEARCH_SHARE * total)))
 
 
 # -- progress and stops
