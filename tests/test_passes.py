@@ -88,6 +88,21 @@ def test_the_fastest_batch_is_measured_once_and_stops_at_sizes_the_model_refuses
         assert model.calls == measured  # kept for the process
 
 
+def test_a_short_call_spends_little_on_the_search_and_later_calls_go_on_with_it():
+    model, x = small_cnn(), images(1, 16)
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(len(args[0])))
+    with preserved_state(model):
+        assert fastest_rows(model, x, backward=False, most=64, allowance=3) == 1  # the warm-up and size 1
+        assert calls == [1, 1, 1]
+        fastest_rows(model, x, backward=False, most=64, allowance=4)  # size 2: two passes of 2 rows
+        assert calls[3:] == [2, 2]
+        assert fastest_rows(model, x, backward=False, most=64, allowance=0) in (1, 2)  # nothing more to spend
+        assert calls[5:] == []
+        # A call too short to search at all runs what the budget allows at once.
+        assert fastest_rows(nn.Sequential(nn.Flatten()), x, backward=False, most=5, allowance=2) == 5
+
+
 @pytest.mark.parametrize("method, options", [
     ("scorecam", {}), ("sscam", {"n_samples": 2}), ("iscam", {"n_samples": 2}), ("ablationcam", {}),
     ("ig", {"n_steps": 8}), ("smoothgrad", {"n_samples": 6}), ("deeplift", {}), ("deepliftshap", {"n_baselines": 3}),
