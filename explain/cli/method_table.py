@@ -21,7 +21,7 @@ METHOD_ROWS = (
     ('scorecam', 'perturbation CAM', 'yes', '1 + C forward (C channels at the layer)', 'Score-CAM: channels weighted by the class probability of the image masked by them.'),
     ('sscam', 'perturbation CAM', 'yes', '1 + C x n_samples (35) forward', "SS-CAM: Score-CAM with each channel's score averaged over noisy masks."),
     ('iscam', 'perturbation CAM', 'yes', '1 + C x n_samples (10) forward', "IS-CAM: Score-CAM with each channel's score integrated along a path of growing masks."),
-    ('ablationcam', 'perturbation CAM', 'yes', '1 + C forward (C channels at the layer)', 'Ablation-CAM: channels weighted by the relative drop of the score when zeroed.'),
+    ('ablationcam', 'perturbation CAM', 'yes', '1 forward + C forward of the layers after the target (C channels there)', 'Ablation-CAM: channels weighted by the relative drop of the score when zeroed.'),
     ('fullgrad', 'gradient CAM', '-', '1 forward + 1 backward', "FullGrad: full-gradient saliency, the input-gradient plus every layer's bias-gradient."),
     ('saliency', 'gradient attribution', '-', '1 forward + 1 backward', 'Saliency: the gradient of the score with respect to the input, dS/dx.'),
     ('inputxgrad', 'gradient attribution', '-', '1 forward + 1 backward', "Input x Gradient: x * dS/dx, each input's first-order contribution to the score."),
