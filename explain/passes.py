@@ -399,11 +399,13 @@ def budget_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int)
     return max(1, min(total, memory_budget(row.device) // row_bytes(model, row, backward=backward)))
 
 
-def inner_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int, given: int | None = None) -> int:
-    """Rows per inner batch for a call that runs ``total`` rows like ``images[:1]`` through
+def inner_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int, given: int | None = None,
+               call_rows: int | None = None) -> int:
+    """Rows per inner batch for passes of ``total`` rows like ``images[:1]`` through
     ``model``: ``given`` where the caller set one (``batch_size=``, ``internal_batch_size=``),
     else the fastest size (:func:`fastest_rows`) among those that fit in the memory budget
-    (:func:`budget_rows`).
+    (:func:`budget_rows`), the search spending at most :data:`SEARCH_SHARE` of the call's
+    rows (``call_rows``, where the call runs several such series of passes: ``total`` else).
 
     Call it with the model in the state the passes run in (eval mode, frozen weights: inside
     :func:`~explain.hooks.preserved_state`)."""
@@ -413,7 +415,7 @@ def inner_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int, 
     if most <= 2:
         return most
     return fastest_rows(model, images[:1].detach(), backward=backward, most=most,
-                        allowance=int(SEARCH_SHARE * total))
+                        allowance=int(SEARCH_SHARE * (call_rows or total)))
 
 
 # -- progress and stops

@@ -364,7 +364,8 @@ class Batched(Attribution):
     def rows(self, images: Tensor, total: int) -> int:
         """Rows of one pass for a call that runs ``total`` rows like ``images[0]``:
         ``internal_batch_size``, or sized from the memory budget."""
-        return inner_rows(self.model, images, backward=self.backward, total=total, given=self.internal_batch_size)
+        return inner_rows(self.model, images, backward=self.backward, total=total, given=self.internal_batch_size,
+                          call_rows=self.planned_passes(images))
 
 
 class WithBaseline(Batched):
