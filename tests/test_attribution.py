@@ -405,8 +405,9 @@ def test_lime_and_kernelshap_are_deterministic_with_a_seed(name):
     first = cls(model, n_segments=6, n_samples=16, seed=1)(x, IDS).raw
     again = cls(model, n_segments=6, n_samples=16, seed=1)(x, IDS).raw
     other = cls(model, n_segments=6, n_samples=16, seed=2)(x, IDS).raw
-    assert torch.equal(first, again)
-    assert not torch.equal(first, other)
+    # Equal up to rounding: the inner batches' size is measured, and may differ between calls.
+    assert torch.allclose(first, again, atol=1e-6)
+    assert not torch.allclose(first, other, atol=1e-6)
 
 
 @pytest.mark.parametrize("name, options", [
