@@ -280,8 +280,8 @@ def _one_pass(model: nn.Module, rows: Tensor, backward: bool) -> None:
 
 def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
     """Bytes one row like ``row`` (1, ...) takes in a pass through ``model``: with
-    ``backward``, the tensors autograd keeps for the backward pass plus as much again for
-    the gradients that flow back through them; without, four of the largest activation
+    ``backward``, the tensors autograd keeps for the backward pass plus two of the largest
+    for the gradients that flow back through them (backward frees the rest as it goes); without, four of the largest activation
     (what a forward pass holds at once: the input and output of a layer, a residual, a
     workspace). The method's own tensors add :data:`INPUT_COPIES` inputs. Measured on one
     pass at first use, then kept for the process."""
@@ -298,7 +298,6 @@ def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
             grown = row.detach().requires_grad_(True)
             _score(model(grown))
         largest = max(saved.values(), default=0)
-        # Backward frees what it has used as it goes: the saved tensors and a few gradients.
         kept = sum(saved.values()) + 2 * largest if backward else 4 * largest
         cache[key] = kept + INPUT_COPIES * row.numel() * row.element_size()
     return cache[key]

@@ -235,7 +235,7 @@ def test_ctrl_c_stops_score_cam_within_a_second_and_restores_the_model():
 
 
 SUBPROCESS = textwrap.dedent("""
-    import json, resource, sys, torch, torchvision
+    import json, sys, threading, time, torch, torchvision
     import explain
     from explain.hooks import preserved_state
     from explain.passes import row_bytes
@@ -246,13 +246,28 @@ SUBPROCESS = textwrap.dedent("""
     with preserved_state(model):
         per_row = row_bytes(model, x, backward=True)
     explain.IntegratedGradients(model, n_steps=2)(x)   # the first call's own costs, before the baseline
-    def peak():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    baseline = peak()
+
+    def anonymous():  # the process's own memory: the shared libraries' pages may come and go
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("RssAnon:"))
+
+    peak, done = [anonymous()], threading.Event()
+    baseline = peak[0]
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], anonymous())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     options = json.loads(sys.argv[1])
     explain.IntegratedGradients(model, n_steps=48, **options["init"])(x, **options["call"])
-    print(json.dumps({"per_row": per_row, "growth": peak() - baseline}))
+    done.set()
+    sampler.join()
+    print(json.dumps({"per_row": per_row, "growth": peak[0] - baseline}))
 """)
+
 
 
 def _peak_growth(init: dict, call: dict) -> dict:
