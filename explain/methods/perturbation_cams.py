@@ -44,8 +44,8 @@ class PerturbationCAM(BaseCAM):
     backward = False
     family = "perturbation CAM"
     cost = "1 + C forward (C channels at the layer)"
-    #: Masked passes per channel.
-    samples_per_channel = 1
+    #: Masked passes per channel (SS-CAM and IS-CAM take it as an option).
+    n_samples = 1
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int | None = None,
                  class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
@@ -58,7 +58,7 @@ class PerturbationCAM(BaseCAM):
         method skips, are counted too."""
         captured = self.capture(images[:1])
         channels = sum(activations.shape[1] for activations in captured.activations.values())
-        return len(images) * (1 + channels * self.samples_per_channel)
+        return len(images) * (1 + channels * self.n_samples)
 
     def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
         """The unperturbed pass alone: it meets every mistake in the model, layer or targets,
@@ -144,7 +144,7 @@ class ScoreCAM(PerturbationCAM):
         if not softmax_over_channels:
             wanted = wanted[~constant_rows]
         scores = torch.zeros(len(rows), captured.num_targets, device=flat.device)
-        samples = self.samples_per_channel
+        samples = self.n_samples
         step = inner_rows(self.model, images, backward=False, total=len(wanted) * samples, given=self.batch_size)
         with Passes(self.name, len(wanted) * samples) as passes:
             masks = rows.reshape(len(rows), 1, *activations.shape[-2:])
@@ -204,10 +204,6 @@ class SSCAM(ScoreCAM):
                          eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
-    @property
-    def samples_per_channel(self) -> int:
-        return self.n_samples
-
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         for sample in range(self.n_samples):
             noise = torch.empty_like(masks)
@@ -239,10 +235,6 @@ class ISCAM(ScoreCAM):
         super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
                          eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
         self.n_samples = positive_int("n_samples", n_samples)
-
-    @property
-    def samples_per_channel(self) -> int:
-        return self.n_samples
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
         coefficient = 0.0
