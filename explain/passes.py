@@ -108,6 +108,9 @@ class Settings:
     listener: Callable[[str, int, int], None] | None = None
     #: Asked after each inner batch whether to stop.
     stop: Callable[[], bool] | None = None
+    #: Called after each inner batch and each size :func:`fastest_rows` tries (where the
+    #: command line hands memory the passes freed back to the system).
+    between: Callable[[], None] | None = None
 
 
 _settings: contextvars.ContextVar[Settings] = contextvars.ContextVar("explain_pass_settings", default=Settings())
@@ -141,11 +144,13 @@ def parse_memory(value) -> int | None:
 
 
 @contextmanager
-def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_UNSET) -> Iterator[Settings]:
+def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_UNSET,
+                  between=_UNSET) -> Iterator[Settings]:
     """Set, for the calls in the block (in this thread), the memory budget of their inner
     batches (``max_memory``, see :func:`parse_memory`), whether they show a progress bar
-    (``progress``: None for the default), a listener told of each inner batch and a stop
-    test asked after each; what is not given stays as it was.
+    (``progress``: None for the default), a listener told of each inner batch, a stop
+    test asked after each, and ``between``, called after each inner batch and each size the
+    search for the fastest batch tries; what is not given stays as it was.
 
     >>> with pass_settings(max_memory="1GB"):
     ...     memory_budget(torch.device("cpu"))
@@ -162,6 +167,8 @@ def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_
         changes["listener"] = listener
     if stop is not _UNSET:
         changes["stop"] = stop
+    if between is not _UNSET:
+        changes["between"] = between
     token = _settings.set(replace(_settings.get(), **changes))
     try:
         yield _settings.get()
@@ -294,8 +301,11 @@ def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
                 saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
             return tensor
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), torch.enable_grad():
-            grown = row.detach().requires_grad_(True)
+        # Out of inference mode, where the perturbation methods and metrics call this from:
+        # there autograd keeps nothing, and the measurement would be only the inputs.
+        with torch.inference_mode(False), torch.enable_grad(), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            grown = row.detach().clone().requires_grad_(True)
             _score(model(grown))
         largest = max(saved.values(), default=0)
         kept = sum(saved.values()) + 2 * largest if backward else 4 * largest
@@ -328,6 +338,7 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int, al
                 _one_pass(model, batch, backward)  # warm-up: the first pass allocates
             try:
                 times[size] = _timed(model, batch, backward) / size
+                _between()
             except Exception:
                 if size == 1:
                     raise
@@ -339,6 +350,12 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int, al
                 break
         size *= 2
     return _best(times, most) if times else most  # a call too short to search: all it may at once
+
+
+def _between() -> None:
+    between = _settings.get().between
+    if between is not None:
+        between()
 
 
 def _timed(model: nn.Module, batch: Tensor, backward: bool) -> float:
@@ -474,6 +491,7 @@ class Passes:
             self.bar.update(rows)
         if self.outer is None and self.listener is not None:
             self.listener(self.method, self.done, max(self.total, self.done))
+        _between()
         if self.stop is not None and self.stop():
             raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
 

@@ -841,6 +841,31 @@ def test_reused_heap_trims_only_when_the_heap_creeps_up(monkeypatch):
     heap_module.ReusedHeap().close()  # the real allocator back to glibc's initial settings
 
 
+def test_reused_heap_hands_back_the_setup_and_what_a_batch_of_passes_grows_past_its_room(monkeypatch):
+    import platform
+
+    from explain import heap as heap_module
+
+    if platform.libc_ver()[0] != "glibc":
+        assert not heap_module.ReusedHeap().enabled
+        return
+    trims = []
+    fake = type("FakeLibc", (), {"malloc_trim": staticmethod(lambda pad: trims.append(pad)),
+                                 "mallopt": staticmethod(lambda option, value: 1)})()
+    monkeypatch.setattr(heap_module, "_glibc", lambda: fake)
+    monkeypatch.setattr(heap_module, "_page_size", lambda: 1000)
+    resident = iter([500, 600, 700, 701, 650])
+    monkeypatch.setattr(heap_module, "_resident_pages", lambda: next(resident))
+    heap = heap_module.ReusedHeap(room=200_000)  # 200 pages
+    assert trims == [0] and heap.floor == 500 and heap.ceiling == 700  # the setup's freed memory went back first
+    heap.after_passes()  # 600
+    heap.after_passes()  # 700: at the ceiling, kept
+    assert trims == [0]
+    heap.after_passes()  # 701: past it
+    heap.after_passes()  # 650
+    assert trims == [0, 0] and heap.trims == 1
+
+
 def test_commands_give_the_allocator_back(tmp_path, monkeypatch):
     # explain.cli.main() called from Python sets glibc's thresholds for its run and puts
     # glibc's initial ones back when the run ends, returning the kept memory.

@@ -35,13 +35,45 @@ def test_the_first_ctrl_c_stops_the_running_method_after_its_inner_batch(tmp_pat
     assert "explain: stopping after the current inner batch (Ctrl-C again to stop now)" in captured.err
     assert "interrupted, run the same command again to finish" in captured.out
     rows = read_rows(tmp_path / "out" / "manifest.jsonl")
+    # The second photo's Grad-CAM finished before the stop: it is kept too.
     assert [(row["input"], row["method"], row["status"]) for row in rows] == [
-        ("in/p0.png", "gradcam", "ok"), ("in/p0.png", "heavypasses", "ok")]
+        ("in/p0.png", "gradcam", "ok"), ("in/p0.png", "heavypasses", "ok"), ("in/p1.png", "gradcam", "ok")]
     for row in rows:
         check_png(tmp_path / "out" / row["output"])
 
     assert main(command) == 0
-    assert summary_counts(capsys.readouterr().out) == (4, 2, 0)
+    assert summary_counts(capsys.readouterr().out) == (3, 3, 0)
+
+
+def test_ctrl_c_within_a_batch_keeps_the_methods_that_finished_on_it(tmp_path, capsys, monkeypatch, heavy_method):
+    # One batch of three photos: Grad-CAM finishes on all of them, then Ctrl-C comes within the
+    # heavy method; Grad-CAM's outputs are written, the heavy method and Saliency after it are
+    # left for the rerun.
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        noise_image(i).save(tmp_path / "in" / f"p{i}.png")
+    inner_batches = []
+
+    def each_inner_batch(self, images):
+        if images.flatten(2).std(dim=2).max() > 0:  # not the blank image of the checks
+            inner_batches.append(len(images))
+            if len(inner_batches) == 2:
+                signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(heavy_method, "each_inner_batch", each_inner_batch)
+    monkeypatch.chdir(tmp_path)
+    command = ["run", "in", "--out", "out", "--method", "gradcam,heavypasses,saliency", "-b", "3", "--workers", "0"]
+    assert main(command) == 130
+    assert inner_batches == [3, 3]
+    assert "interrupted, run the same command again to finish. 3 done now" in capsys.readouterr().out
+    rows = read_rows(tmp_path / "out" / "manifest.jsonl")
+    assert sorted((row["input"], row["method"], row["status"]) for row in rows) == [
+        (f"in/p{i}.png", "gradcam", "ok") for i in range(3)]
+    for row in rows:
+        check_png(tmp_path / "out" / row["output"])
+
+    assert main(command) == 0
+    assert summary_counts(capsys.readouterr().out) == (6, 3, 0)
 
 
 def _lines(stream) -> queue.Queue:

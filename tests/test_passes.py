@@ -95,6 +95,32 @@ def test_the_fastest_batch_is_measured_once_and_stops_at_sizes_the_model_refuses
         assert model.calls == measured  # kept for the process
 
 
+def test_a_row_costs_the_same_inside_inference_mode():
+    # The perturbation methods and metrics size their passes from inside inference_mode, where
+    # autograd keeps nothing: measured there, a row once cost only its input copies.
+    model, x = small_cnn(), images(1, 32)
+    with preserved_state(model):
+        outside = row_bytes(model, x, backward=False)
+        passes._measured.clear()
+        with torch.inference_mode():
+            inside = row_bytes(model, x.clone(), backward=False)
+    activation = 24 * 32 * 32 * 4  # the widest layer's output, in bytes
+    assert inside == outside >= 4 * activation + passes.INPUT_COPIES * x.numel() * 4
+
+
+def test_between_is_called_after_each_inner_batch_and_each_size_the_search_tries():
+    model, x = small_cnn(), images(1, 16)
+    calls = []
+    with preserved_state(model), pass_settings(between=lambda: calls.append("between")):
+        fastest_rows(model, x, backward=False, most=4, allowance=None)
+        assert calls == ["between"] * 3  # sizes 1, 2 and 4
+        calls.clear()
+        with Passes("demo", total=5) as running:
+            running.advance(2)
+            running.advance(3)
+        assert calls == ["between"] * 2
+
+
 def test_a_short_call_spends_little_on_the_search_and_later_calls_go_on_with_it():
     model, x = small_cnn(), images(1, 16)
     calls = []

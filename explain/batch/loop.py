@@ -2,7 +2,7 @@
 in DataLoader workers, a batch at a time, with a progress bar that moves within a batch as the
 methods run their passes, the run's memory budget (``--max-memory``), Ctrl-C (the running method
 stops after its current inner batch, then the run; twice: stop now) and glibc's heap kept for the
-next batch; and out-of-memory halving, which the Ray actors use too."""
+next batch (trimmed where a batch's passes grow it); and out-of-memory halving, which the Ray actors use too."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def for_each_batch(paths: list[str], inputs: ModelInputs, loaded, options,
     started = time.perf_counter()
     try:
         with StopFlag() as stop, ReusedHeap() as heap, pass_settings(
-                max_memory=options.max_memory, progress=False, listener=within, stop=lambda: stop.set):
+                max_memory=options.max_memory, progress=False, listener=within, stop=lambda: stop.set,
+                between=heap.after_passes):
             for batch in loader:
                 count = len(batch.failures) + sum(len(indices) for indices, _ in batch.groups)
                 within.start(count)

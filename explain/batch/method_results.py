@@ -1,5 +1,6 @@
-"""Each method's result on a group of images, or the error it raised, and the time it took; and
-what a group's results come to: failed manifest rows and files to write."""
+"""Each method's result on a group of images, or the error it raised (or the Ctrl-C that stopped
+it), and the time it took; and what a group's results come to: failed manifest rows and files
+to write."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import Tensor
 
 from ..methods import BaseCAM, explain_together
 from ..errors import is_out_of_memory
+from ..passes import StopRequested
 from .loop import OutOfMemory
 from .writing import Job
 
@@ -27,32 +29,52 @@ class Outcome:
         self.jobs += other.jobs
 
 
+#: A CAM estimated to cost at least this many forward passes per image (Score-CAM: one per
+#: channel) runs on its own, not in the CAMs' shared pass: its time is its own, and a Ctrl-C
+#: within it keeps the results of the CAMs before it.
+ALONE_FROM = 16.0
+
+
 def explain_all(cams: list, images: Tensor, targets, topk: int | None = None,
                 costs: dict[str, float] | None = None) -> tuple[list, list[float]]:
     """Each explainer's explanation of ``images``, or the error it raised, and the seconds each
-    took: the CAMs together, sharing one forward and backward pass (they share its time, in
-    proportion to their estimated ``costs``, method -> forward passes per image; equally where
-    not given), and where that fails (or for the other methods) each on its own, so that an
-    error lands on the method that fails and not on the others."""
-    shared = [cam for cam in cams if isinstance(cam, BaseCAM)]
+    took: the quick CAMs together, sharing one forward and backward pass (they share its time,
+    in proportion to their estimated ``costs``, method -> forward passes per image; equally
+    where not given), and where that fails (or for the other methods) each on its own, so that
+    an error lands on the method that fails and not on the others.
+
+    The first Ctrl-C (:class:`~explain.passes.StopRequested`) ends the group where it comes:
+    the method it stopped and those after it get that exception instead of a result, while
+    the methods that finished keep theirs."""
+    costs = costs or {}
+    shared = [cam for cam in cams if isinstance(cam, BaseCAM) and costs.get(cam.name, 0.0) < ALONE_FROM]
     outcome: dict = {}
     seconds: dict = {}
+    stopped: StopRequested | None = None
     try:
         started = time.perf_counter()
         outcome.update(zip(shared, explain_together(shared, images, targets, topk=topk)))
         took = time.perf_counter() - started
-        weights = [max((costs or {}).get(cam.name, 1.0), 1e-9) for cam in shared]
+        weights = [max(costs.get(cam.name, 1.0), 1e-9) for cam in shared]
         seconds.update((cam, took * weight / sum(weights)) for cam, weight in zip(shared, weights))
+    except StopRequested as stop:
+        stopped = stop
     except Exception:
         pass  # each CAM on its own, below
     for cam in cams:
-        if cam not in outcome:
-            started = time.perf_counter()
-            try:
-                outcome[cam] = cam(images, targets, topk=topk)
-            except Exception as error:
-                outcome[cam] = error
-            seconds[cam] = time.perf_counter() - started
+        if cam in outcome:
+            continue
+        if stopped is not None:
+            outcome[cam], seconds[cam] = stopped, 0.0
+            continue
+        started = time.perf_counter()
+        try:
+            outcome[cam] = cam(images, targets, topk=topk)
+        except StopRequested as stop:
+            outcome[cam] = stopped = stop
+        except Exception as error:
+            outcome[cam] = error
+        seconds[cam] = time.perf_counter() - started
     return [outcome[cam] for cam in cams], [seconds[cam] for cam in cams]
 
 

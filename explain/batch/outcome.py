@@ -25,8 +25,14 @@ def exit_code(failed: int, interrupted: bool, device_error: bool = False) -> int
 
 
 def interrupted_summary(text: str) -> str:
-    """A summary line ("explain: ...") as it reads after Ctrl-C."""
-    return "explain: interrupted, run the same command again to finish. " + text[len("explain: "):]
+    """A summary line ("explain: ...") as it reads after Ctrl-C: where Ctrl-C came before any
+    image was finished, no longer "nothing left to do".
+
+    >>> interrupted_summary("explain: 0 done now, 0 failed; nothing left to do; see out/index.html")
+    'explain: interrupted, run the same command again to finish. 0 done now, 0 failed; no images explained; see out/index.html'
+    """
+    body = text[len("explain: "):].replace("nothing left to do", "no images explained")
+    return "explain: interrupted, run the same command again to finish. " + body
 
 
 def stopped_summary(error: Exception, text: str) -> str:

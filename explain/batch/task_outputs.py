@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ..hooks import preserved_state
 from ..errors import is_out_of_memory
+from ..passes import StopRequested
 from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
 from .explainers import class_name
 from .inputs import Source
@@ -48,8 +49,9 @@ class ClassifyOutputs:
         for cam, result in zip(cams, results):
             if isinstance(result, Exception):
                 host.fail(outcome, work, range(len(work)), cam, f"{type(result).__name__}: {result}", str(result))
+        # A method that Ctrl-C stopped is neither done nor failed: a resumed run does it.
         done = [(cam, result, took) for cam, result, took in zip(cams, results, seconds)
-                if not isinstance(result, Exception)]
+                if not isinstance(result, (Exception, StopRequested))]
         if not done:
             return outcome
         best_probability, best_id = done[0][1].logits.float().softmax(dim=1).max(dim=1)
@@ -133,7 +135,7 @@ class DenseOutputs:
             host.fail(outcome, work, empty, cam, f"no detected box matches --target {host.prepared.target.labels[0]}")
             if isinstance(found[cam], Exception):
                 host.fail(outcome, work, sorted(set(owners)), cam, f"{type(found[cam]).__name__}: {found[cam]}")
-            elif found[cam]:
+            elif found[cam] and not isinstance(found[cam], StopRequested):
                 self._jobs(host, outcome, work, cam, found[cam], owners, records, marks, predicted, pictures)
         return outcome
 
@@ -151,15 +153,17 @@ class DenseOutputs:
                 chunk = target.subset(rows)
                 batch = model_input[chunk.image_ids.to(model_input.device)]
             for cam, result, took in zip(cams, *explain_all(cams, batch, chunk, costs=host.prepared.costs)):
-                if isinstance(found[cam], Exception):
+                if isinstance(found[cam], (Exception, StopRequested)):
                     continue
-                if isinstance(result, Exception):
+                if isinstance(result, (Exception, StopRequested)):  # stopped: not written, done on resume
                     found[cam] = result
                     continue
                 if self.task == "detect":
                     result = crop_padding(result, host.loaded.model)
                 found[cam].append((result.maps.cpu().numpy(), {n: r.cpu().numpy() for n, r in result.raw_layers.items()},
                                    took / len(rows)))
+            if any(isinstance(value, StopRequested) for value in found.values()):
+                break  # Ctrl-C: the boxes left are for a resumed run
         return found
 
     def _jobs(self, host, outcome: Outcome, work, cam, chunks: list, owners: list[int], records: list[dict],
