@@ -151,14 +151,15 @@
       });
     });
     $("metric-control").hidden = !metricKeys.length;
+    // text and number fields answer as they are typed in, lists and boxes when they change
     $("controls").addEventListener("input", function (event) {
-      if (event.target.id === "opacity") return opacity();
-      if (event.target.id === "overlay-on") return overlaySwitch();
-      apply();
+      var kind = event.target.type;
+      if (event.target.id === "opacity") opacity();
+      else if (kind === "text" || kind === "search" || kind === "number") apply();
     });
     $("controls").addEventListener("change", function (event) {
-      if (event.target.id !== "opacity" && event.target.id !== "overlay-on") return;
-      if (event.target.id === "opacity") opacity(); else overlaySwitch();
+      if (event.target.id === "overlay-on") overlaySwitch();
+      else if (event.target.tagName === "SELECT" || event.target.type === "checkbox") apply();
     });
   }
   function opacity() { document.documentElement.style.setProperty("--overlay-opacity", $("opacity").value / 100); }
