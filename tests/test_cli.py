@@ -100,7 +100,8 @@ def check_index(out: Path, rows: list[dict]) -> None:
     shown = {unquote(m["output"]) for m in page["maps"] if m["output"]}
     assert shown == {r["output"] for r in rows if r["status"] in ("ok", "skipped")}
     assert all((out / output).is_file() for output in shown)
-    assert {m["error"] for m in page["maps"] if m["status"] == 2} == {r["error"] for r in rows if r["status"] == "failed"}
+    failed = [r for r in read_rows(out / "manifest.jsonl") if r["status"] == "failed"]
+    assert {m["error"] for m in page["maps"] if m["status"] == 2} == {r["error"] for r in failed}
 
 
 def noise_image(seed: int, size=(48, 40)) -> Image.Image:
@@ -178,7 +179,8 @@ def test_mixed_folder_of_good_and_bad_files(tmp_path):
                 "input": row["input"], "method": "gradcam", "layer": "bn2", "target": "top1",
                 "target_id": None, "target_name": None, "target_probability": None, "predicted_id": None,
                 "predicted_name": None, "predicted_probability": None, "output": None, "maps": None,
-                "status": "failed", "settings": SETTINGS, "seconds": None,
+                "status": "failed", "settings": SETTINGS, "seconds": None, "label_id": None, "label_name": None,
+                "correct": None,
             }
             assert f"explain: failed: {row['input']}: {error}" in result.stderr
         else:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from explain.cli import main
+from explain.viewer import read_page
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_ALLOCATION_FAILED = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 822083584 bytes"
