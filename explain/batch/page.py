@@ -26,13 +26,16 @@ def page_run(command: str, summary: str, stats: dict[str, int], seconds: float, 
 
 
 def write_page(folder: OutputFolder, rows: Sequence[dict], run: PageRun, metrics_html: str = "",
-               exists: Callable[[str], bool] | None = None) -> None:
+               exists: Callable[[str], bool] | None = None,
+               original: Callable[[str], str | None] | None = None) -> None:
     """Write the explorer of manifest ``rows`` into ``folder``: its data files, then index.html,
     then remove an earlier page's data files (a page is whole at every moment). ``exists``
-    says whether an output is there (by default: the folder is asked)."""
-    local = folder.filesystem is None
-    files = page_files(rows, run, metrics_html, exists=exists or folder.is_file,
-                       original=original_link(folder.root) if local else (lambda source: None))
+    says whether an output is there (by default: the folder is asked); ``original`` links an
+    input image (by default: a relative link from a folder on this machine, none from one
+    given by URI)."""
+    if original is None:
+        original = original_link(folder.root) if folder.filesystem is None else (lambda source: None)
+    files = page_files(rows, run, metrics_html, exists=exists or folder.is_file, original=original)
     for name, data in files.items():  # index.html last
         folder.write(name, data)
     for name in stale_data_files(folder.names("rows-", under=DATA_FOLDER), files):
