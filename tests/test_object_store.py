@@ -122,7 +122,7 @@ def test_a_run_writes_its_overlays_manifest_and_index_to_the_bucket(s3, tmp_path
     stdout = capsys.readouterr().out
     assert summary_counts(stdout) == (8, 0, 0)
     assert f"see s3://{BUCKET}/e2e/index.html?endpoint_override={s3.endpoint}&scheme=http" in stdout
-    rows = _check_outputs(s3, "e2e", 4, ("gradcam", "layercam"))
+    _check_outputs(s3, "e2e", 4, ("gradcam", "layercam"))  # the page included
     assert main(options) == 0  # resumes from the bucket's manifest
     assert summary_counts(capsys.readouterr().out) == (0, 8, 0)
     _check_outputs(s3, "e2e", 4, ("gradcam", "layercam"))

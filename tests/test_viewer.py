@@ -8,12 +8,10 @@ made in-process with a tiny model exported to a ``.pt2`` file, on small noise im
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
 from pathlib import Path
-from urllib.parse import unquote
 
 import numpy as np
 import pytest

@@ -6,8 +6,8 @@ joined into one ``index.html``. The rows come from the manifest as *data files*:
 ``index-data/rows-<token>-<n>.js``, script files the page includes, since a browser refuses to
 read a local JSON file by ``fetch`` from a file:// page. Each holds :data:`IMAGES_PER_FILE`
 images, column by column (one array per field, the few distinct strings as indices into
-shared tables), as ``explorerData.push(JSON.parse("..."))``: a JSON string parses several
-times faster than the same object written as JavaScript.
+shared tables), as ``explorerData.push(JSON.parse("..."))``: for large data a JSON string
+parses faster than the same object written as JavaScript (V8's advice).
 
 The data files of one write share a fresh token, and index.html names them; a page written
 before is left whole until the new index.html replaces it (:func:`stale_data_files` are

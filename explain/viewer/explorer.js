@@ -128,6 +128,7 @@
       box.type = "checkbox"; box.checked = true; box.value = m; box.className = "method";
       l.appendChild(box); l.appendChild(document.createTextNode(" " + name)); methods.appendChild(l);
     });
+    option($("target"), -1, "each image's first");  // boxes of a detector differ from image to image
     tables.target.forEach(function (name, t) { option($("target"), t, name); });
     if (tables.target.length < 2) $("target").parentNode.hidden = true;
     var targets = {}, preds = {};
@@ -167,9 +168,11 @@
   function overlaySwitch() { document.body.classList.toggle("no-overlay", !$("overlay-on").checked); }
 
   // ---- filtering and sorting: `view` holds the indices of the images shown, in order
-  var view = new Int32Array(0), shownMethods = [], target = 0;
+  var view = new Int32Array(0), shownMethods = [], target = -1;  // target: an index of tables.target, or -1: the first
   function mapOf(i, m) {
-    for (var g = mapStart[i]; g < mapStart[i + 1]; g++) if (mMethod[g] === m && mTarget[g] === target) return g;
+    for (var g = mapStart[i]; g < mapStart[i + 1]; g++) {
+      if (mMethod[g] === m && (target < 0 || mTarget[g] === target)) return g;
+    }
     return -1;
   }
   function number(id, fallback) { var v = parseFloat($(id).value); return isNaN(v) ? fallback : v; }
@@ -179,7 +182,7 @@
     for (var b = 0; b < boxes.length; b++) if (boxes[b].checked) methods.push(+boxes[b].value);
     var metric = $("metric").value === "" ? null : metricKeys[+$("metric").value];
     return {
-      methods: methods, target: +$("target").value || 0,
+      methods: methods, target: +$("target").value,
       search: $("search").value.trim().toLowerCase(),
       targetClass: $("target-class").value === "" ? -1 : +$("target-class").value,
       predictedClass: $("predicted-class").value === "" ? -1 : +$("predicted-class").value,
