@@ -19,7 +19,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 
 demo: $(VENV)/.installed
 	$(BIN)/explain run data/images --out out --method gradcam,gradcam++,layercam
-	@echo "Open out/index.html in a browser to see the overlays."
+	@echo "Open the explorer in a browser: file://$(abspath out/index.html)"
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
@@ -31,6 +31,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_attribution.py
 	$(BIN)/python benchmarks/bench_metrics.py
+	$(BIN)/python benchmarks/bench_viewer.py
 	$(BIN)/python benchmarks/bench_heavy.py
 
 # The peers (pytorch-grad-cam, torchcam) are an optional extra, installed for this alone.

@@ -1,4 +1,5 @@
-"""What a batch run leaves on disk: overlays, the manifest and index.html, each written atomically.
+"""What a batch run leaves on disk: overlays and the manifest (index.html, the explorer, is
+:mod:`explain.viewer`'s), each written atomically.
 
 Every file is written to a hidden temporary file in its final folder and then renamed over
 the target, so a process killed at any moment leaves either the old file or the new one,
@@ -8,16 +9,14 @@ never a truncated one. Leftover temporary files end in ``.explain-tmp``;
 
 from __future__ import annotations
 
-import html
 import io
 import json
 import math
 import os
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import numpy as np
 from PIL import Image
@@ -32,7 +31,6 @@ __all__ = [
     "json_records",
     "read_manifest",
     "remove_temp_files",
-    "write_index",
     "write_manifest",
 ]
 
@@ -56,6 +54,9 @@ MANIFEST_FIELDS = (
     "error",                  # why it failed
     "settings",               # options that change the pixels; resume only reuses a match
     "seconds",                # the method's time on this output: its image's share of the batch's, per target
+    "label_id",               # with --labels: the image's true class id
+    "label_name",             # its class name
+    "correct",                # whether the model's top class is the label (true, false; empty without one)
 )
 #: Written after those only with ``explain run --metrics``: {metric column: value} for the map.
 METRICS_FIELD = "metrics"
@@ -151,21 +152,6 @@ def json_line(record: dict) -> str:
     return line
 
 
-def readable(text: str) -> str:
-    """``text`` with the bytes of a file name that are not UTF-8 shown as ``\\xNN``: how
-    index.html shows such names.
-
-    >>> readable(os.fsdecode(b"caf\\xe9.png"))
-    'caf\\\\xe9.png'
-    >>> readable("a\\ud800")    # a lone surrogate no file name makes
-    'a\\\\ud800'
-    """
-    try:
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    except UnicodeEncodeError:  # a lone surrogate that no file name makes (a hand-edited manifest)
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def json_records(lines: Iterable[str]) -> list[dict]:
     """The JSON objects among ``lines``; lines that do not parse as one are dropped.
 
@@ -193,80 +179,3 @@ def read_manifest(path: str | os.PathLike) -> list[dict]:
     except FileNotFoundError:
         return []
     return json_records(text.splitlines())
-
-
-_STYLE = """
-body { font-family: system-ui, sans-serif; margin: 1.5rem; color: #222; }
-table { border-collapse: collapse; }
-th, td { border: 1px solid #ddd; padding: .4rem; vertical-align: top; text-align: left; }
-thead th { background: #f4f4f4; position: sticky; top: 0; }
-tbody th { font-weight: normal; max-width: 16rem; word-break: break-all; font-size: .85rem; }
-figure { display: inline-block; margin: 0 .3rem .3rem 0; }
-img { display: block; width: 224px; height: auto; }
-figcaption { font-size: .8rem; max-width: 224px; }
-.failed { color: #a00; font-size: .85rem; max-width: 224px; }
-.muted { color: #777; }
-"""
-
-
-def _percent(value) -> str:
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.1%}"
-
-
-def write_index(out_dir: str | os.PathLike, rows: Sequence[dict], summary: str = "", metrics_html: str = "") -> None:
-    """Write ``out_dir/index.html``: a grid of overlays, one row per image, one column per method.
-
-    Only outputs that exist on disk are referenced; failures are shown as text.
-    ``metrics_html``, a table of metric scores (``explain run --metrics``), goes above the grid.
-    """
-    out_dir = Path(out_dir)
-    document = index_html(rows, summary, metrics_html, exists=lambda output: (out_dir / output).is_file())
-    atomic_write(out_dir / "index.html", document.encode("utf-8"))
-
-
-def index_html(rows: Sequence[dict], summary: str = "", metrics_html: str = "",
-               exists: Callable[[str], bool] = lambda output: True) -> str:
-    """The document of :func:`write_index`; ``exists(output)`` says whether an output is there."""
-    methods = list(dict.fromkeys(row["method"] for row in rows if row.get("method")))
-    images: dict[str, dict[str, list[dict]]] = {}
-    for row in rows:
-        images.setdefault(row["input"], {}).setdefault(row.get("method"), []).append(row)
-
-    def cell(cell_rows: list[dict]) -> str:
-        parts = []
-        for row in cell_rows:
-            output = row.get("output")
-            if row.get("status") in ("ok", "skipped") and output and exists(output):
-                caption = f"{row.get('target_name')} ({row.get('target_id')})"
-                probability = _percent(row.get("target_probability"))
-                parts.append(
-                    f'<figure><a href="{quote(output)}"><img src="{quote(output)}" loading="lazy" '
-                    f'alt="{html.escape(row["method"])} for {html.escape(str(row.get("target_name")))}"></a>'
-                    f"<figcaption>{html.escape(caption)} {probability}</figcaption></figure>"
-                )
-            else:
-                reason = row.get("error") or "output missing"
-                parts.append(f'<div class="failed">{html.escape(str(reason))}</div>')
-        return "".join(parts)
-
-    body = []
-    for source, by_method in images.items():
-        first = next(r for group in by_method.values() for r in group)
-        if first.get("predicted_name") is not None:
-            prediction = f'{html.escape(str(first["predicted_name"]))} {_percent(first.get("predicted_probability"))}'
-        else:
-            prediction = '<span class="muted">no prediction</span>'
-        cells = "".join(f"<td>{cell(by_method.get(method, []))}</td>" for method in methods)
-        body.append(f"<tr><th scope=\"row\">{html.escape(source)}<br>{prediction}</th>{cells}</tr>")
-    header = "".join(f"<th>{html.escape(method)}</th>" for method in methods)
-    document = (
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>explain: {len(images)} images</title><style>{_STYLE}</style></head><body>\n"
-        f"<h1>explain: {len(images)} images</h1>\n<p>{html.escape(summary)}</p>\n"
-        + (f"<h2>Metrics</h2>\n{metrics_html}\n<p class=\"muted\">mean ± std over the images; the arrow says which "
-           "way is better; the best per column in bold</p>\n<h2>Maps</h2>\n" if metrics_html else "")
-        + f"<table><thead><tr><th>image (prediction)</th>{header}</tr></thead><tbody>\n"
-        + "\n".join(body)
-        + "\n</tbody></table>\n</body></html>\n"
-    )
-    return readable(document)  # input names that are not UTF-8, shown with \xNN escapes

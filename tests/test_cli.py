@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -22,6 +21,7 @@ from torch import nn
 from explain import method_names as methods, models
 from explain.cli import main
 from explain.report import MANIFEST_FIELDS, TEMP_SUFFIX
+from explain.viewer import DATA_FOLDER, read_page
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = models.imagenet_classes()
@@ -93,21 +93,15 @@ def check_ok_row(row: dict, out: Path, folder: str, stem: str, method: str = "gr
     check_png(out / row["output"])
 
 
-class _Links(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.links = []
-
-    def handle_starttag(self, tag, attrs):
-        self.links += [unquote(value) for key, value in attrs if key in ("src", "href")]
-
-
 def check_index(out: Path, rows: list[dict]) -> None:
-    """index.html references exactly the overlays of the ok and skipped rows, all existing."""
-    parser = _Links()
-    parser.feed((out / "index.html").read_text(encoding="utf-8"))
-    assert parser.links and all((out / link).is_file() for link in parser.links)
-    assert set(parser.links) == {r["output"] for r in rows if r["status"] in ("ok", "skipped")}
+    """index.html shows exactly the overlays of the ok and skipped rows, all existing, and the
+    reasons of the failed ones."""
+    page = read_page(out / "index.html")
+    shown = {unquote(m["output"]) for m in page["maps"] if m["output"]}
+    assert shown == {r["output"] for r in rows if r["status"] in ("ok", "skipped")}
+    assert all((out / output).is_file() for output in shown)
+    failed = [r for r in read_rows(out / "manifest.jsonl") if r["status"] == "failed"]
+    assert {m["error"] for m in page["maps"] if m["status"] == 2} == {r["error"] for r in failed}
 
 
 def noise_image(seed: int, size=(48, 40)) -> Image.Image:
@@ -185,16 +179,19 @@ def test_mixed_folder_of_good_and_bad_files(tmp_path):
                 "input": row["input"], "method": "gradcam", "layer": "bn2", "target": "top1",
                 "target_id": None, "target_name": None, "target_probability": None, "predicted_id": None,
                 "predicted_name": None, "predicted_probability": None, "output": None, "maps": None,
-                "status": "failed", "settings": SETTINGS, "seconds": None,
+                "status": "failed", "settings": SETTINGS, "seconds": None, "label_id": None, "label_name": None,
+                "correct": None,
             }
             assert f"explain: failed: {row['input']}: {error}" in result.stderr
         else:
             check_ok_row(row, out, *successes[row["input"]])
-    produced = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    produced = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()
+                      and p.parent.name != DATA_FOLDER)
     assert produced == sorted(["index.html", "manifest.jsonl"] + [r["output"] for r in rows if r["output"]])
     check_index(out, rows)
-    page = (out / "index.html").read_text()
-    assert "empty file (0 bytes)" in page and "photos/sub/deeper/rotated.jpg" in page
+    page = read_page(out / "index.html")
+    assert "empty file (0 bytes)" in {m["error"] for m in page["maps"]}
+    assert "photos/sub/deeper/rotated.jpg" in {image["name"] for image in page["images"]}
 
 
 # Enough that a run signalled after its first rows cannot have finished by then.
@@ -327,7 +324,9 @@ def test_demo_command_on_the_sample_photos(tmp_path, capsys):
     assert summary_counts(rerun) == (0, 12, 0)
     # Nothing ran, and the summary (also index.html's) says so: no count of 0 images at 0.00 images/s.
     assert "; nothing left to do; see " in rerun and "images/s" not in rerun
-    assert "0 done now, 12 skipped (done before), 0 failed; nothing left to do" in (tmp_path / "index.html").read_text()
+    run = read_page(tmp_path / "index.html")["run"]
+    assert "0 done now, 12 skipped (done before), 0 failed; nothing left to do" in run["summary"]
+    assert run["counts"] == {"ok": 0, "skipped": 12, "failed": 0} and run["images"] == 0 and run["seconds"] < 60
 
 
 def test_a_log_file_gets_whole_lines_and_no_carriage_returns(photos, capsys, monkeypatch):

@@ -6,6 +6,7 @@ refused by the lease object that stands in for a lock there."""
 
 import json
 import logging
+import re
 import os
 import signal
 import socket
@@ -14,7 +15,7 @@ import sys
 import threading
 import time
 from io import BytesIO
-from urllib.parse import quote
+from urllib.parse import unquote
 
 import pytest
 from moto.server import ThreadedMotoServer
@@ -29,6 +30,7 @@ from explain.batch.ray_driver import PLAN_PREFIX
 from explain.batch.storage import OutputFolder
 from explain.cli import main
 from explain.errors import UsageError
+from explain.viewer import DATA_FOLDER, read_data_file
 
 from test_cli import REPO, environment, noise_image, summary_counts
 
@@ -99,7 +101,13 @@ def _check_outputs(s3: Store, folder: str, images: int, methods: tuple[str, ...]
             image.load()  # raises on a truncated file
             assert image.format == "PNG" and image.size == (224, 224)
     names = set(s3.files(folder))
-    assert names == {"manifest.jsonl", "index.html"} | {row["output"] for row in rows}
+    data_files = {name for name in names if name.startswith(DATA_FOLDER + "/")}
+    assert names - data_files == {"manifest.jsonl", "index.html"} | {row["output"] for row in rows}
+    index = s3.read(folder, "index.html").decode()
+    assert data_files == {f"{DATA_FOLDER}/{name}" for name in re.findall(rf'src="{DATA_FOLDER}/([^"]+)"', index)}
+    shown = {unquote(output) for name in data_files
+             for output in read_data_file(s3.read(folder, name))["maps"]["output"] if output}
+    assert shown == {row["output"] for row in rows}
     return rows
 
 
@@ -114,9 +122,7 @@ def test_a_run_writes_its_overlays_manifest_and_index_to_the_bucket(s3, tmp_path
     stdout = capsys.readouterr().out
     assert summary_counts(stdout) == (8, 0, 0)
     assert f"see s3://{BUCKET}/e2e/index.html?endpoint_override={s3.endpoint}&scheme=http" in stdout
-    rows = _check_outputs(s3, "e2e", 4, ("gradcam", "layercam"))
-    index = s3.read("e2e", "index.html").decode()
-    assert all(f'src="{quote(row["output"])}"' in index for row in rows)
+    _check_outputs(s3, "e2e", 4, ("gradcam", "layercam"))  # the page included
     assert main(options) == 0  # resumes from the bucket's manifest
     assert summary_counts(capsys.readouterr().out) == (0, 8, 0)
     _check_outputs(s3, "e2e", 4, ("gradcam", "layercam"))

@@ -64,6 +64,37 @@ class ModelInputs:
         return images.permute(0, 2, 3, 1).cpu().numpy()
 
 
+#: Steps of a preprocessing that leave an image's framing as it is.
+_NOT_FRAMING = (transforms.ToTensor, transforms.PILToTensor, transforms.Normalize, transforms.ConvertImageDtype)
+
+
+def crop_zoom(preprocess) -> float | None:
+    """How the model's crop frames an image, for the explorer (:class:`explain.viewer.PageRun`'s
+    ``zoom``): ``s / c`` where the preprocessing resizes the shorter side to ``s`` and then cuts
+    the centre ``c`` x ``c``; None for any other preprocessing.
+
+    >>> crop_zoom(transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()]))
+    1.1429
+    >>> crop_zoom(transforms.Compose([transforms.Resize((224, 224)), transforms.ToTensor()])) is None
+    True
+    """
+    if is_torchvision_preset(preprocess):
+        resize, crop = preprocess.resize_size, preprocess.crop_size
+    elif isinstance(preprocess, transforms.Compose):
+        steps = [step for step in preprocess.transforms if type(step) not in _NOT_FRAMING]
+        if [type(step) for step in steps] != [transforms.Resize, transforms.CenterCrop] or steps[0].max_size:
+            return None
+        resize, crop = steps[0].size, steps[1].size
+    else:
+        return None
+    resize = resize[0] if isinstance(resize, (list, tuple)) and len(resize) == 1 else resize
+    if isinstance(crop, (list, tuple)):
+        crop = crop[0] if len(set(crop)) == 1 else None
+    if not isinstance(resize, int) or not isinstance(crop, int) or not 0 < crop <= resize:
+        return None
+    return round(resize / crop, 4)
+
+
 def draft_size(example: Tensor) -> int:
     """The size JPEGs are drafted to while decoding: twice the model input's longer side."""
     return 2 * max(example.shape[-2:])

@@ -30,7 +30,8 @@ from .inputs import collect_inputs
 from .loop import OutOfMemory, for_each_batch, in_halves
 from .manifest import safe_name
 from .options import EvaluateOptions
-from .storage import OutputDeviceError, device_errors
+from .page import page_run, write_page
+from .storage import OutputDeviceError, OutputFolder, device_errors
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
 from .progress import time_taken
 
@@ -200,7 +201,15 @@ class EvaluationRun:
             summary = interrupted_summary(counts) if interrupted else counts
             try:
                 with device_errors(self.out_dir):
-                    write_reports(self.out_dir, self._compact(), self.failures, self.curves)
+                    scores = self._compact()
+                    write_reports(self.out_dir, scores, self.failures, self.curves)
+                    run = page_run("explain evaluate", summary, {"ok": self.stats["computed"],
+                                   "skipped": self.stats["skipped"], "failed": self.stats["failed"]},
+                                   end.elapsed if end else 0.0, end.images if end else 0,
+                                   "interrupted" if interrupted else "complete")
+                    table = summary_table(scores)
+                    write_page(OutputFolder(self.out_dir), page_rows(scores, self.failures), run,
+                               format_summary(table, "html") if table else "")
             except OutputDeviceError as error:
                 refused = refused or error
         if refused is not None:
@@ -247,7 +256,8 @@ class EvaluationRun:
                   f"see {self.out_dir / evaluation_files.FAILURES})" if failed_images else "0 images failed")
         text = (f"explain: {self.stats['computed']} scored now, {self.stats['skipped']} skipped (already in "
                 f"{evaluation_files.SCORES}), {failed}; {time_taken(images, elapsed, failed_images)}; "
-                f"see {self.out_dir / 'summary.md'}, {self.out_dir / evaluation_files.SCORES} and {self.out_dir / 'plots'}")
+                f"see {self.out_dir / 'index.html'}, {self.out_dir / 'summary.md'}, {self.out_dir / evaluation_files.SCORES} "
+                f"and {self.out_dir / 'plots'}")
         return text
 
 
@@ -272,6 +282,31 @@ def write_reports(out: Path, rows: list[dict], failures: list[dict], curves: lis
             _save_figure(plots / "randomisation.png", randomisation)
         print(format_summary(table))
         print(legend + " with *.")
+
+
+def page_rows(scores: list[dict], failures: list[dict]) -> list[dict]:
+    """The rows of index.html for ``explain evaluate``: a row per image, method and target with
+    its scores (``metrics``; no overlay), and a failed row per image and method that failed."""
+    rows: dict[tuple, dict] = {}
+    for score in scores:
+        key = (score["image"], score["method"], score["target"])
+        try:
+            target_id = int(score["target_id"])
+            value = float(score["value"])
+        except (TypeError, ValueError):
+            continue
+        row = rows.setdefault(key, {"input": score["image"], "method": score["method"], "target": score["target"],
+                                    "target_id": target_id, "target_name": score.get("target_name"),
+                                    "status": "ok", "settings": score.get("settings"), "metrics": {}})
+        row["metrics"][score["metric"]] = value
+    for failure in failures:
+        key = (failure["image"], failure["method"], None)
+        error = f"{failure['metric']}: {failure['error']}"
+        row = rows.setdefault(key, {"input": failure["image"], "method": failure["method"], "target": None,
+                                    "status": "failed", "error": error})
+        if error not in row["error"]:
+            row["error"] += f"; {error}"
+    return list(rows.values())
 
 
 def run_evaluation(args: EvaluateOptions) -> int:

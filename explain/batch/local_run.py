@@ -12,14 +12,16 @@ from pathlib import Path
 
 from ..evaluation import format_summary
 from ..models import warn_if_random
-from ..report import remove_temp_files, write_index, write_manifest
-from .decoding import DecodedBatch, default_workers
+from ..report import remove_temp_files, write_manifest
+from .decoding import DecodedBatch, crop_zoom, default_workers
 from .explaining import GroupExplainer
+from .ground_truth import row_marker
 from .guards import pixel_limit, sole_run
 from .inputs import Source, collect_inputs
 from .loop import for_each_batch
 from .manifest import MANIFEST, metric_table
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
+from .page import colour_scales, page_run, write_page
 from .planning import RunPlan
 from .progress import run_summary
 from .preparation import PreparedRun, prepare_run
@@ -55,24 +57,34 @@ class LocalRun:
         self.reports_written = 0.0
         self.reports_cost = 0.0
         self.seconds: dict[str, float] = {}  # method -> its time in this run
+        #: --labels: each row marked with its image's label
+        self.marked = row_marker(self.options.labels, prepared.task, sources, prepared.loaded.class_names)
+        self.started = time.perf_counter()
+        self.images = 0  # explained by this run
+        # what index.html shows of the run's settings
+        self.zoom = crop_zoom(prepared.loaded.preprocess)
+        self.scales = colour_scales(prepared.settings, self.options.cmap, self.options.signed_cmap)
 
     def _record(self, rows: list[dict]) -> None:
         for row in rows:
+            row = self.marked(row)
             self.plan.record(row)
             if row["status"] != "skipped" and row.get("seconds") is not None:
                 self.seconds[row["method"]] = self.seconds.get(row["method"], 0.0) + row["seconds"]
             if row["status"] == "failed" and row.get("output"):
                 report_failure(row["input"], f"{row['method']}: {row['error']}")
 
-    def _save_reports(self, final: bool = False, summary: str = "") -> None:
+    def _save_reports(self, final: bool = False, summary: str = "", state: str = "in progress") -> None:
         """Rewrite manifest.jsonl and index.html. Until the run completes, the manifest also
         keeps the earlier rows of outputs not redone yet, so that a killed run loses nothing."""
         start = time.monotonic()
         planned = self.plan.planned_rows()
         table = metric_table(planned) if self.prepared.metrics else []
+        run = page_run("explain run", summary, self.plan.stats, time.perf_counter() - self.started, self.images, state,
+                       self.zoom, self.scales)
         with device_errors(self.out_dir):
             write_manifest(self.out_dir / MANIFEST, planned if final else self.plan.all_rows())
-            write_index(self.out_dir, planned, summary or "in progress", format_summary(table, "html") if table else "")
+            write_page(self.folder, planned, run, format_summary(table, "html") if table else "")
         self.reports_written = time.monotonic()
         self.reports_cost = self.reports_written - start
 
@@ -97,6 +109,7 @@ class LocalRun:
                 for cam in self.plan.pending[work[position]]:
                     self._record(self.explainer.failed_rows(source, cam.name, error))
             for positions, images in batch.groups:
+                self.images += len(positions)
                 group = [(self.sources[work[p]], self.plan.pending[work[p]]) for p in positions]
                 outcome = self.explainer.explain(group, images)
                 self._record(outcome.failed)
@@ -104,7 +117,7 @@ class LocalRun:
             while in_flight and (in_flight[0].done() or len(in_flight) > limit):
                 self._record(in_flight.popleft().result())
 
-        started = time.perf_counter()
+        self.started = time.perf_counter()
         end, completed, refused = None, False, None
         try:
             self._save_reports()
@@ -121,10 +134,11 @@ class LocalRun:
             saver.shutdown(wait=True, cancel_futures=True)
             refused = self._record_finished(in_flight) or refused
             completed = completed and refused is None
-            counts = self._summary(end.images if end else 0, time.perf_counter() - started)
+            self.images = end.images if end else 0
+            counts = self._summary(self.images, time.perf_counter() - self.started)
             summary = counts if completed else interrupted_summary(counts)
             try:
-                self._save_reports(final=completed, summary=summary)
+                self._save_reports(final=completed, summary=summary, state="complete" if completed else "interrupted")
             except OutputDeviceError as error:  # the manifest keeps its last whole version
                 refused = refused or error
         table = metric_table(self.plan.planned_rows()) if self.prepared.metrics else []

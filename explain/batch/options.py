@@ -78,6 +78,8 @@ class RunOptions(ModelOptions):
     alpha: float = 0.5
     save_maps: bool = False
     metrics: str | None = None
+    #: --labels: a CSV of path,label (see explain.batch.ground_truth)
+    labels: Path | None = None
     engine: str = "local"
     address: str | None = None
     actors: int | None = None
@@ -108,3 +110,5 @@ class CheckedRun:
     device: str  # the model's device type
     decoding: bytes = b""  # the decode step's preprocessing and draft size, pickled
     messages: str = ""  # what the check printed (a note on random weights), for the driver to show
+    class_names: list[str] = field(default_factory=list)  # the model's, for --labels
+    zoom: float | None = None  # how the model's crop frames an image (explain.batch.decoding.crop_zoom)

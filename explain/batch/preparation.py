@@ -13,7 +13,7 @@ from ..methods import BaseCAM
 from ..metrics.registry import METRICS
 from ..options import LOCALISATION_METRICS
 from ..passes import pass_settings
-from .decoding import ModelInputs, draft_size
+from .decoding import ModelInputs, crop_zoom, draft_size
 from .explainers import (
     TargetSpec, build_explainers, estimated_costs, max_memory_option, metric_options, option_applies,
     parse_metrics, parse_target, parse_task_target,
@@ -50,7 +50,8 @@ class PreparedRun:
         decoding = cloudpickle.dumps((inputs.in_workers, draft_size(self.loaded.example)))
         return CheckedRun([cam.name for cam in self.explainers], list(self.target.labels), self.layers, self.settings,
                           self.task, self.metrics, self.metric_columns, self.loaded.fixed_batch,
-                          self.loaded.device.type, decoding, messages)
+                          self.loaded.device.type, decoding, messages, list(self.loaded.class_names),
+                          crop_zoom(self.loaded.preprocess))
 
 
 def prepare_run(args: RunOptions) -> PreparedRun:

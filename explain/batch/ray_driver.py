@@ -29,12 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..report import TEMP_SUFFIX, index_html, iter_json_records, manifest_line, remove_temp_files
+from ..report import TEMP_SUFFIX, iter_json_records, manifest_line, remove_temp_files
+from ..viewer import PageRun
+from .ground_truth import row_marker
 from .guards import StopFlag, leased_run, sole_run
 from .inputs import InputListing
 from .manifest import MANIFEST, is_well_formed, manifest_row
 from .options import CheckedRun, RunOptions
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
+from .page import colour_scales, page_run, write_page
 from .planning import finished_pairs
 from .progress import progress_bar, run_summary
 from .storage import OutputDeviceError, OutputFolder, append_whole, device_errors
@@ -48,7 +51,7 @@ BLOCK_BYTES = 1 << 20
 #: A folder given by URI gets the manifest's working copy at most this often (and at the end).
 PUBLISH_SECONDS = 30
 #: index.html shows at most this many images (the manifest has them all).
-INDEX_LIMIT = 10_000
+INDEX_LIMIT = 100_000
 PLAN_PREFIX = ".explain-ray-plan-"
 #: The end of the name of the folder beside a plan where its actors keep their batches' rows.
 ROWS_SUFFIX = "-rows"
@@ -218,6 +221,7 @@ class RayRun:
             self.manifest = Path(tempfile.mkdtemp(prefix="explain-ray-")) / MANIFEST
         self.plan = PlanFiles(folder)
         self.published = time.monotonic()
+        self.marked = row_marker(args.labels, checked.task, listing, checked.class_names)  # --labels
 
     # -- planning
 
@@ -237,7 +241,7 @@ class RayRun:
                             and row.get("status") in ("ok", "skipped") and not self.args.overwrite \
                             and key not in written:
                         written.add(key)
-                        file.write(manifest_line(dict(row, status="skipped", error=None)) + "\n")
+                        file.write(manifest_line(self.marked(dict(row, status="skipped", error=None))) + "\n")
                         self.stats["skipped"] += 1
             os.replace(temp, self.manifest)
         except BaseException:
@@ -269,6 +273,7 @@ class RayRun:
         none); with ``report``, their failures on stderr too."""
         if not rows:
             return
+        rows = [self.marked(row) for row in rows]
         with device_errors(self.manifest.parent):
             append_whole(out, "".join(manifest_line(row) + "\n" for row in rows).encode("utf-8"))
         if self.folder.filesystem is not None and time.monotonic() - self.published > PUBLISH_SECONDS:
@@ -310,7 +315,7 @@ class RayRun:
             self.folder.remove_folder(self.plan.name)
             counts = self._summary(end.images, time.perf_counter() - started)
             summary = counts if end.completed else interrupted_summary(counts)
-            metrics_text = self._finish(ray, end, summary)
+            metrics_text = self._finish(ray, end, summary, time.perf_counter() - started)
             self.folder.remove_folder(self.plan.rows_name)  # only once the manifest holds them
         if metrics_text:
             print(metrics_text)
@@ -365,7 +370,7 @@ class RayRun:
                 return
         self._fail_lost(out, received)
 
-    def _finish(self, ray, end: DriverEnd, summary: str) -> str:
+    def _finish(self, ray, end: DriverEnd, summary: str, seconds: float) -> str:
         """Upload the manifest (a folder given by URI) and write index.html; the text of the
         metric summary (--metrics)."""
         metrics_text = ""
@@ -373,11 +378,10 @@ class RayRun:
             self._publish()
             metrics_text, metrics_html = self._metric_summary(ray) if end.completed and self.checked.metrics \
                 else ("", "")
-            # On an object store every ok row's file was written or found by this run: asking
-            # for each again would cost a request per image.
-            exists = self.folder.is_file if self.folder.filesystem is None else (lambda output: True)
-            rows = _index_rows(self.manifest, INDEX_LIMIT)
-            self.folder.write("index.html", index_html(rows, summary, metrics_html, exists).encode("utf-8"))
+            run = page_run("explain run", summary, self.stats, seconds, end.images,
+                           "complete" if end.completed else "interrupted", self.checked.zoom,
+                           colour_scales(self.checked.settings, self.args.cmap, self.args.signed_cmap))
+            write_index(self.folder, self.manifest, run, metrics_html)
         except OutputDeviceError as error:
             end.refused = end.refused or error
         finally:
@@ -399,6 +403,14 @@ class RayRun:
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"
         return text
+
+
+def write_index(folder: OutputFolder, manifest: Path, run: PageRun, metrics_html: str) -> None:
+    """index.html of the manifest's first :data:`INDEX_LIMIT` images."""
+    # On an object store every ok row's file was written or found by this run: asking for each
+    # again would cost a request per image.
+    exists = folder.is_file if folder.filesystem is None else (lambda output: True)
+    write_page(folder, _index_rows(manifest, INDEX_LIMIT), run, metrics_html, exists)
 
 
 def _index_rows(path: Path, limit: int) -> list[dict]:

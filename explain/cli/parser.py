@@ -133,6 +133,9 @@ def _add_run_command(commands) -> None:
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
     _add_step_option(run)
+    run.add_argument("--labels", type=Path, default=None, metavar="FILE",
+                     help="the images' true classes, a CSV of path,label lines (label: a class id or name); "
+                     "each row then records whether the prediction is right, and index.html filters the mistakes")
     run.set_defaults(handler="run:run_command")
     _add_scaling_options(run)
 
