@@ -10,7 +10,7 @@ long call shows while it runs, and how it stops.
   of the largest activations for a forward pass).
 - **The fastest size within it.** Among the sizes the budget allows, :func:`fastest_rows`
   takes the one with the lowest time per row, measured at first use on this model, device
-  and input size (powers of two, from 1 up while the time per row falls) and kept for the
+  and input size (powers of two, from :data:`FIRST_ROWS` up while the time per row falls) and kept for the
   process; the search spends at most :data:`SEARCH_SHARE` of a call's rows, later calls
   going on with it. On a CPU that is a small batch (the bundled EfficientNet-Lite0 at 224 px: 8),
   where a larger one leaves the caches; on a GPU, a large one.
@@ -54,6 +54,7 @@ __all__ = [
     "StopRequested",
     "advance",
     "available_memory",
+    "between_passes",
     "budget_rows",
     "call_settings",
     "fastest_rows",
@@ -73,9 +74,17 @@ PROGRESS_AFTER = 256
 #: Seconds a call runs before its default progress bar shows.
 BAR_DELAY = 1.0
 #: On the CPU, inner batches stop at this many bytes (within the budget): the search for the
-#: fastest batch tries no larger one. Past the caches by far, larger batches only cost memory
-#: (the bundled model's forward+backward per image: 43 ms at batch 8, 52 at 16, 60 at 32).
-CPU_BATCH_BYTES = 1 * 10**9
+#: fastest batch tries no larger one. Past the caches, larger batches cost memory and gain
+#: little: the bundled model's forward per image takes 18, 15 and 18 ms at 8, 16 and 32 rows
+#: (16 rows: 0.37 GB), its forward+backward 50, 43 and 52 ms at 4, 8 and 16 (4 rows: 0.44
+#: GB, 8: 0.89 GB). At this size every method of ``explain run --method all`` on two photos
+#: stays under 2 GB; a backward pass runs at 4 rows where 8 would be 13 % faster.
+CPU_BATCH_BYTES = 5 * 10**8
+#: The first size the search for the fastest batch tries. The time per row falls steeply over
+#: the first sizes (the bundled model's forward+backward on a CPU: 95, 73, 50 and 43 ms per
+#: image at 1, 2, 4 and 8 rows; resnet50's 185, 138, 112 and 100 ms), so trying 1 and 2 would
+#: cost a short call time and tell it nothing.
+FIRST_ROWS = 4
 #: The share of a call's rows that the search for the fastest batch may spend in that call.
 SEARCH_SHARE = 0.125
 #: The largest inner batch :func:`fastest_rows` tries.
@@ -317,16 +326,18 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int, al
     """The inner batch, at most ``most`` rows, with the lowest time per row for passes of
     rows like ``row`` through ``model`` (forward only, or with ``backward``).
 
-    Measured at first use: passes of 1, 2, 4, ... copies of ``row``, after a warm-up, each
-    size the faster of two passes, from 1 up until two sizes in a row are slower per row
-    than the best (or a pass takes over :data:`PROBE_SECONDS`); kept for the process. The
-    search spends at most ``allowance`` rows in one call (None: no limit), so that a short
-    call pays little for it: it stops there with the best size found so far, and later calls
-    search on from there, as does a call that allows larger batches than were tried."""
+    Measured at first use: passes of :data:`FIRST_ROWS`, then 8, 16, ... copies of ``row``
+    (fewer where ``most`` is smaller), after a warm-up, each size the faster of two passes,
+    doubling until two sizes in a row are slower per row than the best (or a pass takes over
+    :data:`PROBE_SECONDS`); kept for the process. A size the model refuses (out of memory)
+    ends the search; where it refuses the first, one row at a time is the choice. The search
+    spends at most ``allowance`` rows in one call (None: no limit), so that a short call pays
+    little for it: it stops there with the best size found so far, and later calls search on
+    from there, as does a call that allows larger batches than were tried."""
     cache, key = _cache(model, row, backward, "times")
     times: dict[int, float] = cache.setdefault(key, {})
     spent = 0
-    size = 1
+    first = size = min(FIRST_ROWS, most, LARGEST_ROWS)
     while size <= min(most, LARGEST_ROWS):
         if size not in times:
             cost = 2 * size + (0 if times else size)
@@ -334,25 +345,29 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int, al
                 break
             spent += cost
             batch = row.expand(size, *row.shape[1:]).contiguous()
-            if not times:
-                _one_pass(model, batch, backward)  # warm-up: the first pass allocates
             try:
+                if not times:
+                    _one_pass(model, batch, backward)  # warm-up: the first pass allocates
                 times[size] = _timed(model, batch, backward) / size
-                _between()
+                between_passes()
             except Exception:
                 if size == 1:
                     raise
                 # Out of device memory, or a model that takes no batch of this size: the
-                # sizes that ran are the choice.
+                # sizes that ran are the choice, or one row where none did.
                 if row.device.type == "cuda":
                     torch.cuda.empty_cache()
                 times[size] = math.inf  # never tried again, nor anything larger
+                if size == first:
+                    times[1] = _timed(model, row, backward)
                 break
         size *= 2
     return _best(times, most) if times else most  # a call too short to search: all it may at once
 
 
-def _between() -> None:
+def between_passes() -> None:
+    """Call the ``between`` of :func:`pass_settings` in force, if any: after an inner batch,
+    a size the search tries, or (in a batch job) a method."""
     between = _settings.get().between
     if between is not None:
         between()
@@ -491,7 +506,7 @@ class Passes:
             self.bar.update(rows)
         if self.outer is None and self.listener is not None:
             self.listener(self.method, self.done, max(self.total, self.done))
-        _between()
+        between_passes()
         if self.stop is not None and self.stop():
             raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
 

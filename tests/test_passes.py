@@ -88,7 +88,7 @@ def test_the_fastest_batch_is_measured_once_and_stops_at_sizes_the_model_refuses
 
     monkeypatch.setattr(passes, "_timed", timed)
     with preserved_state(model):
-        assert fastest_rows(model, x, backward=False, most=64) in (1, 2, 4)
+        assert fastest_rows(model, x, backward=False, most=64) == 4
         measured = list(model.calls)
         assert 8 in measured and max(measured) == 8  # tried, refused, not tried further
         fastest_rows(model, x, backward=False, most=64)
@@ -112,8 +112,8 @@ def test_between_is_called_after_each_inner_batch_and_each_size_the_search_tries
     model, x = small_cnn(), images(1, 16)
     calls = []
     with preserved_state(model), pass_settings(between=lambda: calls.append("between")):
-        fastest_rows(model, x, backward=False, most=4, allowance=None)
-        assert calls == ["between"] * 3  # sizes 1, 2 and 4
+        fastest_rows(model, x, backward=False, most=32, allowance=None)
+        assert calls == ["between"] * 4  # sizes 4, 8, 16 and 32
         calls.clear()
         with Passes("demo", total=5) as running:
             running.advance(2)
@@ -126,14 +126,37 @@ def test_a_short_call_spends_little_on_the_search_and_later_calls_go_on_with_it(
     calls = []
     model.register_forward_pre_hook(lambda module, args: calls.append(len(args[0])))
     with preserved_state(model):
-        assert fastest_rows(model, x, backward=False, most=64, allowance=3) == 1  # the warm-up and size 1
-        assert calls == [1, 1, 1]
-        fastest_rows(model, x, backward=False, most=64, allowance=4)  # size 2: two passes of 2 rows
-        assert calls[3:] == [2, 2]
-        assert fastest_rows(model, x, backward=False, most=64, allowance=0) in (1, 2)  # nothing more to spend
+        assert fastest_rows(model, x, backward=False, most=64, allowance=12) == 4  # the warm-up and size 4
+        assert calls == [4, 4, 4]
+        fastest_rows(model, x, backward=False, most=64, allowance=16)  # size 8: two passes of 8 rows
+        assert calls[3:] == [8, 8]
+        assert fastest_rows(model, x, backward=False, most=64, allowance=0) in (4, 8)  # nothing more to spend
         assert calls[5:] == []
+        # Where the budget allows fewer rows, the search starts there.
+        assert fastest_rows(model, x, backward=True, most=2, allowance=None) in (1, 2)
+        assert calls[5:8] == [2, 2, 2]
         # A call too short to search at all runs what the budget allows at once.
         assert fastest_rows(nn.Sequential(nn.Flatten()), x, backward=False, most=5, allowance=2) == 5
+
+
+def test_a_model_that_refuses_the_first_size_runs_one_row_at_a_time(monkeypatch):
+    class OneAtATime(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.calls = small_cnn(), []
+
+        def forward(self, x):
+            self.calls.append(len(x))
+            if len(x) > 1:
+                raise RuntimeError("this model takes one image at a time")
+            return self.body(x)
+
+    model, x = OneAtATime().eval(), images(1, 16)
+    with preserved_state(model):
+        assert fastest_rows(model, x, backward=False, most=64) == 1
+        assert model.calls == [4, 1, 1]  # refused, then one row timed twice
+        assert fastest_rows(model, x, backward=False, most=64) == 1
+        assert model.calls == [4, 1, 1]  # kept for the process
 
 
 @pytest.mark.parametrize("method, options", [

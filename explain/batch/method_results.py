@@ -11,7 +11,7 @@ from torch import Tensor
 
 from ..methods import BaseCAM, explain_together
 from ..errors import is_out_of_memory
-from ..passes import StopRequested
+from ..passes import StopRequested, between_passes
 from .loop import OutOfMemory
 from .writing import Job
 
@@ -61,6 +61,7 @@ def explain_all(cams: list, images: Tensor, targets, topk: int | None = None,
         stopped = stop
     except Exception:
         pass  # each CAM on its own, below
+    between_passes()
     for cam in cams:
         if cam in outcome:
             continue
@@ -75,6 +76,7 @@ def explain_all(cams: list, images: Tensor, targets, topk: int | None = None,
         except Exception as error:
             outcome[cam] = error
         seconds[cam] = time.perf_counter() - started
+        between_passes()  # the batch job hands back what the method freed, where it grew the heap
     return [outcome[cam] for cam in cams], [seconds[cam] for cam in cams]
 
 
