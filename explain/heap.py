@@ -17,8 +17,7 @@ memory alone 46 images/s but peak RSS +6 to +20 % from image 100 to 1,000; with 
 trimming below about 44 images/s and +1 to +3.5 %. Score-CAM on one photo (676 masked passes):
 13 s with glibc's defaults, 12 s with freed memory kept, where the heap would otherwise hold
 on to every size its inner batches and the search for the fastest one ever used (1.0 GB
-above the start after ``--method all``'s first methods, against 0.4 GB trimmed at
-:data:`PASS_ROOM`).
+above the start after ``--method all``'s first methods).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import sys
 __all__ = ["PASS_ROOM", "ReusedHeap"]
 
 #: Bytes of freed memory a batch's passes may keep above the resident size the run started at.
-PASS_ROOM = 512 * 2**20
+PASS_ROOM = 256 * 2**20
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 #: glibc's initial M_TRIM_THRESHOLD and M_MMAP_THRESHOLD.
@@ -65,9 +64,10 @@ class ReusedHeap:
     library is not glibc, ``enabled`` is False and nothing changes.
 
     Within a batch, call :meth:`after_passes` after each inner batch of a heavy method's
-    passes: where the resident size has grown more than ``room`` bytes above the one at the
-    start (after the setup's freed memory is handed back), the heap is trimmed then, so that
-    one long batch of many methods does not keep every size that any of them used.
+    passes and after each method: where the resident size has grown more than ``room`` bytes
+    above the one at the start (after the setup's freed memory is handed back), and above
+    the reference once there is one, the heap is trimmed then, so that one long batch of
+    many methods does not keep every size that any of them used.
 
     As a context manager it puts glibc's initial thresholds back on leaving the block and
     returns the kept memory to the system.
@@ -109,8 +109,13 @@ class ReusedHeap:
         self._libc.malloc_trim(0)
 
     def after_passes(self) -> None:
-        """An inner batch of passes ended: trim where the heap has grown past the room."""
-        if self.enabled and _resident_pages() > self.ceiling:
+        """An inner batch of passes (or a method) ended: trim where the heap has grown past
+        the room, or past the level of the first batches where that is higher (a run whose
+        batches need more than the room keeps what they need)."""
+        if not self.enabled:
+            return
+        ceiling = max(self.ceiling, int(self.reference * (1 + self.slack)))
+        if _resident_pages() > ceiling:
             self._libc.malloc_trim(0)
             self.trims += 1
 

@@ -223,8 +223,13 @@ class LayerCapture:
         return hook
 
     def _store_gradient(self, name: str):
+        # The hook closes over the dict, not over self: the graph holds the hook, and self
+        # holds the graph (its activations), a cycle through autograd's C++ nodes that
+        # Python's garbage collector cannot see, which kept every call's graph alive.
+        gradients = self.gradients
+
         def hook(module: nn.Module, grad_input, grad_output) -> None:
-            self.gradients[name] = grad_output[0]
+            gradients[name] = grad_output[0]
 
         return hook
 

@@ -461,23 +461,23 @@ def test_max_memory_bounds_the_methods_inner_batches(photos, capsys, heavy_metho
 
 
 def test_score_cam_ablation_cam_fullgrad_and_smoothing_options_end_to_end(tmp_path, capsys):
-    images = str(REPO / "data" / "images")
-    code = main(["run", images, "--out", str(tmp_path), "--method", "scorecam,ablationcam,fullgrad", "-b", "2", "-q"])
+    # One photo: Score-CAM runs a masked pass per channel of the bundled model's last layer (1,280).
+    images = str(REPO / "data" / "images" / "coffee.png")
+    code = main(["run", images, "--out", str(tmp_path), "--method", "scorecam,ablationcam,fullgrad", "-q"])
     assert code == 0
-    assert summary_counts(capsys.readouterr().out) == (12, 0, 0)
+    assert summary_counts(capsys.readouterr().out) == (3, 0, 0)
     rows = read_rows(tmp_path / "manifest.jsonl")
     assert {(r["method"], r["layer"]) for r in rows} == {
         ("scorecam", "bn2"), ("ablationcam", "bn2"), ("fullgrad", "input+biases")}
     for row in rows:
         check_png(tmp_path / row["output"])
-    predicted = {Path(r["input"]).stem: r["predicted_name"] for r in rows}
-    assert predicted["coffee"] == "espresso"
+        assert row["predicted_name"] == "espresso"
     check_index(tmp_path, rows)
 
     # The smoothing options are part of the settings: outputs made without them are redone.
     smoothed = main(["run", images, "--out", str(tmp_path), "--method", "ablationcam", "--eigen-smooth",
                      "--aug-smooth", "-q"])
-    assert smoothed == 0 and summary_counts(capsys.readouterr().out) == (4, 0, 0)
+    assert smoothed == 0 and summary_counts(capsys.readouterr().out) == (1, 0, 0)
     rows = [r for r in read_rows(tmp_path / "manifest.jsonl") if r["method"] == "ablationcam"]
     assert {r["settings"] for r in rows} == {SETTINGS + " eigen_smooth=1 aug_smooth=1"}
     # --eigen-smooth where it cannot apply is a usage error that names the method.
@@ -837,6 +837,7 @@ def test_reused_heap_trims_only_when_the_heap_creeps_up(monkeypatch):
         heap.after_batch()
     # reference = 110 (largest of the first two); 111 is within 1 %, 112 and 120 are not
     assert heap.reference == 110 and trims == [0, 0] and heap.trims == 2
+    monkeypatch.undo()
     heap_module.ReusedHeap().close()  # the real allocator back to glibc's initial settings
 
 
@@ -863,6 +864,11 @@ def test_reused_heap_hands_back_the_setup_and_what_a_batch_of_passes_grows_past_
     heap.after_passes()  # 701: past it
     heap.after_passes()  # 650
     assert trims == [0, 0] and heap.trims == 1
+    # Once the first batches set a reference above the room, what they need is kept.
+    heap.reference = 1000
+    monkeypatch.setattr(heap_module, "_resident_pages", lambda: 1005)
+    heap.after_passes()
+    assert heap.trims == 1
 
 
 def test_commands_give_the_allocator_back(tmp_path, monkeypatch):

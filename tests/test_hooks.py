@@ -361,3 +361,23 @@ def test_layer_that_returns_its_input_keeps_the_value_it_returned(gradients):
     if gradients:  # d score / d same = fc.weight[0, k] / (h * w) at every location
         by_hand = (model.fc.weight[0].detach() / 16)[None, :, None, None].expand(1, 2, 4, 4)
         torch.testing.assert_close(capture.gradients["identity"], by_hand)
+
+
+def test_a_capture_and_its_graph_are_freed_when_the_call_ends():
+    # The gradient hook once closed over the capture, which holds the graph that holds the
+    # hook: a cycle through autograd's C++ nodes that the garbage collector cannot see, so
+    # every call's graph after its layers stayed in memory (FullGrad's whole graph: 0.29 GB
+    # on the bundled model and two photos).
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.Flatten(), nn.LazyLinear(2)).eval()
+    model(torch.rand(1, 3, 8, 8))
+    with LayerCapture(model, {"first": model[0], "second": model[2]}) as capture:
+        output = model(torch.rand(2, 3, 8, 8))
+        capture.backward(output[:, 0])
+    assert set(capture.gradients) == {"first", "second"}
+    kept = [weakref.ref(capture), weakref.ref(capture.activations["first"]), weakref.ref(output)]
+    del capture, output
+    gc.collect()
+    assert [ref() for ref in kept] == [None, None, None]
