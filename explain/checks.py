@@ -88,7 +88,7 @@ def channel_hint(images: Tensor) -> Iterator[None]:
     ...     torchvision.models.resnet18()(images)
     Traceback (most recent call last):
     ValueError: images have 1 channel(s) but the model's first convolution expects 3; convert the images (PIL: image.convert('RGB')) before preprocessing
-    """
+    """  # noqa: E501 -- the doctest's expected output is one line
     try:
         yield
     except RuntimeError as error:

@@ -301,7 +301,7 @@ def _target_panels(title: str, explanation, index: int) -> list[tuple[str, Tenso
     if heat.dim() == 2:
         heat, names, probs = heat[None], [names], probs[None]
     panels = []
-    for rank, (target_map, name, prob) in enumerate(zip(heat, names, probs), start=1):
+    for rank, (target_map, name, prob) in enumerate(zip(heat, names, probs, strict=True), start=1):
         method = f"{title} top{rank}" if len(names) > 1 else title
         label = f"{method}\n{name}" + ("" if torch.isnan(prob) else f" ({float(prob):.0%})")
         panels.append((label, target_map, explanation.signed))
@@ -351,7 +351,7 @@ def plot_explanations(
     rgb = to_rgb(image)
     for axis in axes.flat:
         axis.axis("off")
-    for axis, (title, heat, signed) in zip(axes.flat, panels):
+    for axis, (title, heat, signed) in zip(axes.flat, panels, strict=False):
         axis.imshow(rgb if heat is None else overlay(rgb, heat, cmap=cmap, alpha=alpha, signed=signed))
         axis.set_title(title, fontsize=9)
     return figure

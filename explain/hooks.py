@@ -268,5 +268,5 @@ class LayerCapture:
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")
         if extra:
-            return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(extra, grads))
+            return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(extra, grads, strict=False))
         return None

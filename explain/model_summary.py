@@ -66,7 +66,7 @@ class ModelSummary:
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         text = []
         for line in lines:
-            cells = [cell.ljust(width) if i < 4 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths))]
+            cells = [cell.ljust(width) if i < 4 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths, strict=True))]
             text.append("  ".join(cells).rstrip())
         text.append("")
         text.append(self.totals())

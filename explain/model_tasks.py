@@ -4,7 +4,7 @@ logits in a segmentation model's output."""
 
 from __future__ import annotations
 
-import torch
+import torch  # noqa: F401 -- the doctests below use it
 from torch import Tensor, nn
 
 __all__ = ["segmentation_logits", "task_of", "task_of_output", "torchvision_task"]

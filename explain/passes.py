@@ -297,10 +297,10 @@ def _one_pass(model: nn.Module, rows: Tensor, backward: bool) -> None:
 def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
     """Bytes one row like ``row`` (1, ...) takes in a pass through ``model``: with
     ``backward``, the tensors autograd keeps for the backward pass plus two of the largest
-    for the gradients that flow back through them (backward frees the rest as it goes); without, four of the largest activation
-    (what a forward pass holds at once: the input and output of a layer, a residual, a
-    workspace). The method's own tensors add :data:`INPUT_COPIES` inputs. Measured on one
-    pass at first use, then kept for the process."""
+    for the gradients that flow back through them (backward frees the rest as it goes);
+    without, four of the largest activation (what a forward pass holds at once: the input and
+    output of a layer, a residual, a workspace). The method's own tensors add
+    :data:`INPUT_COPIES` inputs. Measured on one pass at first use, then kept for the process."""
     cache, key = _cache(model, row, backward, "bytes")
     if key not in cache:
         saved: dict[int, int] = {}

@@ -21,7 +21,13 @@ import numpy as np
 
 from .batch.options import RunOptions
 from .batch.ray_stages import (
-    DECODE_CPUS, DECODED, ExplainingActor, actor_resources, decode_arrays, decode_files, decoded_groups,
+    DECODE_CPUS,
+    DECODED,
+    ExplainingActor,
+    actor_resources,
+    decode_arrays,
+    decode_files,
+    decoded_groups,
     remote_prepare,
 )
 from .errors import UsageError

@@ -199,7 +199,7 @@ def infer_layout(shape: tuple[int, ...], input_size: tuple[int, int], model: nn.
         rest = tokens - grid[0] * grid[1]
         if 0 <= rest <= MAX_PREFIX and (prefix is None or rest == prefix):
             return TokenLayout("tokens", rest, grid)
-    for count in ([prefix] if prefix is not None else range(0, MAX_PREFIX + 1)):
+    for count in ([prefix] if prefix is not None else range(MAX_PREFIX + 1)):
         if count >= tokens:
             continue
         grids = _grids(tokens - count, height, width)

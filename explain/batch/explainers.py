@@ -1,6 +1,6 @@
-"""From options to work (the command line's words, checked against the model): ``--target`` for each task, ``--method`` into checked explainers, and
-``--metrics`` into metric names and settings; ``--max-memory``; the warning before a run whose
-methods cost far more than the rest."""
+"""From options to work (the command line's words, checked against the model): ``--target``
+for each task, ``--method`` into checked explainers, and ``--metrics`` into metric names and
+settings; ``--max-memory``; the warning before a run whose methods cost far more than the rest."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-
 from ..base import NotApplicable
 from ..catalogue import method_class, method_names
+from ..errors import UsageError, is_out_of_memory
 from ..metrics.registry import METRICS, metric
+from ..models import LoadedModel
+from ..options import LOCALISATION_METRICS, STEP_METRICS
+from ..passes import parse_memory
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
-from ..errors import UsageError, is_out_of_memory
-from ..options import LOCALISATION_METRICS, STEP_METRICS
-from ..models import LoadedModel
-from ..passes import parse_memory
 
 #: A run warns where its costliest methods cost over this many times the median of the others.
 COSTLY_RATIO = 10.0

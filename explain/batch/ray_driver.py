@@ -61,7 +61,7 @@ def import_ray():
     """The ``ray`` module, or a usage error that names the extra to install."""
     try:
         import ray
-        import ray.data  # noqa: F401
+        import ray.data
     except ImportError:
         raise UsageError("--engine ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')") \
             from None
@@ -168,7 +168,7 @@ class PlanFiles:
 
     def add(self, *values: str) -> None:
         """One image: its ``input``, ``path``, ``folder``, ``stem`` and ``methods`` (comma-separated)."""
-        for name, value in zip(self.COLUMNS, values):
+        for name, value in zip(self.COLUMNS, values, strict=True):
             self._chunk[name].append(os.fsencode(value) if name in self.NAMES else value)
         self.count += 1
         if len(self._chunk["input"]) >= PLAN_CHUNK:
@@ -199,7 +199,7 @@ class PlanFiles:
 
         for path in self.files:
             table = pq.read_table(path, columns=["input", "methods"], filesystem=self.folder.filesystem).to_pydict()
-            yield from zip(map(os.fsdecode, table["input"]), table["methods"])
+            yield from zip(map(os.fsdecode, table["input"]), table["methods"], strict=True)
 
 
 class RayRun:

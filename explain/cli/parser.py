@@ -14,10 +14,9 @@ from pathlib import Path
 from PIL import Image
 
 from .. import __version__
-from ..options import BUNDLED_MODEL, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
 from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USAGE
 from ..errors import UsageError, is_out_of_memory
-from ..options import LOCALISATION_METRICS
+from ..options import BUNDLED_MODEL, LOCALISATION_METRICS, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
 from .common import non_negative_int, positive_int
 
 
@@ -235,7 +234,7 @@ def _add_max_memory(parser: argparse.ArgumentParser) -> None:
 def _add_max_pixels(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pixels", type=non_negative_int, default=None,
                         help="refuse images with more pixels as decompression bombs (0: no limit) "
-                        "(default: Pillow's limit, %d)" % Image.MAX_IMAGE_PIXELS)
+                        f"(default: Pillow's limit, {Image.MAX_IMAGE_PIXELS})")
 
 
 def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:

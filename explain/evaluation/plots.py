@@ -104,7 +104,7 @@ def plot_summary(table: list[dict]) -> Figure:
         stds = [entries[m]["std"] for m in shown]
         bars = axes.bar(range(len(shown)), means, yerr=stds, capsize=3,
                         color=[f"C{methods.index(m) % 10}" for m in shown])
-        for bar, method in zip(bars, shown):
+        for bar, method in zip(bars, shown, strict=True):
             if entries[method]["best"]:
                 bar.set_edgecolor("black")
                 bar.set_linewidth(2)

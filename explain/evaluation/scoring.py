@@ -4,6 +4,7 @@ explanation through :func:`explain.metrics.compute`."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,10 +65,8 @@ def explain_each(explainers: Sequence[Explainer], images: Tensor, targets=None, 
     error lands on the method that causes it."""
     shared = [e for e in explainers if isinstance(e, BaseCAM)]
     outcome: dict[int, Explanation | Exception] = {}
-    try:
-        outcome.update(zip(map(id, shared), explain_together(shared, images, targets, topk=topk)))
-    except Exception:
-        pass
+    with suppress(Exception):
+        outcome.update(zip(map(id, shared), explain_together(shared, images, targets, topk=topk), strict=True))
     for explainer in explainers:
         if id(explainer) not in outcome:
             try:
@@ -149,7 +148,7 @@ def evaluate(explainers: Mapping[str, Explainer] | Sequence[Explainer], images: 
     methods = [method for method, names in wanted.items() if names]
     results = explain_each([explainers[m] for m in methods], images, targets, topk=topk)
     evaluation = Evaluation()
-    for method, result in zip(methods, results):
+    for method, result in zip(methods, results, strict=True):
         if isinstance(result, Exception):
             evaluation.failures.append({"method": method, "metric": None, "error": _reason(result)})
         else:

@@ -114,5 +114,5 @@ def format_summary(table: list[dict], style: str = "text") -> str:
             f"<tr><th scope=\"row\">{html.escape(row[0])}</th>" + "".join(f"<td>{c}</td>" for c in row[1:]) + "</tr>"
             for row in body)
         return f'<table class="metrics"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
-    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header] + body)
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip() for line in [header, *body])

@@ -66,7 +66,7 @@ def principal_component(terms: Tensor) -> Tensor:
     >>> principal_component(terms).flatten().tolist()  # +-sqrt(16.25)
     [4.031128883361816, -4.031128883361816]
     """
-    n, c, h, w = terms.shape
+    n, _, h, w = terms.shape
     matrix = terms.flatten(2).transpose(1, 2)  # (N, h*w, C)
     centred = matrix - matrix.mean(dim=1, keepdim=True)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
@@ -383,12 +383,12 @@ def explain_together(
         layers = explainer.target_layers(checked[model])
         keys.append((model, tuple(explainer.class_names or ()), *layers.items()))
     needs_gradients = {key: False for key in keys if key is not None}
-    for key, explainer in zip(keys, explainers):
+    for key, explainer in zip(keys, explainers, strict=True):
         if key is not None:
             needs_gradients[key] |= explainer.uses_gradients
     captures: dict[tuple, Captured] = {}
     results = []
-    for key, explainer in zip(keys, explainers):
+    for key, explainer in zip(keys, explainers, strict=True):
         if key is None:
             results.append(explainer(images, targets, topk=topk))
             continue

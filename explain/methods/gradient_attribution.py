@@ -34,9 +34,9 @@ from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR, nonlinear
 from torch import Tensor, nn
 
 from ..base import register
-from ..layers import LayerSpec
 from ..baselines import make_baselines, seeded
 from ..checks import checked_number, positive_int
+from ..layers import LayerSpec
 from .attribution_base import Attribution, Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
 from .gradient_cams import GradCAM
 
@@ -194,7 +194,7 @@ class Saliency(_OnePass):
 
     name = "saliency"
     captum_method = captum_attr.Saliency
-    captum_options = {"abs": False}  # raw keeps the sign; the reduction takes magnitudes
+    captum_options: ClassVar[dict] = {"abs": False}  # raw keeps the sign; the reduction takes magnitudes
 
 
 @register
@@ -437,7 +437,8 @@ class _Shap(Batched):
     def __init__(self, model: nn.Module, *, baseline: str | float | Tensor = "noise", n_baselines: int = 16, **options):
         super().__init__(model, **options)
         if isinstance(baseline, str) and baseline not in ("noise", "zeros"):
-            raise ValueError(f"baseline {baseline!r} is not a distribution; use 'noise', 'zeros', or a tensor (B, C, H, W) of baselines")
+            raise ValueError(f"baseline {baseline!r} is not a distribution; use 'noise', 'zeros', "
+                             "or a tensor (B, C, H, W) of baselines")
         self.baseline = baseline
         self.n_baselines = positive_int("n_baselines", n_baselines)
 

@@ -19,8 +19,8 @@ from ..attention_capture import explicit_attention_kernels
 from ..base import register, registered_class
 from ..checks import positive_int
 from ..layers import LayerSpec
-from ..tokens import Reshape
 from ..targets import Targets, class_logits
+from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 
 __all__ = [
@@ -306,11 +306,11 @@ class ShapleyCAM(GradientCAM):
         activations = [capture.activations[name] for name in names]
         first = torch.autograd.grad(scores.sum(), activations, create_graph=True, retain_graph=True,
                                     allow_unused=True)
-        unused = [name for name, gradient in zip(names, first) if gradient is None]
+        unused = [name for name, gradient in zip(names, first, strict=True) if gradient is None]
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")
         recorded = {}
-        for name, activation, gradient in zip(names, activations, first):
+        for name, activation, gradient in zip(names, activations, first, strict=True):
             if gradient.requires_grad:
                 try:
                     (hvp,) = torch.autograd.grad(gradient, activation, grad_outputs=activation.detach(),

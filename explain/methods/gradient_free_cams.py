@@ -16,11 +16,11 @@ from torch import Tensor, nn
 
 from ..base import NotApplicable, register
 from ..layers import LayerSpec, resolve_layers
-from ..tokens import Reshape
 from ..targets import class_logits
+from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, agree_in_sign, principal_component
 
-__all__ = ["CAM", "EigenCAM", "FEM", "KPCACAM", "RandomCAM", "kernel_principal_component"]
+__all__ = ["CAM", "FEM", "KPCACAM", "EigenCAM", "RandomCAM", "kernel_principal_component"]
 
 
 @register

@@ -18,6 +18,7 @@ forward pass with the layer's output replaced (``reason`` says why).
 from __future__ import annotations
 
 import warnings
+from contextlib import suppress
 
 import torch
 import torch.fx as fx
@@ -64,7 +65,7 @@ def _close(a, b) -> bool:
     right, _ = tree_flatten(b)
     if len(left) != len(right):
         return False
-    for x, y in zip(left, right):
+    for x, y in zip(left, right, strict=True):
         if isinstance(x, Tensor) != isinstance(y, Tensor):
             return False
         if isinstance(x, Tensor):
@@ -158,10 +159,8 @@ class LayerReplay:
             return
         full, _, wanted = self._split
         recorder = _Recorder(full, wanted)
-        try:
+        with suppress(_Done):
             recorder.run(images)
-        except _Done:
-            pass
         layer_value = recorder.values[wanted[0]]
         if not isinstance(layer_value, Tensor):
             self.reason = f"layer {self.layer_name!r} does not return a tensor"

@@ -34,7 +34,7 @@ from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 from .layer_replay import LayerReplay
 
-__all__ = ["AblationCAM", "ISCAM", "SSCAM", "ScoreCAM"]
+__all__ = ["ISCAM", "SSCAM", "AblationCAM", "ScoreCAM"]
 
 
 class PerturbationCAM(BaseCAM):

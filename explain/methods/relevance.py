@@ -32,7 +32,7 @@ from ..targets import class_logits
 from .attribution_base import Attribution, ScoredModel
 from .gradient_attribution import is_relu_like
 
-__all__ = ["FIRST_RULES", "LRP", "SharingRule", "ResidualSumCanonizer", "traced_batch_norm_pairs"]
+__all__ = ["FIRST_RULES", "LRP", "ResidualSumCanonizer", "SharingRule", "traced_batch_norm_pairs"]
 
 #: The rules selectable for the first convolution, the one that sees the pixels.
 FIRST_RULES = ("zbox", "flat")
@@ -97,7 +97,7 @@ class SharingRule(BasicHook):
             return result + [share] + [torch.zeros_like(share)] * (len(outputs) - flat - 1)
 
         def reduce(inputs: list[Tensor], gradients: list[Tensor]) -> Tensor:
-            return sum(x * g for x, g in zip(inputs[:flat], gradients[:flat])) + gradients[flat]
+            return sum(x * g for x, g in zip(inputs[:flat], gradients[:flat], strict=True)) + gradients[flat]
 
         super().__init__(input_modifiers=inputs, param_modifiers=params, output_modifiers=[_identity] * len(inputs),
                          gradient_mapper=gradients, reducer=reduce)

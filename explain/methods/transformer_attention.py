@@ -189,7 +189,7 @@ class AttentionRelevance(TransformerAttention):
     def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None) -> Tensor:
         n, _, t, _ = weights[0].shape
         relevance = torch.eye(t, device=weights[0].device).expand(n, t, t)
-        for attention, gradient in zip(weights, gradients):
+        for attention, gradient in zip(weights, gradients, strict=True):
             weighted = (gradient * attention).clamp_min(0).mean(dim=1)
             relevance = relevance + weighted @ relevance
         return relevance[:, 0]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..explanation import Explanation
 from ..checks import checked_number
-from ..regions import region_masks
+from ..explanation import Explanation
 from ..passes import with_pass_options
+from ..regions import region_masks
 from .base import Score, check_finite
 
 __all__ = ["energy_pointing_game", "pointing_game", "relevance_mass", "relevance_rank"]

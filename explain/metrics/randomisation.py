@@ -70,7 +70,7 @@ def ssim(a: Tensor, b: Tensor) -> Tensor:
     if window < 3:
         raise ValueError(f"SSIM needs maps of at least 3 x 3 pixels, got {tuple(a.shape[-2:])}")
     out = []
-    for x, y in zip(a.double().cpu().numpy(), b.double().cpu().numpy()):
+    for x, y in zip(a.double().cpu().numpy(), b.double().cpu().numpy(), strict=True):
         low, high = min(x.min(), y.min()), max(x.max(), y.max())
         span = high - low
         out.append(1.0 if span == 0 else float(structural_similarity(x, y, data_range=span, win_size=window)))

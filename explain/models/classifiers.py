@@ -130,7 +130,7 @@ def _load_bundled(weights) -> tuple[nn.Module, Preprocess, list[str]]:
         raise ValueError(f"{path} holds {len(source)} tensors, EfficientNet-Lite0 needs {len(target)}")
     # The file's keys (`_conv_stem.weight`, ...) follow the same order as timm's.
     renamed = {}
-    for (src_key, tensor), (dst_key, expected) in zip(source.items(), target.items()):
+    for (src_key, tensor), (dst_key, expected) in zip(source.items(), target.items(), strict=True):
         if tensor.shape != expected.shape:
             raise ValueError(f"{path}: {src_key} has shape {tuple(tensor.shape)}, {dst_key} needs {tuple(expected.shape)}")
         renamed[dst_key] = tensor

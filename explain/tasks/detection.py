@@ -102,7 +102,7 @@ class DetectionTarget:
             raise ValueError(f"iou_threshold must lie in (0, 1], got {iou_threshold!r}")
         self.boxes, self.labels, self.iou_threshold = boxes, labels.long(), float(iou_threshold)
         self.detections: tuple[Detection, ...] = tuple(
-            Detection(row, tuple(box), int(label)) for row, (box, label) in enumerate(zip(boxes.tolist(), labels.tolist()))
+            Detection(row, tuple(box), int(label)) for row, (box, label) in enumerate(zip(boxes.tolist(), labels.tolist(), strict=True))
         )
 
     @classmethod
@@ -186,7 +186,7 @@ class DetectionTarget:
         if len(self) == 0:
             raise ValueError("this target holds no box: nothing was selected to explain")
         picks = rows.tolist() if len(self) > 1 else [0] * len(rows)
-        return torch.stack([self._score(p, self.boxes[r], int(self.labels[r])) for p, r in zip(predictions, picks)])
+        return torch.stack([self._score(p, self.boxes[r], int(self.labels[r])) for p, r in zip(predictions, picks, strict=True)])
 
     def _score(self, prediction: dict[str, Tensor], box: Tensor, label: int) -> Tensor:
         boxes, scores = prediction["boxes"], prediction["scores"]

@@ -223,7 +223,7 @@ def data_script(chunk: dict) -> bytes:
     b'explorerData.push(JSON.parse("{\\\\"images\\\\":{\\\\"name\\\\":[\\\\"a\\\\"]}}"));\\n'
     """
     text = json.dumps(chunk, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return f"explorerData.push(JSON.parse({json.dumps(text, ensure_ascii=False)}));\n".encode("utf-8")
+    return f"explorerData.push(JSON.parse({json.dumps(text, ensure_ascii=False)}));\n".encode()
 
 
 def read_data_file(data: bytes) -> dict:
@@ -251,10 +251,10 @@ def read_page(index: str | os.PathLike) -> dict:
         chunk = read_data_file((index.parent / os.fsdecode(unquote_to_bytes(name))).read_bytes())
         first = len(images)
         columns, map_columns = chunk["images"], chunk["maps"]
-        images += [dict(zip(columns, values)) for values in zip(*columns.values())]
+        images += [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=False)]
         metrics = map_columns.pop("metrics")
         start = len(maps)
-        maps += [dict(zip(map_columns, values)) for values in zip(*map_columns.values())]
+        maps += [dict(zip(map_columns, values, strict=True)) for values in zip(*map_columns.values(), strict=False)]
         for record in maps[start:]:
             record["image"] += first
             record["metrics"] = {}
