@@ -52,7 +52,7 @@ def check_images(images: Tensor, model: nn.Module) -> Tensor:
             f"images have dtype {images.dtype}; the model expects preprocessed float input "
             "(e.g. the preprocess returned by explain.models.load)"
         )
-    reference = next(iter(model.parameters()), None)
+    reference: Tensor | None = next(iter(model.parameters()), None)
     if reference is None:
         reference = next(iter(model.buffers()), None)
     if reference is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from typing import overload
 
 import torch
 from torch import Tensor, nn
@@ -233,6 +234,12 @@ class LayerCapture:
         self.activations.clear()
         self.gradients.clear()
         self._calls.clear()
+
+    @overload
+    def backward(self, scores: Tensor) -> None: ...
+
+    @overload
+    def backward(self, scores: Tensor, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]: ...
 
     def backward(self, scores: Tensor, inputs: Sequence[Tensor] = ()) -> tuple[Tensor, ...] | None:
         """Back-propagate ``scores`` to the captured layers and store their gradients.

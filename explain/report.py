@@ -94,11 +94,11 @@ def encode_png(rgb: np.ndarray) -> bytes:
 
 def encode_npz(**arrays: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub would let **arrays fill allow_pickle
     return buffer.getvalue()
 
 
-def remove_temp_files(root: str | os.PathLike) -> int:
+def remove_temp_files(root: str | os.PathLike[str]) -> int:
     """Delete the temporary files a killed run left under ``root``; returns how many."""
     removed = 0
     for folder, _, files in os.walk(root):

@@ -64,6 +64,7 @@ class TokenLayout:
             return output
         if self.kind == "channels-last":
             return output.permute(0, 3, 1, 2)
+        assert self.grid is not None  # __post_init__ requires one for tokens
         h, w = self.grid
         if output.dim() != 3 or output.shape[1] < self.prefix + h * w:
             raise ValueError(f"tokens of shape {tuple(output.shape)} do not hold {self.prefix} prefix tokens and a "
@@ -78,6 +79,7 @@ class TokenLayout:
             return spatial
         if self.kind == "channels-last":
             return spatial.permute(0, 2, 3, 1)
+        assert self.grid is not None  # __post_init__ requires one for tokens
         h, w = self.grid
         out = like.clone()
         out[:, self.prefix:self.prefix + h * w] = spatial.flatten(2).transpose(1, 2)

@@ -345,10 +345,10 @@ def run_evaluation(args: EvaluateOptions) -> int:
     target = parse_target(args.target, loaded.class_names)
     with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
         explainers = build_explainers(args.methods, loaded, args.layer, target)
-    regions = [None] * len(sources)
+    regions: list[Tensor | None] = [None] * len(sources)
     if args.regions is not None:
         try:
-            regions = read_regions(args.regions, [s.path for s in sources], tuple(loaded.example.shape[-2:]),
+            regions = read_regions(args.regions, [s.path for s in sources], (loaded.example.shape[-2], loaded.example.shape[-1]),
                                    _mask_geometry(loaded.preprocess))
         except ValueError as error:
             raise UsageError(f"--regions: {error}") from None

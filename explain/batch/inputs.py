@@ -179,7 +179,7 @@ def _read_list(list_file: str) -> Iterator[str]:
                 yield line.strip()
 
 
-def _walk_images(folder: str, out_abs: str) -> list[tuple[str, str | None]]:
+def _walk_images(folder: str, out_abs: str | None) -> list[tuple[str, str | None]]:
     """(path, error) of the image files under ``folder``, sorted, skipping hidden entries and
     the output folder; a subfolder that cannot be listed is one entry with its error."""
     found: list[tuple[str, str | None]] = []

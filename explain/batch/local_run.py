@@ -98,7 +98,7 @@ class LocalRun:
         for source, method, error in self.plan.make(self.sources, self.options.overwrite):
             self._record(self.explainer.failed_rows(source, method, error))
         work = sorted(self.plan.pending)
-        saver = ThreadPoolExecutor(max_workers=max(1, self.options.workers), thread_name_prefix="explain-save")
+        saver = ThreadPoolExecutor(max_workers=max(1, self.options.workers or 1), thread_name_prefix="explain-save")
         in_flight: deque[Future] = deque()
         limit = 2 * (1 if self.prepared.loaded.fixed_batch else self.options.batch_size) * len(self.prepared.explainers)
 

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -206,7 +206,7 @@ class RayRun:
     """The driver's side of one ``explain run --engine ray``."""
 
     def __init__(self, args: RunOptions, folder: OutputFolder, listing: InputListing, checked: CheckedRun,
-                 resources: dict, leftovers: list[str] = ()):
+                 resources: dict, leftovers: Sequence[str] = ()):
         self.args, self.folder, self.listing, self.checked, self.resources = args, folder, listing, checked, resources
         #: Plan folders of runs that did not end: the rows their actors kept count as manifest rows.
         self.leftovers = list(leftovers)
@@ -415,7 +415,7 @@ def write_index(folder: OutputFolder, manifest: Path, run: PageRun, metrics_html
 
 def _index_rows(path: Path, limit: int) -> list[dict]:
     """The manifest's rows of its first ``limit`` images, for index.html, read as a stream."""
-    inputs: set[str] = set()
+    inputs: set[str | None] = set()
     rows = []
     with open(path, encoding="utf-8", errors="replace") as lines:
         for row in iter_json_records(lines):

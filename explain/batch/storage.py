@@ -117,9 +117,9 @@ class OutputFolder:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(path, data)
             return
-        path = self.path(name)
-        self.filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with self.filesystem.open_output_stream(path) as stream:
+        key = self.path(name)
+        self.filesystem.create_dir(key.rsplit("/", 1)[0], recursive=True)
+        with self.filesystem.open_output_stream(key) as stream:
             stream.write(data)
 
     def upload(self, name: str, local_file: Path) -> None:

@@ -98,21 +98,21 @@ def score(explainer: Explainer, images: Tensor, explanation: Explanation, metric
             result.failures.append({"method": method, "metric": name, "error": _reason(error)})
             continue
         for column, (values, _) in reported.items():
-            values = values.detach().float().reshape(n, -1).cpu().numpy()
+            array = values.detach().float().reshape(n, -1).cpu().numpy()
             result.rows += [
                 {"image": i, "method": method, "rank": r, "target_id": ids[i][r], "metric": column,
-                 "value": float(values[i, r])}
-                for i in range(n) for r in range(values.shape[1])
+                 "value": float(array[i, r])}
+                for i in range(n) for r in range(array.shape[1])
             ]
         steps = None if found.steps is None else found.steps.detach().float().cpu().numpy()
         for curve, values in found.curves.items():
-            values = values.detach().float().cpu().numpy()
-            values = values.reshape(n, -1, values.shape[-1])
+            flat = values.detach().float().cpu().numpy()
+            points = flat.reshape(n, -1, flat.shape[-1])
             result.curves += [
                 {"image": i, "method": method, "rank": r, "target_id": ids[i][r], "metric": name, "curve": curve,
-                 "steps": steps if steps is not None else np.arange(values.shape[-1], dtype=np.float32),
-                 "values": values[i, r], "step_labels": found.step_labels}
-                for i in range(n) for r in range(values.shape[1])
+                 "steps": steps if steps is not None else np.arange(points.shape[-1], dtype=np.float32),
+                 "values": points[i, r], "step_labels": found.step_labels}
+                for i in range(n) for r in range(points.shape[1])
             ]
     return result
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def summary_table(rows: Iterable[Mapping], higher_is_better: Mapping[str, bool |
     values: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         values.setdefault((str(row["method"]), str(row["metric"])), []).append(_number(row.get("value")))
-    table = []
+    table: list[dict[str, Any]] = []
     for (method, column), found in values.items():
         finite = np.asarray([v for v in found if math.isfinite(v)], dtype=np.float64)
         n = len(finite)
@@ -75,7 +76,8 @@ def summary_table(rows: Iterable[Mapping], higher_is_better: Mapping[str, bool |
 
 
 def _arrow(higher: bool | None) -> str:
-    return {True: " ↑", False: " ↓"}.get(higher, "")
+    arrows: dict[bool | None, str] = {True: " ↑", False: " ↓"}
+    return arrows.get(higher, "")
 
 
 def format_summary(table: list[dict], style: str = "text") -> str:

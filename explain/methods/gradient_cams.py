@@ -359,7 +359,7 @@ class FinerCAM(GradientCAM):
         if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks):
             raise ValueError(f"comparison holds ranks of similar classes, ints >= 1 (1 = the nearest); got {comparison!r}")
         self.alpha, self.comparison, self.base = float(alpha), ranks, base_class
-        self.contributions = base_class.contributions
+        self.contributions = base_class.contributions  # type: ignore[method-assign]  # the base CAM's rule
 
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
         if (ids == -1).any():
@@ -373,12 +373,12 @@ class FinerCAM(GradientCAM):
         columns = ids if ids.dim() == 2 else ids[:, None]
         logits = output.float()
         probabilities = logits.softmax(dim=1)
-        finer = []
+        per_target = []
         for c in columns.unbind(dim=1):
             own = logits.gather(1, c[:, None])
             distance = (logits - own).abs().scatter(1, c[:, None], -1.0)  # c itself comes first
             similar = distance.argsort(dim=1, stable=True)[:, ranks]
             p = probabilities.gather(1, similar)
-            finer.append((p * (own - self.alpha * logits.gather(1, similar))).sum(1) / p.sum(1))
-        finer = torch.stack(finer, dim=1).to(scores.dtype)
+            per_target.append((p * (own - self.alpha * logits.gather(1, similar))).sum(1) / p.sum(1))
+        finer = torch.stack(per_target, dim=1).to(scores.dtype)
         return finer if ids.dim() == 2 else finer[:, 0]

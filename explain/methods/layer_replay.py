@@ -173,7 +173,7 @@ class LayerReplay:
             self.reason = "a value the later layers take from before the layer is not one row per image"
             self._warn()
             return
-        self._frontier = frontier
+        self._frontier = [value for value in frontier if isinstance(value, Tensor)]  # (all of them)
         self.reason = None
         rows = torch.cat([torch.arange(n - 1, -1, -1), torch.zeros(1, dtype=torch.long)]).to(images.device)
         same = _close(self(activation, torch.arange(n, device=images.device)), reference)
@@ -195,8 +195,10 @@ class LayerReplay:
         # A copy: the later layers may change their input in place (ReLU(inplace=True), +=).
         activations = activations.to(self._dtype, copy=True)
         if self.split:
+            assert self._split is not None  # (split)
             _, tail, _ = self._split
             return tail(activations, *(value[rows] for value in self._frontier))
+        assert self._images is not None, "prepare() the images first"
         handle = self.layer.register_forward_hook(lambda module, args, output: activations)
         try:
             return self.model(self._images[rows])

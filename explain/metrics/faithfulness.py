@@ -373,11 +373,11 @@ def region_perturbation(
     regions = min(regions, total)
     k = pairs.per_image
     if isinstance(baseline, str) and baseline == "noise":
-        substrate = []
+        noisy = []
         for image in pairs.images[::k]:  # each image on the same seeded stream, whatever its position
             with seeded(seed, pairs.images.device):
-                substrate.append(make_baselines(image[None], baseline))
-        substrate = torch.cat(substrate).repeat_interleave(k, dim=0)
+                noisy.append(make_baselines(image[None], baseline))
+        substrate = torch.cat(noisy).repeat_interleave(k, dim=0)
     else:
         substrate = _baselines(pairs, baseline)
     counts = torch.arange(regions + 1)

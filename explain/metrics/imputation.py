@@ -224,7 +224,7 @@ class _Fine:
 
     def __init__(self, u: Tensor, channels: int):
         s = (_sep(torch.ones_like(u[:1])) - 4) / 12
-        self.u, self.shape = u, tuple(u.shape[-2:])
+        self.u, self.shape = u, (u.shape[-2], u.shape[-1])
         self.s = s
         self.c1 = u * (s + 1 / 3)
         self.c2 = u / 12
@@ -279,7 +279,7 @@ class _Coarse:
     """A coarse level: a 9-point stencil a (B, 9, h, w), inside a zero frame; u = 1 on active nodes."""
 
     def __init__(self, padded: Tensor, u: Tensor):
-        self.u, self.shape = u, tuple(u.shape[-2:])
+        self.u, self.shape = u, (u.shape[-2], u.shape[-1])
         h, w = self.shape
         self.padded = padded
         self.a = a = padded[..., 1 : h + 1, 1 : w + 1]

@@ -24,7 +24,7 @@ def _maps_and_masks(explanation: Explanation | Tensor, regions: Tensor) -> tuple
     if maps.dim() not in (3, 4):
         raise ValueError(f"maps must be (N, H, W) or (N, k, H, W), got {tuple(maps.shape)}")
     shape = tuple(maps.shape[:-2])
-    masks = region_masks(regions, tuple(maps.shape[-2:])).to(maps.device)
+    masks = region_masks(regions, (maps.shape[-2], maps.shape[-1])).to(maps.device)
     if masks.shape[0] != maps.shape[0]:
         raise ValueError(f"{masks.shape[0]} regions for {maps.shape[0]} maps: give one region per image")
     if maps.dim() == 4:  # topk: every target of an image is judged against its region

@@ -128,8 +128,9 @@ def _randomise(module: nn.Module, seed: int, device: torch.device) -> None:
     """Re-initialise every part of ``module`` with ``reset_parameters``, after seeding ``seed``."""
     with seeded(seed, device), torch.no_grad():
         for child in module.modules():
-            if hasattr(child, "reset_parameters"):
-                child.reset_parameters()
+            reset = getattr(child, "reset_parameters", None)
+            if reset is not None:
+                reset()
 
 
 def _cascade(explainer: Explainer, pairs, modules: list[nn.Module], compared: list[int], seed: int,

@@ -59,6 +59,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
     device = pick_device(device_name)
     path = Path(spec)
     named = spec.startswith(classifiers.TIMM_PREFIX) or classifiers.is_huggingface_folder(spec)
+    class_names: list[str] | None
     if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
         task = torchvision_task(spec)
         # Random weights (a name without --weights) are drawn from a fixed seed, so that every
@@ -112,7 +113,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
         else:
             classes = output.shape[1] if task == "classify" else segmentation_logits(output).shape[1]
             class_names = classifiers.imagenet_classes() if classes == 1000 else [str(i) for i in range(classes)]
-        model.class_names = class_names
+        model.class_names = class_names  # type: ignore[assignment]  # torch types Module attributes as tensors or modules
     return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task)
 
 

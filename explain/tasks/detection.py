@@ -39,7 +39,7 @@ class Detection:
     def describe(self, class_names: Sequence[str] | None = None) -> dict:
         """The box as a plain dict (for a manifest): task, box, class id and name, score, index."""
         known = class_names is not None and 0 <= self.label < len(class_names)
-        name = class_names[self.label] if known else str(self.label)
+        name = class_names[self.label] if class_names is not None and known else str(self.label)
         return {"task": "detect", "box": [round(v, 2) for v in self.box], "class_id": self.label, "class_name": name,
                 "score": None if self.score is None else round(self.score, 6), "index": self.index}
 

@@ -180,7 +180,7 @@ def _map_columns(image: int, row: dict, tables: Tables, exists: Callable[[str], 
     method = str(row.get("method"))
     if isinstance(row.get("settings"), str):
         tables.settings.setdefault(method, row["settings"])
-    metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
+    metrics = row["metrics"] if isinstance(row.get("metrics"), dict) else {}
     return {
         "image": image,
         "method": tables.index("method", method),
@@ -202,7 +202,8 @@ def _columns(records: list[dict], names: Sequence[str]) -> dict[str, list]:
 def _chunk(images: list[tuple[str, list[dict]]], first_rank: list[int], tables: Tables, exists, original) -> dict:
     """One data file's images and maps, column by column; ``first_rank``: each image's place
     in name order."""
-    image_records, map_records = [], []
+    image_records: list[dict] = []
+    map_records: list[dict] = []
     for position, (name, rows) in enumerate(images):
         image_records.append(_image_columns(name, rows, tables, original))
         map_records.extend(_map_columns(position, row, tables, exists) for row in rows)
@@ -244,7 +245,10 @@ def read_page(index: str | os.PathLike) -> dict:
 
     index = Path(index)
     document = index.read_text(encoding="utf-8")
-    setup = json.loads(re.search(r"^var explorerSetup = (.*);$", document, re.MULTILINE).group(1))
+    found = re.search(r"^var explorerSetup = (.*);$", document, re.MULTILINE)
+    if found is None:
+        raise ValueError(f"{index} is not an explorer page written by explain (it sets no explorerSetup)")
+    setup = json.loads(found.group(1))
     images: list[dict] = []
     maps: list[dict] = []
     for name in re.findall(r'<script src="([^"]+)"></script>', document):
