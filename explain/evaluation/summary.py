@@ -45,7 +45,8 @@ def summary_table(rows: Iterable[Mapping], higher_is_better: Mapping[str, bool |
     counted), ``higher_is_better``, ``best``.
 
     >>> rows = [{"method": "a", "metric": "deletion", "value": v} for v in (0.1, 0.3)]
-    >>> rows += [{"method": "b", "metric": "deletion", "value": "0.4"}, {"method": "b", "metric": "deletion", "value": "nan"}]
+    >>> rows += [{"method": "b", "metric": "deletion", "value": "0.4"},
+    ...          {"method": "b", "metric": "deletion", "value": "nan"}]
     >>> [(r["method"], round(r["mean"], 3), round(r["std"], 3), r["n"], r["best"]) for r in summary_table(rows)]
     [('a', 0.2, 0.141, 2, True), ('b', 0.4, 0.0, 1, False)]
     """

@@ -247,7 +247,8 @@ def explain_detections(explainer: Explainer, images: Tensor, *, index: int | Seq
     >>> from explain import GradCAM
     >>> model = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
     ...     weights=None, weights_backbone=None, num_classes=3).eval()
-    >>> result, target = explain_detections(GradCAM(model, "backbone.features.1"), torch.rand(1, 3, 64, 64), index=[0, 1])
+    >>> cam = GradCAM(model, "backbone.features.1")
+    >>> result, target = explain_detections(cam, torch.rand(1, 3, 64, 64), index=[0, 1])
     >>> tuple(result.maps.shape), target.image_ids.tolist()
     ((2, 64, 64), [0, 0])
     """
