@@ -108,8 +108,10 @@ class EvaluationRun:
 
     def _compact(self) -> list[dict]:
         """Rewrite scores.csv and curves.jsonl with the latest row of each key; returns the scores."""
-        rows = evaluation_files.latest(evaluation_files.read_csv(self.scores_path), ("image", "method", "target", "metric"))
-        evaluation_files.rewrite(self.scores_path, evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS, header=True))
+        rows = evaluation_files.latest(evaluation_files.read_csv(self.scores_path),
+                                       ("image", "method", "target", "metric"))
+        evaluation_files.rewrite(self.scores_path,
+                                 evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS, header=True))
         curves = evaluation_files.latest(evaluation_files.read_jsonl(self.curves_path),
                                          ("image", "method", "target", "metric", "curve"))
         evaluation_files.rewrite(self.curves_path, evaluation_files.jsonl_lines(curves))
@@ -348,8 +350,8 @@ def run_evaluation(args: EvaluateOptions) -> int:
     regions: list[Tensor | None] = [None] * len(sources)
     if args.regions is not None:
         try:
-            regions = read_regions(args.regions, [s.path for s in sources], (loaded.example.shape[-2], loaded.example.shape[-1]),
-                                   _mask_geometry(loaded.preprocess))
+            size = (loaded.example.shape[-2], loaded.example.shape[-1])
+            regions = read_regions(args.regions, [s.path for s in sources], size, _mask_geometry(loaded.preprocess))
         except ValueError as error:
             raise UsageError(f"--regions: {error}") from None
     warn_if_random(loaded, args.model)

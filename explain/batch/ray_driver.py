@@ -63,8 +63,8 @@ def import_ray():
         import ray
         import ray.data
     except ImportError:
-        raise UsageError("--engine ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')") \
-            from None
+        raise UsageError(
+            "--engine ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')") from None
     return ray
 
 

@@ -127,7 +127,8 @@ def _add_run_command(commands) -> None:
                      "cores the model's threads leave free, up to 4)")
     run.add_argument("--overwrite", action="store_true", help="redo outputs that are already complete")
     _add_max_pixels(run)
-    run.add_argument("--quiet", "-q", action="store_true", help="no progress (bar or lines); errors and the summary line still print")
+    run.add_argument("--quiet", "-q", action="store_true",
+                     help="no progress (bar or lines); errors and the summary line still print")
     run.add_argument("--metrics", default=None,
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
@@ -176,14 +177,15 @@ def _add_evaluate_command(commands) -> None:
     _add_max_memory(scoring)
     _add_step_option(scoring)
     scoring.add_argument("--regions", type=Path, metavar="FILE",
-                          help="where the objects are, for " + ", ".join(LOCALISATION_METRICS) + ": a CSV with the header "
-                          "image,x0,y0,x1,y1 (boxes in pixels of the model input, after resizing and cropping; "
+                          help="where the objects are, for " + ", ".join(LOCALISATION_METRICS) + ": a CSV with the "
+                          "header image,x0,y0,x1,y1 (boxes in pixels of the model input, after resizing and cropping; "
                           "image: file name, stem or path) or a folder of masks named by the images' stems")
     scoring.add_argument("--workers", "-j", type=non_negative_int, default=None,
                           help="processes decoding images (0: decode in the main process) (default: as for run)")
     scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
     _add_max_pixels(scoring)
-    scoring.add_argument("--quiet", "-q", action="store_true", help="no progress (bar or lines); errors and the summary still print")
+    scoring.add_argument("--quiet", "-q", action="store_true",
+                         help="no progress (bar or lines); errors and the summary still print")
     scoring.set_defaults(handler="evaluate:evaluate_command")
 
 

@@ -56,8 +56,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
     """The model ``spec`` names (a classifier's name, a torchvision segmentation or detection
     model's name, a Hugging Face folder, or a model file), loaded on the device, with its
     preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`."""
-    device = pick_device(device_name)
-    path = Path(spec)
+    device, path = pick_device(device_name), Path(spec)
     named = spec.startswith(classifiers.TIMM_PREFIX) or classifiers.is_huggingface_folder(spec)
     class_names: list[str] | None
     if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
@@ -78,7 +77,8 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
             except (ValueError, FileNotFoundError, RuntimeError) as error:
                 raise UsageError(f"{error}") from None
         fixed_batch = False
-        random_weights = weights is None and not classifiers.is_bundled(spec) and not classifiers.is_huggingface_folder(spec)
+        random_weights = weights is None and not (
+            classifiers.is_bundled(spec) or classifiers.is_huggingface_folder(spec))
     else:
         if not path.is_file():
             raise UsageError(
