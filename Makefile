@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench bench-peers bench-metrics bench-ray clean
+.PHONY: demo lint test bench bench-peers bench-metrics bench-ray clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,14 @@ demo: $(VENV)/.installed
 	$(BIN)/explain run data/images --out out --method gradcam,gradcam++,layercam
 	@echo "Open the explorer in a browser: file://$(abspath out/index.html)"
 
-test: $(VENV)/.installed-test
+# The linter, the formatter's check and the type checker on the package (configured in
+# pyproject.toml; the lint extra comes with the test extra).
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check explain
+	$(BIN)/ruff format --check explain
+	$(BIN)/mypy
+
+test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 # bench_heavy.py alone takes about 3 hours on 2 CPU cores (its docstring says how to narrow it).

@@ -41,7 +41,7 @@ _LOCATIONS = {name: module for module, names in _EXPORTS.items() for name in nam
 
 __version__ = "0.1.0"
 
-__all__ = sorted([*_LOCATIONS, *_SUBMODULES])
+__all__ = sorted([*_LOCATIONS, *_SUBMODULES])  # noqa: PLE0605 -- a list, built from the lazy names above
 
 
 def __getattr__(name: str):

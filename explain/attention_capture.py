@@ -107,7 +107,7 @@ class _ExplicitKernel:
         finally:
             with process_lock:
                 self.users -= 1
-                if self.users == 0:
+                if self.users == 0 and self.saved is not None:
                     F.scaled_dot_product_attention, fastpath = self.saved
                     torch.backends.mha.set_fastpath_enabled(fastpath)
 
@@ -126,11 +126,11 @@ def explicit_attention_kernels(model: nn.Module) -> Iterator[None]:
         context.enter_context(_explicit_kernel.installed())
         for module in model.modules():
             if getattr(module, "fused_attn", None) is False:  # timm: its explicit path forms no record
-                module.fused_attn = True
+                module.fused_attn = True  # type: ignore[assignment]  # torch types Module attributes as tensors or modules
                 context.callback(setattr, module, "fused_attn", False)
         config = getattr(model, "config", None)
         implementation = getattr(config, "_attn_implementation", None)
-        if implementation is not None and implementation != "sdpa":  # Hugging Face
+        if config is not None and implementation not in (None, "sdpa"):  # Hugging Face
             config._attn_implementation = "sdpa"
             context.callback(setattr, config, "_attn_implementation", implementation)
         yield

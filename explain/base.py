@@ -65,7 +65,8 @@ class Explainer:
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "__call__" in cls.__dict__:
-            cls.__call__ = _holding_model_lock(cls.__dict__["__call__"])
+            # each subclass's own __call__, wrapped once where the class is made
+            cls.__call__ = _holding_model_lock(cls.__dict__["__call__"])  # type: ignore[method-assign]
 
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):
@@ -108,7 +109,7 @@ def _holding_model_lock(call):
 
     signature = inspect.signature(call)
     if "max_memory" not in signature.parameters:
-        locked.__signature__ = _with_pass_options(signature)
+        locked.__signature__ = _with_pass_options(signature)  # type: ignore[attr-defined]  # read by inspect.signature
     return locked
 
 

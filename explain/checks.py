@@ -52,7 +52,7 @@ def check_images(images: Tensor, model: nn.Module) -> Tensor:
             f"images have dtype {images.dtype}; the model expects preprocessed float input "
             "(e.g. the preprocess returned by explain.models.load)"
         )
-    reference = next(iter(model.parameters()), None)
+    reference: Tensor | None = next(iter(model.parameters()), None)
     if reference is None:
         reference = next(iter(model.buffers()), None)
     if reference is not None:
@@ -88,7 +88,7 @@ def channel_hint(images: Tensor) -> Iterator[None]:
     ...     torchvision.models.resnet18()(images)
     Traceback (most recent call last):
     ValueError: images have 1 channel(s) but the model's first convolution expects 3; convert the images (PIL: image.convert('RGB')) before preprocessing
-    """
+    """  # noqa: E501 -- the doctest's expected output is one line
     try:
         yield
     except RuntimeError as error:

@@ -24,8 +24,9 @@ What is and is not safe:
   its modules or weights for the call's length), or using one of its submodules on its own
   in another thread (the lock is the model's, not the submodule's). Plain inference in
   another thread during a CAM or gradient call is fine: the hook engine ignores forward
-  passes that are not its own thread's; during LRP or the randomisation metric it is not. Draws from torch's global generator in another thread during a seeded call
-  change that call's noise.
+  passes that are not its own thread's; during LRP or the randomisation metric it is not.
+  Draws from torch's global generator in another thread during a seeded call change that
+  call's noise.
 - **For throughput** across threads, give each thread its own copy of the model
   (``copy.deepcopy(model)``): calls on one model never overlap.
 """

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import matplotlib
 import numpy as np
 import torch
 import torch.nn.functional as F
+from matplotlib.colors import ListedColormap
 from PIL import Image
 from torch import Tensor
 
@@ -17,7 +19,10 @@ from .images import to_rgb8
 __all__ = ["denormalize", "draw_boxes", "draw_outline", "normalization_of", "overlay", "plot_explanations", "to_rgb"]
 
 #: Colours of boxes, one per box in turn (matplotlib's tab10, as uint8 RGB).
-BOX_COLOURS = tuple(tuple(round(255 * c) for c in colour) for colour in matplotlib.colormaps["tab10"].colors)
+BOX_COLOURS = tuple(
+    tuple(round(255 * c) for c in colour.tolist())
+    for colour in np.asarray(cast(ListedColormap, matplotlib.colormaps["tab10"]).colors)
+)
 
 
 def to_rgb(image) -> np.ndarray:
@@ -59,10 +64,11 @@ def _to_unit_float(array: np.ndarray) -> np.ndarray:
     if array.dtype == np.uint16:
         return array.astype(np.float32) / 65535.0
     if np.issubdtype(array.dtype, np.integer):
-        low, high = int(array.min()), int(array.max())
-        if low < 0 or high > 65535:
-            raise ValueError(f"integer image values must lie in 0..255 (8-bit) or 0..65535 (16-bit), got {low}..{high}")
-        return array.astype(np.float32) / (255.0 if high <= 255 else 65535.0)
+        smallest, largest = int(array.min()), int(array.max())
+        if smallest < 0 or largest > 65535:
+            raise ValueError(
+                f"integer image values must lie in 0..255 (8-bit) or 0..65535 (16-bit), got {smallest}..{largest}")
+        return array.astype(np.float32) / (255.0 if largest <= 255 else 65535.0)
     array = array.astype(np.float32)
     if not np.isfinite(array).all():
         raise ValueError("image contains NaN or infinite values")
@@ -249,7 +255,7 @@ def draw_outline(image, mask, colour: tuple[int, int, int] = (255, 255, 255)) ->
     if mask.ndim != 2 or mask.dtype != np.bool_:
         raise ValueError(f"the outline is a boolean (H, W) mask, got {mask.dtype} of shape {mask.shape}")
     if mask.shape != out.shape[:2]:
-        mask = np.asarray(Image.fromarray(mask).resize(out.shape[1::-1], Image.NEAREST))
+        mask = np.asarray(Image.fromarray(mask).resize(out.shape[1::-1], Image.Resampling.NEAREST))
     padded = np.pad(mask, 1, constant_values=False)
     inside = padded[:-2, 1:-1] & padded[2:, 1:-1] & padded[1:-1, :-2] & padded[1:-1, 2:]
     out[mask & ~inside] = colour
@@ -301,7 +307,7 @@ def _target_panels(title: str, explanation, index: int) -> list[tuple[str, Tenso
     if heat.dim() == 2:
         heat, names, probs = heat[None], [names], probs[None]
     panels = []
-    for rank, (target_map, name, prob) in enumerate(zip(heat, names, probs), start=1):
+    for rank, (target_map, name, prob) in enumerate(zip(heat, names, probs, strict=True), start=1):
         method = f"{title} top{rank}" if len(names) > 1 else title
         label = f"{method}\n{name}" + ("" if torch.isnan(prob) else f" ({float(prob):.0%})")
         panels.append((label, target_map, explanation.signed))
@@ -340,7 +346,7 @@ def plot_explanations(
     items = explanations.items() if isinstance(explanations, Mapping) else (
         (e.method, e) for e in explanations
     )
-    panels = [("image", None, False)]
+    panels: list[tuple[str, Tensor | None, bool | None]] = [("image", None, False)]
     for title, item in items:
         panels += _target_panels(title, item, index) if isinstance(item, Explanation) else [(title, item, None)]
     columns = columns or min(len(panels), 4)
@@ -351,7 +357,7 @@ def plot_explanations(
     rgb = to_rgb(image)
     for axis in axes.flat:
         axis.axis("off")
-    for axis, (title, heat, signed) in zip(axes.flat, panels):
+    for axis, (title, heat, signed) in zip(axes.flat, panels, strict=False):
         axis.imshow(rgb if heat is None else overlay(rgb, heat, cmap=cmap, alpha=alpha, signed=signed))
         axis.set_title(title, fontsize=9)
     return figure

@@ -122,7 +122,7 @@ class Explanation:
         >>> Explanation(torch.zeros(2, 4, 4), {"layer4": torch.zeros(2, 1, 2, 2)}, torch.zeros(2, 10),
         ...             torch.tensor([3, 5]), "gradcam", class_names=[f"class{i}" for i in range(10)])
         Explanation(method='gradcam', maps=(2, 4, 4), raw_layers={'layer4': (2, 1, 2, 2)}, targets=[3, 5] ['class3', 'class5'], logits=(2, 10))
-        """
+        """  # noqa: E501 -- the doctest's expected output is one line
         def shape(value) -> str:
             return str(tuple(value.shape)) if isinstance(value, Tensor) else type(value).__name__
 

@@ -89,7 +89,7 @@ class ReusedHeap:
         )
         self.floor = self.ceiling = 0
         if self.enabled:
-            self._libc.malloc_trim(0)  # what the setup freed (the methods' checks) goes back first
+            self._trim()  # what the setup freed (the methods' checks) goes back first
             self.floor = _resident_pages()
             self.ceiling = self.floor + room // _page_size()
 
@@ -101,7 +101,7 @@ class ReusedHeap:
 
     def close(self) -> None:
         """Put glibc's initial thresholds back and hand the kept memory back."""
-        if not self.enabled:
+        if not self.enabled or self._libc is None:
             return
         self.enabled = False
         for option, value in _GLIBC_DEFAULTS.items():
@@ -116,7 +116,7 @@ class ReusedHeap:
             return
         ceiling = max(self.ceiling, int(self.reference * (1 + self.slack)))
         if _resident_pages() > ceiling:
-            self._libc.malloc_trim(0)
+            self._trim()
             self.trims += 1
 
     def after_batch(self) -> None:
@@ -127,5 +127,10 @@ class ReusedHeap:
         if self.batches <= self.warmup:
             self.reference = max(self.reference, resident)
         elif resident > self.reference * (1 + self.slack):
-            self._libc.malloc_trim(0)
+            self._trim()
             self.trims += 1
+
+    def _trim(self) -> None:
+        """Hand the heap's free pages back to the system (enabled implies glibc)."""
+        if self._libc is not None:
+            self._libc.malloc_trim(0)

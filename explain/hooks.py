@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from typing import overload
 
 import torch
 from torch import Tensor, nn
@@ -239,6 +240,12 @@ class LayerCapture:
         self.gradients.clear()
         self._calls.clear()
 
+    @overload
+    def backward(self, scores: Tensor) -> None: ...
+
+    @overload
+    def backward(self, scores: Tensor, inputs: Sequence[Tensor]) -> tuple[Tensor, ...]: ...
+
     def backward(self, scores: Tensor, inputs: Sequence[Tensor] = ()) -> tuple[Tensor, ...] | None:
         """Back-propagate ``scores`` to the captured layers and store their gradients.
 
@@ -273,5 +280,5 @@ class LayerCapture:
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")
         if extra:
-            return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(extra, grads))
+            return tuple(torch.zeros_like(x) if g is None else g for x, g in zip(extra, grads, strict=False))
         return None

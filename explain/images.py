@@ -85,9 +85,9 @@ def load_rgb(path: str | os.PathLike, draft_size: int | None = None) -> Image.Im
                 return rgb.copy() if rgb is image else rgb
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as error:
         pixels = re.search(r"\((\d+) pixels\)", str(error))
-        size = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
+        found = f"{int(pixels.group(1)):,} pixels" if pixels else "too many pixels"
         raise ImageError(
-            f"decompression bomb: {size}, more than the limit of {Image.MAX_IMAGE_PIXELS:,} "
+            f"decompression bomb: {found}, more than the limit of {Image.MAX_IMAGE_PIXELS:,} "
             "(--max-pixels raises it for files you trust)"
         ) from None
     except UnidentifiedImageError:

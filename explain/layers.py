@@ -149,7 +149,7 @@ def _block_norms(trace, example: Tensor) -> list[list[str]]:
         if calls[name] != 1 or not isinstance(module, nn.LayerNorm) or not _is_sequence_output(shape, example):
             continue
         try:
-            infer_layout(shape, tuple(example.shape[-2:]))
+            infer_layout(shape, (example.shape[-2], example.shape[-1]))
         except ValueError:
             continue
         norms.setdefault(name.rpartition(".")[0], []).append(name)

@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -66,7 +67,7 @@ class ModelSummary:
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         text = []
         for line in lines:
-            cells = [cell.ljust(width) if i < 4 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths))]
+            cells = [cell.ljust(width) if i < 4 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths, strict=True))]
             text.append("  ".join(cells).rstrip())
         text.append("")
         text.append(self.totals())
@@ -324,11 +325,12 @@ def _multihead_attention_macs(module: nn.MultiheadAttention, args: tuple, kwargs
 def _attention_products(module: nn.Module, x: Tensor) -> int:
     """Q K^T and A V of an attention module on ``x``: (B, N, C) tokens, or torchvision
     Swin's (B, H, W, C) grid split into ``window_size`` windows (padded up to whole ones)."""
-    qkv = getattr(module, "qkv", None)
+    attention: Any = module  # timm's, torchvision's or Hugging Face's: attributes of their own
+    qkv = getattr(attention, "qkv", None)
     if isinstance(qkv, nn.Linear):
         dim = qkv.out_features // 3
-    elif hasattr(module, "head_dim"):
-        dim = module.head_dim * module.num_heads
+    elif hasattr(attention, "head_dim"):
+        dim = attention.head_dim * attention.num_heads
     else:
         dim = x.shape[-1]
     window = getattr(module, "window_size", None)
@@ -439,7 +441,7 @@ def _channel_maps(model: nn.Module, name: str, image: Tensor, output: Tensor, re
     """The layer's output as (C, h, w) float maps on the CPU, through ``reshape`` or the
     layout :func:`explain.tokens.infer_layout` finds."""
     if reshape is None:
-        reshape = infer_layout(tuple(output.shape), tuple(image.shape[-2:]), model, name)
+        reshape = infer_layout(tuple(output.shape), (image.shape[-2], image.shape[-1]), model, name)
     return (reshape.to_spatial(output) if isinstance(reshape, TokenLayout) else reshape(output))[0].float().cpu()
 
 

@@ -4,7 +4,7 @@ logits in a segmentation model's output."""
 
 from __future__ import annotations
 
-import torch
+import torch  # noqa: F401 -- the doctests below use it
 from torch import Tensor, nn
 
 __all__ = ["segmentation_logits", "task_of", "task_of_output", "torchvision_task"]
@@ -14,7 +14,7 @@ def torchvision_task(name: str) -> str | None:
     """``"segment"`` or ``"detect"`` for a torchvision segmentation or detection model name,
     else ``None``.
 
-    >>> torchvision_task("lraspp_mobilenet_v3_large"), torchvision_task("fcos_resnet50_fpn"), torchvision_task("resnet50")
+    >>> tuple(torchvision_task(name) for name in ("lraspp_mobilenet_v3_large", "fcos_resnet50_fpn", "resnet50"))
     ('segment', 'detect', None)
     """
     import torchvision.models as tvm

@@ -43,6 +43,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -165,7 +166,7 @@ def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_
     ...     memory_budget(torch.device("cpu"))
     1000000000
     """
-    changes = {}
+    changes: dict[str, Any] = {}
     if max_memory is not _UNSET:
         changes["max_memory"] = parse_memory(max_memory)
     if progress is not _UNSET:
@@ -297,10 +298,10 @@ def _one_pass(model: nn.Module, rows: Tensor, backward: bool) -> None:
 def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
     """Bytes one row like ``row`` (1, ...) takes in a pass through ``model``: with
     ``backward``, the tensors autograd keeps for the backward pass plus two of the largest
-    for the gradients that flow back through them (backward frees the rest as it goes); without, four of the largest activation
-    (what a forward pass holds at once: the input and output of a layer, a residual, a
-    workspace). The method's own tensors add :data:`INPUT_COPIES` inputs. Measured on one
-    pass at first use, then kept for the process."""
+    for the gradients that flow back through them (backward frees the rest as it goes);
+    without, four of the largest activation (what a forward pass holds at once: the input and
+    output of a layer, a residual, a workspace). The method's own tensors add
+    :data:`INPUT_COPIES` inputs. Measured on one pass at first use, then kept for the process."""
     cache, key = _cache(model, row, backward, "bytes")
     if key not in cache:
         saved: dict[int, int] = {}
@@ -425,7 +426,7 @@ def timed_chunks(owner: object, key: tuple, total: int, most: int) -> Iterator[i
 
 def _best(times: dict[int, float], most: int) -> int:
     allowed = {size: t for size, t in times.items() if size <= most}
-    return min(allowed, key=allowed.get) if allowed else most
+    return min(allowed, key=allowed.__getitem__) if allowed else most
 
 
 def budget_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int) -> int:
@@ -488,14 +489,15 @@ class Passes:
             # By default the bar shows once the call has run a second: a long call's, not a flash.
             self.bar = tqdm(total=self.total, desc=self.method, unit="pass", file=sys.stderr, dynamic_ncols=True,
                             leave=False, delay=0.0 if wanted else BAR_DELAY)
-        self._token = None
+        self._token: contextvars.Token[Passes | None] | None = None
 
     def __enter__(self) -> Passes:
         self._token = _running.set(self)
         return self
 
     def __exit__(self, *exc_info) -> None:
-        _running.reset(self._token)
+        if self._token is not None:
+            _running.reset(self._token)
         if self.bar is not None:
             self.bar.close()
 

@@ -21,7 +21,13 @@ import numpy as np
 
 from .batch.options import RunOptions
 from .batch.ray_stages import (
-    DECODE_CPUS, DECODED, ExplainingActor, actor_resources, decode_arrays, decode_files, decoded_groups,
+    DECODE_CPUS,
+    DECODED,
+    ExplainingActor,
+    actor_resources,
+    decode_arrays,
+    decode_files,
+    decoded_groups,
     remote_prepare,
 )
 from .errors import UsageError
@@ -124,9 +130,9 @@ class MapActor(ExplainingActor):
             image = row.pop("_image")
             row.update({name: batch[name][image] for name in carried})
         columns = {key: [row[key] for row in out] for key in (*_MAP_COLUMNS, *carried)}
-        shapes = {m.shape for m in columns["map"]}
-        columns["map"] = np.stack(columns["map"]) if len(shapes) == 1 else _object_array(columns["map"])
-        return columns
+        maps = columns["map"]
+        shapes = {m.shape for m in maps}
+        return {**columns, "map": np.stack(maps) if len(shapes) == 1 else _object_array(maps)}
 
 
 _MAP_COLUMNS = ("input", "method", "target", "target_id", "target_name", "target_probability", "predicted_id",

@@ -26,8 +26,8 @@ __all__ = [
     "TASK_FIELDS",
     "TEMP_SUFFIX",
     "atomic_write",
-    "encode_png",
     "encode_npz",
+    "encode_png",
     "json_records",
     "read_manifest",
     "remove_temp_files",
@@ -94,11 +94,11 @@ def encode_png(rgb: np.ndarray) -> bytes:
 
 def encode_npz(**arrays: np.ndarray) -> bytes:
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub would let **arrays fill allow_pickle
     return buffer.getvalue()
 
 
-def remove_temp_files(root: str | os.PathLike) -> int:
+def remove_temp_files(root: str | os.PathLike[str]) -> int:
     """Delete the temporary files a killed run left under ``root``; returns how many."""
     removed = 0
     for folder, _, files in os.walk(root):

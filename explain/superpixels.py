@@ -33,9 +33,9 @@ def superpixels(images: Tensor, n_segments: int = 50, compactness: float = 10.0)
     pixels = images.detach().float().cpu()
     low = pixels.amin(dim=(1, 2, 3), keepdim=True)
     span = (pixels.amax(dim=(1, 2, 3), keepdim=True) - low).clamp_min(1e-12)
-    pixels = ((pixels - low) / span).permute(0, 2, 3, 1).numpy()
+    scaled = ((pixels - low) / span).permute(0, 2, 3, 1).numpy()
     masks = []
-    for image in pixels:
+    for image in scaled:
         labels = slic(image, n_segments=n_segments, compactness=compactness, start_label=0, channel_axis=-1)
         _, contiguous = np.unique(labels, return_inverse=True)
         masks.append(contiguous.reshape(labels.shape))

@@ -167,7 +167,7 @@ def _class_ids(targets, n: int, num_classes: int, class_names) -> Tensor:
                     f"targets must be one class per image, shape ({n},), or k per image, shape ({n}, k); "
                     f"got {tuple(targets.shape)}"
                 )
-            if isinstance(targets, Tensor) and targets.is_floating_point() or (
+            if (isinstance(targets, Tensor) and targets.is_floating_point()) or (
                 isinstance(targets, np.ndarray) and targets.dtype.kind not in "iu"
             ):
                 raise ValueError(f"targets must hold integer class ids, got dtype {targets.dtype}")

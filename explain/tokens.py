@@ -64,6 +64,7 @@ class TokenLayout:
             return output
         if self.kind == "channels-last":
             return output.permute(0, 3, 1, 2)
+        assert self.grid is not None  # __post_init__ requires one for tokens
         h, w = self.grid
         if output.dim() != 3 or output.shape[1] < self.prefix + h * w:
             raise ValueError(f"tokens of shape {tuple(output.shape)} do not hold {self.prefix} prefix tokens and a "
@@ -78,6 +79,7 @@ class TokenLayout:
             return spatial
         if self.kind == "channels-last":
             return spatial.permute(0, 2, 3, 1)
+        assert self.grid is not None  # __post_init__ requires one for tokens
         h, w = self.grid
         out = like.clone()
         out[:, self.prefix:self.prefix + h * w] = spatial.flatten(2).transpose(1, 2)
@@ -199,7 +201,7 @@ def infer_layout(shape: tuple[int, ...], input_size: tuple[int, int], model: nn.
         rest = tokens - grid[0] * grid[1]
         if 0 <= rest <= MAX_PREFIX and (prefix is None or rest == prefix):
             return TokenLayout("tokens", rest, grid)
-    for count in ([prefix] if prefix is not None else range(0, MAX_PREFIX + 1)):
+    for count in ([prefix] if prefix is not None else range(MAX_PREFIX + 1)):
         if count >= tokens:
             continue
         grids = _grids(tokens - count, height, width)

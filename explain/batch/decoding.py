@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 from torchvision import transforms
 
-from ..images import ImageError, load_rgb
 from ..drawing import denormalize, normalization_of
+from ..images import ImageError, load_rgb
 from .guards import set_pixel_limit
 
 

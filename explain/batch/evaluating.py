@@ -13,27 +13,40 @@ import torch
 from torch import Tensor
 from torchvision import transforms
 
-from ..models import load_model, warn_if_random
 from ..errors import UsageError, out_of_memory_reason
 from ..evaluation import (
-    evaluate, format_summary, plot_curves, plot_randomisation, plot_summary, read_regions, summary_table,
+    evaluate,
+    format_summary,
+    plot_curves,
+    plot_randomisation,
+    plot_summary,
+    read_regions,
+    summary_table,
 )
 from ..evaluation import files as evaluation_files
 from ..metrics.registry import METRICS
+from ..models import load_model, warn_if_random
 from ..options import LOCALISATION_METRICS as LOCALISATION
 from ..passes import pass_settings
 from ..report import atomic_write, remove_temp_files
 from .decoding import DecodedBatch, ModelInputs, default_workers, is_torchvision_preset
-from .explainers import build_explainers, estimated_costs, max_memory_option, metric_options, parse_metrics, parse_target
+from .explainers import (
+    build_explainers,
+    estimated_costs,
+    max_memory_option,
+    metric_options,
+    parse_metrics,
+    parse_target,
+)
 from .guards import pixel_limit, sole_run
 from .inputs import collect_inputs
 from .loop import OutOfMemory, for_each_batch, in_halves
 from .manifest import safe_name
 from .options import EvaluateOptions
-from .page import page_run, write_page
-from .storage import OutputDeviceError, OutputFolder, device_errors
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
+from .page import page_run, write_page
 from .progress import time_taken
+from .storage import OutputDeviceError, OutputFolder, device_errors
 
 
 def _mask_geometry(preprocess):
@@ -95,8 +108,10 @@ class EvaluationRun:
 
     def _compact(self) -> list[dict]:
         """Rewrite scores.csv and curves.jsonl with the latest row of each key; returns the scores."""
-        rows = evaluation_files.latest(evaluation_files.read_csv(self.scores_path), ("image", "method", "target", "metric"))
-        evaluation_files.rewrite(self.scores_path, evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS, header=True))
+        rows = evaluation_files.latest(evaluation_files.read_csv(self.scores_path),
+                                       ("image", "method", "target", "metric"))
+        evaluation_files.rewrite(self.scores_path,
+                                 evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS, header=True))
         curves = evaluation_files.latest(evaluation_files.read_jsonl(self.curves_path),
                                          ("image", "method", "target", "metric", "curve"))
         evaluation_files.rewrite(self.curves_path, evaluation_files.jsonl_lines(curves))
@@ -254,11 +269,10 @@ class EvaluationRun:
         failed_images = len({failure["image"] for failure in self.failures})
         failed = (f"{failed_images} image{'s' * (failed_images != 1)} failed ({self.stats['failed']} scores missing, "
                   f"see {self.out_dir / evaluation_files.FAILURES})" if failed_images else "0 images failed")
-        text = (f"explain: {self.stats['computed']} scored now, {self.stats['skipped']} skipped (already in "
+        return (f"explain: {self.stats['computed']} scored now, {self.stats['skipped']} skipped (already in "
                 f"{evaluation_files.SCORES}), {failed}; {time_taken(images, elapsed, failed_images)}; "
-                f"see {self.out_dir / 'index.html'}, {self.out_dir / 'summary.md'}, {self.out_dir / evaluation_files.SCORES} "
-                f"and {self.out_dir / 'plots'}")
-        return text
+                f"see {self.out_dir / 'index.html'}, {self.out_dir / 'summary.md'}, "
+                f"{self.out_dir / evaluation_files.SCORES} and {self.out_dir / 'plots'}")
 
 
 def write_reports(out: Path, rows: list[dict], failures: list[dict], curves: list[dict]) -> None:
@@ -333,11 +347,11 @@ def run_evaluation(args: EvaluateOptions) -> int:
     target = parse_target(args.target, loaded.class_names)
     with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
         explainers = build_explainers(args.methods, loaded, args.layer, target)
-    regions = [None] * len(sources)
+    regions: list[Tensor | None] = [None] * len(sources)
     if args.regions is not None:
         try:
-            regions = read_regions(args.regions, [s.path for s in sources], tuple(loaded.example.shape[-2:]),
-                                   _mask_geometry(loaded.preprocess))
+            size = (loaded.example.shape[-2], loaded.example.shape[-1])
+            regions = read_regions(args.regions, [s.path for s in sources], size, _mask_geometry(loaded.preprocess))
         except ValueError as error:
             raise UsageError(f"--regions: {error}") from None
     warn_if_random(loaded, args.model)

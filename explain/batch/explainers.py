@@ -1,6 +1,6 @@
-"""From options to work (the command line's words, checked against the model): ``--target`` for each task, ``--method`` into checked explainers, and
-``--metrics`` into metric names and settings; ``--max-memory``; the warning before a run whose
-methods cost far more than the rest."""
+"""From options to work (the command line's words, checked against the model): ``--target``
+for each task, ``--method`` into checked explainers, and ``--metrics`` into metric names and
+settings; ``--max-memory``; the warning before a run whose methods cost far more than the rest."""
 
 from __future__ import annotations
 
@@ -10,16 +10,15 @@ import statistics
 import sys
 from dataclasses import dataclass
 
-
-from ..base import NotApplicable
+from ..base import Explainer, NotApplicable
 from ..catalogue import method_class, method_names
+from ..errors import UsageError, is_out_of_memory
 from ..metrics.registry import METRICS, metric
+from ..models import LoadedModel
+from ..options import LOCALISATION_METRICS, STEP_METRICS
+from ..passes import parse_memory
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
-from ..errors import UsageError, is_out_of_memory
-from ..options import LOCALISATION_METRICS, STEP_METRICS
-from ..models import LoadedModel
-from ..passes import parse_memory
 
 #: A run warns where its costliest methods cost over this many times the median of the others.
 COSTLY_RATIO = 10.0
@@ -138,7 +137,7 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
         if not any(accepts_option(cls, option) for cls in classes.values()):
             flag = "--layer" if option == "target_layer" else "--" + option.replace("_", "-")
             raise UsageError(f"{flag} applies to none of the methods {', '.join(wanted)}; see `explain methods`")
-    explainers = []
+    explainers: list[Explainer] = []
     for name, cls in classes.items():
         applies = option_applies if everything else accepts_option
         given = {option: value for option, value in options.items() if applies(cls, option)}
@@ -177,7 +176,7 @@ def why_not(error: NotApplicable) -> str:
     return reason.split(";")[0].split(": ")[0].strip()
 
 
-def accepts_option(cls: type, option: str) -> bool:
+def accepts_option(cls: type[Explainer], option: str) -> bool:
     """Whether ``cls(model, ...)`` takes the keyword ``option``, through ``**options`` too."""
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
@@ -191,7 +190,7 @@ def accepts_option(cls: type, option: str) -> bool:
     return False
 
 
-def option_applies(cls: type, option: str) -> bool:
+def option_applies(cls: type[Explainer], option: str) -> bool:
     """Whether ``option`` applies to a method: it takes it, and eigen_smooth only where the
     map is a sum over channels, a layer only where the method explains through one."""
     if option == "eigen_smooth" and not getattr(cls, "channel_sum", False):
@@ -270,7 +269,7 @@ leave them out of --method to go faster
     >>> cost_warning({"gradcam": 3, "layercam": 3, "scorecam": 12}) is None
     True
     """
-    ranked = sorted(costs, key=costs.get, reverse=True)
+    ranked = sorted(costs, key=costs.__getitem__, reverse=True)
     total = sum(costs.values())
     if len(ranked) > 1 and total > 0:
         usual = statistics.median(costs[name] for name in ranked[1:])

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from ..evaluation import score
 from ..errors import is_out_of_memory
+from ..evaluation import score
 from .decoding import ModelInputs
 from .inputs import Source
 from .loop import in_halves

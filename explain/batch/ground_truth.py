@@ -75,7 +75,7 @@ def labels_of(sources: Iterable[Source], labels: dict[str, int]) -> dict[str, in
 def mark(row: dict, truth: dict[str, int], class_names: list[str]) -> dict:
     """``row`` with its image's label and whether the prediction is right (None where the image
     has no label or no prediction)."""
-    class_id = truth.get(row.get("input"))
+    class_id = truth.get(row.get("input", ""))
     if class_id is None:
         return dict(row, label_id=None, label_name=None, correct=None)
     predicted = row.get("predicted_id")

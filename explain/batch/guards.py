@@ -11,9 +11,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from PIL import Image
 
@@ -155,7 +157,7 @@ class StopFlag:
     def __init__(self, after: str = "the current inner batch"):
         self.set = False
         self.after = after
-        self._previous = None
+        self._previous: Callable[[int, FrameType | None], Any] | int | signal.Handlers | None = None
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..images import IMAGE_EXTENSIONS
 from ..errors import UsageError
+from ..images import IMAGE_EXTENSIONS
 
 
 @dataclass
@@ -161,7 +161,8 @@ def _read_list(list_file: str) -> Iterator[str]:
     skipped. Bytes that are not UTF-8 are kept as the surrogate escapes Python uses for such
     file names (``os.fsdecode``), so they name the same files."""
     try:
-        file = open(list_file, encoding="utf-8", errors="surrogateescape")
+        # opened before the `with`, so that only open's errors become the usage error
+        file = open(list_file, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
     except OSError as error:
         raise UsageError(f"cannot read list file @{list_file}: {error.strerror or error}") from None
     with file:
@@ -178,7 +179,7 @@ def _read_list(list_file: str) -> Iterator[str]:
                 yield line.strip()
 
 
-def _walk_images(folder: str, out_abs: str) -> list[tuple[str, str | None]]:
+def _walk_images(folder: str, out_abs: str | None) -> list[tuple[str, str | None]]:
     """(path, error) of the image files under ``folder``, sorted, skipping hidden entries and
     the output folder; a subfolder that cannot be listed is one entry with its error."""
     found: list[tuple[str, str | None]] = []

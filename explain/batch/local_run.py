@@ -20,12 +20,12 @@ from .guards import pixel_limit, sole_run
 from .inputs import Source, collect_inputs
 from .loop import for_each_batch
 from .manifest import MANIFEST, metric_table
+from .options import RunOptions
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
 from .page import colour_scales, page_run, write_page
 from .planning import RunPlan
-from .progress import run_summary
 from .preparation import PreparedRun, prepare_run
-from .options import RunOptions
+from .progress import run_summary
 from .storage import OutputDeviceError, OutputFolder, device_errors
 
 
@@ -98,7 +98,7 @@ class LocalRun:
         for source, method, error in self.plan.make(self.sources, self.options.overwrite):
             self._record(self.explainer.failed_rows(source, method, error))
         work = sorted(self.plan.pending)
-        saver = ThreadPoolExecutor(max_workers=max(1, self.options.workers), thread_name_prefix="explain-save")
+        saver = ThreadPoolExecutor(max_workers=max(1, self.options.workers or 1), thread_name_prefix="explain-save")
         in_flight: deque[Future] = deque()
         limit = 2 * (1 if self.prepared.loaded.fixed_batch else self.options.batch_size) * len(self.prepared.explainers)
 
@@ -164,6 +164,5 @@ class LocalRun:
         return refused
 
     def _summary(self, images: int, elapsed: float) -> str:
-        text = (f"{run_summary(self.plan.stats, images, elapsed, self.seconds)}; "
+        return (f"{run_summary(self.plan.stats, images, elapsed, self.seconds)}; "
                 f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")
-        return text

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from ..methods import BaseCAM, explain_together
 from ..errors import is_out_of_memory
+from ..methods import BaseCAM, explain_together
 from ..passes import StopRequested, between_passes
 from .loop import OutOfMemory
 from .writing import Job
@@ -53,10 +53,10 @@ def explain_all(cams: list, images: Tensor, targets, topk: int | None = None,
     stopped: StopRequested | None = None
     try:
         started = time.perf_counter()
-        outcome.update(zip(shared, explain_together(shared, images, targets, topk=topk)))
+        outcome.update(zip(shared, explain_together(shared, images, targets, topk=topk), strict=True))
         took = time.perf_counter() - started
         weights = [max(costs.get(cam.name, 1.0), 1e-9) for cam in shared]
-        seconds.update((cam, took * weight / sum(weights)) for cam, weight in zip(shared, weights))
+        seconds.update((cam, took * weight / sum(weights)) for cam, weight in zip(shared, weights, strict=True))
     except StopRequested as stop:
         stopped = stop
     except Exception:

@@ -14,8 +14,11 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from ..options import BUNDLED_MODEL
+
+_Options = TypeVar("_Options", bound="ModelOptions")
 
 
 @dataclass
@@ -41,15 +44,15 @@ class ModelOptions:
     quiet: bool = False
 
     @classmethod
-    def from_values(cls, values) -> ModelOptions:
+    def from_values(cls: type[_Options], values) -> _Options:
         """The options from any object with these attributes (an argparse namespace); the
         attributes it lacks keep their defaults."""
         return cls(**{f.name: getattr(values, f.name) for f in dataclasses.fields(cls) if hasattr(values, f.name)})
 
-    def replace(self, **changes) -> ModelOptions:
+    def replace(self: _Options, **changes) -> _Options:
         return dataclasses.replace(self, **changes)
 
-    def with_absolute_paths(self) -> ModelOptions:
+    def with_absolute_paths(self: _Options) -> _Options:
         """These options with the paths they name made absolute: Ray's workers do not share the
         driver's working directory."""
         from .storage import is_uri

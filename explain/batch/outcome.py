@@ -30,7 +30,7 @@ def interrupted_summary(text: str) -> str:
 
     >>> interrupted_summary("explain: 0 done now, 0 failed; nothing left to do; see out/index.html")
     'explain: interrupted, run the same command again to finish. 0 done now, 0 failed; no images explained; see out/index.html'
-    """
+    """  # noqa: E501 -- the doctest's expected output is one line
     body = text[len("explain: "):].replace("nothing left to do", "no images explained")
     return "explain: interrupted, run the same command again to finish. " + body
 

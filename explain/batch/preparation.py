@@ -6,17 +6,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..catalogue import method_class
-from ..models import LoadedModel, load_model
 from ..errors import UsageError
 from ..layers import backbone_layer
 from ..methods import BaseCAM
 from ..metrics.registry import METRICS
+from ..models import LoadedModel, load_model
 from ..options import LOCALISATION_METRICS
 from ..passes import pass_settings
 from .decoding import ModelInputs, crop_zoom, draft_size
 from .explainers import (
-    TargetSpec, build_explainers, estimated_costs, max_memory_option, metric_options, option_applies,
-    parse_metrics, parse_target, parse_task_target,
+    TargetSpec,
+    build_explainers,
+    estimated_costs,
+    max_memory_option,
+    metric_options,
+    option_applies,
+    parse_metrics,
+    parse_target,
+    parse_task_target,
 )
 from .options import CheckedRun, RunOptions
 
@@ -77,7 +84,7 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     if args.step is not None and not metrics:
         raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
     settings_of_metrics = metric_options(metrics, args.step)
-    options = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
+    options: dict[str, bool | str] = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
     if args.reduction != "abs-sum":
         options["reduction"] = args.reduction
     layer = args.layer

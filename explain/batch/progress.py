@@ -124,7 +124,9 @@ class WithinBatch:
 
     def start(self, images: int) -> None:
         """A batch of ``images`` starts."""
-        self.images, self.finished, self.running = images, set(), None
+        self.images = images
+        self.finished: set[str] = set()
+        self.running: str | None = None
 
     def __call__(self, method: str, done: int, total: int) -> None:
         if self.running not in (None, method):

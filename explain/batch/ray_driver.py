@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,10 +61,10 @@ def import_ray():
     """The ``ray`` module, or a usage error that names the extra to install."""
     try:
         import ray
-        import ray.data  # noqa: F401
+        import ray.data
     except ImportError:
-        raise UsageError("--engine ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')") \
-            from None
+        raise UsageError(
+            "--engine ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')") from None
     return ray
 
 
@@ -168,7 +168,7 @@ class PlanFiles:
 
     def add(self, *values: str) -> None:
         """One image: its ``input``, ``path``, ``folder``, ``stem`` and ``methods`` (comma-separated)."""
-        for name, value in zip(self.COLUMNS, values):
+        for name, value in zip(self.COLUMNS, values, strict=True):
             self._chunk[name].append(os.fsencode(value) if name in self.NAMES else value)
         self.count += 1
         if len(self._chunk["input"]) >= PLAN_CHUNK:
@@ -199,14 +199,14 @@ class PlanFiles:
 
         for path in self.files:
             table = pq.read_table(path, columns=["input", "methods"], filesystem=self.folder.filesystem).to_pydict()
-            yield from zip(map(os.fsdecode, table["input"]), table["methods"])
+            yield from zip(map(os.fsdecode, table["input"]), table["methods"], strict=True)
 
 
 class RayRun:
     """The driver's side of one ``explain run --engine ray``."""
 
     def __init__(self, args: RunOptions, folder: OutputFolder, listing: InputListing, checked: CheckedRun,
-                 resources: dict, leftovers: list[str] = ()):
+                 resources: dict, leftovers: Sequence[str] = ()):
         self.args, self.folder, self.listing, self.checked, self.resources = args, folder, listing, checked, resources
         #: Plan folders of runs that did not end: the rows their actors kept count as manifest rows.
         self.leftovers = list(leftovers)
@@ -415,7 +415,7 @@ def write_index(folder: OutputFolder, manifest: Path, run: PageRun, metrics_html
 
 def _index_rows(path: Path, limit: int) -> list[dict]:
     """The manifest's rows of its first ``limit`` images, for index.html, read as a stream."""
-    inputs: set[str] = set()
+    inputs: set[str | None] = set()
     rows = []
     with open(path, encoding="utf-8", errors="replace") as lines:
         for row in iter_json_records(lines):

@@ -13,7 +13,7 @@ import math
 import os
 import uuid
 import warnings
-from contextlib import contextmanager, redirect_stderr
+from contextlib import contextmanager, redirect_stderr, suppress
 from functools import lru_cache
 
 import numpy as np
@@ -109,7 +109,7 @@ def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: C
             **resources)
     for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
         rows = [json.loads(line) for line in batch["row"]]
-        for row, refused in zip(rows, batch["refused"]):
+        for row, refused in zip(rows, batch["refused"], strict=True):
             if refused:  # the output folder's device refused its files: the driver stops the run
                 row["refused"] = True
         yield rows
@@ -291,11 +291,10 @@ class WriteActor(ExplainingActor):
 
     def _keep_rows(self, folder, lines: list[str]) -> None:
         if self.rows_folder and lines:
-            try:
+            # e.g. a full disk: the rows still reach the driver, only a kill loses them
+            with suppress(Exception):
                 folder.write(
                     f"{self.rows_folder}/{uuid.uuid4().hex}.jsonl", "".join(line + "\n" for line in lines).encode())
-            except Exception:  # e.g. a full disk: the rows still reach the driver, only a kill loses them
-                pass
 
 
 def metric_summary(location: str) -> tuple[str, str]:

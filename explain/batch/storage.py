@@ -15,13 +15,12 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from ..report import atomic_write
 from ..errors import UsageError
-
+from ..report import atomic_write
 
 #: The errors of the output folder's device: a run stops on them.
 DEVICE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EIO, getattr(errno, "EDQUOT", errno.ENOSPC)})
@@ -118,9 +117,9 @@ class OutputFolder:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write(path, data)
             return
-        path = self.path(name)
-        self.filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        with self.filesystem.open_output_stream(path) as stream:
+        key = self.path(name)
+        self.filesystem.create_dir(key.rsplit("/", 1)[0], recursive=True)
+        with self.filesystem.open_output_stream(key) as stream:
             stream.write(data)
 
     def upload(self, name: str, local_file: Path) -> None:
@@ -173,7 +172,7 @@ class OutputFolder:
         if not self.is_file(name):
             return
         if self.filesystem is None:
-            stream = open(self.path(name), encoding="utf-8", errors="replace")
+            stream = open(self.path(name), encoding="utf-8", errors="replace")  # noqa: SIM115 -- closed by the with below
         else:
             import io
 
@@ -188,10 +187,8 @@ class OutputFolder:
 
             shutil.rmtree(self.path(name), ignore_errors=True)
         else:
-            try:
+            with suppress(OSError):
                 self.filesystem.delete_dir(self.path(name))
-            except OSError:
-                pass
 
     def __str__(self) -> str:
         return self.location

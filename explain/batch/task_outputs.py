@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..hooks import preserved_state
 from ..errors import is_out_of_memory
+from ..hooks import preserved_state
 from ..passes import StopRequested
 from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
 from .explainers import class_name
@@ -46,16 +46,16 @@ class ClassifyOutputs:
         results, seconds = explain_all(cams, model_input, target.targets, target.topk, host.prepared.costs)
         raise_if_out_of_memory(results, len(work))
         outcome = Outcome()
-        for cam, result in zip(cams, results):
+        for cam, result in zip(cams, results, strict=True):
             if isinstance(result, Exception):
                 host.fail(outcome, work, range(len(work)), cam, f"{type(result).__name__}: {result}", str(result))
         # A method that Ctrl-C stopped is neither done nor failed: a resumed run does it.
-        done = [(cam, result, took) for cam, result, took in zip(cams, results, seconds)
+        done = [(cam, result, took) for cam, result, took in zip(cams, results, seconds, strict=True)
                 if not isinstance(result, (Exception, StopRequested))]
         if not done:
             return outcome
         best_probability, best_id = done[0][1].logits.float().softmax(dim=1).max(dim=1)
-        predicted = list(zip(best_id.cpu().tolist(), best_probability.cpu().tolist()))
+        predicted = list(zip(best_id.cpu().tolist(), best_probability.cpu().tolist(), strict=True))
         for cam, result, took in done:
             started = time.perf_counter()
             scores = host.scores(cam, model_input, result)
@@ -79,7 +79,7 @@ class ClassifyOutputs:
                 continue
             best_id, best_probability = predicted[j]
             rows = []
-            for rank, (label, class_id, probability) in enumerate(zip(labels, ids[j], probabilities[j])):
+            for rank, (label, class_id, probability) in enumerate(zip(labels, ids[j], probabilities[j], strict=False)):
                 output, maps_file = host.output_names(source, cam.name, f"{class_id}-{safe_name(names[class_id])}")
                 rows.append(host.row(
                     source.input, cam.name, label, target_id=class_id, target_name=names[class_id],
@@ -152,7 +152,7 @@ class DenseOutputs:
             else:
                 chunk = target.subset(rows)
                 batch = model_input[chunk.image_ids.to(model_input.device)]
-            for cam, result, took in zip(cams, *explain_all(cams, batch, chunk, costs=host.prepared.costs)):
+            for cam, result, took in zip(cams, *explain_all(cams, batch, chunk, costs=host.prepared.costs), strict=True):
                 if isinstance(found[cam], (Exception, StopRequested)):
                     continue
                 if isinstance(result, (Exception, StopRequested)):  # stopped: not written, done on resume

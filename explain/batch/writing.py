@@ -33,7 +33,7 @@ class Job:
         The folder's device refusing the write (a full disk) raises
         :class:`~explain.batch.storage.OutputDeviceError`: that stops the run."""
         try:
-            for k, (heat, row) in enumerate(zip(self.maps, self.rows)):
+            for k, (heat, row) in enumerate(zip(self.maps, self.rows, strict=False)):
                 drawn = overlay(self.picture, heat, cmap=self.cmap, alpha=self.alpha, signed=self.signed,
                                 **(self.marks[k] if self.marks else {}))
                 folder.write(row["output"], encode_png(drawn))

@@ -26,7 +26,8 @@ def method_rows() -> tuple[tuple[str, ...], ...]:
     cost per image and target, description."""
     from ..catalogue import describe_methods
 
-    return tuple((name, info["family"], "yes" if info["needs_layer"] else "-", info["cost"], info["description"])
+    return tuple((name, str(info["family"]), "yes" if info["needs_layer"] else "-", str(info["cost"]),
+                  str(info["description"]))
                  for name, info in describe_methods().items())
 
 

@@ -14,10 +14,9 @@ from pathlib import Path
 from PIL import Image
 
 from .. import __version__
-from ..options import BUNDLED_MODEL, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
 from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USAGE
 from ..errors import UsageError, is_out_of_memory
-from ..options import LOCALISATION_METRICS
+from ..options import BUNDLED_MODEL, LOCALISATION_METRICS, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
 from .common import non_negative_int, positive_int
 
 
@@ -128,7 +127,8 @@ def _add_run_command(commands) -> None:
                      "cores the model's threads leave free, up to 4)")
     run.add_argument("--overwrite", action="store_true", help="redo outputs that are already complete")
     _add_max_pixels(run)
-    run.add_argument("--quiet", "-q", action="store_true", help="no progress (bar or lines); errors and the summary line still print")
+    run.add_argument("--quiet", "-q", action="store_true",
+                     help="no progress (bar or lines); errors and the summary line still print")
     run.add_argument("--metrics", default=None,
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
@@ -177,14 +177,15 @@ def _add_evaluate_command(commands) -> None:
     _add_max_memory(scoring)
     _add_step_option(scoring)
     scoring.add_argument("--regions", type=Path, metavar="FILE",
-                          help="where the objects are, for " + ", ".join(LOCALISATION_METRICS) + ": a CSV with the header "
-                          "image,x0,y0,x1,y1 (boxes in pixels of the model input, after resizing and cropping; "
+                          help="where the objects are, for " + ", ".join(LOCALISATION_METRICS) + ": a CSV with the "
+                          "header image,x0,y0,x1,y1 (boxes in pixels of the model input, after resizing and cropping; "
                           "image: file name, stem or path) or a folder of masks named by the images' stems")
     scoring.add_argument("--workers", "-j", type=non_negative_int, default=None,
                           help="processes decoding images (0: decode in the main process) (default: as for run)")
     scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
     _add_max_pixels(scoring)
-    scoring.add_argument("--quiet", "-q", action="store_true", help="no progress (bar or lines); errors and the summary still print")
+    scoring.add_argument("--quiet", "-q", action="store_true",
+                         help="no progress (bar or lines); errors and the summary still print")
     scoring.set_defaults(handler="evaluate:evaluate_command")
 
 
@@ -235,7 +236,7 @@ def _add_max_memory(parser: argparse.ArgumentParser) -> None:
 def _add_max_pixels(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pixels", type=non_negative_int, default=None,
                         help="refuse images with more pixels as decompression bombs (0: no limit) "
-                        "(default: Pillow's limit, %d)" % Image.MAX_IMAGE_PIXELS)
+                        f"(default: Pillow's limit, {Image.MAX_IMAGE_PIXELS})")
 
 
 def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True) -> None:

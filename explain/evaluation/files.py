@@ -14,6 +14,7 @@ import io
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from ..report import atomic_write, json_line, json_records
@@ -44,14 +45,12 @@ def read_csv(path: str | os.PathLike) -> list[dict]:
     another number of cells than the header (a line cut short) are dropped."""
     reader = csv.reader(io.StringIO(_complete_text(Path(path)), newline=""))
     rows: list[list[str]] = []
-    try:
+    with suppress(csv.Error):  # a quoted cell cut short: keep the rows before it
         rows.extend(reader)
-    except csv.Error:  # a quoted cell cut short: keep the rows before it
-        pass
     if not rows:
         return []
     header = rows[0]
-    return [dict(zip(header, row)) for row in rows[1:] if len(row) == len(header)]
+    return [dict(zip(header, row, strict=True)) for row in rows[1:] if len(row) == len(header)]
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:

@@ -104,13 +104,14 @@ def plot_summary(table: list[dict]) -> Figure:
         stds = [entries[m]["std"] for m in shown]
         bars = axes.bar(range(len(shown)), means, yerr=stds, capsize=3,
                         color=[f"C{methods.index(m) % 10}" for m in shown])
-        for bar, method in zip(bars, shown):
+        for bar, method in zip(bars, shown, strict=True):
             if entries[method]["best"]:
                 bar.set_edgecolor("black")
                 bar.set_linewidth(2)
         axes.set_xticks(range(len(shown)), shown, rotation=30, ha="right", fontsize="small")
         higher = entries[shown[0]]["higher_is_better"] if shown else None
-        direction = {True: " (higher is better)", False: " (lower is better)"}.get(higher, "")
+        directions: dict[bool | None, str] = {True: " (higher is better)", False: " (lower is better)"}
+        direction = directions.get(higher, "")
         axes.set_title(column + direction, fontsize="medium")
         axes.grid(axis="y", alpha=0.3)
     figure.suptitle("mean ± std over images; best outlined")

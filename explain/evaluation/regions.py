@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from ..images import ImageError, READABLE_EXTENSIONS, load_rgb
+from ..images import READABLE_EXTENSIONS, ImageError, load_rgb
 from ..regions import region_masks
 
 __all__ = ["BOX_FIELDS", "read_regions"]

@@ -4,6 +4,7 @@ explanation through :func:`explain.metrics.compute`."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,10 +65,8 @@ def explain_each(explainers: Sequence[Explainer], images: Tensor, targets=None, 
     error lands on the method that causes it."""
     shared = [e for e in explainers if isinstance(e, BaseCAM)]
     outcome: dict[int, Explanation | Exception] = {}
-    try:
-        outcome.update(zip(map(id, shared), explain_together(shared, images, targets, topk=topk)))
-    except Exception:
-        pass
+    with suppress(Exception):
+        outcome.update(zip(map(id, shared), explain_together(shared, images, targets, topk=topk), strict=True))
     for explainer in explainers:
         if id(explainer) not in outcome:
             try:
@@ -99,21 +98,21 @@ def score(explainer: Explainer, images: Tensor, explanation: Explanation, metric
             result.failures.append({"method": method, "metric": name, "error": _reason(error)})
             continue
         for column, (values, _) in reported.items():
-            values = values.detach().float().reshape(n, -1).cpu().numpy()
+            array = values.detach().float().reshape(n, -1).cpu().numpy()
             result.rows += [
                 {"image": i, "method": method, "rank": r, "target_id": ids[i][r], "metric": column,
-                 "value": float(values[i, r])}
-                for i in range(n) for r in range(values.shape[1])
+                 "value": float(array[i, r])}
+                for i in range(n) for r in range(array.shape[1])
             ]
         steps = None if found.steps is None else found.steps.detach().float().cpu().numpy()
         for curve, values in found.curves.items():
-            values = values.detach().float().cpu().numpy()
-            values = values.reshape(n, -1, values.shape[-1])
+            flat = values.detach().float().cpu().numpy()
+            points = flat.reshape(n, -1, flat.shape[-1])
             result.curves += [
                 {"image": i, "method": method, "rank": r, "target_id": ids[i][r], "metric": name, "curve": curve,
-                 "steps": steps if steps is not None else np.arange(values.shape[-1], dtype=np.float32),
-                 "values": values[i, r], "step_labels": found.step_labels}
-                for i in range(n) for r in range(values.shape[1])
+                 "steps": steps if steps is not None else np.arange(points.shape[-1], dtype=np.float32),
+                 "values": points[i, r], "step_labels": found.step_labels}
+                for i in range(n) for r in range(points.shape[1])
             ]
     return result
 
@@ -149,7 +148,7 @@ def evaluate(explainers: Mapping[str, Explainer] | Sequence[Explainer], images: 
     methods = [method for method, names in wanted.items() if names]
     results = explain_each([explainers[m] for m in methods], images, targets, topk=topk)
     evaluation = Evaluation()
-    for method, result in zip(methods, results):
+    for method, result in zip(methods, results, strict=True):
         if isinstance(result, Exception):
             evaluation.failures.append({"method": method, "metric": None, "error": _reason(result)})
         else:

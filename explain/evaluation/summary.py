@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,8 @@ def summary_table(rows: Iterable[Mapping], higher_is_better: Mapping[str, bool |
     counted), ``higher_is_better``, ``best``.
 
     >>> rows = [{"method": "a", "metric": "deletion", "value": v} for v in (0.1, 0.3)]
-    >>> rows += [{"method": "b", "metric": "deletion", "value": "0.4"}, {"method": "b", "metric": "deletion", "value": "nan"}]
+    >>> rows += [{"method": "b", "metric": "deletion", "value": "0.4"},
+    ...          {"method": "b", "metric": "deletion", "value": "nan"}]
     >>> [(r["method"], round(r["mean"], 3), round(r["std"], 3), r["n"], r["best"]) for r in summary_table(rows)]
     [('a', 0.2, 0.141, 2, True), ('b', 0.4, 0.0, 1, False)]
     """
@@ -53,7 +55,7 @@ def summary_table(rows: Iterable[Mapping], higher_is_better: Mapping[str, bool |
     values: dict[tuple[str, str], list[float]] = {}
     for row in rows:
         values.setdefault((str(row["method"]), str(row["metric"])), []).append(_number(row.get("value")))
-    table = []
+    table: list[dict[str, Any]] = []
     for (method, column), found in values.items():
         finite = np.asarray([v for v in found if math.isfinite(v)], dtype=np.float64)
         n = len(finite)
@@ -75,7 +77,8 @@ def summary_table(rows: Iterable[Mapping], higher_is_better: Mapping[str, bool |
 
 
 def _arrow(higher: bool | None) -> str:
-    return {True: " ↑", False: " ↓"}.get(higher, "")
+    arrows: dict[bool | None, str] = {True: " ↑", False: " ↓"}
+    return arrows.get(higher, "")
 
 
 def format_summary(table: list[dict], style: str = "text") -> str:
@@ -114,5 +117,5 @@ def format_summary(table: list[dict], style: str = "text") -> str:
             f"<tr><th scope=\"row\">{html.escape(row[0])}</th>" + "".join(f"<td>{c}</td>" for c in row[1:]) + "</tr>"
             for row in body)
         return f'<table class="metrics"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
-    widths = [max(len(line[i]) for line in [header] + body) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header] + body)
+    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip() for line in [header, *body])

@@ -20,9 +20,9 @@
 :mod:`~explain.methods.cam_base` holds what they share (the capture, ``eigen_smooth``,
 ``aug_smooth``, :func:`explain_together`); :mod:`~explain.methods.layer_replay` runs the
 layers after a target layer on their own; :mod:`~explain.methods.attribution_base` holds
-what the attribution methods share (targets, channel reduction, normalisation, baselines). A new method is one class over
-:class:`~explain.methods.cam_base.BaseCAM` (or :class:`~explain.Explainer`), registered with
-:func:`explain.register`.
+what the attribution methods share (targets, channel reduction, normalisation, baselines).
+A new method is one class over :class:`~explain.methods.cam_base.BaseCAM` (or
+:class:`~explain.Explainer`), registered with :func:`explain.register`.
 """
 
 # The import order is the order explain.method_names() lists the methods in.
@@ -78,35 +78,35 @@ __all__ = [
     "Deconvolution",
     "DeepLift",
     "DeepLiftShap",
-    "FeatureAblation",
-    "GradientShap",
-    "GuidedBackprop",
-    "GuidedGradCAM",
-    "InputXGradient",
-    "IntegratedGradients",
-    "KernelShap",
-    "Lime",
-    "Occlusion",
-    "Saliency",
-    "SmoothGrad",
-    "VarGrad",
     "EigenCAM",
     "EigenGradCAM",
+    "FeatureAblation",
     "FinerCAM",
     "FullGrad",
     "GradCAM",
     "GradCAMElementWise",
     "GradCAMPlusPlus",
     "GradientCAM",
+    "GradientShap",
+    "GuidedBackprop",
+    "GuidedGradCAM",
     "HiResCAM",
+    "InputXGradient",
+    "IntegratedGradients",
+    "KernelShap",
     "LayerCAM",
     "LayerReplay",
     "LeGrad",
+    "Lime",
+    "Occlusion",
     "RandomCAM",
+    "Saliency",
     "ScoreCAM",
     "ShapleyCAM",
+    "SmoothGrad",
     "SmoothGradCAMPlusPlus",
     "TransformerAttention",
+    "VarGrad",
     "XGradCAM",
     "explain_together",
 ]

@@ -176,7 +176,8 @@ class ScoredModel(nn.Module):
         self.custom: Callable[[Tensor], Tensor] | None = (
             targets if callable(targets) and not isinstance(targets, Tensor) else None
         )
-        self.output = None
+        #: The model's output for the images (its logits, unless the target is a callable).
+        self.output: Tensor | dict | tuple | None = None
         self.ids: Tensor | None = None
         self.column: int | None = None
         #: What a method computes once per call and reuses for every target (superpixels, baselines).
@@ -209,12 +210,19 @@ class ScoredModel(nn.Module):
             self(images)
 
     @property
+    def resolved_ids(self) -> Tensor:
+        """The explained class ids, (N,) or (N, k), which the first call resolves."""
+        if self.ids is None:
+            raise RuntimeError("the targets are resolved by the first call on the images; call resolve() first")
+        return self.ids
+
+    @property
     def num_targets(self) -> int:
-        return 1 if self.ids.dim() == 1 else self.ids.shape[1]
+        return 1 if self.resolved_ids.dim() == 1 else self.resolved_ids.shape[1]
 
     def ids_of(self, k: int) -> Tensor:
         """(N,) class ids of explained target ``k``."""
-        return self.ids.view(self.rows, -1)[:, k]
+        return self.resolved_ids.view(self.rows, -1)[:, k]
 
     def explained_scores(self, output, k: int, rows: Tensor | None = None) -> Tensor:
         """(B,) scores of explained target ``k`` in a model ``output`` on the images (or on
@@ -317,13 +325,14 @@ class Attribution(Explainer):
                 scored.resolve(images)
                 columns = self.attribute_targets(scored, images)
         columns = [column.detach() if column.dtype == torch.float64 else column.detach().float() for column in columns]
-        raw = columns[0] if scored.ids.dim() == 1 else torch.stack(columns, dim=1)
+        raw = columns[0] if scored.resolved_ids.dim() == 1 else torch.stack(columns, dim=1)
         return self.explanation(raw, scored)
 
     def explanation(self, raw: Tensor, scored: ScoredModel) -> Explanation:
         """The Explanation of attributions ``raw``: channels reduced, maps normalised."""
         maps = normalize_maps(reduce_channels(raw, self.reduction), self.clip_percentile)
-        return Explanation(maps.float(), {self.layer_label: raw}, scored.output, scored.ids, self.name,
+        assert scored.output is not None  # recorded with the ids
+        return Explanation(maps.float(), {self.layer_label: raw}, scored.output, scored.resolved_ids, self.name,
                            self.class_names, signed=self.reduction == "sum" and not self.nonnegative)
 
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
@@ -333,7 +342,8 @@ class Attribution(Explainer):
         if self.check_runs:
             per_image = not callable(targets) and not isinstance(targets, (str, int)) and targets is not None and (
                 len(targets) == len(images) if isinstance(targets, Sequence) else getattr(targets, "ndim", 0) >= 1)
-            self(images[:1], targets[:1] if per_image else targets, topk=topk)
+            first = targets[:1] if per_image else targets  # type: ignore[index]  # per_image: a sequence or an array
+            self(images[:1], first, topk=topk)
             return
         with attribution_context(self.model), channel_hint(images):
             ScoredModel(self.model, targets, topk, self.class_names, len(images), images.dtype).resolve(images)

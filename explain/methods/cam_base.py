@@ -66,7 +66,7 @@ def principal_component(terms: Tensor) -> Tensor:
     >>> principal_component(terms).flatten().tolist()  # +-sqrt(16.25)
     [4.031128883361816, -4.031128883361816]
     """
-    n, c, h, w = terms.shape
+    n, _, h, w = terms.shape
     matrix = terms.flatten(2).transpose(1, 2)  # (N, h*w, C)
     centred = matrix - matrix.mean(dim=1, keepdim=True)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
@@ -78,8 +78,9 @@ def layer_layout(reshape: Reshape | None, model: nn.Module, name: str, output: T
     """How ``output`` of layer ``name`` becomes an (N, C, h, w) grid: ``reshape`` as given,
     or the layout :func:`~explain.tokens.infer_layout` finds (spatial, tokens or
     channels-last), checked to leave more than one location."""
+    layout: TokenLayout | ReshapeFunction
     if reshape is None:
-        layout = infer_layout(tuple(output.shape), tuple(images.shape[-2:]), model, name)
+        layout = infer_layout(tuple(output.shape), (images.shape[-2], images.shape[-1]), model, name)
     elif isinstance(reshape, TokenLayout):
         layout = reshape
     else:
@@ -284,7 +285,7 @@ class BaseCAM(Explainer):
             outputs = {name: capture.activations[name].detach().float() for name in layers}
         activations = {name: layouts[name].to_spatial(output_) for name, output_ in outputs.items()}
         custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
-        return Captured(activations, recorded, detached(output), ids, tuple(images.shape[-2:]), images, custom,
+        return Captured(activations, recorded, detached(output), ids, (images.shape[-2], images.shape[-1]), images, custom,
                         layouts=layouts, layer_outputs=outputs)
 
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
@@ -323,7 +324,7 @@ class BaseCAM(Explainer):
     def _augmented(self, images: Tensor, targets: Targets, topk: int | None) -> Explanation:
         """aug_smooth: the mean of the maps over AUGMENTATIONS, each mapped back."""
         images = check_images(images, self.model)
-        size = tuple(images.shape[-2:])
+        size = (images.shape[-2], images.shape[-1])
         plain = self.explain(self.capture(images, targets, topk=topk))
         fixed = targets if callable(targets) and not isinstance(targets, Tensor) else plain.targets
         total = torch.zeros_like(plain.maps)
@@ -383,13 +384,13 @@ def explain_together(
         layers = explainer.target_layers(checked[model])
         keys.append((model, tuple(explainer.class_names or ()), *layers.items()))
     needs_gradients = {key: False for key in keys if key is not None}
-    for key, explainer in zip(keys, explainers):
-        if key is not None:
+    for key, explainer in zip(keys, explainers, strict=True):
+        if key is not None and isinstance(explainer, BaseCAM):  # (a key is a CAM's)
             needs_gradients[key] |= explainer.uses_gradients
     captures: dict[tuple, Captured] = {}
     results = []
-    for key, explainer in zip(keys, explainers):
-        if key is None:
+    for key, explainer in zip(keys, explainers, strict=True):
+        if key is None or not isinstance(explainer, BaseCAM):
             results.append(explainer(images, targets, topk=topk))
             continue
         if key not in captures:

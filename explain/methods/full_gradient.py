@@ -32,7 +32,7 @@ def bias_of(module: nn.Module) -> Tensor | None:
     if isinstance(module, nn.Conv2d):
         return None if module.bias is None else module.bias.detach()
     if isinstance(module, nn.BatchNorm2d):
-        if module.running_mean is None:
+        if module.running_mean is None or module.running_var is None:
             raise ValueError(
                 f"{type(module).__name__} without running statistics normalises each batch by itself, "
                 "so it has no fixed bias for FullGrad; explain a model in eval mode with tracked statistics"
@@ -93,14 +93,14 @@ class FullGrad(Explainer):
         layer with a bias that runs on ``images`` (found once, by one dry pass)."""
         if self._layers is None:
             calls = Counter(name for name, _, _ in module_calls(self.model, images[:1]))
-            layers = {}
+            layers: dict[str, tuple[nn.Module, nn.Module]] = {}
             for name, module in self.model.named_modules():
                 if not calls[name] or bias_of(module) is None:
                     continue
                 if calls[name] > 1:
                     raise ValueError(f"layer {name!r} runs {calls[name]} times per forward pass; FullGrad needs each once")
                 if isinstance(module, nn.BatchNorm2d) and hasattr(module, "act"):  # timm's BatchNormAct2d
-                    layers[name] = (module.drop, module)  # its (identity) drop runs between norm and activation
+                    layers[name] = (module.get_submodule("drop"), module)  # its (identity) drop runs between norm and activation
                 else:
                     layers[name] = (module, module)
             if not layers:
@@ -111,13 +111,14 @@ class FullGrad(Explainer):
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         layers = self.bias_layers(images)
-        size = tuple(images.shape[-2:])
+        size = (images.shape[-2], images.shape[-1])
         with LayerCapture(self.model, {name: captured for name, (captured, _) in layers.items()}) as capture:
             x = images.clone().requires_grad_()
             with channel_hint(images):
                 output = self.model(x)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
-            biases = {name: bias_of(owner).float()[None, :, None, None] for name, (_, owner) in layers.items()}
+            biases = {name: bias.float()[None, :, None, None] for name, (_, owner) in layers.items()
+                      if (bias := bias_of(owner)) is not None}  # (each has one: bias_layers picked them so)
             maps = []
             for column in (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1):
                 (input_gradient,) = capture.backward(column, inputs=(x,))

@@ -24,7 +24,8 @@ Backprop and Deconvolution follow the plain gradient and DeepLift the gradient r
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import captum.attr as captum_attr
 import torch
@@ -34,9 +35,9 @@ from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR, nonlinear
 from torch import Tensor, nn
 
 from ..base import register
-from ..layers import LayerSpec
 from ..baselines import make_baselines, seeded
 from ..checks import checked_number, positive_int
+from ..layers import LayerSpec
 from .attribution_base import Attribution, Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
 from .gradient_cams import GradCAM
 
@@ -94,6 +95,10 @@ def _is_elementwise_activation(module: nn.Module) -> bool:
 class _GuidedEverywhere:
     """Mixin for captum's ModifiedReluGradientAttribution: hook every ReLU-like module."""
 
+    # captum's, set by ModifiedReluGradientAttribution
+    backward_hooks: list
+    _backward_hook: Callable[..., Any]
+
     def _register_hooks(self, module: nn.Module) -> None:
         if is_relu_like(module):
             self.backward_hooks.extend(_register_backward_hook(module, self._backward_hook, self))
@@ -117,12 +122,16 @@ class _RescaleEverywhere:
     branches is not supported (a mismatch of shapes is reported, equal shapes are not seen).
     """
 
+    # captum's, set by DeepLift
+    model: nn.Module
+    eps: float
+
     def attribute(self, inputs, *args, **kwargs):
         modules = [module for module in self.model.modules() if self._is_non_linear(module)]
         for module in modules:
             module.__dict__.pop("explain_inputs", None)
             module.__dict__.pop("explain_outputs", None)
-        attributions = super().attribute(inputs, *args, **kwargs)
+        attributions = super().attribute(inputs, *args, **kwargs)  # type: ignore[misc]  # a mixin: DeepLift's
         left = [type(module).__name__ for module in modules if module.__dict__.get("explain_inputs")]
         if left:
             raise RuntimeError(
@@ -194,7 +203,7 @@ class Saliency(_OnePass):
 
     name = "saliency"
     captum_method = captum_attr.Saliency
-    captum_options = {"abs": False}  # raw keeps the sign; the reduction takes magnitudes
+    captum_options: ClassVar[dict] = {"abs": False}  # raw keeps the sign; the reduction takes magnitudes
 
 
 @register
@@ -373,7 +382,7 @@ class GuidedGradCAM(Attribution):
         guided = _CaptumGuidedBackprop(scored).attribute(images, target=scored.target(k))
         targets = scored.custom if scored.custom is not None else scored.ids_of(k)
         cams = list(self.cam(images, targets).raw_layers.values())
-        size = tuple(images.shape[-2:])
+        size = (images.shape[-2], images.shape[-1])
         if len(cams) > 1:  # each layer on the same scale, as the CAMs average their scaled maps
             cams = [c / c.flatten(1).amax(1).clamp_min(1e-12)[:, None, None] for c in cams]
         cam = torch.stack([F.interpolate(c[:, None], size=size, mode="bilinear", align_corners=False) for c in cams])
@@ -450,7 +459,8 @@ class _Shap(Batched):
     def __init__(self, model: nn.Module, *, baseline: str | float | Tensor = "noise", n_baselines: int = 16, **options):
         super().__init__(model, **options)
         if isinstance(baseline, str) and baseline not in ("noise", "zeros"):
-            raise ValueError(f"baseline {baseline!r} is not a distribution; use 'noise', 'zeros', or a tensor (B, C, H, W) of baselines")
+            raise ValueError(f"baseline {baseline!r} is not a distribution; use 'noise', 'zeros', "
+                             "or a tensor (B, C, H, W) of baselines")
         self.baseline = baseline
         self.n_baselines = positive_int("n_baselines", n_baselines)
 

@@ -19,8 +19,8 @@ from ..attention_capture import explicit_attention_kernels
 from ..base import register, registered_class
 from ..checks import positive_int
 from ..layers import LayerSpec
-from ..tokens import Reshape
 from ..targets import Targets, class_logits
+from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 
 __all__ = [
@@ -306,11 +306,11 @@ class ShapleyCAM(GradientCAM):
         activations = [capture.activations[name] for name in names]
         first = torch.autograd.grad(scores.sum(), activations, create_graph=True, retain_graph=True,
                                     allow_unused=True)
-        unused = [name for name, gradient in zip(names, first) if gradient is None]
+        unused = [name for name, gradient in zip(names, first, strict=True) if gradient is None]
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")
         recorded = {}
-        for name, activation, gradient in zip(names, activations, first):
+        for name, activation, gradient in zip(names, activations, first, strict=True):
             if gradient.requires_grad:
                 try:
                     (hvp,) = torch.autograd.grad(gradient, activation, grad_outputs=activation.detach(),
@@ -359,7 +359,7 @@ class FinerCAM(GradientCAM):
         if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks):
             raise ValueError(f"comparison holds ranks of similar classes, ints >= 1 (1 = the nearest); got {comparison!r}")
         self.alpha, self.comparison, self.base = float(alpha), ranks, base_class
-        self.contributions = base_class.contributions
+        self.contributions = base_class.contributions  # type: ignore[method-assign]  # the base CAM's rule
 
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
         if (ids == -1).any():
@@ -373,12 +373,12 @@ class FinerCAM(GradientCAM):
         columns = ids if ids.dim() == 2 else ids[:, None]
         logits = output.float()
         probabilities = logits.softmax(dim=1)
-        finer = []
+        per_target = []
         for c in columns.unbind(dim=1):
             own = logits.gather(1, c[:, None])
             distance = (logits - own).abs().scatter(1, c[:, None], -1.0)  # c itself comes first
             similar = distance.argsort(dim=1, stable=True)[:, ranks]
             p = probabilities.gather(1, similar)
-            finer.append((p * (own - self.alpha * logits.gather(1, similar))).sum(1) / p.sum(1))
-        finer = torch.stack(finer, dim=1).to(scores.dtype)
+            per_target.append((p * (own - self.alpha * logits.gather(1, similar))).sum(1) / p.sum(1))
+        finer = torch.stack(per_target, dim=1).to(scores.dtype)
         return finer if ids.dim() == 2 else finer[:, 0]

@@ -16,11 +16,11 @@ from torch import Tensor, nn
 
 from ..base import NotApplicable, register
 from ..layers import LayerSpec, resolve_layers
-from ..tokens import Reshape
 from ..targets import class_logits
+from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, agree_in_sign, principal_component
 
-__all__ = ["CAM", "EigenCAM", "FEM", "KPCACAM", "RandomCAM", "kernel_principal_component"]
+__all__ = ["CAM", "FEM", "KPCACAM", "EigenCAM", "RandomCAM", "kernel_principal_component"]
 
 
 @register
@@ -57,11 +57,12 @@ class CAM(BaseCAM):
         reshape: Reshape | None = None,
     ):
         super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
-        self._fc = None
+        self._fc: nn.Linear | None = None
         if fc_layer is not None:
-            ((name, self._fc),) = resolve_layers(model, fc_layer).items()
-            if not isinstance(self._fc, nn.Linear):
-                raise ValueError(f"fc_layer {name!r} is a {type(self._fc).__name__}, not an nn.Linear")
+            ((name, fc),) = resolve_layers(model, fc_layer).items()
+            if not isinstance(fc, nn.Linear):
+                raise ValueError(f"fc_layer {name!r} is a {type(fc).__name__}, not an nn.Linear")
+            self._fc = fc
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
         activations = captured.activations[layer]

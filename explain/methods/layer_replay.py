@@ -18,6 +18,7 @@ forward pass with the layer's output replaced (``reason`` says why).
 from __future__ import annotations
 
 import warnings
+from contextlib import suppress
 
 import torch
 import torch.fx as fx
@@ -64,7 +65,7 @@ def _close(a, b) -> bool:
     right, _ = tree_flatten(b)
     if len(left) != len(right):
         return False
-    for x, y in zip(left, right):
+    for x, y in zip(left, right, strict=True):
         if isinstance(x, Tensor) != isinstance(y, Tensor):
             return False
         if isinstance(x, Tensor):
@@ -158,10 +159,8 @@ class LayerReplay:
             return
         full, _, wanted = self._split
         recorder = _Recorder(full, wanted)
-        try:
+        with suppress(_Done):
             recorder.run(images)
-        except _Done:
-            pass
         layer_value = recorder.values[wanted[0]]
         if not isinstance(layer_value, Tensor):
             self.reason = f"layer {self.layer_name!r} does not return a tensor"
@@ -174,7 +173,7 @@ class LayerReplay:
             self.reason = "a value the later layers take from before the layer is not one row per image"
             self._warn()
             return
-        self._frontier = frontier
+        self._frontier = [value for value in frontier if isinstance(value, Tensor)]  # (all of them)
         self.reason = None
         rows = torch.cat([torch.arange(n - 1, -1, -1), torch.zeros(1, dtype=torch.long)]).to(images.device)
         same = _close(self(activation, torch.arange(n, device=images.device)), reference)
@@ -196,8 +195,10 @@ class LayerReplay:
         # A copy: the later layers may change their input in place (ReLU(inplace=True), +=).
         activations = activations.to(self._dtype, copy=True)
         if self.split:
+            assert self._split is not None  # (split)
             _, tail, _ = self._split
             return tail(activations, *(value[rows] for value in self._frontier))
+        assert self._images is not None, "prepare() the images first"
         handle = self.layer.register_forward_hook(lambda module, args, output: activations)
         try:
             return self.model(self._images[rows])

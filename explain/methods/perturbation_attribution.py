@@ -107,7 +107,7 @@ class _Sampled(_Superpixels):
         masks, baselines, target = self.segments(scored, images), self.baselines(scored, images), scored.target(k)
         rows_per_eval = self.rows(images, self.n_samples)
         method = self.method(scored)
-        attributions = []
+        per_image = []
         # One image at a time (as captum would), each on its own seeded stream.
         for i in range(len(images)):
             rows = slice(i, i + 1)
@@ -116,14 +116,14 @@ class _Sampled(_Superpixels):
                 with torch.no_grad():
                     pair = scored.model(torch.cat([images[rows], baselines[rows]]))
                 delta = scored.explained_scores(pair, k, torch.tensor([i, i], device=images.device))
-                attributions.append((delta[0] - delta[1]).to(images.dtype).expand_as(images[rows]))
+                per_image.append((delta[0] - delta[1]).to(images.dtype).expand_as(images[rows]))
                 continue
             with seeded(self.seed, images.device):
-                attributions.append(method.attribute(
+                per_image.append(method.attribute(
                     images[rows], baselines=baselines[rows], target=slice_target(target, rows),
                     feature_mask=masks[rows], n_samples=self.n_samples, perturbations_per_eval=rows_per_eval,
                 ))
-        attributions = torch.cat(attributions)
+        attributions = torch.cat(per_image)
         # A least-squares fit leaves rounding noise where the scores do not change at all;
         # weights a million times smaller than the score are that noise, not evidence.
         scores = scored.explained_scores(scored.output, k).abs().float()

@@ -34,7 +34,7 @@ from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 from .layer_replay import LayerReplay
 
-__all__ = ["AblationCAM", "ISCAM", "SSCAM", "ScoreCAM"]
+__all__ = ["ISCAM", "SSCAM", "AblationCAM", "ScoreCAM"]
 
 
 class PerturbationCAM(BaseCAM):
@@ -126,19 +126,21 @@ class ScoreCAM(PerturbationCAM):
         flat = activations.flatten(2)
         # One masked pass per distinct channel of each image (all constant channels share
         # the all-zero mask, which only the channel-softmax reading scores).
-        owners, rows, firsts = [], [], []
+        row_owners: list[int] = []
+        distinct_rows: list[Tensor] = []
+        first_channels: list[Tensor] = []
         slots = torch.empty(n, channels, dtype=torch.long, device=flat.device)
         every_channel = torch.arange(channels, device=flat.device)
         for i in range(n):
             distinct, inverse = torch.unique(flat[i], dim=0, return_inverse=True)
-            slots[i] = inverse + len(rows)
-            rows.extend(distinct)
-            owners.extend([i] * len(distinct))
+            slots[i] = inverse + len(distinct_rows)
+            distinct_rows.extend(distinct)
+            row_owners.extend([i] * len(distinct))
             first = torch.full((len(distinct),), channels, device=flat.device)
-            firsts.append(first.scatter_reduce(0, inverse, every_channel, "amin"))
-        rows = torch.stack(rows)
-        owners = torch.tensor(owners, device=flat.device)
-        firsts = torch.cat(firsts)  # each distinct row's first channel
+            first_channels.append(first.scatter_reduce(0, inverse, every_channel, "amin"))
+        rows = torch.stack(distinct_rows)
+        owners = torch.tensor(row_owners, device=flat.device)
+        firsts = torch.cat(first_channels)  # each distinct row's first channel
         constant_rows = rows.amax(dim=1) == rows.amin(dim=1)
         wanted = torch.arange(len(rows), device=flat.device)
         if not softmax_over_channels:
@@ -167,7 +169,7 @@ class ScoreCAM(PerturbationCAM):
             span = up.amax(dim=(2, 3), keepdim=True) - low_end
             masks = safe_divide(up - low_end, span)
             sources = images[owners[chunk]]
-            total = 0.0
+            total: Tensor | float = 0.0
             count = 0
             for sample in self.sample_masks(masks, firsts[chunk]):
                 masked = torch.mul(sources, sample.to(images.dtype), out=buffer[:len(chunk)])

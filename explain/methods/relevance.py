@@ -14,6 +14,7 @@ import itertools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +33,7 @@ from ..targets import class_logits
 from .attribution_base import Attribution, ScoredModel
 from .gradient_attribution import is_relu_like
 
-__all__ = ["FIRST_RULES", "LRP", "SharingRule", "ResidualSumCanonizer", "traced_batch_norm_pairs"]
+__all__ = ["FIRST_RULES", "LRP", "ResidualSumCanonizer", "SharingRule", "traced_batch_norm_pairs"]
 
 #: The rules selectable for the first convolution, the one that sees the pixels.
 FIRST_RULES = ("zbox", "flat")
@@ -97,7 +98,7 @@ class SharingRule(BasicHook):
             return result + [share] + [torch.zeros_like(share)] * (len(outputs) - flat - 1)
 
         def reduce(inputs: list[Tensor], gradients: list[Tensor]) -> Tensor:
-            return sum(x * g for x, g in zip(inputs[:flat], gradients[:flat])) + gradients[flat]
+            return sum(x * g for x, g in zip(inputs[:flat], gradients[:flat], strict=True)) + gradients[flat]
 
         super().__init__(input_modifiers=inputs, param_modifiers=params, output_modifiers=[_identity] * len(inputs),
                          gradient_mapper=gradients, reducer=reduce)
@@ -178,7 +179,7 @@ class ResidualSumCanonizer(Canonizer):
         self.flag: str | None = None
 
     def apply(self, root_module: nn.Module) -> list[Canonizer]:
-        blocks = []
+        blocks: list[tuple[nn.Module, str | None]] = []
         for module in root_module.modules():
             kind = type(module)
             blocks += [(module, flag) for prefix, flag, _ in _FLAGGED_RESIDUALS
@@ -201,8 +202,9 @@ class ResidualSumCanonizer(Canonizer):
             if self.flag is not None:
                 setattr(self.block, self.flag, True)
 
+    # ``block``: timm's or torchvision's residual block, with attributes of its own class
     @staticmethod
-    def flagged_forward(block: nn.Module, x: Tensor) -> Tensor:
+    def flagged_forward(block: Any, x: Tensor) -> Tensor:
         branch = type(block).forward(block, x)
         for _, _, dropping in _FLAGGED_RESIDUALS:
             if isinstance(getattr(block, dropping, None), nn.Module):
@@ -210,7 +212,7 @@ class ResidualSumCanonizer(Canonizer):
         return block.explain_residual_sum(torch.stack([branch, x], dim=-1))
 
     @staticmethod
-    def regnet_forward(block: nn.Module, x: Tensor) -> Tensor:
+    def regnet_forward(block: Any, x: Tensor) -> Tensor:
         shortcut = x if block.proj is None else block.proj(x)
         return block.activation(block.explain_residual_sum(torch.stack([block.f(x), shortcut], dim=-1)))
 
@@ -549,5 +551,5 @@ def _start_relevance(scored: ScoredModel, output: Tensor, k: int) -> Tensor:
     if scored.custom is not None:
         (gradient,) = torch.autograd.grad(scored.custom(output).sum(), output, retain_graph=True)
         return (output * gradient).detach()
-    ids = scored.target(k)[:, None]
+    ids = scored.ids_of(k)[:, None]
     return torch.zeros_like(output).scatter(1, ids, output.gather(1, ids)).detach()

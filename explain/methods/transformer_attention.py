@@ -15,7 +15,7 @@ so (Grad-CAM works on both).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -71,7 +71,7 @@ class TransformerAttention(Explainer):
                 f"attention matrices have shapes {sorted(shapes)[:3]} for {n} images (windowed attention, as in "
                 "Swin, or cross-attention); use Grad-CAM"
             )
-        layout = self.layout or infer_layout((n, t, 1), tuple(images.shape[-2:]), self.model)
+        layout = self.layout or infer_layout((n, t, 1), (images.shape[-2], images.shape[-1]), self.model)
         if layout.prefix < 1:
             raise NotApplicable(
                 f"{self.name} reads the class token's attention, and this model's {t} tokens have none before the "
@@ -95,11 +95,12 @@ class TransformerAttention(Explainer):
             columns = (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1)
             relevances = [self.relevance(weights, self.gradients(capture, output, column, ids, k))
                           for k, column in enumerate(columns)]
+        assert layout.grid is not None  # a token layout (check_attention)
         h, w = layout.grid
         raw = torch.stack([r[:, layout.prefix:layout.prefix + h * w].reshape(-1, h, w) for r in relevances], dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
         custom = callable(targets) and not isinstance(targets, Tensor)
-        return Explanation(scale_maps(raw, tuple(images.shape[-2:])), {"attention": raw},
+        return Explanation(scale_maps(raw, (images.shape[-2], images.shape[-1])), {"attention": raw},
                            detached(output if custom else class_logits(output)), ids, self.name, self.class_names)
 
     def gradients(self, capture: AttentionCapture, output, scores: Tensor, ids: Tensor, k: int) -> list[Tensor] | None:
@@ -189,7 +190,8 @@ class AttentionRelevance(TransformerAttention):
     def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None) -> Tensor:
         n, _, t, _ = weights[0].shape
         relevance = torch.eye(t, device=weights[0].device).expand(n, t, t)
-        for attention, gradient in zip(weights, gradients):
+        assert gradients is not None  # (uses_gradients)
+        for attention, gradient in zip(weights, gradients, strict=True):
             weighted = (gradient * attention).clamp_min(0).mean(dim=1)
             relevance = relevance + weighted @ relevance
         return relevance[:, 0]
@@ -227,13 +229,14 @@ class LeGrad(TransformerAttention):
         if isinstance(start_layer, bool) or not isinstance(start_layer, int):
             raise ValueError(f"start_layer must be an int (negative counts from the last layer), got {start_layer!r}")
         self.start_layer = start_layer
-        self.readout = readout if readout is not None else find_readout(model)
-        if self.readout is None:
+        found = readout if readout is not None else find_readout(model)
+        if found is None:
             raise NotApplicable(
                 f"LeGrad reads every layer's tokens through the model's head, and {type(model).__name__} is none of "
                 "the models whose head explain knows (timm, torchvision and Hugging Face ViTs); pass readout= (a "
                 "function of the last block's tokens that returns the logits)"
             )
+        self.readout: Callable[[Tensor], Tensor] = found
         self._blocks: list[nn.Module] | None = None
         self._tokens: list[Tensor] = []
 
@@ -277,6 +280,7 @@ class LeGrad(TransformerAttention):
         return gradients
 
     def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None) -> Tensor:
+        assert gradients is not None  # (uses_gradients)
         per_layer = [g.clamp_min(0).mean(dim=(1, 2)) for g in gradients]  # (N, T) each
         return torch.stack(per_layer).mean(dim=0)
 
@@ -284,12 +288,13 @@ class LeGrad(TransformerAttention):
 def find_readout(model: nn.Module) -> Callable[[Tensor], Tensor] | None:
     """The function from the last block's tokens to the logits, for the model families whose
     head is known; None otherwise (LeGrad then asks for ``readout=``)."""
+    dynamic: Any = model  # the attributes of each family's own classes
     if hasattr(model, "forward_head") and isinstance(getattr(model, "norm", None), nn.Module):  # timm
-        return lambda tokens: model.forward_head(model.norm(tokens))
+        return lambda tokens: dynamic.forward_head(dynamic.norm(tokens))
     if type(model).__name__ == "VisionTransformer" and hasattr(model, "heads") and hasattr(model, "encoder"):  # torchvision
-        return lambda tokens: model.heads(model.encoder.ln(tokens)[:, 0])
-    base = getattr(model, "base_model", None)
+        return lambda tokens: dynamic.heads(dynamic.encoder.ln(tokens)[:, 0])
+    base: Any = getattr(model, "base_model", None)
     if hasattr(model, "classifier") and isinstance(getattr(base, "layernorm", None), nn.Module) and getattr(
             getattr(model, "config", None), "model_type", "") in ("vit", "deit"):  # Hugging Face
-        return lambda tokens: model.classifier(base.layernorm(tokens)[:, 0])
+        return lambda tokens: dynamic.classifier(base.layernorm(tokens)[:, 0])
     return None

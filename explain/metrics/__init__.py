@@ -16,10 +16,10 @@ alone.
 (torch.Size([2]), torch.Size([2, 11]))
 """
 
+from ..regions import region_masks
 from .base import Score
 from .concentration import complexity, sparseness
 from .faithfulness import average_drop, deletion, insertion, irof, pixel_flipping, region_perturbation, road
-from ..regions import region_masks
 from .localisation import energy_pointing_game, pointing_game, relevance_mass, relevance_rank
 from .randomisation import model_randomisation, random_logit
 from .registry import METRICS, Metric, columns, compute, metric, metric_names

@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from ..baselines import make_baselines, seeded
 from ..checks import checked_number, positive_int
 from ..explanation import Explanation
-from ..superpixels import superpixels
 from ..passes import with_pass_options
+from ..superpixels import superpixels
 from .base import Score, batch_size_for, batched_scores, chunks, draws, pairs_of, perturbation_curve, ranks
 
 __all__ = [
@@ -314,9 +314,8 @@ def pixel_flipping(
     the intact image on; the area is the trapezoid rule on [0, 1] as in :func:`deletion`.
     """
     pairs = pairs_of(model, images, explanation, targets)
-    result = _petsiuk_curve(model, pairs, insert=False, step=step, substrate=_baselines(pairs, baseline),
-                            batch_size=batch_size, score=score, name="pixel-flipping")
-    return result
+    return _petsiuk_curve(model, pairs, insert=False, step=step, substrate=_baselines(pairs, baseline),
+                          batch_size=batch_size, score=score, name="pixel-flipping")
 
 
 def _block_keys(maps: Tensor, patch_size: int, descending: bool = True) -> tuple[Tensor, int]:
@@ -374,11 +373,11 @@ def region_perturbation(
     regions = min(regions, total)
     k = pairs.per_image
     if isinstance(baseline, str) and baseline == "noise":
-        substrate = []
+        noisy = []
         for image in pairs.images[::k]:  # each image on the same seeded stream, whatever its position
             with seeded(seed, pairs.images.device):
-                substrate.append(make_baselines(image[None], baseline))
-        substrate = torch.cat(substrate).repeat_interleave(k, dim=0)
+                noisy.append(make_baselines(image[None], baseline))
+        substrate = torch.cat(noisy).repeat_interleave(k, dim=0)
     else:
         substrate = _baselines(pairs, baseline)
     counts = torch.arange(regions + 1)

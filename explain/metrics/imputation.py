@@ -173,7 +173,7 @@ def _sep(x: Tensor, out: Tensor | None = None, rows: Tensor | None = None, cols:
 
 def _prolong(xc: Tensor, hf: int, wf: int, out: Tensor | None = None) -> Tensor:
     """Bilinear interpolation from coarse node I (on fine pixel 2I) to the (hf, wf) grid."""
-    *batch, hc, wc = xc.shape
+    *batch, _, wc = xc.shape
     half = xc.new_empty(*batch, hf, wc)
     half[..., 0::2, :] = xc[..., : (hf + 1) // 2, :]
     torch.lerp(xc[..., : hf // 2, :], xc[..., 1 : hf // 2 + 1, :], 0.5, out=half[..., 1::2, :])
@@ -224,7 +224,7 @@ class _Fine:
 
     def __init__(self, u: Tensor, channels: int):
         s = (_sep(torch.ones_like(u[:1])) - 4) / 12
-        self.u, self.shape = u, tuple(u.shape[-2:])
+        self.u, self.shape = u, (u.shape[-2], u.shape[-1])
         self.s = s
         self.c1 = u * (s + 1 / 3)
         self.c2 = u / 12
@@ -279,7 +279,7 @@ class _Coarse:
     """A coarse level: a 9-point stencil a (B, 9, h, w), inside a zero frame; u = 1 on active nodes."""
 
     def __init__(self, padded: Tensor, u: Tensor):
-        self.u, self.shape = u, tuple(u.shape[-2:])
+        self.u, self.shape = u, (u.shape[-2], u.shape[-1])
         h, w = self.shape
         self.padded = padded
         self.a = a = padded[..., 1 : h + 1, 1 : w + 1]
@@ -296,7 +296,7 @@ class _Coarse:
         return r
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _galerkin_weights() -> tuple:
     """K[D][o][e]: the weight of fine entry a_o(2I + e) in coarse entry A_c(I, I + D), for bilinear P.
 
@@ -376,14 +376,14 @@ def _hierarchy(u: Tensor, channels: int) -> tuple[list, _Dense]:
     return levels[:-1] or levels, dense
 
 
-def _vcycle(levels: list, dense: _Dense, l: int, b: Tensor, x: Tensor | None = None) -> Tensor:
-    """One V(1,1)-cycle with Jacobi smoothing on coarse level l (l >= 1) from x (0 if None)."""
-    if l >= len(levels):
+def _vcycle(levels: list, dense: _Dense, depth: int, b: Tensor, x: Tensor | None = None) -> Tensor:
+    """One V(1,1)-cycle with Jacobi smoothing on coarse level ``depth`` (>= 1) from x (0 if None)."""
+    if depth >= len(levels):
         return dense.solve(b)
-    level = levels[l]
+    level = levels[depth]
     x = level.invd * b if x is None else torch.addcmul(x, level.invd, level.residual(b, x))
-    coarse = levels[l + 1] if l + 1 < len(levels) else dense
-    ec = _vcycle(levels, dense, l + 1, coarse.u * _restrict(level.residual(b, x)))
+    coarse = levels[depth + 1] if depth + 1 < len(levels) else dense
+    ec = _vcycle(levels, dense, depth + 1, coarse.u * _restrict(level.residual(b, x)))
     x = torch.addcmul(x, level.u, _prolong(ec, *level.shape))
     return torch.addcmul(x, level.invd, level.residual(b, x))
 
@@ -402,11 +402,11 @@ def _solve(images: Tensor, u: Tensor, tol: float, max_iter: int) -> Tensor:
         return torch.where(u > 0, dense.solve(b).add_(mean), images)
     # full multigrid guess: solve on the coarsest level, then one V-cycle on each finer level
     rhs = [b]
-    for level in levels[1:] + [dense]:
+    for level in [*levels[1:], dense]:
         rhs.append(level.u * _restrict(rhs[-1]))
     x = dense.solve(rhs[-1])
-    for l in range(len(levels) - 1, 0, -1):
-        x = _vcycle(levels, dense, l, rhs[l], levels[l].u * _prolong(x, *levels[l].shape))
+    for depth in range(len(levels) - 1, 0, -1):
+        x = _vcycle(levels, dense, depth, rhs[depth], levels[depth].u * _prolong(x, *levels[depth].shape))
     x = fine.vcycle(levels, dense, b, _prolong(x, *fine.shape).mul_(fine.u), zero=False)
     # conjugate gradients preconditioned by the V-cycle, per image and channel, from a residual
     # computed exactly: the float32 recurrence then stays accurate to about 1e-6

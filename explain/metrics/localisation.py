@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..explanation import Explanation
 from ..checks import checked_number
-from ..regions import region_masks
+from ..explanation import Explanation
 from ..passes import with_pass_options
+from ..regions import region_masks
 from .base import Score, check_finite
 
 __all__ = ["energy_pointing_game", "pointing_game", "relevance_mass", "relevance_rank"]
@@ -24,7 +24,7 @@ def _maps_and_masks(explanation: Explanation | Tensor, regions: Tensor) -> tuple
     if maps.dim() not in (3, 4):
         raise ValueError(f"maps must be (N, H, W) or (N, k, H, W), got {tuple(maps.shape)}")
     shape = tuple(maps.shape[:-2])
-    masks = region_masks(regions, tuple(maps.shape[-2:])).to(maps.device)
+    masks = region_masks(regions, (maps.shape[-2], maps.shape[-1])).to(maps.device)
     if masks.shape[0] != maps.shape[0]:
         raise ValueError(f"{masks.shape[0]} regions for {maps.shape[0]} maps: give one region per image")
     if maps.dim() == 4:  # topk: every target of an image is judged against its region

@@ -70,7 +70,7 @@ def ssim(a: Tensor, b: Tensor) -> Tensor:
     if window < 3:
         raise ValueError(f"SSIM needs maps of at least 3 x 3 pixels, got {tuple(a.shape[-2:])}")
     out = []
-    for x, y in zip(a.double().cpu().numpy(), b.double().cpu().numpy()):
+    for x, y in zip(a.double().cpu().numpy(), b.double().cpu().numpy(), strict=True):
         low, high = min(x.min(), y.min()), max(x.max(), y.max())
         span = high - low
         out.append(1.0 if span == 0 else float(structural_similarity(x, y, data_range=span, win_size=window)))
@@ -128,8 +128,9 @@ def _randomise(module: nn.Module, seed: int, device: torch.device) -> None:
     """Re-initialise every part of ``module`` with ``reset_parameters``, after seeding ``seed``."""
     with seeded(seed, device), torch.no_grad():
         for child in module.modules():
-            if hasattr(child, "reset_parameters"):
-                child.reset_parameters()
+            reset = getattr(child, "reset_parameters", None)
+            if reset is not None:
+                reset()
 
 
 def _cascade(explainer: Explainer, pairs, modules: list[nn.Module], compared: list[int], seed: int,

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -51,7 +52,7 @@ def imagenet_classes() -> list[str]:
 
 def imagenet_preprocess(
     resize: int = 256,
-    crop: int = 224,
+    crop: int | tuple[int, int] = 224,
     mean: tuple[float, ...] = IMAGENET_MEAN,
     std: tuple[float, ...] = IMAGENET_STD,
 ) -> transforms.Compose:
@@ -104,7 +105,7 @@ def load(
         model, preprocess, classes = _load_huggingface(Path(name))
     else:
         model, preprocess, classes = _load_torchvision(name, weights)
-    model.class_names = classes
+    model.class_names = classes  # type: ignore[assignment]  # torch types Module attributes as tensors or modules
     return model.to(device).eval(), preprocess, classes
 
 
@@ -130,7 +131,7 @@ def _load_bundled(weights) -> tuple[nn.Module, Preprocess, list[str]]:
         raise ValueError(f"{path} holds {len(source)} tensors, EfficientNet-Lite0 needs {len(target)}")
     # The file's keys (`_conv_stem.weight`, ...) follow the same order as timm's.
     renamed = {}
-    for (src_key, tensor), (dst_key, expected) in zip(source.items(), target.items()):
+    for (src_key, tensor), (dst_key, expected) in zip(source.items(), target.items(), strict=True):
         if tensor.shape != expected.shape:
             raise ValueError(f"{path}: {src_key} has shape {tuple(tensor.shape)}, {dst_key} needs {tuple(expected.shape)}")
         renamed[dst_key] = tensor
@@ -221,7 +222,8 @@ def _load_timm(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"unknown timm model {name!r}; {hint}`python -c 'import timm; print(timm.list_models())'` lists them")
     state = None if weights is None else read_state_dict(Path(weights))
-    model = timm.create_model(name, pretrained=False)
+    # Any: num_classes and reset_classifier belong to timm's models, not to the nn.Module it types them as
+    model: Any = timm.create_model(name, pretrained=False)
     head = f"{(getattr(model, 'pretrained_cfg', None) or {}).get('classifier', 'head')}.weight"
     if state is not None and head in state and state[head].shape[0] != model.num_classes:
         model.reset_classifier(state[head].shape[0])  # a fine-tuned head

@@ -4,6 +4,7 @@ and class names."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,7 +42,7 @@ def preprocess_for(model: nn.Module, task: str, preprocess=None):
 
 
 def load_task_model(name: str, weights: str | os.PathLike | None = None, *,
-                    device: torch.device | str = "cpu") -> tuple[nn.Module, object, list[str]]:
+                    device: torch.device | str = "cpu") -> tuple[nn.Module, Callable[..., Tensor], list[str]]:
     """Load a torchvision segmentation or detection model in eval mode, with its
     preprocessing and class names (from the weights' metadata, offline).
 

@@ -77,7 +77,7 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
             try:
                 program = torch.export.load(path)
             except Exception:
-                causes = [record.exc_info[1] for record in logged if record.exc_info]
+                causes = [record.exc_info[1] for record in logged if record.exc_info and record.exc_info[1]]
                 if not causes:
                     raise
                 raise causes[0] from None
@@ -139,7 +139,7 @@ def _exported_input_size(program) -> tuple[int, int]:
     inputs = set(program.graph_signature.user_inputs)
     for node in program.graph.nodes:
         if node.op == "placeholder" and node.name in inputs:
-            shape = getattr(node.meta.get("val"), "shape", ())
+            shape = tuple(getattr(node.meta.get("val"), "shape", ()))
             if len(shape) == 4 and all(isinstance(side, int) for side in shape[2:]):
                 return int(shape[2]), int(shape[3])
             break

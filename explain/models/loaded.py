@@ -56,9 +56,9 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
     """The model ``spec`` names (a classifier's name, a torchvision segmentation or detection
     model's name, a Hugging Face folder, or a model file), loaded on the device, with its
     preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`."""
-    device = pick_device(device_name)
-    path = Path(spec)
+    device, path = pick_device(device_name), Path(spec)
     named = spec.startswith(classifiers.TIMM_PREFIX) or classifiers.is_huggingface_folder(spec)
+    class_names: list[str] | None
     if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
         task = torchvision_task(spec)
         # Random weights (a name without --weights) are drawn from a fixed seed, so that every
@@ -77,7 +77,8 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
             except (ValueError, FileNotFoundError, RuntimeError) as error:
                 raise UsageError(f"{error}") from None
         fixed_batch = False
-        random_weights = weights is None and not classifiers.is_bundled(spec) and not classifiers.is_huggingface_folder(spec)
+        random_weights = weights is None and not (
+            classifiers.is_bundled(spec) or classifiers.is_huggingface_folder(spec))
     else:
         if not path.is_file():
             raise UsageError(
@@ -112,7 +113,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
         else:
             classes = output.shape[1] if task == "classify" else segmentation_logits(output).shape[1]
             class_names = classifiers.imagenet_classes() if classes == 1000 else [str(i) for i in range(classes)]
-        model.class_names = class_names
+        model.class_names = class_names  # type: ignore[assignment]  # torch types Module attributes as tensors or modules
     return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task)
 
 

@@ -15,9 +15,9 @@ a detected box, that every explainer of the library takes as ``targets=``.
 For detectors, :func:`explain_detections` picks the boxes and explains each one.
 """
 
-from .detection import Detection, DetectionTarget, crop_padding, detections_of, explain_detections
 from ..layers import backbone_layer
 from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
+from .detection import Detection, DetectionTarget, crop_padding, detections_of, explain_detections
 from .segmentation import SegmentationTarget
 
 __all__ = ["Detection", "DetectionTarget", "SegmentationTarget", "backbone_layer", "crop_padding", "detections_of",

@@ -39,7 +39,7 @@ class Detection:
     def describe(self, class_names: Sequence[str] | None = None) -> dict:
         """The box as a plain dict (for a manifest): task, box, class id and name, score, index."""
         known = class_names is not None and 0 <= self.label < len(class_names)
-        name = class_names[self.label] if known else str(self.label)
+        name = class_names[self.label] if class_names is not None and known else str(self.label)
         return {"task": "detect", "box": [round(v, 2) for v in self.box], "class_id": self.label, "class_name": name,
                 "score": None if self.score is None else round(self.score, 6), "index": self.index}
 
@@ -102,7 +102,7 @@ class DetectionTarget:
             raise ValueError(f"iou_threshold must lie in (0, 1], got {iou_threshold!r}")
         self.boxes, self.labels, self.iou_threshold = boxes, labels.long(), float(iou_threshold)
         self.detections: tuple[Detection, ...] = tuple(
-            Detection(row, tuple(box), int(label)) for row, (box, label) in enumerate(zip(boxes.tolist(), labels.tolist()))
+            Detection(row, tuple(box), int(label)) for row, (box, label) in enumerate(zip(boxes.tolist(), labels.tolist(), strict=True))
         )
 
     @classmethod
@@ -186,7 +186,7 @@ class DetectionTarget:
         if len(self) == 0:
             raise ValueError("this target holds no box: nothing was selected to explain")
         picks = rows.tolist() if len(self) > 1 else [0] * len(rows)
-        return torch.stack([self._score(p, self.boxes[r], int(self.labels[r])) for p, r in zip(predictions, picks)])
+        return torch.stack([self._score(p, self.boxes[r], int(self.labels[r])) for p, r in zip(predictions, picks, strict=True)])
 
     def _score(self, prediction: dict[str, Tensor], box: Tensor, label: int) -> Tensor:
         boxes, scores = prediction["boxes"], prediction["scores"]
@@ -247,7 +247,8 @@ def explain_detections(explainer: Explainer, images: Tensor, *, index: int | Seq
     >>> from explain import GradCAM
     >>> model = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
     ...     weights=None, weights_backbone=None, num_classes=3).eval()
-    >>> result, target = explain_detections(GradCAM(model, "backbone.features.1"), torch.rand(1, 3, 64, 64), index=[0, 1])
+    >>> cam = GradCAM(model, "backbone.features.1")
+    >>> result, target = explain_detections(cam, torch.rand(1, 3, 64, 64), index=[0, 1])
     >>> tuple(result.maps.shape), target.image_ids.tolist()
     ((2, 64, 64), [0, 0])
     """

@@ -98,7 +98,7 @@ class SegmentationTarget:
         n, classes, height, width = logits.shape
         if self.fixed:
             self._check_rows(n)
-            _check_class_ids(self.category, classes)
+            _check_class_ids(self._given()[0], classes)
             return self
         region = _given_region(self.mask, self.box, n, height, width, logits.device)
         predicted = logits.detach().argmax(dim=1)
@@ -133,8 +133,9 @@ class SegmentationTarget:
         (``kind``: predicted, mask or box), its size in pixels and its bounding box
         ``[x0, y0, x1, y1]`` (pixel edges; ``None`` when the region is empty)."""
         explained = self._explained()
-        class_id = int(explained.category[index if len(explained.category) > 1 else 0])
-        mask = explained.mask[index if len(explained.mask) > 1 else 0]
+        category, masks = explained._given()
+        class_id = int(category[index if len(category) > 1 else 0])
+        mask = masks[index if len(masks) > 1 else 0]
         ys, xs = mask.nonzero(as_tuple=True)
         box = None if len(ys) == 0 else [int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1]
         name = class_names[class_id] if class_names is not None and class_id < len(class_names) else str(class_id)
@@ -161,13 +162,20 @@ class SegmentationTarget:
             raise ValueError("this target has explained no batch yet; call it on the model's output, or resolve() it")
         return self.explained
 
+    def _given(self) -> tuple[Tensor, Tensor]:
+        """The class and region of a fixed target (what :meth:`resolve` returns)."""
+        if self.category is None or self.mask is None:
+            raise ValueError("this target is not fixed yet; resolve() it on the model's output first")
+        return self.category, self.mask
+
     def _rows(self, rows: Tensor, device) -> tuple[Tensor, Tensor]:
         """The class (B,) and region (B, H, W) of each row."""
         def pick(values: Tensor) -> Tensor:
             values = values.to(device)
             return values[rows if len(values) > 1 else torch.zeros_like(rows)]
 
-        return pick(self.category), pick(self.mask)
+        category, mask = self._given()
+        return pick(category), pick(mask)
 
     def _scores(self, logits: Tensor, rows: Tensor) -> Tensor:
         category, mask = self._rows(rows, logits.device)
@@ -178,7 +186,7 @@ class SegmentationTarget:
         return (picked * mask.to(picked.dtype)).flatten(1).sum(dim=1).float()
 
     def _check_rows(self, n: int) -> None:
-        held = max(len(self.category), len(self.mask))
+        held = max(len(part) for part in self._given())
         if held not in (1, n):
             raise ValueError(
                 f"this target holds the classes and regions of {held} images, but the model's output has {n} rows; "

@@ -180,7 +180,7 @@ def _map_columns(image: int, row: dict, tables: Tables, exists: Callable[[str], 
     method = str(row.get("method"))
     if isinstance(row.get("settings"), str):
         tables.settings.setdefault(method, row["settings"])
-    metrics = row.get("metrics") if isinstance(row.get("metrics"), dict) else {}
+    metrics = row["metrics"] if isinstance(row.get("metrics"), dict) else {}
     return {
         "image": image,
         "method": tables.index("method", method),
@@ -202,7 +202,8 @@ def _columns(records: list[dict], names: Sequence[str]) -> dict[str, list]:
 def _chunk(images: list[tuple[str, list[dict]]], first_rank: list[int], tables: Tables, exists, original) -> dict:
     """One data file's images and maps, column by column; ``first_rank``: each image's place
     in name order."""
-    image_records, map_records = [], []
+    image_records: list[dict] = []
+    map_records: list[dict] = []
     for position, (name, rows) in enumerate(images):
         image_records.append(_image_columns(name, rows, tables, original))
         map_records.extend(_map_columns(position, row, tables, exists) for row in rows)
@@ -223,7 +224,7 @@ def data_script(chunk: dict) -> bytes:
     b'explorerData.push(JSON.parse("{\\\\"images\\\\":{\\\\"name\\\\":[\\\\"a\\\\"]}}"));\\n'
     """
     text = json.dumps(chunk, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return f"explorerData.push(JSON.parse({json.dumps(text, ensure_ascii=False)}));\n".encode("utf-8")
+    return f"explorerData.push(JSON.parse({json.dumps(text, ensure_ascii=False)}));\n".encode()
 
 
 def read_data_file(data: bytes) -> dict:
@@ -244,17 +245,20 @@ def read_page(index: str | os.PathLike) -> dict:
 
     index = Path(index)
     document = index.read_text(encoding="utf-8")
-    setup = json.loads(re.search(r"^var explorerSetup = (.*);$", document, re.MULTILINE).group(1))
+    found = re.search(r"^var explorerSetup = (.*);$", document, re.MULTILINE)
+    if found is None:
+        raise ValueError(f"{index} is not an explorer page written by explain (it sets no explorerSetup)")
+    setup = json.loads(found.group(1))
     images: list[dict] = []
     maps: list[dict] = []
     for name in re.findall(r'<script src="([^"]+)"></script>', document):
         chunk = read_data_file((index.parent / os.fsdecode(unquote_to_bytes(name))).read_bytes())
         first = len(images)
         columns, map_columns = chunk["images"], chunk["maps"]
-        images += [dict(zip(columns, values)) for values in zip(*columns.values())]
+        images += [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=False)]
         metrics = map_columns.pop("metrics")
         start = len(maps)
-        maps += [dict(zip(map_columns, values)) for values in zip(*map_columns.values())]
+        maps += [dict(zip(map_columns, values, strict=True)) for values in zip(*map_columns.values(), strict=False)]
         for record in maps[start:]:
             record["image"] += first
             record["metrics"] = {}
