@@ -40,8 +40,9 @@ __all__ = ["AttentionCapture", "attention_weights", "explicit_attention", "expli
 _active = threading.local()
 
 
-def attention_weights(query: Tensor, key: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False,
-                      scale: float | None = None) -> Tensor:
+def attention_weights(
+    query: Tensor, key: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False, scale: float | None = None
+) -> Tensor:
     """softmax(Q K^T * scale + mask), as ``F.scaled_dot_product_attention`` forms it: scale
     1 / sqrt(d) by default; a boolean mask keeps the True positions, a float mask is added;
     ``is_causal`` masks the future. (N, heads, T, S)."""
@@ -62,9 +63,16 @@ def _grouped(query: Tensor, other: Tensor, enable_gqa: bool) -> Tensor:
     return other
 
 
-def explicit_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
-                       dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                       enable_gqa: bool = False) -> Tensor:
+def explicit_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
     """``F.scaled_dot_product_attention`` in plain operations, recording the weights in the
     active :class:`AttentionCapture` of this thread, if any.
 

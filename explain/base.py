@@ -115,7 +115,9 @@ def _holding_model_lock(call):
 
 def _with_pass_options(signature: inspect.Signature) -> inspect.Signature:
     parameters = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in ("max_memory", "progress")]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in ("max_memory", "progress")
+    ]
     tail = [p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
     return signature.replace(parameters=parameters + extra + tail)
 

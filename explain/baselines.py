@@ -55,7 +55,9 @@ def _gaussian_blur(images: Tensor, sigma: float) -> Tensor:
     return TF.gaussian_blur(blurred, kernel_size=[1, size], sigma=[sigma, sigma])
 
 
-def make_baselines(images: Tensor, baseline: str | float | Tensor = "zeros", *, blur_sigma: float | None = None) -> Tensor:
+def make_baselines(
+    images: Tensor, baseline: str | float | Tensor = "zeros", *, blur_sigma: float | None = None
+) -> Tensor:
     """The reference input of each image, in the model's input space.
 
     - ``"zeros"``: all zeros. For inputs normalised with ``Normalize(mean, std)``, as

@@ -40,8 +40,7 @@ def check_images(images: Tensor, model: nn.Module) -> Tensor:
         )
     if images.dim() == 3:
         raise ValueError(
-            f"images has shape {tuple(images.shape)}, a single image; add the batch dimension "
-            "with images.unsqueeze(0)"
+            f"images has shape {tuple(images.shape)}, a single image; add the batch dimension with images.unsqueeze(0)"
         )
     if images.dim() != 4:
         raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")

@@ -46,7 +46,9 @@ def to_rgb(image) -> np.ndarray:
     if array.ndim == 2:
         array = array[..., None]
     if array.ndim != 3 or array.shape[-1] not in (1, 3, 4):
-        raise ValueError(f"cannot read an image of shape {array.shape}; expected (H, W), (H, W, C) or (C, H, W) with C in 1, 3, 4")
+        raise ValueError(
+            f"cannot read an image of shape {array.shape}; expected (H, W), (H, W, C) or (C, H, W) with C in 1, 3, 4"
+        )
     rgb = _to_unit_float(array)
     if rgb.shape[-1] == 4:
         alpha = rgb[..., 3:]
@@ -67,7 +69,8 @@ def _to_unit_float(array: np.ndarray) -> np.ndarray:
         smallest, largest = int(array.min()), int(array.max())
         if smallest < 0 or largest > 65535:
             raise ValueError(
-                f"integer image values must lie in 0..255 (8-bit) or 0..65535 (16-bit), got {smallest}..{largest}")
+                f"integer image values must lie in 0..255 (8-bit) or 0..65535 (16-bit), got {smallest}..{largest}"
+            )
         return array.astype(np.float32) / (255.0 if largest <= 255 else 65535.0)
     array = array.astype(np.float32)
     if not np.isfinite(array).all():
@@ -76,7 +79,8 @@ def _to_unit_float(array: np.ndarray) -> np.ndarray:
     if low < -1e-3 or high > 1 + 1e-3:
         hint = (
             "it looks normalised for the model: undo that with explain.denormalize(x, mean, std)"
-            if low < 0 else "divide by 255 or pass a uint8 image"
+            if low < 0
+            else "divide by 255 or pass a uint8 image"
         )
         raise ValueError(f"float image values must lie in [0, 1], got {low:.3g}..{high:.3g}; {hint}")
     return array.clip(0.0, 1.0)
@@ -95,7 +99,9 @@ def _to_map(heatmap, signed: bool | None = None) -> tuple[np.ndarray, bool]:
     while heatmap.ndim > 2 and heatmap.shape[0] == 1:
         heatmap = heatmap[0]
     if heatmap.ndim != 2:
-        raise ValueError(f"the map must be 2-D (H, W), got shape {tuple(heatmap.shape)}; pick one map, e.g. res.maps[0]")
+        raise ValueError(
+            f"the map must be 2-D (H, W), got shape {tuple(heatmap.shape)}; pick one map, e.g. res.maps[0]"
+        )
     if not np.isfinite(heatmap).all():
         raise ValueError("the map contains NaN or infinite values")
     low, high = heatmap.min(), heatmap.max()
@@ -120,7 +126,9 @@ def _fitted_map(heat: np.ndarray, signed: bool, height: int, width: int) -> np.n
                 "model saw (after resizing and cropping), e.g. explain.denormalize(x, mean, std)",
                 stacklevel=3,
             )
-        resized = F.interpolate(torch.from_numpy(heat)[None, None], size=(height, width), mode="bilinear", align_corners=False)
+        resized = F.interpolate(
+            torch.from_numpy(heat)[None, None], size=(height, width), mode="bilinear", align_corners=False
+        )
         heat = resized[0, 0].clamp(-1.0 if signed else 0.0, 1.0).numpy()
     return heat
 
@@ -141,8 +149,17 @@ def _blend(rgb: np.ndarray, heat: np.ndarray, signed: bool, cmap, alpha: float) 
     return np.round(blended * 255.0).astype(np.uint8)
 
 
-def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap | None = None, alpha: float = 0.5, *,
-            signed: bool | None = None, boxes=None, labels: Sequence[str] | None = None, outline=None) -> np.ndarray:
+def overlay(
+    image,
+    heatmap,
+    cmap: str | matplotlib.colors.Colormap | None = None,
+    alpha: float = 0.5,
+    *,
+    signed: bool | None = None,
+    boxes=None,
+    labels: Sequence[str] | None = None,
+    outline=None,
+) -> np.ndarray:
     """Blend a colour-mapped heatmap over an image; returns (H, W, 3) uint8 RGB.
 
     Parameters
@@ -193,8 +210,14 @@ def overlay(image, heatmap, cmap: str | matplotlib.colors.Colormap | None = None
     return out
 
 
-def draw_boxes(image, boxes, labels: Sequence[str] | None = None, *,
-               colours: Sequence[tuple[int, int, int]] | None = None, width: int = 2) -> np.ndarray:
+def draw_boxes(
+    image,
+    boxes,
+    labels: Sequence[str] | None = None,
+    *,
+    colours: Sequence[tuple[int, int, int]] | None = None,
+    width: int = 2,
+) -> np.ndarray:
     """Draw boxes, and a caption above each one, on a copy of an image; returns (H, W, 3) uint8.
 
     ``boxes`` is (K, 4) as ``(x0, y0, x1, y1)`` in pixels (pixel edges, as torchvision's
@@ -234,8 +257,12 @@ def draw_boxes(image, boxes, labels: Sequence[str] | None = None, *,
             y = corners[1] - band if corners[1] >= band else corners[1]
             draw.rectangle([corners[0], y, corners[0] + right - left + 3, y + band - 1], fill=colour)
             light = sum(colour) > 3 * 150
-            draw.text((corners[0] + 2 - left, y + 1 - top), str(labels[k]), fill=(0, 0, 0) if light else (255, 255, 255),
-                      font=font)
+            draw.text(
+                (corners[0] + 2 - left, y + 1 - top),
+                str(labels[k]),
+                fill=(0, 0, 0) if light else (255, 255, 255),
+                font=font,
+            )
     return np.asarray(picture).copy()
 
 
@@ -281,9 +308,7 @@ def normalization_of(preprocess) -> tuple[tuple[float, ...], tuple[float, ...]]:
             return normalization_of(step)
         except ValueError:
             continue
-    raise ValueError(
-        f"cannot find mean and std in {type(preprocess).__name__}; pass them to denormalize() yourself"
-    )
+    raise ValueError(f"cannot find mean and std in {type(preprocess).__name__}; pass them to denormalize() yourself")
 
 
 def denormalize(images: Tensor, mean: Sequence[float], std: Sequence[float]) -> Tensor:
@@ -343,17 +368,13 @@ def plot_explanations(
 
     from .explanation import Explanation
 
-    items = explanations.items() if isinstance(explanations, Mapping) else (
-        (e.method, e) for e in explanations
-    )
+    items = explanations.items() if isinstance(explanations, Mapping) else ((e.method, e) for e in explanations)
     panels: list[tuple[str, Tensor | None, bool | None]] = [("image", None, False)]
     for title, item in items:
         panels += _target_panels(title, item, index) if isinstance(item, Explanation) else [(title, item, None)]
     columns = columns or min(len(panels), 4)
     rows = -(-len(panels) // columns)
-    figure, axes = plt.subplots(
-        rows, columns, figsize=(3 * columns, 3.4 * rows), squeeze=False, layout="constrained"
-    )
+    figure, axes = plt.subplots(rows, columns, figsize=(3 * columns, 3.4 * rows), squeeze=False, layout="constrained")
     rgb = to_rgb(image)
     for axis in axes.flat:
         axis.axis("off")

@@ -123,6 +123,7 @@ class Explanation:
         ...             torch.tensor([3, 5]), "gradcam", class_names=[f"class{i}" for i in range(10)])
         Explanation(method='gradcam', maps=(2, 4, 4), raw_layers={'layer4': (2, 1, 2, 2)}, targets=[3, 5] ['class3', 'class5'], logits=(2, 10))
         """  # noqa: E501 -- the doctest's expected output is one line
+
         def shape(value) -> str:
             return str(tuple(value.shape)) if isinstance(value, Tensor) else type(value).__name__
 
@@ -130,10 +131,16 @@ class Explanation:
         if self.class_names and self.targets.numel() <= 8:
             targets += f" {self.target_names}"
         layers = ", ".join(f"{name!r}: {shape(raw)}" for name, raw in self.raw_layers.items())
-        extra = "".join([", signed=True" if self.signed else "",
-                         f", device='{self.maps.device}'" if self.maps.device.type != "cpu" else ""])
-        return (f"Explanation(method={self.method!r}, maps={shape(self.maps)}, raw_layers={{{layers}}}, "
-                f"targets={targets}, logits={shape(self.logits)}{extra})")
+        extra = "".join(
+            [
+                ", signed=True" if self.signed else "",
+                f", device='{self.maps.device}'" if self.maps.device.type != "cpu" else "",
+            ]
+        )
+        return (
+            f"Explanation(method={self.method!r}, maps={shape(self.maps)}, raw_layers={{{layers}}}, "
+            f"targets={targets}, logits={shape(self.logits)}{extra})"
+        )
 
     def __len__(self) -> int:
         return self.maps.shape[0]

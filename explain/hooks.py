@@ -157,9 +157,7 @@ class LayerCapture:
                 self._handles.append(module.register_forward_pre_hook(self._count_call(name)))
                 self._handles.append(module.register_forward_hook(self._store_activation(name)))
                 if self.track_gradients:
-                    self._handles.append(
-                        self._probes[name].register_full_backward_hook(self._store_gradient(name))
-                    )
+                    self._handles.append(self._probes[name].register_full_backward_hook(self._store_gradient(name)))
             self._context = context.pop_all()
         return self
 
@@ -205,8 +203,10 @@ class LayerCapture:
                     f"layer {name!r} returns {type(output).__name__}, not a tensor; pick a layer "
                     "whose output is a single tensor"
                 )
-            if any(isinstance(arg, Tensor) and arg.untyped_storage().data_ptr() == output.untyped_storage().data_ptr()
-                   for arg in args):
+            if any(
+                isinstance(arg, Tensor) and arg.untyped_storage().data_ptr() == output.untyped_storage().data_ptr()
+                for arg in args
+            ):
                 # The layer hands back (a view of) its input, which the caller may still
                 # change in place: keep a copy of the value as it is now.
                 output = output.clone()

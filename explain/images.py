@@ -20,24 +20,82 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 __all__ = ["IMAGE_EXTENSIONS", "ImageError", "load_rgb", "to_rgb8"]
 
 #: Extensions of raster formats Pillow decodes; folders are scanned for these.
-READABLE_EXTENSIONS = frozenset({
-    ".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".apng", ".gif", ".bmp", ".dib", ".tif", ".tiff",
-    ".webp", ".ppm", ".pgm", ".pbm", ".pnm", ".tga", ".ico", ".avif", ".jp2", ".j2k", ".qoi",
-    ".psd", ".sgi", ".pcx", ".dds", ".mpo",
-})
+READABLE_EXTENSIONS = frozenset(
+    {
+        ".jpg",
+        ".jpeg",
+        ".jpe",
+        ".jfif",
+        ".png",
+        ".apng",
+        ".gif",
+        ".bmp",
+        ".dib",
+        ".tif",
+        ".tiff",
+        ".webp",
+        ".ppm",
+        ".pgm",
+        ".pbm",
+        ".pnm",
+        ".tga",
+        ".ico",
+        ".avif",
+        ".jp2",
+        ".j2k",
+        ".qoi",
+        ".psd",
+        ".sgi",
+        ".pcx",
+        ".dds",
+        ".mpo",
+    }
+)
 #: Image formats Pillow cannot decode; folders are scanned for them too, so that they are
 #: reported as unsupported rather than silently left out.
-UNSUPPORTED_EXTENSIONS = frozenset({
-    ".heic", ".heif", ".svg", ".svgz", ".jxl", ".exr", ".hdr", ".raw", ".dng", ".cr2", ".cr3",
-    ".nef", ".arw", ".orf", ".rw2", ".raf",
-})
+UNSUPPORTED_EXTENSIONS = frozenset(
+    {
+        ".heic",
+        ".heif",
+        ".svg",
+        ".svgz",
+        ".jxl",
+        ".exr",
+        ".hdr",
+        ".raw",
+        ".dng",
+        ".cr2",
+        ".cr3",
+        ".nef",
+        ".arw",
+        ".orf",
+        ".rw2",
+        ".raf",
+    }
+)
 IMAGE_EXTENSIONS = READABLE_EXTENSIONS | UNSUPPORTED_EXTENSIONS
 
 # Pillow plugins allowed to open a file. Leaving out EPS/PDF keeps Ghostscript and other
 # document decoders away from untrusted files.
 _WANTED_FORMATS = (
-    "JPEG", "PNG", "GIF", "BMP", "DIB", "TIFF", "WEBP", "PPM", "TGA", "ICO", "AVIF",
-    "JPEG2000", "QOI", "PSD", "SGI", "PCX", "DDS", "MPO",
+    "JPEG",
+    "PNG",
+    "GIF",
+    "BMP",
+    "DIB",
+    "TIFF",
+    "WEBP",
+    "PPM",
+    "TGA",
+    "ICO",
+    "AVIF",
+    "JPEG2000",
+    "QOI",
+    "PSD",
+    "SGI",
+    "PCX",
+    "DDS",
+    "MPO",
 )
 _formats: list[str] = []
 

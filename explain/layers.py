@@ -16,8 +16,16 @@ from .hooks import preserved_state
 from .model_tasks import task_of
 from .tokens import infer_layout, on_input_grid
 
-__all__ = ["LayerInfo", "LayerSpec", "backbone_layer", "candidate_layers", "find_target_layer", "module_calls", "resolve_layers",
-           "transformer_blocks"]
+__all__ = [
+    "LayerInfo",
+    "LayerSpec",
+    "backbone_layer",
+    "candidate_layers",
+    "find_target_layer",
+    "module_calls",
+    "resolve_layers",
+    "transformer_blocks",
+]
 
 LayerSpec = str | nn.Module | Sequence[str | nn.Module] | None
 
@@ -58,9 +66,7 @@ def resolve_layers(model: nn.Module, spec: LayerSpec) -> dict[str, nn.Module]:
     for item in specs:
         if isinstance(item, nn.Module):
             if item not in names:
-                raise ValueError(
-                    f"the {type(item).__name__} given as target_layer is not a submodule of the model"
-                )
+                raise ValueError(f"the {type(item).__name__} given as target_layer is not a submodule of the model")
             layers[names[item] or "<model>"] = item
         elif isinstance(item, str):
             layers[item] = _get_submodule(model, item, list(names.values()))
@@ -80,9 +86,7 @@ def _get_submodule(model: nn.Module, name: str, all_names: list[str]) -> nn.Modu
         hint = f"top-level layers are: {', '.join(close)}"
     else:
         hint = f"did you mean: {', '.join(close)}?"
-    raise ValueError(
-        f"model has no layer named {name!r}; {hint} (`explain layers MODEL` lists candidates)"
-    )
+    raise ValueError(f"model has no layer named {name!r}; {hint} (`explain layers MODEL` lists candidates)")
 
 
 def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module, tuple[int, ...] | None]]:
@@ -135,8 +139,11 @@ def _is_sequence_output(shape: tuple[int, ...] | None, example: Tensor) -> bool:
         return False
     if len(shape) == 3:
         return shape[1] > 1
-    return len(shape) == 4 and not on_input_grid(shape, example) and on_input_grid(
-        (shape[0], shape[3], shape[1], shape[2]), example)
+    return (
+        len(shape) == 4
+        and not on_input_grid(shape, example)
+        and on_input_grid((shape[0], shape[3], shape[1], shape[2]), example)
+    )
 
 
 def _block_norms(trace, example: Tensor) -> list[list[str]]:
@@ -191,16 +198,26 @@ def backbone_layer(model: nn.Module, example: Tensor) -> str:
     """
     backbone = getattr(model, "backbone", None)
     if not isinstance(backbone, nn.Module):
-        raise ValueError(f"{type(model).__name__} has no `backbone` to pick a target layer from; pass target_layer "
-                         "explicitly (`explain layers MODEL` lists the layers)")
-    calls = [(name, shape) for name, _, shape in module_calls(model, example[:1])
-             if name.startswith("backbone.") and name.split(".")[1] not in _HEAD_PARTS]
+        raise ValueError(
+            f"{type(model).__name__} has no `backbone` to pick a target layer from; pass target_layer "
+            "explicitly (`explain layers MODEL` lists the layers)"
+        )
+    calls = [
+        (name, shape)
+        for name, _, shape in module_calls(model, example[:1])
+        if name.startswith("backbone.") and name.split(".")[1] not in _HEAD_PARTS
+    ]
     counts = Counter(name for name, _ in calls)
-    spatial = [name for name, shape in calls if shape is not None and len(shape) == 4 and shape[-2] * shape[-1] > 1
-               and counts[name] == 1]
+    spatial = [
+        name
+        for name, shape in calls
+        if shape is not None and len(shape) == 4 and shape[-2] * shape[-1] > 1 and counts[name] == 1
+    ]
     if not spatial:
-        raise ValueError(f"no layer of {type(model).__name__}.backbone outputs one spatial tensor; pass target_layer "
-                         "explicitly (`explain layers MODEL` lists the layers)")
+        raise ValueError(
+            f"no layer of {type(model).__name__}.backbone outputs one spatial tensor; pass target_layer "
+            "explicitly (`explain layers MODEL` lists the layers)"
+        )
     return spatial[-1]
 
 
@@ -227,9 +244,12 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
     chosen = _transformer_layer(trace, example)
     if chosen is not None:
         return chosen
-    candidates = [(position, info) for position, info in _candidates(trace, example)
-                  if not isinstance(model.get_submodule(info.name), _POOLING)]
-    after = trace[candidates[-1][0] + 1:] if candidates else trace
+    candidates = [
+        (position, info)
+        for position, info in _candidates(trace, example)
+        if not isinstance(model.get_submodule(info.name), _POOLING)
+    ]
+    after = trace[candidates[-1][0] + 1 :] if candidates else trace
     sequences = [(name, shape) for name, _, shape in after if _is_sequence_output(shape, example)]
     if sequences:
         name, shape = sequences[0]
@@ -239,7 +259,5 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
             "target_layer explicitly (`explain layers MODEL` lists the layers)"
         )
     if not candidates:
-        raise ValueError(
-            "found no layer with a spatial (N, C, H, W) output; pass target_layer explicitly"
-        )
+        raise ValueError("found no layer with a spatial (N, C, H, W) output; pass target_layer explicitly")
     return candidates[-1][1].name

@@ -60,14 +60,23 @@ class ModelSummary:
         """An aligned table, one row per module call, '*' on the target layer, then totals."""
         header = ("", "layer", "type", "output shape", "parameters", "multiply-adds")
         lines = [header] + [
-            ("*" if row.is_target else "", row.name, row.module_type, _shape_text(row.output_shape),
-             f"{row.params:,}", f"{row.macs:,}")
+            (
+                "*" if row.is_target else "",
+                row.name,
+                row.module_type,
+                _shape_text(row.output_shape),
+                f"{row.params:,}",
+                f"{row.macs:,}",
+            )
             for row in self.rows
         ]
         widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
         text = []
         for line in lines:
-            cells = [cell.ljust(width) if i < 4 else cell.rjust(width) for i, (cell, width) in enumerate(zip(line, widths, strict=True))]
+            cells = [
+                cell.ljust(width) if i < 4 else cell.rjust(width)
+                for i, (cell, width) in enumerate(zip(line, widths, strict=True))
+            ]
             text.append("  ".join(cells).rstrip())
         text.append("")
         text.append(self.totals())
@@ -77,26 +86,31 @@ class ModelSummary:
 
     def totals(self) -> str:
         """One line: parameters in millions, multiply-adds in billions, and the input."""
-        return (f"total: {self.total_params / 1e6:.2f} M parameters, {self.total_macs / 1e9:.2f} GMACs "
-                f"(multiply-adds) for an input of {_shape_text(self.input_shape, batch=True)}")
+        return (
+            f"total: {self.total_params / 1e6:.2f} M parameters, {self.total_macs / 1e9:.2f} GMACs "
+            f"(multiply-adds) for an input of {_shape_text(self.input_shape, batch=True)}"
+        )
 
     __str__ = to_string
 
     def _repr_html_(self) -> str:
-        cells = "".join(f"<th>{name}</th>" for name in ("", "layer", "type", "output shape", "parameters",
-                                                          "multiply-adds"))
+        cells = "".join(
+            f"<th>{name}</th>" for name in ("", "layer", "type", "output shape", "parameters", "multiply-adds")
+        )
         body = []
         for row in self.rows:
             style = ' style="font-weight:bold"' if row.is_target else ""
             values = ("*" if row.is_target else "", row.name, row.module_type, _shape_text(row.output_shape))
-            body.append(f"<tr{style}>" + "".join(f"<td>{html.escape(v)}</td>" for v in values)
-                        + f'<td style="text-align:right">{row.params:,}</td>'
-                        + f'<td style="text-align:right">{row.macs:,}</td></tr>')
+            body.append(
+                f"<tr{style}>"
+                + "".join(f"<td>{html.escape(v)}</td>" for v in values)
+                + f'<td style="text-align:right">{row.params:,}</td>'
+                + f'<td style="text-align:right">{row.macs:,}</td></tr>'
+            )
         footer = html.escape(self.totals())
         if self.target_layer is not None:
             footer += f"<br>* target layer: {html.escape(self.target_layer)}"
-        return (f"<table><thead><tr>{cells}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-                f"<p>{footer}</p>")
+        return f"<table><thead><tr>{cells}</tr></thead><tbody>{''.join(body)}</tbody></table><p>{footer}</p>"
 
 
 def _shape_text(shape: tuple[int, ...] | None, batch: bool = False) -> str:
@@ -133,8 +147,13 @@ def _marked_layer(model: nn.Module, example: Tensor, target_layer: str | nn.Modu
     return target
 
 
-def summary(model: nn.Module, input_shape: tuple[int, ...], *, device: torch.device | str | None = None,
-            target_layer: str | nn.Module | None = "auto") -> ModelSummary:
+def summary(
+    model: nn.Module,
+    input_shape: tuple[int, ...],
+    *,
+    device: torch.device | str | None = None,
+    target_layer: str | nn.Module | None = "auto",
+) -> ModelSummary:
     """Per-layer output shapes, parameters and multiply-adds of ``model``, measured with
     forward hooks in one forward pass, as pytorch-summary, torchinfo and thop do.
 
@@ -217,8 +236,9 @@ def summary(model: nn.Module, input_shape: tuple[int, ...], *, device: torch.dev
     input_shape = tuple(example.shape)
     target = _marked_layer(model, example, target_layer)
     rows = _trace(model, example, target)
-    return ModelSummary(rows, sum(p.numel() for p in model.parameters()), sum(row.macs for row in rows),
-                        target, input_shape)
+    return ModelSummary(
+        rows, sum(p.numel() for p in model.parameters()), sum(row.macs for row in rows), target, input_shape
+    )
 
 
 def _trace(model: nn.Module, example: Tensor, target: str | None) -> list[LayerRow]:
@@ -263,8 +283,12 @@ def _trace(model: nn.Module, example: Tensor, target: str | None) -> list[LayerR
         try:
             for name, module in model.named_modules():
                 name = name or "<model>"  # as explain.layers.resolve_layers names the model itself
-                if (name == target or _is_attention(module) or next(module.children(), None) is None
-                        or next(module.parameters(recurse=False), None) is not None):
+                if (
+                    name == target
+                    or _is_attention(module)
+                    or next(module.children(), None) is None
+                    or next(module.parameters(recurse=False), None) is not None
+                ):
                     handles.append(module.register_forward_pre_hook(before(name), with_kwargs=True))
                     handles.append(module.register_forward_hook(after, with_kwargs=True))
             model(example)
@@ -285,7 +309,8 @@ def _is_attention(module: nn.Module) -> bool:
     """``nn.MultiheadAttention``, or a module like timm's ``Attention``/``WindowAttention``
     and torchvision's ``ShiftedWindowAttention``: named so, with heads."""
     return isinstance(module, nn.MultiheadAttention) or (
-        "Attention" in type(module).__name__ and hasattr(module, "num_heads"))
+        "Attention" in type(module).__name__ and hasattr(module, "num_heads")
+    )
 
 
 def _macs(module: nn.Module, args: tuple, kwargs: dict, output: Tensor | None) -> int:
@@ -344,8 +369,17 @@ def _attention_products(module: nn.Module, x: Tensor) -> int:
     return 2 * sequences * tokens * tokens * dim
 
 
-def feature_maps(model: nn.Module, image: Tensor, layer: str | nn.Module, n: int = 16, *, columns: int | None = None,
-                 cmap: str = "viridis", reshape: Reshape | None = None, **figure_kwargs):
+def feature_maps(
+    model: nn.Module,
+    image: Tensor,
+    layer: str | nn.Module,
+    n: int = 16,
+    *,
+    columns: int | None = None,
+    cmap: str = "viridis",
+    reshape: Reshape | None = None,
+    **figure_kwargs,
+):
     """A matplotlib figure of the ``n`` channels of ``layer``'s output with the highest
     mean activation for one image, strongest first, each titled with its channel index.
 
@@ -422,8 +456,10 @@ def _layer_output(model: nn.Module, image: Tensor, layer: str | nn.Module) -> tu
 
     def store(module: nn.Module, args, output) -> None:
         if not isinstance(output, Tensor):
-            raise TypeError(f"layer {name!r} returns {type(output).__name__}, not a tensor; pick a layer whose "
-                            "output is a single tensor")
+            raise TypeError(
+                f"layer {name!r} returns {type(output).__name__}, not a tensor; pick a layer whose "
+                "output is a single tensor"
+            )
         captured.append(output.detach().clone())  # later in-place operations must not change it
 
     with preserved_state(model, freeze=False), torch.no_grad():
@@ -445,8 +481,9 @@ def _channel_maps(model: nn.Module, name: str, image: Tensor, output: Tensor, re
     return (reshape.to_spatial(output) if isinstance(reshape, TokenLayout) else reshape(output))[0].float().cpu()
 
 
-def _channel_figure(figure_class: type, maps: Tensor, name: str, n: int, columns: int | None, cmap: str,
-                    figure_kwargs: dict):
+def _channel_figure(
+    figure_class: type, maps: Tensor, name: str, n: int, columns: int | None, cmap: str, figure_kwargs: dict
+):
     """A ``figure_class`` (matplotlib's ``Figure``) of the ``n`` channels of ``maps`` with
     the highest mean, strongest first."""
     strongest = maps.mean(dim=(1, 2)).argsort(descending=True)[:n].tolist()

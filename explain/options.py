@@ -6,9 +6,11 @@ command line builds its parser (``explain --help``) from them without importing 
 BUNDLED_MODEL = "efficientnet_lite0"
 
 #: What ``--model`` takes, in words (its help, and the error for a name no source knows).
-MODEL_FORMS = (f"{BUNDLED_MODEL} (bundled), a torchvision classification, segmentation or detection model name, "
-               "timm:NAME for a timm model, a folder holding a Hugging Face image classifier (save_pretrained), "
-               "a torch.export .pt2 file, or a pickled nn.Module (needs --trust-model-file)")
+MODEL_FORMS = (
+    f"{BUNDLED_MODEL} (bundled), a torchvision classification, segmentation or detection model name, "
+    "timm:NAME for a timm model, a folder holding a Hugging Face image classifier (save_pretrained), "
+    "a torch.export .pt2 file, or a pickled nn.Module (needs --trust-model-file)"
+)
 
 #: What a model does: a class per image, a class per pixel, or boxes.
 TASKS = ("classify", "segment", "detect")
@@ -18,9 +20,22 @@ REDUCTIONS = ("abs-sum", "sum", "max-abs", "l2")
 
 #: The metrics by name, in :data:`explain.metrics.METRICS` order.
 METRIC_NAMES = (
-    "deletion", "insertion", "average-drop", "road", "pixel-flipping", "region-perturbation", "irof",
-    "sensitivity", "randomisation", "random-logit", "pointing-game", "relevance-mass", "relevance-rank",
-    "energy-pointing-game", "sparseness", "complexity",
+    "deletion",
+    "insertion",
+    "average-drop",
+    "road",
+    "pixel-flipping",
+    "region-perturbation",
+    "irof",
+    "sensitivity",
+    "randomisation",
+    "random-logit",
+    "pointing-game",
+    "relevance-mass",
+    "relevance-rank",
+    "energy-pointing-game",
+    "sparseness",
+    "complexity",
 )
 
 #: Metrics that need the objects' regions (``explain evaluate --regions``).

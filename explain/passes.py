@@ -99,8 +99,22 @@ LONGEST_PASS = 1.0
 #: Bytes of the method's own per-row tensors (masks, scaled inputs, gradients), in inputs.
 INPUT_COPIES = 4
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
-          "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
 
 
 class StopRequested(KeyboardInterrupt):
@@ -154,8 +168,9 @@ def parse_memory(value) -> int | None:
 
 
 @contextmanager
-def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_UNSET,
-                  between=_UNSET) -> Iterator[Settings]:
+def pass_settings(
+    *, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_UNSET, between=_UNSET
+) -> Iterator[Settings]:
     """Set, for the calls in the block (in this thread), the memory budget of their inner
     batches (``max_memory``, see :func:`parse_memory`), whether they show a progress bar
     (``progress``: None for the default), a listener told of each inner batch, a stop
@@ -313,8 +328,11 @@ def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
 
         # Out of inference mode, where the perturbation methods and metrics call this from:
         # there autograd keeps nothing, and the measurement would be only the inputs.
-        with torch.inference_mode(False), torch.enable_grad(), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with (
+            torch.inference_mode(False),
+            torch.enable_grad(),
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+        ):
             grown = row.detach().clone().requires_grad_(True)
             _score(model(grown))
         largest = max(saved.values(), default=0)
@@ -440,8 +458,15 @@ def budget_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int)
     return max(1, min(total, budget // row_bytes(model, row, backward=backward)))
 
 
-def inner_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int, given: int | None = None,
-               call_rows: int | None = None) -> int:
+def inner_rows(
+    model: nn.Module,
+    images: Tensor,
+    *,
+    backward: bool,
+    total: int,
+    given: int | None = None,
+    call_rows: int | None = None,
+) -> int:
     """Rows per inner batch for passes of ``total`` rows like ``images[:1]`` through
     ``model``: ``given`` where the caller set one (``batch_size=``, ``internal_batch_size=``),
     else the fastest size (:func:`fastest_rows`) among those that fit in the memory budget
@@ -455,8 +480,9 @@ def inner_rows(model: nn.Module, images: Tensor, *, backward: bool, total: int, 
     most = budget_rows(model, images, backward=backward, total=total)
     if most <= 2:
         return most
-    return fastest_rows(model, images[:1].detach(), backward=backward, most=most,
-                        allowance=int(SEARCH_SHARE * (call_rows or total)))
+    return fastest_rows(
+        model, images[:1].detach(), backward=backward, most=most, allowance=int(SEARCH_SHARE * (call_rows or total))
+    )
 
 
 # -- progress and stops
@@ -487,8 +513,15 @@ class Passes:
             from tqdm.auto import tqdm
 
             # By default the bar shows once the call has run a second: a long call's, not a flash.
-            self.bar = tqdm(total=self.total, desc=self.method, unit="pass", file=sys.stderr, dynamic_ncols=True,
-                            leave=False, delay=0.0 if wanted else BAR_DELAY)
+            self.bar = tqdm(
+                total=self.total,
+                desc=self.method,
+                unit="pass",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=False,
+                delay=0.0 if wanted else BAR_DELAY,
+            )
         self._token: contextvars.Token[Passes | None] | None = None
 
     def __enter__(self) -> Passes:

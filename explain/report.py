@@ -38,25 +38,25 @@ TEMP_SUFFIX = ".explain-tmp"
 
 #: Columns of the manifest, one JSON object per line in this key order.
 MANIFEST_FIELDS = (
-    "input",                  # the image file, as found from the command line
-    "method",                 # registered method name
-    "layer",                  # target layer(s), comma-separated
-    "target",                 # what was explained: "top1".."topK", or a class id
-    "target_id",              # class id explained
-    "target_name",            # its class name
-    "target_probability",     # softmax probability of that class
-    "predicted_id",           # the model's top class
+    "input",  # the image file, as found from the command line
+    "method",  # registered method name
+    "layer",  # target layer(s), comma-separated
+    "target",  # what was explained: "top1".."topK", or a class id
+    "target_id",  # class id explained
+    "target_name",  # its class name
+    "target_probability",  # softmax probability of that class
+    "predicted_id",  # the model's top class
     "predicted_name",
     "predicted_probability",
-    "output",                 # overlay PNG, relative to the output folder
-    "maps",                   # .npz of the maps with --save-maps, relative to the output folder
-    "status",                 # ok, skipped (already complete), failed
-    "error",                  # why it failed
-    "settings",               # options that change the pixels; resume only reuses a match
-    "seconds",                # the method's time on this output: its image's share of the batch's, per target
-    "label_id",               # with --labels: the image's true class id
-    "label_name",             # its class name
-    "correct",                # whether the model's top class is the label (true, false; empty without one)
+    "output",  # overlay PNG, relative to the output folder
+    "maps",  # .npz of the maps with --save-maps, relative to the output folder
+    "status",  # ok, skipped (already complete), failed
+    "error",  # why it failed
+    "settings",  # options that change the pixels; resume only reuses a match
+    "seconds",  # the method's time on this output: its image's share of the batch's, per target
+    "label_id",  # with --labels: the image's true class id
+    "label_name",  # its class name
+    "correct",  # whether the model's top class is the label (true, false; empty without one)
 )
 #: Written after those only with ``explain run --metrics``: {metric column: value} for the map.
 METRICS_FIELD = "metrics"

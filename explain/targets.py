@@ -145,9 +145,16 @@ def _is_rows(targets) -> bool:
     """Whether ``targets`` holds a list of targets per image: (N, k)."""
     if isinstance(targets, (Tensor, np.ndarray)):
         return targets.ndim == 2
-    return (isinstance(targets, Sequence) and not isinstance(targets, (str, bytes)) and len(targets) > 0
-            and all((isinstance(row, Sequence) and not isinstance(row, (str, bytes)))
-                    or (isinstance(row, (Tensor, np.ndarray)) and row.ndim == 1) for row in targets))
+    return (
+        isinstance(targets, Sequence)
+        and not isinstance(targets, (str, bytes))
+        and len(targets) > 0
+        and all(
+            (isinstance(row, Sequence) and not isinstance(row, (str, bytes)))
+            or (isinstance(row, (Tensor, np.ndarray)) and row.ndim == 1)
+            for row in targets
+        )
+    )
 
 
 def _class_ids(targets, n: int, num_classes: int, class_names) -> Tensor:
@@ -180,17 +187,24 @@ def _class_ids(targets, n: int, num_classes: int, class_names) -> Tensor:
             f"or a callable; got {type(targets).__name__}"
         )
     if len(targets) != n:
-        raise ValueError(f"got {len(targets)} targets for {n} images; pass one target per image or a single one for all")
+        raise ValueError(
+            f"got {len(targets)} targets for {n} images; pass one target per image or a single one for all"
+        )
     ids = []
     for target in targets:
-        if isinstance(target, (Tensor, np.ndarray)) and target.ndim == 0 and (
-                target.dtype in _INTEGER_DTYPES if isinstance(target, Tensor) else target.dtype.kind in "iu"):
+        if (
+            isinstance(target, (Tensor, np.ndarray))
+            and target.ndim == 0
+            and (target.dtype in _INTEGER_DTYPES if isinstance(target, Tensor) else target.dtype.kind in "iu")
+        ):
             target = int(target)  # one element of an id tensor, such as ids[i]
         if isinstance(target, str):
             target = class_index(target, class_names)
         elif isinstance(target, (bool, float)) or not isinstance(target, (int, np.integer)):
             raise TypeError(f"a target must be a class id (int) or a class name (str), not {target!r}")
         if not 0 <= target < num_classes:
-            raise ValueError(f"class id {target} is out of range: the model has {num_classes} classes (0..{num_classes - 1})")
+            raise ValueError(
+                f"class id {target} is out of range: the model has {num_classes} classes (0..{num_classes - 1})"
+            )
         ids.append(int(target))
     return torch.tensor(ids, dtype=torch.long)

@@ -56,7 +56,9 @@ class TokenLayout:
         if self.kind == "tokens" and (self.grid is None or len(self.grid) != 2 or min(self.grid) < 1):
             raise ValueError(f"a token layout needs grid=(h, w), the patch grid's rows and columns; got {self.grid!r}")
         if isinstance(self.prefix, bool) or not isinstance(self.prefix, int) or self.prefix < 0:
-            raise ValueError(f"prefix must be the number of tokens before the patches (an int >= 0), got {self.prefix!r}")
+            raise ValueError(
+                f"prefix must be the number of tokens before the patches (an int >= 0), got {self.prefix!r}"
+            )
 
     def to_spatial(self, output: Tensor) -> Tensor:
         """The layer output as an (N, C, h, w) grid (a view where the layout allows)."""
@@ -67,9 +69,11 @@ class TokenLayout:
         assert self.grid is not None  # __post_init__ requires one for tokens
         h, w = self.grid
         if output.dim() != 3 or output.shape[1] < self.prefix + h * w:
-            raise ValueError(f"tokens of shape {tuple(output.shape)} do not hold {self.prefix} prefix tokens and a "
-                             f"{h} x {w} patch grid")
-        patches = output[:, self.prefix:self.prefix + h * w]
+            raise ValueError(
+                f"tokens of shape {tuple(output.shape)} do not hold {self.prefix} prefix tokens and a "
+                f"{h} x {w} patch grid"
+            )
+        patches = output[:, self.prefix : self.prefix + h * w]
         return patches.transpose(1, 2).reshape(output.shape[0], output.shape[2], h, w)
 
     def to_layer(self, spatial: Tensor, like: Tensor) -> Tensor:
@@ -82,7 +86,7 @@ class TokenLayout:
         assert self.grid is not None  # __post_init__ requires one for tokens
         h, w = self.grid
         out = like.clone()
-        out[:, self.prefix:self.prefix + h * w] = spatial.flatten(2).transpose(1, 2)
+        out[:, self.prefix : self.prefix + h * w] = spatial.flatten(2).transpose(1, 2)
         return out
 
 
@@ -97,8 +101,10 @@ class ReshapeFunction:
         return self.function(output)
 
     def to_layer(self, spatial: Tensor, like: Tensor) -> Tensor:
-        raise ValueError("a reshape function cannot put a changed activation back into the layer's layout, which "
-                         "this method needs; pass reshape=explain.TokenLayout(kind, prefix=P, grid=(h, w)) instead")
+        raise ValueError(
+            "a reshape function cannot put a changed activation back into the layer's layout, which "
+            "this method needs; pass reshape=explain.TokenLayout(kind, prefix=P, grid=(h, w)) instead"
+        )
 
 
 #: A layout, or a function from the layer's output to its (N, C, h, w) grid (it has no
@@ -154,18 +160,24 @@ def _aspect_fits(h: int, w: int, height: int, width: int) -> bool:
     """Whether an h x w grid is what a patch size p makes of a height x width input: p
     pixels per token on both sides, rounded down (a patch embedding) or up (padded
     convolutions)."""
-    return any((height // p, width // p) == (h, w) or (-(-height // p), -(-width // p)) == (h, w)
-               for p in range(1, max(height, width) + 1))
+    return any(
+        (height // p, width // p) == (h, w) or (-(-height // p), -(-width // p)) == (h, w)
+        for p in range(1, max(height, width) + 1)
+    )
 
 
 def _grids(count: int, height: int, width: int) -> list[tuple[int, int]]:
     """The h x w grids of ``count`` cells (more than one) that fit a height x width input."""
-    return [(h, count // h) for h in range(1, count + 1)
-            if count % h == 0 and count > 1 and _aspect_fits(h, count // h, height, width)]
+    return [
+        (h, count // h)
+        for h in range(1, count + 1)
+        if count % h == 0 and count > 1 and _aspect_fits(h, count // h, height, width)
+    ]
 
 
-def infer_layout(shape: tuple[int, ...], input_size: tuple[int, int], model: nn.Module | None = None,
-                 layer: str = "") -> TokenLayout:
+def infer_layout(
+    shape: tuple[int, ...], input_size: tuple[int, int], model: nn.Module | None = None, layer: str = ""
+) -> TokenLayout:
     """The layout of a layer output of ``shape`` for inputs of ``input_size`` (H, W).
 
     (N, h, w, C) with (h, w) on the input's grid (and not (C, h) read as a grid) is
@@ -181,10 +193,14 @@ def infer_layout(shape: tuple[int, ...], input_size: tuple[int, int], model: nn.
     """
     height, width = input_size
     where = f"layer {layer!r}" if layer else "the layer"
-    fix = ("pass reshape=explain.TokenLayout('tokens', prefix=P, grid=(h, w)) (P tokens before the patches, an "
-           "h x w patch grid), or a function from the layer's output to (N, C, h, w)")
-    single = ValueError(f"{where} outputs shape {tuple(shape)}; a CAM needs an (N, C, h, w) output with more than "
-                        "one location, or a transformer's (N, tokens, C): pick an earlier convolutional layer")
+    fix = (
+        "pass reshape=explain.TokenLayout('tokens', prefix=P, grid=(h, w)) (P tokens before the patches, an "
+        "h x w patch grid), or a function from the layer's output to (N, C, h, w)"
+    )
+    single = ValueError(
+        f"{where} outputs shape {tuple(shape)}; a CAM needs an (N, C, h, w) output with more than "
+        "one location, or a transformer's (N, tokens, C): pick an earlier convolutional layer"
+    )
     if len(shape) not in (3, 4):
         raise single
     if len(shape) == 4:
@@ -201,7 +217,7 @@ def infer_layout(shape: tuple[int, ...], input_size: tuple[int, int], model: nn.
         rest = tokens - grid[0] * grid[1]
         if 0 <= rest <= MAX_PREFIX and (prefix is None or rest == prefix):
             return TokenLayout("tokens", rest, grid)
-    for count in ([prefix] if prefix is not None else range(MAX_PREFIX + 1)):
+    for count in [prefix] if prefix is not None else range(MAX_PREFIX + 1):
         if count >= tokens:
             continue
         grids = _grids(tokens - count, height, width)
@@ -209,8 +225,10 @@ def infer_layout(shape: tuple[int, ...], input_size: tuple[int, int], model: nn.
             # Of the grids that fit, the one whose aspect ratio is nearest the input's.
             best = min(grids, key=lambda g: abs(math.log(g[0] / g[1] * width / height)))
             return TokenLayout("tokens", count, best)
-    raise ValueError(f"{where} outputs {tuple(shape)} tokens whose patch grid could not be found for a {height} x "
-                     f"{width} input; {fix}")
+    raise ValueError(
+        f"{where} outputs {tuple(shape)} tokens whose patch grid could not be found for a {height} x "
+        f"{width} input; {fix}"
+    )
 
 
 def on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
@@ -223,8 +241,11 @@ def on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
         return False
     # Strided layers round each side, which on a small grid can move the aspect ratio far
     # (48 x 256 -> 2 x 8 in a ResNet), so one cell of slack is allowed too.
-    return (abs(h / w - height / width) <= 0.25 * height / width
-            or abs(h - w * height / width) <= 1 or abs(w - h * width / height) <= 1)
+    return (
+        abs(h / w - height / width) <= 0.25 * height / width
+        or abs(h - w * height / width) <= 1
+        or abs(w - h * width / height) <= 1
+    )
 
 
 def _example(height: int, width: int) -> Tensor:

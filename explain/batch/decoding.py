@@ -45,11 +45,18 @@ class ModelInputs:
         if len(steps) >= 2 and type(steps[-2]) is transforms.ToTensor and type(steps[-1]) is transforms.Normalize:
             self.in_workers, self.uint8 = transforms.Compose([*steps[:-2], transforms.PILToTensor()]), True
         elif is_torchvision_preset(preprocess):
-            self.in_workers, self.uint8 = transforms.Compose([
-                transforms.Resize(preprocess.resize_size, preprocess.interpolation, antialias=preprocess.antialias),
-                transforms.CenterCrop(preprocess.crop_size),
-                transforms.PILToTensor(),
-            ]), True
+            self.in_workers, self.uint8 = (
+                transforms.Compose(
+                    [
+                        transforms.Resize(
+                            preprocess.resize_size, preprocess.interpolation, antialias=preprocess.antialias
+                        ),
+                        transforms.CenterCrop(preprocess.crop_size),
+                        transforms.PILToTensor(),
+                    ]
+                ),
+                True,
+            )
 
     def model_input(self, images: Tensor) -> Tensor:
         """What the model takes, from a batch the workers made, on the batch's device."""

@@ -52,7 +52,9 @@ def parse_target(text: str, class_names: list[str]) -> TargetSpec:
     if re.fullmatch(r"\d+", text):
         class_id = int(text)
         if class_id >= len(class_names):
-            raise UsageError(f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})")
+            raise UsageError(
+                f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})"
+            )
     else:
         try:
             class_id = class_index(text, class_names)
@@ -66,8 +68,10 @@ def parse_task_target(text: str, task: str, class_names: list[str]) -> TargetSpe
     (top1, box:I, a class, score:T, or a class and score:T)."""
     text = text.strip()
     if re.fullmatch(r"top-?k?[:=]?(\d+)", text, flags=re.IGNORECASE) and not re.fullmatch(r"top-?1", text, flags=re.I):
-        raise UsageError(f"--target {text}: topk applies to --task classify; with --task {task} name one class, or "
-                         + ("top1" if task == "segment" else "score:T for every box scoring at least T"))
+        raise UsageError(
+            f"--target {text}: topk applies to --task classify; with --task {task} name one class, or "
+            + ("top1" if task == "segment" else "score:T for every box scoring at least T")
+        )
     if task == "segment":
         if re.fullmatch(r"top-?1", text, flags=re.IGNORECASE):
             return TargetSpec(("top1",), SegmentationTarget())
@@ -88,7 +92,9 @@ def parse_task_target(text: str, task: str, class_names: list[str]) -> TargetSpe
             else:
                 select["label"] = _class_id(part, class_names)
         except ValueError:
-            raise UsageError(f"--target {text}: box:I takes a box index (0, 1, ...), score:T a score such as 0.5") from None
+            raise UsageError(
+                f"--target {text}: box:I takes a box index (0, 1, ...), score:T a score such as 0.5"
+            ) from None
     if "index" in select and len(select) > 1:
         raise UsageError(f"--target {text}: pick a box by its index alone (box:I), or by class and/or score:T")
     placeholder = DetectionTarget([[0.0, 0.0, 1.0, 1.0]], [0])  # for checking the explainers: scores 0
@@ -99,7 +105,9 @@ def _class_id(text: str, class_names: list[str]) -> int:
     if re.fullmatch(r"\d+", text):
         class_id = int(text)
         if class_names and class_id >= len(class_names):
-            raise UsageError(f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})")
+            raise UsageError(
+                f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})"
+            )
         return class_id
     try:
         return class_index(text, class_names)
@@ -216,8 +224,10 @@ def parse_metrics(text: str, with_regions: bool = False, flag: str = "--metrics"
         raise UsageError(f"{flag} is empty; known metrics: {', '.join(METRICS)}")
     needing = [name for name in names if name in LOCALISATION_METRICS]
     if needing and not with_regions:
-        raise UsageError(f"{flag} {','.join(needing)}: these metrics need the objects' regions; pass --regions FILE "
-                         "(a CSV of boxes image,x0,y0,x1,y1 in model-input pixels, or a folder of masks)")
+        raise UsageError(
+            f"{flag} {','.join(needing)}: these metrics need the objects' regions; pass --regions FILE "
+            "(a CSV of boxes image,x0,y0,x1,y1 in model-input pixels, or a folder of masks)"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -226,8 +236,10 @@ def metric_options(metrics: list[str], step: int | None) -> dict[str, dict]:
     if step is None:
         return {}
     if not any(name in STEP_METRICS for name in metrics):
-        raise UsageError(f"--step applies to none of the metrics {', '.join(metrics)}; it sets the pixels per step "
-                         f"of {', '.join(STEP_METRICS)}")
+        raise UsageError(
+            f"--step applies to none of the metrics {', '.join(metrics)}; it sets the pixels per step "
+            f"of {', '.join(STEP_METRICS)}"
+        )
     return {name: {"step": step} for name in metrics if name in STEP_METRICS}
 
 
@@ -236,8 +248,9 @@ def max_memory_option(value: str | int | None) -> int | None:
     try:
         return parse_memory(value)
     except ValueError:
-        raise UsageError(f"--max-memory {value}: give a size such as 2GB, 512MiB or 1.5GiB, or a number of bytes") \
-            from None
+        raise UsageError(
+            f"--max-memory {value}: give a size such as 2GB, 512MiB or 1.5GiB, or a number of bytes"
+        ) from None
 
 
 def method_costs(explainers: list, example) -> dict[str, float]:
@@ -278,13 +291,19 @@ leave them out of --method to go faster
             shares = {name: 100 * costs[name] / total for name in costly}
             named = _joined([f"{name} ({_percent(share)})" for name, share in shares.items()])
             them = "them" if len(costly) > 1 else "it"
-            return (f"explain: warning: {named} take{'s' * (len(costly) == 1)} ~{_percent(sum(shares.values()))} of "
-                    f"this run's estimated time; leave {them} out of --method to go faster")
+            return (
+                f"explain: warning: {named} take{'s' * (len(costly) == 1)} ~{_percent(sum(shares.values()))} of "
+                f"this run's estimated time; leave {them} out of --method to go faster"
+            )
     heavy = [name for name in ranked if costs[name] > COSTLY_PASSES][:3]
     if not heavy:
         return None
-    named = _joined([f"{name} costs ~{costs[name]:,.0f}" if i == 0 else f"{name} ~{costs[name]:,.0f}"
-                     for i, name in enumerate(heavy)])
+    named = _joined(
+        [
+            f"{name} costs ~{costs[name]:,.0f}" if i == 0 else f"{name} ~{costs[name]:,.0f}"
+            for i, name in enumerate(heavy)
+        ]
+    )
     return f"explain: warning: {named} forward passes of the model per image: expect a long run"
 
 

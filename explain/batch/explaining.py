@@ -70,16 +70,19 @@ class GroupExplainer:
 
     def row(self, source_input: str, method: str, label: str, **values) -> dict:
         prepared = self.prepared
-        return manifest_row(source_input, method, label, prepared.layers[method], prepared.settings[method],
-                            prepared.task, **values)
+        return manifest_row(
+            source_input, method, label, prepared.layers[method], prepared.settings[method], prepared.task, **values
+        )
 
     def failed_rows(self, source: Source, method: str, error: str) -> list[dict]:
         """A failed row per target of the run."""
-        return [self.row(source.input, method, label, status="failed", error=error)
-                for label in self.prepared.target.labels]
+        return [
+            self.row(source.input, method, label, status="failed", error=error) for label in self.prepared.target.labels
+        ]
 
-    def fail(self, outcome: Outcome, work: list[tuple[Source, list]], positions, cam, error: str,
-             reported: str | None = None) -> None:
+    def fail(
+        self, outcome: Outcome, work: list[tuple[Source, list]], positions, cam, error: str, reported: str | None = None
+    ) -> None:
         """``cam`` failed on the images at ``positions`` that still need it: their rows fail with
         ``error``, and each is reported (with ``reported``, where the report says it otherwise)."""
         for j in positions:
@@ -100,8 +103,7 @@ class GroupExplainer:
         a metric that fails is reported (once) and left out."""
         if not self.prepared.metrics:
             return {}
-        found = score(cam, images, result, self.prepared.metrics, options=self.prepared.metric_options,
-                      method=cam.name)
+        found = score(cam, images, result, self.prepared.metrics, options=self.prepared.metric_options, method=cam.name)
         for failure in found.failures:
             message = f"{cam.name} {failure['metric']}: {failure['error']}"
             if message not in self.reported:

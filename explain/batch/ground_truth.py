@@ -48,8 +48,10 @@ def read_labels(path: Path, class_names: list[str]) -> dict[str, int]:
         class_id = _class_id(label, ids, len(class_names))
         if class_id is None:
             example = class_names[0] if class_names else "0"
-            raise UsageError(f"--labels {path} line {number}: {label!r} is neither a class id (0..{len(class_names) - 1}) "
-                             f"nor a class name of the model (such as {example!r})")
+            raise UsageError(
+                f"--labels {path} line {number}: {label!r} is neither a class id (0..{len(class_names) - 1}) "
+                f"nor a class name of the model (such as {example!r})"
+            )
         labels[os.path.normpath(image)] = class_id
         labels[os.path.normpath(os.path.join(folder, image))] = class_id
     return labels
@@ -79,12 +81,17 @@ def mark(row: dict, truth: dict[str, int], class_names: list[str]) -> dict:
     if class_id is None:
         return dict(row, label_id=None, label_name=None, correct=None)
     predicted = row.get("predicted_id")
-    return dict(row, label_id=class_id, label_name=class_names[class_id],
-                correct=None if predicted is None else predicted == class_id)
+    return dict(
+        row,
+        label_id=class_id,
+        label_name=class_names[class_id],
+        correct=None if predicted is None else predicted == class_id,
+    )
 
 
-def row_marker(labels: Path | None, task: str, sources: Iterable[Source],
-               class_names: list[str]) -> Callable[[dict], dict]:
+def row_marker(
+    labels: Path | None, task: str, sources: Iterable[Source], class_names: list[str]
+) -> Callable[[dict], dict]:
     """What a run does to each row it records: with ``--labels`` (the CSV at ``labels``),
     :func:`mark` it with its image's label; without, nothing."""
     if labels is None:

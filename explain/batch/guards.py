@@ -68,8 +68,9 @@ def leased_run(folder: OutputFolder, command: str = "run", seconds: float = LEAS
     time.sleep(LEASE_SETTLE_SECONDS)
     _refuse_if_held(folder, mine, command)
     stop = threading.Event()
-    renewer = threading.Thread(target=_keep_renewing, args=(folder, mine, seconds, stop), daemon=True,
-                               name="explain-lease")
+    renewer = threading.Thread(
+        target=_keep_renewing, args=(folder, mine, seconds, stop), daemon=True, name="explain-lease"
+    )
     renewer.start()
     try:
         yield left
@@ -86,9 +87,11 @@ def _refuse_if_held(folder: OutputFolder, mine: dict, command: str) -> bool:
     if holder is None or holder.get("owner") == mine["owner"]:
         return False
     if _is_live(holder):
-        raise UsageError(f"another `explain {command}` (pid {holder.get('pid')} on {holder.get('host')}) is writing to "
-                         f"{folder}; wait for it to finish or pass another --out (the lock of a run that was killed, "
-                         f"{folder.shown(LEASE)}, lapses {max(0, round(holder['expires'] - time.time()))} s from now)")
+        raise UsageError(
+            f"another `explain {command}` (pid {holder.get('pid')} on {holder.get('host')}) is writing to "
+            f"{folder}; wait for it to finish or pass another --out (the lock of a run that was killed, "
+            f"{folder.shown(LEASE)}, lapses {max(0, round(holder['expires'] - time.time()))} s from now)"
+        )
     return True
 
 
@@ -122,8 +125,7 @@ def _keep_renewing(folder: OutputFolder, mine: dict, seconds: float, stop: threa
         try:
             if (_lease_holder(folder) or {}).get("owner") != mine["owner"]:
                 # Two runs must not write one folder: this one stops as Ctrl-C stops it.
-                print(f"explain: error: another run took over the lock on {folder}; stopping this one",
-                      file=sys.stderr)
+                print(f"explain: error: another run took over the lock on {folder}; stopping this one", file=sys.stderr)
                 signal.raise_signal(signal.SIGINT)
                 return
             _renew(folder, mine, seconds)

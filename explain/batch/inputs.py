@@ -17,11 +17,11 @@ from ..images import IMAGE_EXTENSIONS
 class Source:
     """One input image and where its outputs go."""
 
-    input: str            # as found from the command line; the manifest's `input`
-    path: str             # absolute
-    base: str = ""        # absolute: the folder argument it was found in, else its own folder
-    folder: str = ""      # output subfolder that mirrors the input tree, posix style
-    stem: str = ""        # start of its output names
+    input: str  # as found from the command line; the manifest's `input`
+    path: str  # absolute
+    base: str = ""  # absolute: the folder argument it was found in, else its own folder
+    folder: str = ""  # output subfolder that mirrors the input tree, posix style
+    stem: str = ""  # start of its output names
     error: str | None = None
 
 
@@ -64,7 +64,9 @@ class InputListing:
         self.root = present_root if present_root is not None else root
         if missing:
             shown = ", ".join(missing) + (", ..." if self.failed > len(missing) else "")
-            print(f"explain: {self.failed} input(s) cannot be read and are recorded as failed: {shown}", file=sys.stderr)
+            print(
+                f"explain: {self.failed} input(s) cannot be read and are recorded as failed: {shown}", file=sys.stderr
+            )
 
     def __len__(self) -> int:
         return self.count
@@ -170,11 +172,15 @@ def _read_list(list_file: str) -> Iterator[str]:
         while line := file.readline(MAX_LIST_LINE + 1):
             number += 1
             if len(line) > MAX_LIST_LINE and not line.endswith("\n"):
-                raise UsageError(f"list file @{list_file}: line {number} is longer than {MAX_LIST_LINE} characters, "
-                                 "so it is no path; give a text file with one image path per line")
+                raise UsageError(
+                    f"list file @{list_file}: line {number} is longer than {MAX_LIST_LINE} characters, "
+                    "so it is no path; give a text file with one image path per line"
+                )
             if "\0" in line:
-                raise UsageError(f"list file @{list_file}: line {number} holds a NUL byte; give a text file with one "
-                                 "image path per line")
+                raise UsageError(
+                    f"list file @{list_file}: line {number} holds a NUL byte; give a text file with one "
+                    "image path per line"
+                )
             if line.strip() and not line.lstrip().startswith("#"):
                 yield line.strip()
 
@@ -189,9 +195,12 @@ def _walk_images(folder: str, out_abs: str | None) -> list[tuple[str, str | None
         found.append((error.filename or folder, f"cannot list this folder: {reason}"))
 
     for root, dirs, files in os.walk(folder, onerror=unlisted):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not _inside(os.path.abspath(os.path.join(root, d)), out_abs))
+        dirs[:] = sorted(
+            d for d in dirs if not d.startswith(".") and not _inside(os.path.abspath(os.path.join(root, d)), out_abs)
+        )
         found.extend(
-            (os.path.join(root, name), None) for name in sorted(files)
+            (os.path.join(root, name), None)
+            for name in sorted(files)
             if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS
         )
     return found

@@ -37,8 +37,9 @@ def in_halves(function: Callable, members: list, images: Tensor, device: torch.d
         if device.type == "cuda":
             torch.cuda.empty_cache()
         half = len(members) // 2
-        return (in_halves(function, members[:half], images[:half], device)
-                + in_halves(function, members[half:], images[half:], device))
+        return in_halves(function, members[:half], images[:half], device) + in_halves(
+            function, members[half:], images[half:], device
+        )
 
 
 @dataclass
@@ -52,9 +53,15 @@ class LoopEnd:
     elapsed: float = 0.0
 
 
-def for_each_batch(paths: list[str], inputs: ModelInputs, loaded, options,
-                   handle: Callable[[DecodedBatch], None], after: Callable[[], None] = lambda: None,
-                   costs: dict[str, float] | None = None) -> LoopEnd:
+def for_each_batch(
+    paths: list[str],
+    inputs: ModelInputs,
+    loaded,
+    options,
+    handle: Callable[[DecodedBatch], None],
+    after: Callable[[], None] = lambda: None,
+    costs: dict[str, float] | None = None,
+) -> LoopEnd:
     """Decode ``paths`` in ``options.workers`` processes and call ``handle`` on each batch (its
     ``failures`` hold the positions in ``paths`` that could not be decoded, its ``groups`` the
     decoded images by shape), then ``after``; either way the loop returns how far it got.
@@ -67,17 +74,28 @@ def for_each_batch(paths: list[str], inputs: ModelInputs, loaded, options,
     batch_size = 1 if loaded.fixed_batch else options.batch_size
     loader = torch.utils.data.DataLoader(
         DecodedImages(paths, inputs.in_workers, draft_size(loaded.example)),
-        batch_size=batch_size, num_workers=options.workers, collate_fn=collate,
-        pin_memory=loaded.device.type == "cuda", worker_init_fn=partial(init_worker, options.max_pixels),
+        batch_size=batch_size,
+        num_workers=options.workers,
+        collate_fn=collate,
+        pin_memory=loaded.device.type == "cuda",
+        worker_init_fn=partial(init_worker, options.max_pixels),
     )
     progress = progress_bar(len(paths), options.quiet)
     within = WithinBatch(progress, costs or {})
     end = LoopEnd()
     started = time.perf_counter()
     try:
-        with StopFlag() as stop, ReusedHeap() as heap, pass_settings(
-                max_memory=options.max_memory, progress=False, listener=within, stop=lambda: stop.set,
-                between=heap.after_passes):
+        with (
+            StopFlag() as stop,
+            ReusedHeap() as heap,
+            pass_settings(
+                max_memory=options.max_memory,
+                progress=False,
+                listener=within,
+                stop=lambda: stop.set,
+                between=heap.after_passes,
+            ),
+        ):
             for batch in loader:
                 count = len(batch.failures) + sum(len(indices) for indices, _ in batch.groups)
                 within.start(count)

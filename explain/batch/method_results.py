@@ -35,8 +35,9 @@ class Outcome:
 ALONE_FROM = 16.0
 
 
-def explain_all(cams: list, images: Tensor, targets, topk: int | None = None,
-                costs: dict[str, float] | None = None) -> tuple[list, list[float]]:
+def explain_all(
+    cams: list, images: Tensor, targets, topk: int | None = None, costs: dict[str, float] | None = None
+) -> tuple[list, list[float]]:
     """Each explainer's explanation of ``images``, or the error it raised, and the seconds each
     took: the quick CAMs together, sharing one forward and backward pass (they share its time,
     in proportion to their estimated ``costs``, method -> forward passes per image; equally

@@ -31,7 +31,7 @@ def interrupted_summary(text: str) -> str:
     >>> interrupted_summary("explain: 0 done now, 0 failed; nothing left to do; see out/index.html")
     'explain: interrupted, run the same command again to finish. 0 done now, 0 failed; no images explained; see out/index.html'
     """  # noqa: E501 -- the doctest's expected output is one line
-    body = text[len("explain: "):].replace("nothing left to do", "no images explained")
+    body = text[len("explain: ") :].replace("nothing left to do", "no images explained")
     return "explain: interrupted, run the same command again to finish. " + body
 
 
@@ -42,8 +42,10 @@ def stopped_summary(error: Exception, text: str) -> str:
     >>> stopped_summary("cannot write to out: no space left on device", "explain: 2 ok, ...")[:60]
     'explain: stopped: cannot write to out: no space left on devi'
     """
-    return (f"explain: stopped: {error}; what was written before it is kept: make room there (or make it "
-            f"writable) and run the same command again to finish. {text[len('explain: '):]}")
+    return (
+        f"explain: stopped: {error}; what was written before it is kept: make room there (or make it "
+        f"writable) and run the same command again to finish. {text[len('explain: ') :]}"
+    )
 
 
 def report_failure(where: str, error: str) -> None:

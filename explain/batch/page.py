@@ -17,17 +17,38 @@ def colour_scales(settings: dict[str, str], cmap: str, signed_cmap: str) -> dict
     return {method: colour_scale(signed_cmap if signed[method] else cmap, signed[method]) for method in settings}
 
 
-def page_run(command: str, summary: str, stats: dict[str, int], seconds: float, images: int,
-             state: str = "complete", zoom: float | None = None, scales: dict | None = None) -> PageRun:
+def page_run(
+    command: str,
+    summary: str,
+    stats: dict[str, int],
+    seconds: float,
+    images: int,
+    state: str = "complete",
+    zoom: float | None = None,
+    scales: dict | None = None,
+) -> PageRun:
     """The header of a run's page: ``stats`` counts its outputs done now (ok), done before
     (skipped) and failed; ``seconds`` and ``images`` are this run's time and images explained."""
-    return PageRun(command=command, state=state, summary=summary, counts=dict(stats), seconds=round(seconds, 3),
-                   images=images, zoom=zoom, scales=scales or {})
+    return PageRun(
+        command=command,
+        state=state,
+        summary=summary,
+        counts=dict(stats),
+        seconds=round(seconds, 3),
+        images=images,
+        zoom=zoom,
+        scales=scales or {},
+    )
 
 
-def write_page(folder: OutputFolder, rows: Sequence[dict], run: PageRun, metrics_html: str = "",
-               exists: Callable[[str], bool] | None = None,
-               original: Callable[[str], str | None] | None = None) -> None:
+def write_page(
+    folder: OutputFolder,
+    rows: Sequence[dict],
+    run: PageRun,
+    metrics_html: str = "",
+    exists: Callable[[str], bool] | None = None,
+    original: Callable[[str], str | None] | None = None,
+) -> None:
     """Write the explorer of manifest ``rows`` into ``folder``: its data files, then index.html,
     then remove an earlier page's data files (a page is whole at every moment). ``exists``
     says whether an output is there (by default: the folder is asked); ``original`` links an

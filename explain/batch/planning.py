@@ -29,8 +29,14 @@ class RunPlan:
 
     def _complete(self, key: tuple) -> bool:
         prepared = self.prepared
-        return is_complete(self.rows.get(key), self.folder.is_file, prepared.settings.get(key[1]),
-                           prepared.layers.get(key[1]), prepared.options.save_maps, prepared.metric_columns)
+        return is_complete(
+            self.rows.get(key),
+            self.folder.is_file,
+            prepared.settings.get(key[1]),
+            prepared.layers.get(key[1]),
+            prepared.options.save_maps,
+            prepared.metric_columns,
+        )
 
     def make(self, sources: list[Source], overwrite: bool) -> Iterator[tuple[Source, str, str]]:
         """Read the earlier manifest and plan: complete outputs are recorded as skipped, the rest
@@ -74,8 +80,9 @@ class RunPlan:
         return list(self.rows.values())
 
 
-def finished_pairs(manifest_lines: Iterable[str], inputs: Iterable[str], checked: CheckedRun, exists,
-                   save_maps: bool) -> tuple[set[int], set[int]]:
+def finished_pairs(
+    manifest_lines: Iterable[str], inputs: Iterable[str], checked: CheckedRun, exists, save_maps: bool
+) -> tuple[set[int], set[int]]:
     """Hashes of a run's inputs, and of the (input, method) pairs whose outputs an earlier run
     finished with this run's settings: every target's (classify, segment) or every box's
     (detect). Only hashes are held, and ``inputs`` (a stream) is read only where an earlier run

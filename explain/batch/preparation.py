@@ -55,10 +55,21 @@ class PreparedRun:
 
         inputs = ModelInputs(self.loaded.preprocess)
         decoding = cloudpickle.dumps((inputs.in_workers, draft_size(self.loaded.example)))
-        return CheckedRun([cam.name for cam in self.explainers], list(self.target.labels), self.layers, self.settings,
-                          self.task, self.metrics, self.metric_columns, self.loaded.fixed_batch,
-                          self.loaded.device.type, decoding, messages, list(self.loaded.class_names),
-                          crop_zoom(self.loaded.preprocess))
+        return CheckedRun(
+            [cam.name for cam in self.explainers],
+            list(self.target.labels),
+            self.layers,
+            self.settings,
+            self.task,
+            self.metrics,
+            self.metric_columns,
+            self.loaded.fixed_batch,
+            self.loaded.device.type,
+            decoding,
+            messages,
+            list(self.loaded.class_names),
+            crop_zoom(self.loaded.preprocess),
+        )
 
 
 def prepare_run(args: RunOptions) -> PreparedRun:
@@ -79,8 +90,10 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         target = parse_task_target(args.target, task, loaded.class_names)
     metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
     if any(name in LOCALISATION_METRICS for name in metrics):
-        raise UsageError(f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "
-                         "which `explain evaluate --regions FILE` takes")
+        raise UsageError(
+            f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "
+            "which `explain evaluate --regions FILE` takes"
+        )
     if args.step is not None and not metrics:
         raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
     settings_of_metrics = metric_options(metrics, args.step)
@@ -108,7 +121,8 @@ def _method_settings(args: RunOptions, task: str, options: dict, explainers: lis
     for cam in explainers:
         applied = {name: value for name, value in options.items() if option_applies(type(cam), name)}
         settings[cam.name] = common + "".join(
-            f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items())
+            f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items()
+        )
         if applied.get("reduction") == "sum":
             settings[cam.name] += f" signed_cmap={args.signed_cmap}"
     return settings
@@ -118,9 +132,13 @@ def _run_task(args: RunOptions, loaded: LoadedModel) -> str:
     """--task, checked against what the model does; by default what the model does."""
     task = args.task or loaded.task
     if task != loaded.task:
-        raise UsageError(f"--task {task}: {args.model} is a {loaded.task} model (it returns "
-                         + {"classify": "(N, classes) logits", "segment": "(N, C, H, W) logits per pixel",
-                            "detect": "boxes"}[loaded.task] + f"); use --task {loaded.task}, or leave --task out")
+        raise UsageError(
+            f"--task {task}: {args.model} is a {loaded.task} model (it returns "
+            + {"classify": "(N, classes) logits", "segment": "(N, C, H, W) logits per pixel", "detect": "boxes"}[
+                loaded.task
+            ]
+            + f"); use --task {loaded.task}, or leave --task out"
+        )
     return task
 
 
@@ -128,22 +146,29 @@ def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[
     """The checks that apply to segmentation and detection runs, and the layer to explain
     (``--layer auto``: the backbone's last spatial layer)."""
     if metrics:
-        raise UsageError(f"--metrics applies to --task classify; the metrics perturb images and rescore classes, "
-                         f"not {task} targets")
+        raise UsageError(
+            f"--metrics applies to --task classify; the metrics perturb images and rescore classes, not {task} targets"
+        )
     if args.aug_smooth:
-        raise UsageError(f"--aug-smooth applies to --task classify: the flipped and rescaled copies would need "
-                         f"the {'region' if task == 'segment' else 'boxes'} flipped and rescaled too")
+        raise UsageError(
+            f"--aug-smooth applies to --task classify: the flipped and rescaled copies would need "
+            f"the {'region' if task == 'segment' else 'boxes'} flipped and rescaled too"
+        )
     if args.method.strip().lower() == "all":
-        raise UsageError(f"--method all includes methods that explain class logits only; with --task {task} name "
-                         "the CAMs to run, e.g. gradcam,eigencam")
+        raise UsageError(
+            f"--method all includes methods that explain class logits only; with --task {task} name "
+            "the CAMs to run, e.g. gradcam,eigencam"
+        )
     for name in (n.strip() for n in args.method.split(",") if n.strip()):
         try:
             cls = method_class(name)
         except ValueError as error:
             raise UsageError(f"--method: {error}") from None
         if not issubclass(cls, BaseCAM):
-            raise UsageError(f"--method {name}: with --task {task} the command line runs CAMs (gradcam, eigencam, "
-                             "scorecam, ...); explain.tasks serves other methods from Python")
+            raise UsageError(
+                f"--method {name}: with --task {task} the command line runs CAMs (gradcam, eigencam, "
+                "scorecam, ...); explain.tasks serves other methods from Python"
+            )
     if args.layer.strip().lower() != "auto":
         return args.layer
     try:

@@ -65,8 +65,11 @@ class PlainProgress:
         if now - self.shown >= self.every and done < self.total:
             self.shown = now
             rate = done / max(now - self.started, 1e-9)
-            print(f"explain: {_images(done)}/{self.total} images ({rate:.2f} images/s){'; ' * bool(note)}{note}",
-                  file=self.stream, flush=True)
+            print(
+                f"explain: {_images(done)}/{self.total} images ({rate:.2f} images/s){'; ' * bool(note)}{note}",
+                file=self.stream,
+                flush=True,
+            )
 
     def close(self) -> None:
         """Nothing to clear: the summary line follows."""
@@ -157,12 +160,14 @@ def method_times(seconds: dict[str, float]) -> str:
     'method times: scorecam 61.2 s, ig 20.1 s, gradcam 0.41 s'
     """
     ranked = sorted(seconds.items(), key=lambda item: item[1], reverse=True)
-    return "method times: " + ", ".join(f"{name} {time:.1f} s" if time >= 1 else f"{name} {time:.2f} s"
-                                        for name, time in ranked)
+    return "method times: " + ", ".join(
+        f"{name} {time:.1f} s" if time >= 1 else f"{name} {time:.2f} s" for name, time in ranked
+    )
 
 
-def run_summary(stats: dict[str, int], images: int, elapsed: float, seconds: dict[str, float] | None = None,
-                where: str = "") -> str:
+def run_summary(
+    stats: dict[str, int], images: int, elapsed: float, seconds: dict[str, float] | None = None, where: str = ""
+) -> str:
     """``explain run``'s summary line (without what to look at): outputs done by this run,
     skipped because an earlier run made them, failed; then this run's images and time (and
     ``where``, where it explained any), and each method's time in it (``seconds``).
@@ -172,6 +177,8 @@ def run_summary(stats: dict[str, int], images: int, elapsed: float, seconds: dic
     >>> run_summary({"ok": 4, "skipped": 0, "failed": 0}, 2, 8.0, {"gradcam": 0.1, "scorecam": 7.5})[56:]
     '2 images in 8.0 s (0.25 images/s); method times: scorecam 7.5 s, gradcam 0.10 s'
     """
-    text = (f"explain: {stats['ok']} done now, {stats['skipped']} skipped (done before), {stats['failed']} failed; "
-            f"{time_taken(images, elapsed, stats['failed'])}{where if images else ''}")
+    text = (
+        f"explain: {stats['ok']} done now, {stats['skipped']} skipped (done before), {stats['failed']} failed; "
+        f"{time_taken(images, elapsed, stats['failed'])}{where if images else ''}"
+    )
     return f"{text}; {method_times(seconds)}" if seconds else text

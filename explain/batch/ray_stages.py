@@ -64,8 +64,11 @@ def actor_resources(ray, options: RunOptions, checked: CheckedRun) -> dict:
     actors = options.actors or len(nodes)
     per_node = math.ceil(actors / len(nodes))
     # Torch's threads take the node's cores; the decode tasks are short and share them.
-    return dict(compute=_pool(ray, actors), num_cpus=cpus_per_actor(min(nodes), per_node),
-                threads=max(1, int(min(nodes)) // per_node))
+    return dict(
+        compute=_pool(ray, actors),
+        num_cpus=cpus_per_actor(min(nodes), per_node),
+        threads=max(1, int(min(nodes)) // per_node),
+    )
 
 
 def cpus_per_actor(node_cpus: float, actors_per_node: int) -> float:
@@ -81,20 +84,33 @@ def cpus_per_actor(node_cpus: float, actors_per_node: int) -> float:
 
 
 def _pool(ray, actors: int):
-    return ray.data.ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
-                                      enable_true_multi_threading=True,
-                                      max_tasks_in_flight_per_actor=2 * CALLS_PER_ACTOR)
+    return ray.data.ActorPoolStrategy(
+        size=actors,
+        max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
+        enable_true_multi_threading=True,
+        max_tasks_in_flight_per_actor=2 * CALLS_PER_ACTOR,
+    )
 
 
-def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: CheckedRun, resources: dict,
-                 rows_folder: str | None = None):
+def explain_plan(
+    ray,
+    plan_dir: str,
+    filesystem,
+    options: RunOptions,
+    checked: CheckedRun,
+    resources: dict,
+    rows_folder: str | None = None,
+):
     """The rows (dicts) of the plan's images (parquet files in ``plan_dir``, on ``filesystem``:
     pyarrow's, or None for a local folder), a batch at a time as the actors finish them; the
     actors also keep each batch's rows in ``rows_folder`` of the output folder."""
     plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
-    decoded = plan.map_batches(decode_files, fn_kwargs=dict(decoding=checked.decoding, column="path",
-                                                             max_pixels=options.max_pixels),
-                               batch_size=options.batch_size, num_cpus=DECODE_CPUS)
+    decoded = plan.map_batches(
+        decode_files,
+        fn_kwargs=dict(decoding=checked.decoding, column="path", max_pixels=options.max_pixels),
+        batch_size=options.batch_size,
+        num_cpus=DECODE_CPUS,
+    )
     resources = dict(resources)
     # An actor that dies is restarted (a node may go), but a batch that kills actors is tried
     # ACTOR_TASK_RETRIES more times, not forever; the driver fails its images (RayRun._fail_lost).
@@ -103,10 +119,12 @@ def explain_plan(ray, plan_dir: str, filesystem, options: RunOptions, checked: C
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
         explained = decoded.map_batches(
-            WriteActor, fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads"),
-                                                   rows_folder=rows_folder),
-            batch_size=1 if checked.fixed_batch else options.batch_size, max_task_retries=ACTOR_TASK_RETRIES,
-            **resources)
+            WriteActor,
+            fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads"), rows_folder=rows_folder),
+            batch_size=1 if checked.fixed_batch else options.batch_size,
+            max_task_retries=ACTOR_TASK_RETRIES,
+            **resources,
+        )
     for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
         rows = [json.loads(line) for line in batch["row"]]
         for row, refused in zip(rows, batch["refused"], strict=True):
@@ -186,8 +204,12 @@ def _columns(decoded) -> dict:
         shapes.append("x".join(map(str, array.shape)) if array is not None else "")
         dtypes.append(array.dtype.str if array is not None else "")
         errors.append(error or "")
-    return {"image_data": np.array(images, dtype=object), "image_shape": np.array(shapes),
-            "image_dtype": np.array(dtypes), "decode_error": np.array(errors)}
+    return {
+        "image_data": np.array(images, dtype=object),
+        "image_shape": np.array(shapes),
+        "image_dtype": np.array(dtypes),
+        "decode_error": np.array(errors),
+    }
 
 
 def decoded_groups(batch: dict):
@@ -202,8 +224,9 @@ def decoded_groups(batch: dict):
         array = np.frombuffer(batch["image_data"][i], dtype=np.dtype(batch["image_dtype"][i])).reshape(dims)
         return torch.from_numpy(array.copy())
 
-    return collate([(i, None, str(error)) if error else (i, image(i), None)
-                    for i, error in enumerate(batch["decode_error"])])
+    return collate(
+        [(i, None, str(error)) if error else (i, image(i), None) for i, error in enumerate(batch["decode_error"])]
+    )
 
 
 class ExplainingActor:
@@ -254,10 +277,19 @@ class WriteActor(ExplainingActor):
 
         explainer = self.explainer
         by_name = {cam.name: cam for cam in explainer.prepared.explainers}
-        work = [(Source(os.fsdecode(bytes(batch["input"][i])), os.fsdecode(bytes(batch["path"][i])), "",
-                        str(batch["folder"][i]), str(batch["stem"][i])),
-                 [by_name[name] for name in str(batch["methods"][i]).split(",")])
-                for i in range(len(batch["input"]))]
+        work = [
+            (
+                Source(
+                    os.fsdecode(bytes(batch["input"][i])),
+                    os.fsdecode(bytes(batch["path"][i])),
+                    "",
+                    str(batch["folder"][i]),
+                    str(batch["stem"][i]),
+                ),
+                [by_name[name] for name in str(batch["methods"][i]).split(",")],
+            )
+            for i in range(len(batch["input"]))
+        ]
         rows: list[dict] = []
         refused: list[dict] = []  # the rows whose files the output folder's device refused (a full disk)
         folder = OutputFolder(explainer.options.out)
@@ -276,25 +308,32 @@ class WriteActor(ExplainingActor):
                 try:
                     rows += job.write(folder)
                 except OutputDeviceError as error:
-                    refused = [dict(row, status="failed", error=str(error)) for later in jobs[index:] for row in later.rows]
+                    refused = [
+                        dict(row, status="failed", error=str(error)) for later in jobs[index:] for row in later.rows
+                    ]
                     break
         except Exception as error:  # a failure of the whole batch fails its rows, not the run
             explained = {(row["input"], row["method"]) for row in rows + refused}
             for source, cams in work:
                 for cam in cams:
                     if (source.input, cam.name) not in explained:
-                        rows += explainer.failed_rows(source, cam.name, f"worker failed: {type(error).__name__}: {error}")
+                        rows += explainer.failed_rows(
+                            source, cam.name, f"worker failed: {type(error).__name__}: {error}"
+                        )
         lines = [manifest_line(row) for row in rows]
         self._keep_rows(folder, lines)
-        return {"row": np.array(lines + [manifest_line(row) for row in refused], dtype=object),
-                "refused": np.array([False] * len(rows) + [True] * len(refused))}
+        return {
+            "row": np.array(lines + [manifest_line(row) for row in refused], dtype=object),
+            "refused": np.array([False] * len(rows) + [True] * len(refused)),
+        }
 
     def _keep_rows(self, folder, lines: list[str]) -> None:
         if self.rows_folder and lines:
             # e.g. a full disk: the rows still reach the driver, only a kill loses them
             with suppress(Exception):
                 folder.write(
-                    f"{self.rows_folder}/{uuid.uuid4().hex}.jsonl", "".join(line + "\n" for line in lines).encode())
+                    f"{self.rows_folder}/{uuid.uuid4().hex}.jsonl", "".join(line + "\n" for line in lines).encode()
+                )
 
 
 def metric_summary(location: str) -> tuple[str, str]:

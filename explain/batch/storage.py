@@ -55,7 +55,7 @@ def append_whole(file: BinaryIO, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[file.write(view):]
+            view = view[file.write(view) :]
     except OSError:
         file.truncate(start)
         raise
@@ -76,8 +76,10 @@ class OutputFolder:
             try:
                 from pyarrow import fs
             except ImportError:
-                raise UsageError(f"--out {location}: folders given by URI need pyarrow (pip install pyarrow, which "
-                                 "the `ray` extra brings)") from None
+                raise UsageError(
+                    f"--out {location}: folders given by URI need pyarrow (pip install pyarrow, which "
+                    "the `ray` extra brings)"
+                ) from None
             try:
                 self.filesystem, self.root = fs.FileSystem.from_uri(self.location)
             except Exception as error:  # unknown scheme, missing credentials, a package pyarrow lacks
@@ -94,8 +96,9 @@ class OutputFolder:
                 return
             os.makedirs(self.root, exist_ok=True)
         except OSError as error:
-            raise UsageError(f"--out {self.location}: cannot create the folder: {_reason(error)}; pass a folder you "
-                             "can write to") from None
+            raise UsageError(
+                f"--out {self.location}: cannot create the folder: {_reason(error)}; pass a folder you can write to"
+            ) from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             reason = "read-only file system" if _read_only(self.root) else "permission denied"
             raise UsageError(f"--out {self.location}: cannot write there: {reason}; pass a folder you can write to")
@@ -156,8 +159,9 @@ class OutputFolder:
             return sorted(name for name in os.listdir(path) if name.startswith(prefix)) if os.path.isdir(path) else []
         from pyarrow import fs
 
-        found = self.filesystem.get_file_info(fs.FileSelector(self.path(under) if under else self.root,
-                                                              allow_not_found=True))
+        found = self.filesystem.get_file_info(
+            fs.FileSelector(self.path(under) if under else self.root, allow_not_found=True)
+        )
         return sorted(info.base_name for info in found if info.base_name.startswith(prefix))
 
     def is_file(self, name: str) -> bool:
@@ -176,8 +180,9 @@ class OutputFolder:
         else:
             import io
 
-            stream = io.TextIOWrapper(self.filesystem.open_input_stream(self.path(name)), encoding="utf-8",
-                                      errors="replace")
+            stream = io.TextIOWrapper(
+                self.filesystem.open_input_stream(self.path(name)), encoding="utf-8", errors="replace"
+            )
         with stream:
             yield from stream
 

@@ -50,8 +50,11 @@ class ClassifyOutputs:
             if isinstance(result, Exception):
                 host.fail(outcome, work, range(len(work)), cam, f"{type(result).__name__}: {result}", str(result))
         # A method that Ctrl-C stopped is neither done nor failed: a resumed run does it.
-        done = [(cam, result, took) for cam, result, took in zip(cams, results, seconds, strict=True)
-                if not isinstance(result, (Exception, StopRequested))]
+        done = [
+            (cam, result, took)
+            for cam, result, took in zip(cams, results, seconds, strict=True)
+            if not isinstance(result, (Exception, StopRequested))
+        ]
         if not done:
             return outcome
         best_probability, best_id = done[0][1].logits.float().softmax(dim=1).max(dim=1)
@@ -63,8 +66,9 @@ class ClassifyOutputs:
             self._jobs(host, outcome, work, cam, result, scores, predicted, pictures, took / len(work))
         return outcome
 
-    def _jobs(self, host, outcome: Outcome, work, cam, result, scores: dict, predicted: list, pictures,
-              seconds: float) -> None:
+    def _jobs(
+        self, host, outcome: Outcome, work, cam, result, scores: dict, predicted: list, pictures, seconds: float
+    ) -> None:
         """The files and rows of one method's explanation, per image that still needs it;
         ``seconds``: the method's time per image, which the image's targets share."""
         names, labels, options = host.loaded.class_names, host.prepared.target.labels, host.options
@@ -81,18 +85,38 @@ class ClassifyOutputs:
             rows = []
             for rank, (label, class_id, probability) in enumerate(zip(labels, ids[j], probabilities[j], strict=False)):
                 output, maps_file = host.output_names(source, cam.name, f"{class_id}-{safe_name(names[class_id])}")
-                rows.append(host.row(
-                    source.input, cam.name, label, target_id=class_id, target_name=names[class_id],
-                    target_probability=round(probability, 6), predicted_id=best_id, predicted_name=names[best_id],
-                    predicted_probability=round(best_probability, 6), output=output, maps=maps_file,
-                    metrics=scores.get((j, rank)), seconds=round(seconds / len(labels), 6)))
+                rows.append(
+                    host.row(
+                        source.input,
+                        cam.name,
+                        label,
+                        target_id=class_id,
+                        target_name=names[class_id],
+                        target_probability=round(probability, 6),
+                        predicted_id=best_id,
+                        predicted_name=names[best_id],
+                        predicted_probability=round(best_probability, 6),
+                        output=output,
+                        maps=maps_file,
+                        metrics=scores.get((j, rank)),
+                        seconds=round(seconds / len(labels), 6),
+                    )
+                )
             npz = None
             if options.save_maps:
                 npz = {"maps": maps[j], "targets": np.asarray(ids[j])}
                 npz.update({f"raw_{name}": r[j] for name, r in raw.items()})
-            outcome.jobs.append(Job(rows, pictures[j], maps[j], npz,
-                                    options.signed_cmap if result.signed else options.cmap, options.alpha,
-                                    result.signed))
+            outcome.jobs.append(
+                Job(
+                    rows,
+                    pictures[j],
+                    maps[j],
+                    npz,
+                    options.signed_cmap if result.signed else options.cmap,
+                    options.alpha,
+                    result.signed,
+                )
+            )
 
 
 class DenseOutputs:
@@ -112,8 +136,11 @@ class DenseOutputs:
 
     def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
         if self.task == "detect":
-            found = [key for key, row in rows.items() if key[:2] == (source.input, method)
-                     and is_detection_row(row, settings)]
+            found = [
+                key
+                for key, row in rows.items()
+                if key[:2] == (source.input, method) and is_detection_row(row, settings)
+            ]
             if found:
                 return found
         return [(source.input, method, label) for label in labels]
@@ -152,7 +179,9 @@ class DenseOutputs:
             else:
                 chunk = target.subset(rows)
                 batch = model_input[chunk.image_ids.to(model_input.device)]
-            for cam, result, took in zip(cams, *explain_all(cams, batch, chunk, costs=host.prepared.costs), strict=True):
+            for cam, result, took in zip(
+                cams, *explain_all(cams, batch, chunk, costs=host.prepared.costs), strict=True
+            ):
                 if isinstance(found[cam], (Exception, StopRequested)):
                     continue
                 if isinstance(result, (Exception, StopRequested)):  # stopped: not written, done on resume
@@ -160,14 +189,30 @@ class DenseOutputs:
                     continue
                 if self.task == "detect":
                     result = crop_padding(result, host.loaded.model)
-                found[cam].append((result.maps.cpu().numpy(), {n: r.cpu().numpy() for n, r in result.raw_layers.items()},
-                                   took / len(rows)))
+                found[cam].append(
+                    (
+                        result.maps.cpu().numpy(),
+                        {n: r.cpu().numpy() for n, r in result.raw_layers.items()},
+                        took / len(rows),
+                    )
+                )
             if any(isinstance(value, StopRequested) for value in found.values()):
                 break  # Ctrl-C: the boxes left are for a resumed run
         return found
 
-    def _jobs(self, host, outcome: Outcome, work, cam, chunks: list, owners: list[int], records: list[dict],
-              marks: list[dict], predicted: list, pictures: np.ndarray) -> None:
+    def _jobs(
+        self,
+        host,
+        outcome: Outcome,
+        work,
+        cam,
+        chunks: list,
+        owners: list[int],
+        records: list[dict],
+        marks: list[dict],
+        predicted: list,
+        pictures: np.ndarray,
+    ) -> None:
         names, options = host.loaded.class_names, host.options
         maps = np.concatenate([maps for maps, _, _ in chunks])
         raw = {name: np.concatenate([layers[name] for _, layers, _ in chunks]) for name in chunks[0][1]}
@@ -184,20 +229,36 @@ class DenseOutputs:
                 name = class_name(names, record["class_id"])
                 label = f"box{record['index']}" if self.task == "detect" else host.prepared.target.labels[0]
                 output, maps_file = host.output_names(
-                    source, cam.name, f"{label if self.task == 'detect' else record['class_id']}-{safe_name(name)}")
-                rows.append(host.row(
-                    source.input, cam.name, label, target_id=record["class_id"], target_name=name,
-                    target_probability=record["probability"], predicted_id=best_id,
-                    predicted_name=None if best_id is None else class_name(names, best_id),
-                    predicted_probability=best_probability, output=output, maps=maps_file,
-                    seconds=round(seconds[r], 6), region={key: value for key, value in record.items()
-                            if key not in ("task", "class_id", "class_name", "probability")}))
+                    source, cam.name, f"{label if self.task == 'detect' else record['class_id']}-{safe_name(name)}"
+                )
+                rows.append(
+                    host.row(
+                        source.input,
+                        cam.name,
+                        label,
+                        target_id=record["class_id"],
+                        target_name=name,
+                        target_probability=record["probability"],
+                        predicted_id=best_id,
+                        predicted_name=None if best_id is None else class_name(names, best_id),
+                        predicted_probability=best_probability,
+                        output=output,
+                        maps=maps_file,
+                        seconds=round(seconds[r], 6),
+                        region={
+                            key: value
+                            for key, value in record.items()
+                            if key not in ("task", "class_id", "class_name", "probability")
+                        },
+                    )
+                )
             npz = None
             if options.save_maps:
                 npz = {"maps": maps[mine], "targets": np.asarray([records[r]["class_id"] for r in mine])}
                 npz.update({f"raw_{name}": r[mine] for name, r in raw.items()})
-            outcome.jobs.append(Job(rows, pictures[j], maps[mine], npz, options.cmap, options.alpha, False,
-                                    [marks[r] for r in mine]))
+            outcome.jobs.append(
+                Job(rows, pictures[j], maps[mine], npz, options.cmap, options.alpha, False, [marks[r] for r in mine])
+            )
 
     def _targets(self, host, images: Tensor):
         """The group's targets from one pass of the model: the target, the image of each of its
@@ -219,7 +280,9 @@ class DenseOutputs:
             return target, list(range(n)), records, marks, predicted
         target = DetectionTarget.select(output, **spec.select)
         records = [dict(d.describe(names), probability=_rounded(d.score)) for d in target.detections]
-        marks = [{"boxes": [d.box], "labels": [f"{class_name(names, d.label)} {d.score:.2f}"]} for d in target.detections]
+        marks = [
+            {"boxes": [d.box], "labels": [f"{class_name(names, d.label)} {d.score:.2f}"]} for d in target.detections
+        ]
         tops = {d.image: (d.label, _rounded(d.score)) for d in DetectionTarget.select(output).detections}
         predicted = [tops.get(j, (None, None)) for j in range(n)]
         return target, target.image_ids.tolist(), records, marks, predicted

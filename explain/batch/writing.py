@@ -34,8 +34,14 @@ class Job:
         :class:`~explain.batch.storage.OutputDeviceError`: that stops the run."""
         try:
             for k, (heat, row) in enumerate(zip(self.maps, self.rows, strict=False)):
-                drawn = overlay(self.picture, heat, cmap=self.cmap, alpha=self.alpha, signed=self.signed,
-                                **(self.marks[k] if self.marks else {}))
+                drawn = overlay(
+                    self.picture,
+                    heat,
+                    cmap=self.cmap,
+                    alpha=self.alpha,
+                    signed=self.signed,
+                    **(self.marks[k] if self.marks else {}),
+                )
                 folder.write(row["output"], encode_png(drawn))
             if self.npz is not None:
                 folder.write(self.rows[0]["maps"], encode_npz(**self.npz))

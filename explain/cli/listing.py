@@ -26,9 +26,10 @@ def method_rows() -> tuple[tuple[str, ...], ...]:
     cost per image and target, description."""
     from ..catalogue import describe_methods
 
-    return tuple((name, str(info["family"]), "yes" if info["needs_layer"] else "-", str(info["cost"]),
-                  str(info["description"]))
-                 for name, info in describe_methods().items())
+    return tuple(
+        (name, str(info["family"]), "yes" if info["needs_layer"] else "-", str(info["cost"]), str(info["description"]))
+        for name, info in describe_methods().items()
+    )
 
 
 def fit_table(header: tuple[str, ...], rows, width: int = 0, wrapped: tuple[int, ...] = ()) -> str:
@@ -49,8 +50,10 @@ def fit_table(header: tuple[str, ...], rows, width: int = 0, wrapped: tuple[int,
         widths = _shared_widths(table, widths, list(wrapped), room)
     lines = []
     for row in table:
-        cells = [textwrap.wrap(cell, widths[i], break_long_words=False, break_on_hyphens=False) or [""]
-                 for i, cell in enumerate(row)]
+        cells = [
+            textwrap.wrap(cell, widths[i], break_long_words=False, break_on_hyphens=False) or [""]
+            for i, cell in enumerate(row)
+        ]
         for depth in range(max(map(len, cells))):
             parts = [(cell[depth] if depth < len(cell) else "").ljust(widths[i]) for i, cell in enumerate(cells)]
             lines.append((" " * GAP).join(parts).rstrip())
@@ -85,8 +88,10 @@ def write_method_table() -> None:
     Path(__file__).with_name("method_table.py").write_text(
         '"""The rows ``explain methods`` prints, kept as text so that the command answers without\n'
         "importing torch and the methods (``tests/test_cli.py`` checks them against the registry).\n"
-        "Regenerate them after adding or changing a method: ``python -m explain.cli.listing``.\"\"\"\n\n"
-        f"METHOD_ROWS = (\n{rows})\n", encoding="utf-8")
+        'Regenerate them after adding or changing a method: ``python -m explain.cli.listing``."""\n\n'
+        f"METHOD_ROWS = (\n{rows})\n",
+        encoding="utf-8",
+    )
 
 
 KINDS = {"classify": "classifier", "segment": "segmentation model", "detect": "detection model"}
@@ -111,9 +116,15 @@ def layers_command(args) -> int:
         print(table)
         print()
     else:
-        print(f"{args.model}: {KINDS[loaded.task]}, {table.totals()[len('total: '):]}")
-        picked = next((f"{auto} ({row.module_type}, output {'x'.join(map(str, row.output_shape[1:]))})"
-                       for row in table.rows if row.name == auto and row.output_shape), auto)
+        print(f"{args.model}: {KINDS[loaded.task]}, {table.totals()[len('total: ') :]}")
+        picked = next(
+            (
+                f"{auto} ({row.module_type}, output {'x'.join(map(str, row.output_shape[1:]))})"
+                for row in table.rows
+                if row.name == auto and row.output_shape
+            ),
+            auto,
+        )
         print(f"automatic target layer (--layer auto): {picked or 'none found, pass --layer'}\n")
     if not infos:
         print(f"{args.model} has no layer with a spatial (N, C, H, W) output")
@@ -121,12 +132,16 @@ def layers_command(args) -> int:
     shown = infos if args.all else main_layers(infos, auto)
     heading = "candidate target layers" if args.all else "main candidate target layers"
     print(f"{heading} (spatial outputs), in execution order; * marks the automatic choice:")
-    rows = [("*" if info.name == auto else " ", info.name, info.module_type, "x".join(map(str, info.shape[1:])))
-            for info in shown]
+    rows = [
+        ("*" if info.name == auto else " ", info.name, info.module_type, "x".join(map(str, info.shape[1:])))
+        for info in shown
+    ]
     print(fit_table(("", "layer", "type", "output shape"), rows), end="")
     if not args.all:
-        print(f"\n{len(shown)} of {len(infos)} candidates shown; every layer, with its parameters and "
-              f"multiply-adds: explain layers {args.model} --all")
+        print(
+            f"\n{len(shown)} of {len(infos)} candidates shown; every layer, with its parameters and "
+            f"multiply-adds: explain layers {args.model} --all"
+        )
     return EXIT_OK
 
 
@@ -154,8 +169,10 @@ def main_layers(infos: list, auto: str | None, limit: int = SHORT_LIST) -> list:
     """
     kept = [info for info in infos if info.module_type != "Identity"]
     depth = 1
-    while any(info.name.count(".") >= depth for info in kept) and \
-            sum(info.name.count(".") <= depth for info in kept) <= limit:
+    while (
+        any(info.name.count(".") >= depth for info in kept)
+        and sum(info.name.count(".") <= depth for info in kept) <= limit
+    ):
         depth += 1
     return [info for info in infos if (info in kept and info.name.count(".") < depth) or info.name == auto]
 

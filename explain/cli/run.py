@@ -23,8 +23,10 @@ def run_command(args) -> int:
         if value is not None:
             raise UsageError(f"{flag} applies to --engine ray; add --engine ray or leave {flag} out")
     if is_uri(options.out):
-        raise UsageError(f"--out {options.out}: the local engine writes to a folder on this machine; folders given by "
-                         "URI take --engine ray")
+        raise UsageError(
+            f"--out {options.out}: the local engine writes to a folder on this machine; folders given by "
+            "URI take --engine ray"
+        )
     out_dir = Path(options.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
@@ -44,5 +46,7 @@ def check_display_options(options: RunOptions) -> None:
     if options.cmap not in matplotlib.colormaps:
         raise UsageError(f"unknown --cmap {options.cmap!r}; use a matplotlib colormap such as jet, turbo, viridis")
     if options.signed_cmap not in matplotlib.colormaps:
-        raise UsageError(f"unknown --signed-cmap {options.signed_cmap!r}; use a diverging matplotlib colormap such as "
-                         "RdBu_r, bwr, coolwarm")
+        raise UsageError(
+            f"unknown --signed-cmap {options.signed_cmap!r}; use a diverging matplotlib colormap such as "
+            "RdBu_r, bwr, coolwarm"
+        )

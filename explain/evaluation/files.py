@@ -19,8 +19,21 @@ from pathlib import Path
 
 from ..report import atomic_write, json_line, json_records
 
-__all__ = ["CURVES", "FAILURES", "FAILURE_FIELDS", "SCORES", "SCORE_FIELDS", "SUMMARY_FIELDS",
-           "append_lines", "csv_lines", "jsonl_lines", "latest", "read_csv", "read_jsonl", "rewrite"]
+__all__ = [
+    "CURVES",
+    "FAILURES",
+    "FAILURE_FIELDS",
+    "SCORES",
+    "SCORE_FIELDS",
+    "SUMMARY_FIELDS",
+    "append_lines",
+    "csv_lines",
+    "jsonl_lines",
+    "latest",
+    "read_csv",
+    "read_jsonl",
+    "rewrite",
+]
 
 SCORES, CURVES, FAILURES = "scores.csv", "curves.jsonl", "failures.csv"
 #: Columns of scores.csv: one row per image, method, target and metric column.

@@ -39,20 +39,26 @@ def mean_curves(curves: Iterable[Mapping]) -> dict[str, dict[str, dict[str, dict
     for record in curves:
         key = (record["metric"], record["curve"], record["method"])
         steps = np.asarray(record["steps"], dtype=np.float64)
-        grouped.setdefault(key, []).append((steps, np.asarray(record["values"], dtype=np.float64),
-                                            record.get("step_labels")))
+        grouped.setdefault(key, []).append(
+            (steps, np.asarray(record["values"], dtype=np.float64), record.get("step_labels"))
+        )
     out: dict = {}
     for (metric, curve, method), found in grouped.items():
         grid, _, labels = max(found, key=lambda item: len(item[0]))
-        stacked = np.stack([
-            values if len(steps) == len(grid) and np.array_equal(steps, grid) else np.interp(grid, steps, values)
-            for steps, values, _ in found
-        ])
+        stacked = np.stack(
+            [
+                values if len(steps) == len(grid) and np.array_equal(steps, grid) else np.interp(grid, steps, values)
+                for steps, values, _ in found
+            ]
+        )
         with warnings.catch_warnings():  # a step where every curve is NaN stays NaN, quietly
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, std = np.nanmean(stacked, 0), np.nanstd(stacked, 0)
         out.setdefault(metric, {}).setdefault(curve, {})[method] = {
-            "steps": grid, "mean": mean, "std": std, "n": len(found),
+            "steps": grid,
+            "mean": mean,
+            "std": std,
+            "n": len(found),
             "step_labels": tuple(labels) if labels else None,
         }
     return out
@@ -66,8 +72,11 @@ def plot_curves(curves: Iterable[Mapping]) -> dict[str, Figure]:
     figures = {}
     styles = ["-", "--", ":", "-."]
     for metric, by_curve in mean_curves(curves).items():
-        shown = {name: by_method for name, by_method in by_curve.items()
-                 if not name.endswith("_accuracy") and not any(m["step_labels"] for m in by_method.values())}
+        shown = {
+            name: by_method
+            for name, by_method in by_curve.items()
+            if not name.endswith("_accuracy") and not any(m["step_labels"] for m in by_method.values())
+        }
         if not shown:
             continue
         figure = Figure(figsize=(6.4, 4.4), layout="constrained")
@@ -102,8 +111,9 @@ def plot_summary(table: list[dict]) -> Figure:
         shown = [m for m in methods if m in entries]
         means = [entries[m]["mean"] for m in shown]
         stds = [entries[m]["std"] for m in shown]
-        bars = axes.bar(range(len(shown)), means, yerr=stds, capsize=3,
-                        color=[f"C{methods.index(m) % 10}" for m in shown])
+        bars = axes.bar(
+            range(len(shown)), means, yerr=stds, capsize=3, color=[f"C{methods.index(m) % 10}" for m in shown]
+        )
         for bar, method in zip(bars, shown, strict=True):
             if entries[method]["best"]:
                 bar.set_edgecolor("black")

@@ -22,8 +22,12 @@ __all__ = ["BOX_FIELDS", "read_regions"]
 BOX_FIELDS = ("image", "x0", "y0", "x1", "y1")
 
 
-def read_regions(source: str | os.PathLike, images: Sequence[str], size: tuple[int, int],
-                 resize: Callable[[Image.Image], Image.Image] | None = None) -> list[Tensor | None]:
+def read_regions(
+    source: str | os.PathLike,
+    images: Sequence[str],
+    size: tuple[int, int],
+    resize: Callable[[Image.Image], Image.Image] | None = None,
+) -> list[Tensor | None]:
     """One boolean mask (H, W) = ``size`` per image in ``images`` (paths), ``None`` where
     ``source`` has no region for it.
 
@@ -72,8 +76,10 @@ def _read_boxes(path: Path) -> dict[str, list[list[float]]]:
             if not (x0 <= x1 and y0 <= y1) or not np.isfinite([x0, y0, x1, y1]).all():
                 raise ValueError
         except ValueError:
-            raise ValueError(f"{path}, line {number}: expected image,x0,y0,x1,y1 with x0 <= x1 and y0 <= y1 "
-                             f"in pixels, got {','.join(line)!r}") from None
+            raise ValueError(
+                f"{path}, line {number}: expected image,x0,y0,x1,y1 with x0 <= x1 and y0 <= y1 "
+                f"in pixels, got {','.join(line)!r}"
+            ) from None
         boxes.setdefault(line[0].strip(), []).append([x0, y0, x1, y1])
     return boxes
 
@@ -88,10 +94,13 @@ def _mask_of(path: Path | None, size: tuple[int, int], resize) -> Tensor | None:
     mask = mask.point(lambda value: 255 if value else 0)
     if mask.size != (size[1], size[0]):
         if resize is None:
-            raise ValueError(f"mask {path} is {mask.size[0]}x{mask.size[1]}; make it {size[1]}x{size[0]} "
-                             "(the model input's size)")
+            raise ValueError(
+                f"mask {path} is {mask.size[0]}x{mask.size[1]}; make it {size[1]}x{size[0]} (the model input's size)"
+            )
         mask = resize(mask)
         if mask.size != (size[1], size[0]):
-            raise ValueError(f"mask {path} is {mask.size[0]}x{mask.size[1]} after resizing and cropping "
-                             f"like the images, not {size[1]}x{size[0]}")
+            raise ValueError(
+                f"mask {path} is {mask.size[0]}x{mask.size[1]} after resizing and cropping "
+                f"like the images, not {size[1]}x{size[0]}"
+            )
     return torch.from_numpy(np.asarray(mask) > 127)

@@ -58,8 +58,9 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def explain_each(explainers: Sequence[Explainer], images: Tensor, targets=None, *,
-                 topk: int | None = None) -> list[Explanation | Exception]:
+def explain_each(
+    explainers: Sequence[Explainer], images: Tensor, targets=None, *, topk: int | None = None
+) -> list[Explanation | Exception]:
     """Each explainer's result for ``images``, or the exception it raised. CAMs share one
     pass (:func:`explain.explain_together`); where that fails, each runs alone, so that the
     error lands on the method that causes it."""
@@ -76,9 +77,16 @@ def explain_each(explainers: Sequence[Explainer], images: Tensor, targets=None, 
     return [outcome[id(e)] for e in explainers]
 
 
-def score(explainer: Explainer, images: Tensor, explanation: Explanation, metrics: Sequence[str], *,
-          regions: Tensor | None = None, options: Mapping[str, Mapping] | None = None,
-          method: str | None = None) -> Evaluation:
+def score(
+    explainer: Explainer,
+    images: Tensor,
+    explanation: Explanation,
+    metrics: Sequence[str],
+    *,
+    regions: Tensor | None = None,
+    options: Mapping[str, Mapping] | None = None,
+    method: str | None = None,
+) -> Evaluation:
     """Run ``metrics`` (names) on ``explanation``, ``explainer``'s result for ``images``.
 
     ``regions`` go to the localisation metrics (boxes (N, 4) or masks (N, H, W)),
@@ -100,26 +108,49 @@ def score(explainer: Explainer, images: Tensor, explanation: Explanation, metric
         for column, (values, _) in reported.items():
             array = values.detach().float().reshape(n, -1).cpu().numpy()
             result.rows += [
-                {"image": i, "method": method, "rank": r, "target_id": ids[i][r], "metric": column,
-                 "value": float(array[i, r])}
-                for i in range(n) for r in range(array.shape[1])
+                {
+                    "image": i,
+                    "method": method,
+                    "rank": r,
+                    "target_id": ids[i][r],
+                    "metric": column,
+                    "value": float(array[i, r]),
+                }
+                for i in range(n)
+                for r in range(array.shape[1])
             ]
         steps = None if found.steps is None else found.steps.detach().float().cpu().numpy()
         for curve, values in found.curves.items():
             flat = values.detach().float().cpu().numpy()
             points = flat.reshape(n, -1, flat.shape[-1])
             result.curves += [
-                {"image": i, "method": method, "rank": r, "target_id": ids[i][r], "metric": name, "curve": curve,
-                 "steps": steps if steps is not None else np.arange(points.shape[-1], dtype=np.float32),
-                 "values": points[i, r], "step_labels": found.step_labels}
-                for i in range(n) for r in range(points.shape[1])
+                {
+                    "image": i,
+                    "method": method,
+                    "rank": r,
+                    "target_id": ids[i][r],
+                    "metric": name,
+                    "curve": curve,
+                    "steps": steps if steps is not None else np.arange(points.shape[-1], dtype=np.float32),
+                    "values": points[i, r],
+                    "step_labels": found.step_labels,
+                }
+                for i in range(n)
+                for r in range(points.shape[1])
             ]
     return result
 
 
-def evaluate(explainers: Mapping[str, Explainer] | Sequence[Explainer], images: Tensor,
-             metrics: Sequence[str] | Mapping[str, Sequence[str]], *, targets=None, topk: int | None = None,
-             regions: Tensor | None = None, options: Mapping[str, Mapping] | None = None) -> Evaluation:
+def evaluate(
+    explainers: Mapping[str, Explainer] | Sequence[Explainer],
+    images: Tensor,
+    metrics: Sequence[str] | Mapping[str, Sequence[str]],
+    *,
+    targets=None,
+    topk: int | None = None,
+    regions: Tensor | None = None,
+    options: Mapping[str, Mapping] | None = None,
+) -> Evaluation:
     """Explain ``images`` once with each explainer and score every explanation with ``metrics``.
 
     ``explainers`` maps method names to explainers (a list is named by each one's
@@ -152,6 +183,9 @@ def evaluate(explainers: Mapping[str, Explainer] | Sequence[Explainer], images: 
         if isinstance(result, Exception):
             evaluation.failures.append({"method": method, "metric": None, "error": _reason(result)})
         else:
-            evaluation.extend(score(explainers[method], images, result, wanted[method], regions=regions,
-                                    options=options, method=method))
+            evaluation.extend(
+                score(
+                    explainers[method], images, result, wanted[method], regions=regions, options=options, method=method
+                )
+            )
     return evaluation

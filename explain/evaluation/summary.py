@@ -59,12 +59,17 @@ def summary_table(rows: Iterable[Mapping], higher_is_better: Mapping[str, bool |
     for (method, column), found in values.items():
         finite = np.asarray([v for v in found if math.isfinite(v)], dtype=np.float64)
         n = len(finite)
-        table.append({
-            "method": method, "metric": column, "n": n,
-            "mean": float(finite.mean()) if n else math.nan,
-            "std": float(finite.std(ddof=1)) if n > 1 else (0.0 if n else math.nan),
-            "higher_is_better": known.get(column), "best": False,
-        })
+        table.append(
+            {
+                "method": method,
+                "metric": column,
+                "n": n,
+                "mean": float(finite.mean()) if n else math.nan,
+                "std": float(finite.std(ddof=1)) if n > 1 else (0.0 if n else math.nan),
+                "higher_is_better": known.get(column),
+                "best": False,
+            }
+        )
     for column in dict.fromkeys(entry["metric"] for entry in table):
         entries = [e for e in table if e["metric"] == column and math.isfinite(e["mean"])]
         higher = known.get(column)
@@ -114,8 +119,11 @@ def format_summary(table: list[dict], style: str = "text") -> str:
     if style == "html":
         head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
         rows = "".join(
-            f"<tr><th scope=\"row\">{html.escape(row[0])}</th>" + "".join(f"<td>{c}</td>" for c in row[1:]) + "</tr>"
-            for row in body)
+            f'<tr><th scope="row">{html.escape(row[0])}</th>' + "".join(f"<td>{c}</td>" for c in row[1:]) + "</tr>"
+            for row in body
+        )
         return f'<table class="metrics"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip() for line in [header, *body])
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=False)).rstrip() for line in [header, *body]
+    )

@@ -162,8 +162,15 @@ class ScoredModel(nn.Module):
     zennit find and hook the model's layers through it.
     """
 
-    def __init__(self, model: nn.Module, targets: Targets, topk: int | None, class_names: Sequence[str] | None,
-                 rows: int, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        targets: Targets,
+        topk: int | None,
+        class_names: Sequence[str] | None,
+        rows: int,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         self.model = model
         self.rows = rows
@@ -191,7 +198,7 @@ class ScoredModel(nn.Module):
         if self.ids is None:
             if inputs.shape[0] % self.rows:
                 raise RuntimeError(f"the first pass ran {inputs.shape[0]} rows, not copies of the {self.rows} images")
-            images = map_tensors(lambda tensor: tensor[:self.rows] if tensor.dim() else tensor, output)
+            images = map_tensors(lambda tensor: tensor[: self.rows] if tensor.dim() else tensor, output)
             _, self.ids = select_targets(images, self.targets, topk=self.topk, class_names=self.class_names)
             self.output = detached(images if self.custom is not None else class_logits(images))
         if self.custom is not None:
@@ -200,7 +207,9 @@ class ScoredModel(nn.Module):
         if self.column is not None:
             ids = self.ids_of(self.column)
             if output.shape[0] % self.rows:
-                raise RuntimeError(f"a single-pass method ran {output.shape[0]} rows, not copies of the {self.rows} images")
+                raise RuntimeError(
+                    f"a single-pass method ran {output.shape[0]} rows, not copies of the {self.rows} images"
+                )
             return output.gather(1, ids.repeat(output.shape[0] // self.rows)[:, None]).squeeze(1)
         return output
 
@@ -286,7 +295,11 @@ class Attribution(Explainer):
         super().__init__(model, class_names=class_names)
         if reduction not in REDUCTIONS:
             raise ValueError(f"unknown reduction {reduction!r}; use one of {', '.join(REDUCTIONS)}")
-        if isinstance(clip_percentile, bool) or not isinstance(clip_percentile, (int, float)) or not 0 < clip_percentile <= 100:
+        if (
+            isinstance(clip_percentile, bool)
+            or not isinstance(clip_percentile, (int, float))
+            or not 0 < clip_percentile <= 100
+        ):
             raise ValueError(f"clip_percentile must be a number in (0, 100], got {clip_percentile!r}")
         self.reduction = reduction
         self.clip_percentile = float(clip_percentile)
@@ -332,16 +345,27 @@ class Attribution(Explainer):
         """The Explanation of attributions ``raw``: channels reduced, maps normalised."""
         maps = normalize_maps(reduce_channels(raw, self.reduction), self.clip_percentile)
         assert scored.output is not None  # recorded with the ids
-        return Explanation(maps.float(), {self.layer_label: raw}, scored.output, scored.resolved_ids, self.name,
-                           self.class_names, signed=self.reduction == "sum" and not self.nonnegative)
+        return Explanation(
+            maps.float(),
+            {self.layer_label: raw},
+            scored.output,
+            scored.resolved_ids,
+            self.name,
+            self.class_names,
+            signed=self.reduction == "sum" and not self.nonnegative,
+        )
 
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
         """Raise now what a call would raise for a mistake in the model or targets, at the
         cost of one forward pass (of a call on the first image, where ``check_runs``)."""
         images = check_images(images, self.model)
         if self.check_runs:
-            per_image = not callable(targets) and not isinstance(targets, (str, int)) and targets is not None and (
-                len(targets) == len(images) if isinstance(targets, Sequence) else getattr(targets, "ndim", 0) >= 1)
+            per_image = (
+                not callable(targets)
+                and not isinstance(targets, (str, int))
+                and targets is not None
+                and (len(targets) == len(images) if isinstance(targets, Sequence) else getattr(targets, "ndim", 0) >= 1)
+            )
             first = targets[:1] if per_image else targets  # type: ignore[index]  # per_image: a sequence or an array
             self(images[:1], first, topk=topk)
             return
@@ -364,18 +388,28 @@ class Batched(Attribution):
 
     def __init__(self, model: nn.Module, *, seed: int | None = 0, internal_batch_size: int | None = None, **options):
         super().__init__(model, **options)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
-                                 or not 0 <= seed < 2**32):
-            raise ValueError(f"seed must be an int in [0, 2**32), or None for the caller's random streams; got {seed!r}")
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32
+        ):
+            raise ValueError(
+                f"seed must be an int in [0, 2**32), or None for the caller's random streams; got {seed!r}"
+            )
         self.seed = None if seed is None else int(seed)
-        self.internal_batch_size = (None if internal_batch_size is None
-                                    else positive_int("internal_batch_size", internal_batch_size))
+        self.internal_batch_size = (
+            None if internal_batch_size is None else positive_int("internal_batch_size", internal_batch_size)
+        )
 
     def rows(self, images: Tensor, total: int) -> int:
         """Rows of one pass for a call that runs ``total`` rows like ``images[0]``:
         ``internal_batch_size``, or sized from the memory budget."""
-        return inner_rows(self.model, images, backward=self.backward, total=total, given=self.internal_batch_size,
-                          call_rows=self.planned_passes(images))
+        return inner_rows(
+            self.model,
+            images,
+            backward=self.backward,
+            total=total,
+            given=self.internal_batch_size,
+            call_rows=self.planned_passes(images),
+        )
 
 
 class WithBaseline(Batched):

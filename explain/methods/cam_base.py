@@ -50,8 +50,7 @@ def agree_in_sign(projection: Tensor, evidence: Tensor) -> Tensor:
     """``projection`` (N, P), negated per row where it correlates negatively with
     ``evidence`` (N, P). A principal component's sign is arbitrary; this makes it follow the
     evidence, so a map is never inverted at random."""
-    agreement = ((projection - projection.mean(1, keepdim=True))
-                 * (evidence - evidence.mean(1, keepdim=True))).sum(1)
+    agreement = ((projection - projection.mean(1, keepdim=True)) * (evidence - evidence.mean(1, keepdim=True))).sum(1)
     return projection * torch.where(agreement < 0, -1.0, 1.0)[:, None]
 
 
@@ -86,7 +85,12 @@ def layer_layout(reshape: Reshape | None, model: nn.Module, name: str, output: T
     else:
         layout = ReshapeFunction(reshape)
     grid = layout.to_spatial(output)
-    if not isinstance(grid, Tensor) or grid.dim() != 4 or grid.shape[0] != output.shape[0] or grid.shape[-2:].numel() < 2:
+    if (
+        not isinstance(grid, Tensor)
+        or grid.dim() != 4
+        or grid.shape[0] != output.shape[0]
+        or grid.shape[-2:].numel() < 2
+    ):
         got = tuple(grid.shape) if isinstance(grid, Tensor) else type(grid).__name__
         raise ValueError(
             f"layer {name!r} outputs shape {tuple(output.shape)}, {got} as a grid; a CAM needs an (N, C, h, w) "
@@ -229,9 +233,7 @@ class BaseCAM(Explainer):
             raise TypeError(f"reshape must be None, an explain.TokenLayout or a function, got {type(reshape).__name__}")
         self.reshape = reshape
         if eigen_smooth and not self.channel_sum:
-            raise ValueError(
-                f"{type(self).__name__} is not a sum over channels, so eigen_smooth does not apply to it"
-            )
+            raise ValueError(f"{type(self).__name__} is not a sum over channels, so eigen_smooth does not apply to it")
         self.eigen_smooth = bool(eigen_smooth)
         self.aug_smooth = bool(aug_smooth)
         self._layers = None if target_layer is None else resolve_layers(model, target_layer)
@@ -271,10 +273,13 @@ class BaseCAM(Explainer):
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
             missing = [name for name in layers if name not in capture.activations]
             if missing:
-                raise ValueError(f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
-                                 "at inference (`explain layers MODEL` lists them)")
-            layouts = {name: layer_layout(self.reshape, self.model, name, capture.activations[name], images)
-                       for name in layers}
+                raise ValueError(
+                    f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
+                    "at inference (`explain layers MODEL` lists them)"
+                )
+            layouts = {
+                name: layer_layout(self.reshape, self.model, name, capture.activations[name], images) for name in layers
+            }
             recorded: dict[str, list[Tensor]] = {}
             if with_gradients:
                 scores = self.explained_scores(output, scores, ids)
@@ -285,8 +290,17 @@ class BaseCAM(Explainer):
             outputs = {name: capture.activations[name].detach().float() for name in layers}
         activations = {name: layouts[name].to_spatial(output_) for name, output_ in outputs.items()}
         custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
-        return Captured(activations, recorded, detached(output), ids, (images.shape[-2], images.shape[-1]), images, custom,
-                        layouts=layouts, layer_outputs=outputs)
+        return Captured(
+            activations,
+            recorded,
+            detached(output),
+            ids,
+            (images.shape[-2], images.shape[-1]),
+            images,
+            custom,
+            layouts=layouts,
+            layer_outputs=outputs,
+        )
 
     def explained_scores(self, output, scores: Tensor, ids: Tensor) -> Tensor:
         """The scores to differentiate, from the target scores (logits) that were selected;

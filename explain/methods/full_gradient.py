@@ -76,13 +76,22 @@ class FullGrad(Explainer):
     cost = "1 forward + 1 backward"
     needs_layer = False
 
-    def __init__(self, model: nn.Module, target_layer=None, *, class_names: Sequence[str] | None = None,
-                 eigen_smooth: bool = False, aug_smooth: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer=None,
+        *,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+    ):
         super().__init__(model, class_names=class_names)
         if target_layer is not None:
             raise ValueError("FullGrad explains through every layer with a bias; it takes no target_layer (pass None)")
         if eigen_smooth or aug_smooth:
-            raise ValueError("FullGrad is no sum over one layer's channels: eigen_smooth and aug_smooth do not apply to it")
+            raise ValueError(
+                "FullGrad is no sum over one layer's channels: eigen_smooth and aug_smooth do not apply to it"
+            )
         self._layers: dict[str, tuple[nn.Module, nn.Module]] | None = None
 
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
@@ -98,13 +107,20 @@ class FullGrad(Explainer):
                 if not calls[name] or bias_of(module) is None:
                     continue
                 if calls[name] > 1:
-                    raise ValueError(f"layer {name!r} runs {calls[name]} times per forward pass; FullGrad needs each once")
+                    raise ValueError(
+                        f"layer {name!r} runs {calls[name]} times per forward pass; FullGrad needs each once"
+                    )
                 if isinstance(module, nn.BatchNorm2d) and hasattr(module, "act"):  # timm's BatchNormAct2d
-                    layers[name] = (module.get_submodule("drop"), module)  # its (identity) drop runs between norm and activation
+                    layers[name] = (
+                        module.get_submodule("drop"),
+                        module,
+                    )  # its (identity) drop runs between norm and activation
                 else:
                     layers[name] = (module, module)
             if not layers:
-                raise ValueError("the model has no convolution or batch norm with a bias, so FullGrad has no bias terms")
+                raise ValueError(
+                    "the model has no convolution or batch norm with a bias, so FullGrad has no bias terms"
+                )
             self._layers = layers
         return self._layers
 
@@ -117,8 +133,11 @@ class FullGrad(Explainer):
             with channel_hint(images):
                 output = self.model(x)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
-            biases = {name: bias.float()[None, :, None, None] for name, (_, owner) in layers.items()
-                      if (bias := bias_of(owner)) is not None}  # (each has one: bias_layers picked them so)
+            biases = {
+                name: bias.float()[None, :, None, None]
+                for name, (_, owner) in layers.items()
+                if (bias := bias_of(owner)) is not None
+            }  # (each has one: bias_layers picked them so)
             maps = []
             for column in (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1):
                 (input_gradient,) = capture.backward(column, inputs=(x,))
@@ -133,5 +152,6 @@ class FullGrad(Explainer):
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
         custom = callable(targets) and not isinstance(targets, Tensor)
         logits = detached(output if custom else class_logits(output))
-        return Explanation(scale_maps(raw, size), {self.layer_names(images)[0]: raw}, logits, ids, self.name,
-                           self.class_names)
+        return Explanation(
+            scale_maps(raw, size), {self.layer_names(images)[0]: raw}, logits, ids, self.name, self.class_names
+        )

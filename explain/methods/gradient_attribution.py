@@ -60,15 +60,38 @@ __all__ = [
 #: The rectifier-like activation modules of torch (and so of torchvision) that Guided
 #: Backprop and Deconvolution guide. Gates (Sigmoid, Tanh) are not rectifiers and are left alone.
 RELU_LIKE: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.RReLU, nn.ELU, nn.CELU, nn.SELU,
-    nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish, nn.Softplus,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.PReLU,
+    nn.RReLU,
+    nn.ELU,
+    nn.CELU,
+    nn.SELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Hardswish,
+    nn.Softplus,
 )
 # timm's own activation modules (timm.layers.activations and activations_me), by class name,
 # so that explain does not import timm for them.
-_TIMM_RELU_LIKE = frozenset({
-    "Swish", "SwishMe", "Mish", "MishMe", "HardSwish", "HardSwishMe", "HardMish", "HardMishMe",
-    "GELU", "GELUTanh", "QuickGELU", "PReLU",
-})
+_TIMM_RELU_LIKE = frozenset(
+    {
+        "Swish",
+        "SwishMe",
+        "Mish",
+        "MishMe",
+        "HardSwish",
+        "HardSwishMe",
+        "HardMish",
+        "HardMishMe",
+        "GELU",
+        "GELUTanh",
+        "QuickGELU",
+        "PReLU",
+    }
+)
 _TIMM_GATES = frozenset({"Sigmoid", "Tanh", "HardSigmoid", "HardSigmoidMe"})
 #: captum's quadratures for Integrated Gradients.
 QUADRATURES = ("gausslegendre", "riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle")
@@ -88,8 +111,11 @@ def is_relu_like(module: nn.Module) -> bool:
 
 def _is_elementwise_activation(module: nn.Module) -> bool:
     kind = type(module)
-    return (is_relu_like(module) or isinstance(module, (nn.Sigmoid, nn.Tanh, nn.Hardsigmoid))
-            or (kind.__module__.startswith("timm.") and kind.__name__ in _TIMM_GATES))
+    return (
+        is_relu_like(module)
+        or isinstance(module, (nn.Sigmoid, nn.Tanh, nn.Hardsigmoid))
+        or (kind.__module__.startswith("timm.") and kind.__name__ in _TIMM_GATES)
+    )
 
 
 class _GuidedEverywhere:
@@ -154,7 +180,9 @@ class _RescaleEverywhere:
     def _backward_hook(self, module: nn.Module, grad_input, grad_output):
         inputs, outputs = module.__dict__.get("explain_inputs"), module.__dict__.get("explain_outputs")
         if not inputs or not outputs:
-            raise RuntimeError(f"DeepLift found no recorded forward call of {type(module).__name__} for its backward pass")
+            raise RuntimeError(
+                f"DeepLift found no recorded forward call of {type(module).__name__} for its backward pass"
+            )
         recorded_input, recorded_output = inputs.pop(), outputs.pop()
         gradient = grad_input[0] if isinstance(grad_input, tuple) else grad_input
         if gradient.shape != recorded_input.shape:
@@ -243,11 +271,17 @@ class _NoiseTunnel(Batched):
         results = []
         for i, span in enumerate(spans):
             with seeded(self.seed, images.device):
-                results.append(tunnel.attribute(
-                    images[i:i + 1], nt_type=self.nt_type, nt_samples=self.n_samples,
-                    nt_samples_batch_size=rows, stdevs=self.noise_level * span,
-                    target=slice_target(target, slice(i, i + 1)), abs=False,
-                ))
+                results.append(
+                    tunnel.attribute(
+                        images[i : i + 1],
+                        nt_type=self.nt_type,
+                        nt_samples=self.n_samples,
+                        nt_samples_batch_size=rows,
+                        stdevs=self.noise_level * span,
+                        target=slice_target(target, slice(i, i + 1)),
+                        abs=False,
+                    )
+                )
         return torch.cat(results)
 
 
@@ -318,11 +352,19 @@ class IntegratedGradients(WithBaseline):
         integrated = captum_attr.IntegratedGradients(scored)
         # captum runs at least all the images it is given in each pass: fewer rows than
         # images, the images go in groups of ``rows``.
-        return torch.cat([
-            integrated.attribute(images[group], baselines=baselines[group], target=slice_target(target, group),
-                                 n_steps=self.n_steps, method=self.method, internal_batch_size=rows)
-            for group in (slice(i, i + rows) for i in range(0, len(images), rows))
-        ])
+        return torch.cat(
+            [
+                integrated.attribute(
+                    images[group],
+                    baselines=baselines[group],
+                    target=slice_target(target, group),
+                    n_steps=self.n_steps,
+                    method=self.method,
+                    internal_batch_size=rows,
+                )
+                for group in (slice(i, i + rows) for i in range(0, len(images), rows))
+            ]
+        )
 
 
 @register
@@ -444,11 +486,16 @@ class DeepLift(WithBaseline):
             scored.resolve(images)
         scored.column = None  # each internal batch gets its targets from captum
         target = scored.target(k)
-        return torch.cat([
-            deeplift.attribute(images[i:i + step], baselines=baselines[i:i + step],
-                               target=slice_target(target, slice(i, i + step)))
-            for i in range(0, len(images), step)
-        ])
+        return torch.cat(
+            [
+                deeplift.attribute(
+                    images[i : i + step],
+                    baselines=baselines[i : i + step],
+                    target=slice_target(target, slice(i, i + step)),
+                )
+                for i in range(0, len(images), step)
+            ]
+        )
 
 
 class _Shap(Batched):
@@ -459,8 +506,10 @@ class _Shap(Batched):
     def __init__(self, model: nn.Module, *, baseline: str | float | Tensor = "noise", n_baselines: int = 16, **options):
         super().__init__(model, **options)
         if isinstance(baseline, str) and baseline not in ("noise", "zeros"):
-            raise ValueError(f"baseline {baseline!r} is not a distribution; use 'noise', 'zeros', "
-                             "or a tensor (B, C, H, W) of baselines")
+            raise ValueError(
+                f"baseline {baseline!r} is not a distribution; use 'noise', 'zeros', "
+                "or a tensor (B, C, H, W) of baselines"
+            )
         self.baseline = baseline
         self.n_baselines = positive_int("n_baselines", n_baselines)
 
@@ -474,8 +523,10 @@ class _Shap(Batched):
         own seeded stream, so it does not depend on the rest of the batch."""
         if isinstance(self.baseline, Tensor):
             if self.baseline.dim() != 4 or self.baseline.shape[1:] != image.shape[1:]:
-                raise ValueError(f"a baseline distribution must have shape (B, {', '.join(map(str, image.shape[1:]))}), "
-                                 f"got {tuple(self.baseline.shape)}")
+                raise ValueError(
+                    f"a baseline distribution must have shape (B, {', '.join(map(str, image.shape[1:]))}), "
+                    f"got {tuple(self.baseline.shape)}"
+                )
             return self.baseline.to(image.device, image.dtype)
         if self.baseline != "noise":  # one fixed baseline: a distribution of one
             return make_baselines(image, self.baseline)
@@ -508,13 +559,15 @@ class DeepLiftShap(_Shap):
         deeplift = _CaptumDeepLiftShap(scored)
         results = []
         for i in range(len(images)):
-            baselines = self.distribution(images[i:i + 1])
-            total = torch.zeros_like(images[i:i + 1])
+            baselines = self.distribution(images[i : i + 1])
+            total = torch.zeros_like(images[i : i + 1])
             for start in range(0, len(baselines), step):
-                chunk = baselines[start:start + step]
+                chunk = baselines[start : start + step]
                 if len(chunk) == 1:  # captum wants two: the same one twice has the same mean
                     chunk = chunk.expand(2, -1, -1, -1)
-                part = deeplift.attribute(images[i:i + 1], baselines=chunk, target=slice_target(target, slice(i, i + 1)))
+                part = deeplift.attribute(
+                    images[i : i + 1], baselines=chunk, target=slice_target(target, slice(i, i + 1))
+                )
                 total += part * min(len(chunk), len(baselines) - start)
             results.append(total / len(baselines))
         return torch.cat(results)
@@ -552,13 +605,18 @@ class GradientShap(_Shap):
         shap = captum_attr.GradientShap(scored)
         results = []
         for i in range(len(images)):
-            baselines = self.distribution(images[i:i + 1])
-            total = torch.zeros_like(images[i:i + 1])
+            baselines = self.distribution(images[i : i + 1])
+            total = torch.zeros_like(images[i : i + 1])
             with seeded(self.seed, images.device):
                 for start in range(0, self.n_samples, step):
                     count = min(step, self.n_samples - start)
-                    part = shap.attribute(images[i:i + 1], baselines=baselines, n_samples=count, stdevs=self.stdevs,
-                                          target=slice_target(target, slice(i, i + 1)))
+                    part = shap.attribute(
+                        images[i : i + 1],
+                        baselines=baselines,
+                        n_samples=count,
+                        stdevs=self.stdevs,
+                        target=slice_target(target, slice(i, i + 1)),
+                    )
                     total += part * count
             results.append(total / self.n_samples)
         return torch.cat(results)

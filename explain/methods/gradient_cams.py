@@ -227,14 +227,32 @@ class SmoothGradCAMPlusPlus(GradientCAM):
     cost = "1 forward + n_samples (4) forward + backward to the layer"
     shares_capture = False
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 4, noise: float = 0.3,
-                 seed: int = 0, class_names: Sequence[str] | None = None, eigen_smooth: bool = False,
-                 aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        n_samples: int = 4,
+        noise: float = 0.3,
+        seed: int = 0,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
-    def capture(self, images: Tensor, targets: Targets = None, *, topk: int | None = None,
-                gradients: bool | None = None) -> Captured:
+    def capture(
+        self, images: Tensor, targets: Targets = None, *, topk: int | None = None, gradients: bool | None = None
+    ) -> Captured:
         # The image as given supplies A and the targets; only the noisy copies need gradients.
         clean = super().capture(images, targets, topk=topk, gradients=False)
         fixed = clean.custom_target if clean.custom_target is not None else clean.targets
@@ -248,9 +266,18 @@ class SmoothGradCAMPlusPlus(GradientCAM):
                     sums = moments[power].setdefault(name, [torch.zeros_like(g) for g in grads])
                     for k, g in enumerate(grads):
                         sums[k] += g.pow(power) / self.n_samples
-        return Captured(clean.activations, moments[1], clean.output, clean.targets, clean.input_size,
-                        clean.images, clean.custom_target, extra={"second": moments[2], "third": moments[3]},
-                        layouts=clean.layouts, layer_outputs=clean.layer_outputs)
+        return Captured(
+            clean.activations,
+            moments[1],
+            clean.output,
+            clean.targets,
+            clean.input_size,
+            clean.images,
+            clean.custom_target,
+            extra={"second": moments[2], "third": moments[3]},
+            layouts=clean.layouts,
+            layer_outputs=clean.layer_outputs,
+        )
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
         activations = captured.activations[layer]
@@ -277,15 +304,32 @@ class ShapleyCAM(GradientCAM):
     cost = "1 forward + 1 double backward to the layer"
     shares_capture = False
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, rest: bool = True,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        rest: bool = True,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self.rest = bool(rest)
 
     contributions = staticmethod(GradCAM.contributions)
 
-    def capture(self, images: Tensor, targets: Targets = None, *, topk: int | None = None,
-                gradients: bool | None = None) -> Captured:
+    def capture(
+        self, images: Tensor, targets: Targets = None, *, topk: int | None = None, gradients: bool | None = None
+    ) -> Captured:
         # Fused attention kernels have no second derivative; the explicit one has.
         with explicit_attention_kernels(self.model):
             return super().capture(images, targets, topk=topk, gradients=gradients)
@@ -304,8 +348,7 @@ class ShapleyCAM(GradientCAM):
         if missing:
             raise ValueError(f"layer(s) {missing} did not run in the forward pass; pick layers the model uses")
         activations = [capture.activations[name] for name in names]
-        first = torch.autograd.grad(scores.sum(), activations, create_graph=True, retain_graph=True,
-                                    allow_unused=True)
+        first = torch.autograd.grad(scores.sum(), activations, create_graph=True, retain_graph=True, allow_unused=True)
         unused = [name for name, gradient in zip(names, first, strict=True) if gradient is None]
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")
@@ -313,8 +356,9 @@ class ShapleyCAM(GradientCAM):
         for name, activation, gradient in zip(names, activations, first, strict=True):
             if gradient.requires_grad:
                 try:
-                    (hvp,) = torch.autograd.grad(gradient, activation, grad_outputs=activation.detach(),
-                                                 retain_graph=True, allow_unused=True)
+                    (hvp,) = torch.autograd.grad(
+                        gradient, activation, grad_outputs=activation.detach(), retain_graph=True, allow_unused=True
+                    )
                 except RuntimeError as error:
                     if "not implemented" not in str(error):
                         raise
@@ -348,16 +392,35 @@ class FinerCAM(GradientCAM):
     cost = "1 forward + 1 backward to the layer"
     shares_capture = False
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, alpha: float = 1.0,
-                 comparison: Sequence[int] = (1, 2, 3), base: str = "gradcam",
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        alpha: float = 1.0,
+        comparison: Sequence[int] = (1, 2, 3),
+        base: str = "gradcam",
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         base_class = registered_class(base)
         if not issubclass(base_class, GradientCAM) or not base_class.channel_sum or base_class.shares_capture is False:
             raise ValueError(f"Finer-CAM's base must be a plain gradient CAM such as gradcam or layercam, not {base!r}")
         ranks = list(comparison)
         if not ranks or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in ranks):
-            raise ValueError(f"comparison holds ranks of similar classes, ints >= 1 (1 = the nearest); got {comparison!r}")
+            raise ValueError(
+                f"comparison holds ranks of similar classes, ints >= 1 (1 = the nearest); got {comparison!r}"
+            )
         self.alpha, self.comparison, self.base = float(alpha), ranks, base_class
         self.contributions = base_class.contributions  # type: ignore[method-assign]  # the base CAM's rule
 

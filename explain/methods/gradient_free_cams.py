@@ -56,7 +56,14 @@ class CAM(BaseCAM):
         aug_smooth: bool = False,
         reshape: Reshape | None = None,
     ):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+        super().__init__(
+            model,
+            target_layer,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self._fc: nn.Linear | None = None
         if fc_layer is not None:
             ((name, fc),) = resolve_layers(model, fc_layer).items()
@@ -74,13 +81,20 @@ class CAM(BaseCAM):
         into the logits, after checking that it does."""
         logits = class_logits(captured.output)
         if captured.custom_target is not None or not isinstance(logits, Tensor) or logits.dim() != 2:
-            raise ValueError("CAM explains class logits of an (N, num_classes) output; pass class targets, not a callable")
+            raise ValueError(
+                "CAM explains class logits of an (N, num_classes) output; pass class targets, not a callable"
+            )
         activations = captured.activations[layer]
         channels, classes = activations.shape[1], logits.shape[1]
-        candidates = [self._fc] if self._fc is not None else [
-            m for m in reversed(list(self.model.modules()))
-            if isinstance(m, nn.Linear) and m.in_features == channels and m.out_features == classes
-        ]
+        candidates = (
+            [self._fc]
+            if self._fc is not None
+            else [
+                m
+                for m in reversed(list(self.model.modules()))
+                if isinstance(m, nn.Linear) and m.in_features == channels and m.out_features == classes
+            ]
+        )
         if not candidates:
             raise NotApplicable(
                 f"CAM needs a linear layer from the {channels} channels of layer {layer!r} to the {classes} "
@@ -126,8 +140,9 @@ class EigenCAM(BaseCAM):
         return principal_component(captured.activations[layer])
 
 
-def kernel_principal_component(activations: Tensor, kernel: str = "sigmoid", gamma: float | None = None,
-                               degree: int = 3, coef0: float = 1.0) -> Tensor:
+def kernel_principal_component(
+    activations: Tensor, kernel: str = "sigmoid", gamma: float | None = None, degree: int = 3, coef0: float = 1.0
+) -> Tensor:
     """Projection of each location on the first kernel principal component.
 
     ``activations`` is (N, C, h, w); each image's (h*w, C) matrix X is centred per channel,
@@ -183,10 +198,26 @@ class KPCACAM(BaseCAM):
     uses_gradients = False
     channel_sum = False
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, kernel: str = "sigmoid",
-                 gamma: float | None = None, class_names: Sequence[str] | None = None, eigen_smooth: bool = False,
-                 aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        kernel: str = "sigmoid",
+        gamma: float | None = None,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         kernel_principal_component(torch.ones(1, 1, 1, 2), kernel)  # an unknown kernel fails now
         self.kernel, self.gamma = kernel, gamma
 
@@ -211,9 +242,25 @@ class FEM(BaseCAM):
     cost = "1 forward"
     uses_gradients = False
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, k: float = 2.0,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        k: float = 2.0,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self.k = k
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -239,9 +286,25 @@ class RandomCAM(BaseCAM):
     cost = "1 forward"
     uses_gradients = False
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, seed: int | None = None,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        seed: int | None = None,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self.seed = seed
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:

@@ -117,7 +117,7 @@ class LayerReplay:
             raise ValueError(f"the layer is called {len(calls)} times in the traced forward")
         (layer_node,) = calls
         after = {layer_node}
-        for node in nodes[nodes.index(layer_node) + 1:]:
+        for node in nodes[nodes.index(layer_node) + 1 :]:
             if any(source in after for source in node.all_input_nodes):
                 after.add(node)
         output = next(n for n in nodes if n.op == "output")
@@ -186,8 +186,11 @@ class LayerReplay:
     def _warn(self) -> None:
         if self.reason is not None and not self._warned:
             self._warned = True
-            warnings.warn(f"{self.reason}; each replay runs the whole model instead (slower, same result)",
-                          RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"{self.reason}; each replay runs the whole model instead (slower, same result)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def __call__(self, activations: Tensor, rows: Tensor):
         """The model output for images ``rows`` (of the prepared batch) with the layer's
@@ -204,4 +207,3 @@ class LayerReplay:
             return self.model(self._images[rows])
         finally:
             handle.remove()
-

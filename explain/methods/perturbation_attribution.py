@@ -52,7 +52,9 @@ class Occlusion(WithBaseline):
         window = self.window or max(1, min(height, width) // 7)
         stride = self.stride or max(1, window // 2)
         if window > min(height, width):
-            raise ValueError(f"the occlusion window ({window}) is larger than the images ({height} x {width}); pass a smaller window")
+            raise ValueError(
+                f"the occlusion window ({window}) is larger than the images ({height} x {width}); pass a smaller window"
+            )
         return window, stride
 
     def planned_passes(self, images: Tensor) -> int:
@@ -66,8 +68,11 @@ class Occlusion(WithBaseline):
         window, stride = self.window_and_stride(images)
         rows = self.rows(images, self.planned_passes(images))
         return captum_attr.Occlusion(scored).attribute(
-            images, sliding_window_shapes=(channels, window, window), strides=(channels, stride, stride),
-            baselines=self.baselines(scored, images), target=scored.target(k),
+            images,
+            sliding_window_shapes=(channels, window, window),
+            strides=(channels, stride, stride),
+            baselines=self.baselines(scored, images),
+            target=scored.target(k),
             perturbations_per_eval=rows_per_pass(rows, len(images)),
         )
 
@@ -119,10 +124,16 @@ class _Sampled(_Superpixels):
                 per_image.append((delta[0] - delta[1]).to(images.dtype).expand_as(images[rows]))
                 continue
             with seeded(self.seed, images.device):
-                per_image.append(method.attribute(
-                    images[rows], baselines=baselines[rows], target=slice_target(target, rows),
-                    feature_mask=masks[rows], n_samples=self.n_samples, perturbations_per_eval=rows_per_eval,
-                ))
+                per_image.append(
+                    method.attribute(
+                        images[rows],
+                        baselines=baselines[rows],
+                        target=slice_target(target, rows),
+                        feature_mask=masks[rows],
+                        n_samples=self.n_samples,
+                        perturbations_per_eval=rows_per_eval,
+                    )
+                )
         attributions = torch.cat(per_image)
         # A least-squares fit leaves rounding noise where the scores do not change at all;
         # weights a million times smaller than the score are that noise, not evidence.
@@ -193,7 +204,9 @@ class FeatureAblation(_Superpixels):
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         rows = self.rows(images, self.planned_passes(images))
         return captum_attr.FeatureAblation(scored).attribute(
-            images, baselines=self.baselines(scored, images), target=scored.target(k),
+            images,
+            baselines=self.baselines(scored, images),
+            target=scored.target(k),
             feature_mask=self.segments(scored, images),
             perturbations_per_eval=rows_per_pass(rows, len(images)),
         )

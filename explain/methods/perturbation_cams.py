@@ -47,9 +47,25 @@ class PerturbationCAM(BaseCAM):
     #: Masked passes per channel (SS-CAM and IS-CAM take it as an option).
     n_samples = 1
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int | None = None,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, class_names=class_names, eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        batch_size: int | None = None,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self.batch_size = None if batch_size is None else positive_int("batch_size", batch_size)
 
     def planned_passes(self, images: Tensor) -> int:
@@ -104,11 +120,27 @@ class ScoreCAM(PerturbationCAM):
     name = "scorecam"
     weightings = ("probability", "channel-softmax")
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int | None = None,
-                 weighting: str = "probability", class_names: Sequence[str] | None = None,
-                 eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, batch_size=batch_size, class_names=class_names,
-                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        batch_size: int | None = None,
+        weighting: str = "probability",
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            batch_size=batch_size,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         if weighting not in self.weightings:
             raise ValueError(f"weighting must be one of {', '.join(self.weightings)}; got {weighting!r}")
         self.weighting = weighting
@@ -156,8 +188,17 @@ class ScoreCAM(PerturbationCAM):
             weights = weights.softmax(dim=1)
         return weights.transpose(1, 2)
 
-    def _score_masks(self, captured: Captured, activations: Tensor, owners: Tensor, firsts: Tensor,
-                     wanted: Tensor, scores: Tensor, step: int, passes: Passes) -> None:
+    def _score_masks(
+        self,
+        captured: Captured,
+        activations: Tensor,
+        owners: Tensor,
+        firsts: Tensor,
+        wanted: Tensor,
+        scores: Tensor,
+        step: int,
+        passes: Passes,
+    ) -> None:
         """Fill ``scores`` of the ``wanted`` distinct ``activations`` (R, 1, h, w) as masks,
         ``step`` masked images per pass."""
         images, size, probability = captured.images, captured.input_size, self.weighting != "channel-softmax"
@@ -172,7 +213,7 @@ class ScoreCAM(PerturbationCAM):
             total: Tensor | float = 0.0
             count = 0
             for sample in self.sample_masks(masks, firsts[chunk]):
-                masked = torch.mul(sources, sample.to(images.dtype), out=buffer[:len(chunk)])
+                masked = torch.mul(sources, sample.to(images.dtype), out=buffer[: len(chunk)])
                 output = self.model(masked)
                 total = total + captured.scores(output, owners[chunk], probability=probability)
                 count += 1
@@ -199,11 +240,31 @@ class SSCAM(ScoreCAM):
     name = "sscam"
     cost = "1 + C x n_samples (35) forward"
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 35,
-                 noise: float = 2.0, seed: int = 0, batch_size: int | None = None, weighting: str = "probability",
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
-                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        n_samples: int = 35,
+        noise: float = 2.0,
+        seed: int = 0,
+        batch_size: int | None = None,
+        weighting: str = "probability",
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            batch_size=batch_size,
+            weighting=weighting,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
@@ -231,11 +292,29 @@ class ISCAM(ScoreCAM):
     name = "iscam"
     cost = "1 + C x n_samples (10) forward"
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_samples: int = 10,
-                 batch_size: int | None = None, weighting: str = "probability", class_names: Sequence[str] | None = None,
-                 eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, class_names=class_names,
-                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        n_samples: int = 10,
+        batch_size: int | None = None,
+        weighting: str = "probability",
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            batch_size=batch_size,
+            weighting=weighting,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self.n_samples = positive_int("n_samples", n_samples)
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
@@ -264,10 +343,26 @@ class AblationCAM(PerturbationCAM):
     name = "ablationcam"
     cost = "1 forward + C forward of the layers after the target (C channels there)"
 
-    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, batch_size: int | None = None,
-                 class_names: Sequence[str] | None = None, eigen_smooth: bool = False, aug_smooth: bool = False, reshape: Reshape | None = None):
-        super().__init__(model, target_layer, batch_size=batch_size, class_names=class_names,
-                         eigen_smooth=eigen_smooth, aug_smooth=aug_smooth, reshape=reshape)
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        batch_size: int | None = None,
+        class_names: Sequence[str] | None = None,
+        eigen_smooth: bool = False,
+        aug_smooth: bool = False,
+        reshape: Reshape | None = None,
+    ):
+        super().__init__(
+            model,
+            target_layer,
+            batch_size=batch_size,
+            class_names=class_names,
+            eigen_smooth=eigen_smooth,
+            aug_smooth=aug_smooth,
+            reshape=reshape,
+        )
         self._replays: dict[str, LayerReplay] = {}
 
     def replay(self, layer: str) -> LayerReplay:
@@ -291,7 +386,9 @@ class AblationCAM(PerturbationCAM):
                 rows, ablate = image_ids[chunk], channel_ids[chunk]
                 changed = activations[rows]
                 changed[torch.arange(len(chunk), device=changed.device), ablate] = 0
-                ablated[rows, ablate] = captured.scores(replay(captured.in_layer_layout(layer, changed, rows), rows), rows)
+                ablated[rows, ablate] = captured.scores(
+                    replay(captured.in_layer_layout(layer, changed, rows), rows), rows
+                )
                 passes.advance(len(chunk))
         return safe_divide(original[:, None, :] - ablated, original[:, None, :]).transpose(1, 2)
 

@@ -40,9 +40,18 @@ FIRST_RULES = ("zbox", "flat")
 # Autograd nodes that merge two activations outside any module, where no rule applies.
 _UNSEEN_MERGES = frozenset({"AddBackward0", "SubBackward0", "MulBackward0"})
 # What a canonizer or a rule may change on a module, put back after each call.
-_MODULE_DICTS = ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
-                 "_backward_hooks", "_backward_pre_hooks", "_forward_hooks_with_kwargs",
-                 "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+_MODULE_DICTS = (
+    "_parameters",
+    "_buffers",
+    "_modules",
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks_with_kwargs",
+)
 
 #: (input modifier, parameter modifier, sign): the contributions sign * x'_i dz'_j/dx'_i
 #: of the layer run on a modified input x' with modified parameters.
@@ -90,7 +99,9 @@ class SharingRule(BasicHook):
                 total = proportional if bias is None else proportional + outputs[index]
                 denominator = stabilize(total)
                 scale = relevance / denominator if select is None else relevance * select(outputs[-1]) / denominator
-                result += [sign * scale for _, _, sign in terms] + ([torch.zeros_like(scale)] if bias is not None else [])
+                result += [sign * scale for _, _, sign in terms] + (
+                    [torch.zeros_like(scale)] if bias is not None else []
+                )
                 index += bias is not None
                 held = held + scale * ((denominator if share_stabilizer else total) - proportional)
             fan_in = outputs[flat]
@@ -100,18 +111,25 @@ class SharingRule(BasicHook):
         def reduce(inputs: list[Tensor], gradients: list[Tensor]) -> Tensor:
             return sum(x * g for x, g in zip(inputs[:flat], gradients[:flat], strict=True)) + gradients[flat]
 
-        super().__init__(input_modifiers=inputs, param_modifiers=params, output_modifiers=[_identity] * len(inputs),
-                         gradient_mapper=gradients, reducer=reduce)
+        super().__init__(
+            input_modifiers=inputs,
+            param_modifiers=params,
+            output_modifiers=[_identity] * len(inputs),
+            gradient_mapper=gradients,
+            reducer=reduce,
+        )
 
 
 def epsilon_rule(epsilon: float) -> SharingRule:
     """LRP-epsilon with the bias shared; epsilon absorbs epsilon / (|z_j| + epsilon) of R_j."""
-    return SharingRule([(None, [(_identity, NoMod(zero_params=["bias"]), 1.0)], NoMod())],
-                       stabilizer=epsilon, share_stabilizer=False)
+    return SharingRule(
+        [(None, [(_identity, NoMod(zero_params=["bias"]), 1.0)], NoMod())], stabilizer=epsilon, share_stabilizer=False
+    )
 
 
 def gamma_rule(gamma: float) -> SharingRule:
     """LRP-gamma for signed inputs (zennit's ``Gamma``) with the bias shared."""
+
     def up(bias: bool) -> GammaMod:
         return GammaMod(gamma, min=0.0, zero_params=None if bias else ["bias"])
 
@@ -124,19 +142,29 @@ def gamma_rule(gamma: float) -> SharingRule:
     def negative(x: Tensor) -> Tensor:
         return x.clamp(max=0)
 
-    return SharingRule([
-        (lambda z: z >= 0, [(positive, up(False), 1.0), (negative, down(False), 1.0)], up(True)),
-        (lambda z: z < 0, [(positive, down(False), 1.0), (negative, up(False), 1.0)], down(True)),
-    ])
+    return SharingRule(
+        [
+            (lambda z: z >= 0, [(positive, up(False), 1.0), (negative, down(False), 1.0)], up(True)),
+            (lambda z: z < 0, [(positive, down(False), 1.0), (negative, up(False), 1.0)], down(True)),
+        ]
+    )
 
 
 def zbox_rule(low: Tensor, high: Tensor) -> SharingRule:
     """The z-box rule for inputs between ``low`` and ``high`` (its bias cancels)."""
-    return SharingRule([(None, [
-        (_identity, NoMod(zero_params=["bias"]), 1.0),
-        (lambda x: low.to(x).expand_as(x), ClampMod(min=0.0, zero_params=["bias"]), -1.0),
-        (lambda x: high.to(x).expand_as(x), ClampMod(max=0.0, zero_params=["bias"]), -1.0),
-    ], None)])
+    return SharingRule(
+        [
+            (
+                None,
+                [
+                    (_identity, NoMod(zero_params=["bias"]), 1.0),
+                    (lambda x: low.to(x).expand_as(x), ClampMod(min=0.0, zero_params=["bias"]), -1.0),
+                    (lambda x: high.to(x).expand_as(x), ClampMod(max=0.0, zero_params=["bias"]), -1.0),
+                ],
+                None,
+            )
+        ]
+    )
 
 
 def proportional_rule() -> SharingRule:
@@ -160,7 +188,10 @@ def _register_each(make: Callable[[], Canonizer], targets: Sequence[tuple]) -> l
 
 # Blocks that add their input to their output where a flag says so: (module prefix, flag,
 # the module that drops the branch in training, an identity at inference).
-_FLAGGED_RESIDUALS = (("timm.", "has_skip", "drop_path"), ("torchvision.models.", "use_res_connect", "stochastic_depth"))
+_FLAGGED_RESIDUALS = (
+    ("timm.", "has_skip", "drop_path"),
+    ("torchvision.models.", "use_res_connect", "stochastic_depth"),
+)
 
 
 class ResidualSumCanonizer(Canonizer):
@@ -182,8 +213,11 @@ class ResidualSumCanonizer(Canonizer):
         blocks: list[tuple[nn.Module, str | None]] = []
         for module in root_module.modules():
             kind = type(module)
-            blocks += [(module, flag) for prefix, flag, _ in _FLAGGED_RESIDUALS
-                       if kind.__module__.startswith(prefix) and vars(module).get(flag) is True]
+            blocks += [
+                (module, flag)
+                for prefix, flag, _ in _FLAGGED_RESIDUALS
+                if kind.__module__.startswith(prefix) and vars(module).get(flag) is True
+            ]
             if kind.__module__ == "torchvision.models.regnet" and kind.__name__ == "ResBottleneckBlock":
                 blocks.append((module, None))
         return _register_each(type(self), blocks)
@@ -238,7 +272,9 @@ class TracedMergeBatchNorm(MergeBatchNorm):
         batch_norm.running_var.data = batch_norm.running_var.data - batch_norm.eps
 
 
-def traced_batch_norm_pairs(model: nn.Module, images: Tensor) -> tuple[list[tuple[nn.Module, nn.Module]], nn.Module | None]:
+def traced_batch_norm_pairs(
+    model: nn.Module, images: Tensor
+) -> tuple[list[tuple[nn.Module, nn.Module]], nn.Module | None]:
     """The (convolution or linear layer, batch norm) pairs of ``model`` where the batch norm
     receives the very tensor the layer returned, unchanged in place, each called once: the
     pairs a merge leaves the model's function unchanged for; and the first convolution that
@@ -260,8 +296,14 @@ def traced_batch_norm_pairs(model: nn.Module, images: Tensor) -> tuple[list[tupl
         if output is inputs[0] and version == output._version and isinstance(layer, (ConvolutionStandard, nn.Linear)):
             pairs.append((layer, module))
 
-    norms = [module for module in model.modules() if isinstance(module, BatchNorm) and module.affine
-             and module.running_mean is not None and module.running_var is not None]
+    norms = [
+        module
+        for module in model.modules()
+        if isinstance(module, BatchNorm)
+        and module.affine
+        and module.running_mean is not None
+        and module.running_var is not None
+    ]
     leaves = [module for module in model.modules() if next(module.children(), None) is None]
     handles = [module.register_forward_pre_hook(match) for module in norms]
     handles += [module.register_forward_hook(record) for module in {*leaves, *norms}]
@@ -342,8 +384,10 @@ def _zbox_bounds(images: Tensor, mean: Tensor, std: Tensor) -> tuple[Tensor, Ten
     widened to each image."""
     low = (-mean / std).to(images).reshape(1, -1, 1, 1)
     high = ((1 - mean) / std).to(images).reshape(1, -1, 1, 1)
-    return (torch.minimum(low, images.amin(dim=(2, 3), keepdim=True)),
-            torch.maximum(high, images.amax(dim=(2, 3), keepdim=True)))
+    return (
+        torch.minimum(low, images.amin(dim=(2, 3), keepdim=True)),
+        torch.maximum(high, images.amax(dim=(2, 3), keepdim=True)),
+    )
 
 
 def _lrp_composite(model: nn.Module, images: Tensor, first: Hook, *, gamma: float, epsilon: float) -> Composite:
@@ -365,8 +409,12 @@ def _lrp_composite(model: nn.Module, images: Tensor, first: Hook, *, gamma: floa
             return passed
         return None
 
-    canonizers = [TracedMergeBatchNorm(pairs), ResNetBasicBlockCanonizer(),
-                  ResNetBottleneckCanonizer(), ResidualSumCanonizer()]
+    canonizers = [
+        TracedMergeBatchNorm(pairs),
+        ResNetBasicBlockCanonizer(),
+        ResNetBottleneckCanonizer(),
+        ResidualSumCanonizer(),
+    ]
     return Composite(module_map=rule_for, canonizers=canonizers)
 
 
@@ -507,8 +555,10 @@ class LRP(Attribution):
             )
         model, reference = scored.model, scored.output
         if not isinstance(reference, Tensor):
-            raise TypeError(f"LRP with a callable target needs a model that returns one tensor, got "
-                            f"{type(reference).__name__}; explain class ids, which LRP reads by the output's logits")
+            raise TypeError(
+                f"LRP with a callable target needs a model that returns one tensor, got "
+                f"{type(reference).__name__}; explain class ids, which LRP reads by the output's logits"
+            )
         inputs = images.detach().requires_grad_()
         relevances = []
         with restored_modules(model), self.registered(self.composite(model, images), model):
@@ -535,8 +585,10 @@ class LRP(Attribution):
         score = start.flatten(1).sum(dim=1)
         gap = float(((relevance.flatten(1).sum(dim=1) - score).abs() / score.abs().clamp_min(1e-12)).max())
         if merges:
-            cause = (f"the model adds or multiplies two activations outside any module (found: {merges}; "
-                     "residual additions or gates no canonizer covers), which copies relevance")
+            cause = (
+                f"the model adds or multiplies two activations outside any module (found: {merges}; "
+                "residual additions or gates no canonizer covers), which copies relevance"
+            )
         elif gap > 0.01 and self.epsilon <= 1e-4:
             cause = "relevance is lost or copied where no rule applies (e.g. activations called as functions)"
         else:

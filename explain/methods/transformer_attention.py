@@ -46,8 +46,9 @@ class TransformerAttention(Explainer):
     family: ClassVar[str] = "transformer attention"
     uses_gradients: ClassVar[bool] = False
 
-    def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None,
-                 layout: TokenLayout | None = None):
+    def __init__(
+        self, model: nn.Module, *, class_names: Sequence[str] | None = None, layout: TokenLayout | None = None
+    ):
         super().__init__(model, class_names=class_names)
         if layout is not None and (not isinstance(layout, TokenLayout) or layout.kind != "tokens"):
             raise ValueError("layout must be an explain.TokenLayout('tokens', prefix=P, grid=(h, w))")
@@ -93,15 +94,23 @@ class TransformerAttention(Explainer):
             layout = self.check_attention(capture.weights, images)
             weights = [w.detach().float() for w in capture.weights]
             columns = (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1)
-            relevances = [self.relevance(weights, self.gradients(capture, output, column, ids, k))
-                          for k, column in enumerate(columns)]
+            relevances = [
+                self.relevance(weights, self.gradients(capture, output, column, ids, k))
+                for k, column in enumerate(columns)
+            ]
         assert layout.grid is not None  # a token layout (check_attention)
         h, w = layout.grid
-        raw = torch.stack([r[:, layout.prefix:layout.prefix + h * w].reshape(-1, h, w) for r in relevances], dim=1)
+        raw = torch.stack([r[:, layout.prefix : layout.prefix + h * w].reshape(-1, h, w) for r in relevances], dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
         custom = callable(targets) and not isinstance(targets, Tensor)
-        return Explanation(scale_maps(raw, (images.shape[-2], images.shape[-1])), {"attention": raw},
-                           detached(output if custom else class_logits(output)), ids, self.name, self.class_names)
+        return Explanation(
+            scale_maps(raw, (images.shape[-2], images.shape[-1])),
+            {"attention": raw},
+            detached(output if custom else class_logits(output)),
+            ids,
+            self.name,
+            self.class_names,
+        )
 
     def gradients(self, capture: AttentionCapture, output, scores: Tensor, ids: Tensor, k: int) -> list[Tensor] | None:
         """The gradients of ``scores`` (N,) with respect to every layer's attention, or None
@@ -141,8 +150,15 @@ class AttentionRollout(TransformerAttention):
     name = "attention-rollout"
     cost = "1 forward"
 
-    def __init__(self, model: nn.Module, *, head_fusion: str = "mean", discard_ratio: float = 0.0,
-                 class_names: Sequence[str] | None = None, layout: TokenLayout | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        head_fusion: str = "mean",
+        discard_ratio: float = 0.0,
+        class_names: Sequence[str] | None = None,
+        layout: TokenLayout | None = None,
+    ):
         super().__init__(model, class_names=class_names, layout=layout)
         if head_fusion not in HEAD_FUSIONS:
             raise ValueError(f"head_fusion must be one of {', '.join(HEAD_FUSIONS)}, got {head_fusion!r}")
@@ -223,8 +239,15 @@ class LeGrad(TransformerAttention):
     cost = "1 forward + 1 backward per layer to its attention"
     uses_gradients = True
 
-    def __init__(self, model: nn.Module, *, start_layer: int = 0, readout: Callable[[Tensor], Tensor] | None = None,
-                 class_names: Sequence[str] | None = None, layout: TokenLayout | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        start_layer: int = 0,
+        readout: Callable[[Tensor], Tensor] | None = None,
+        class_names: Sequence[str] | None = None,
+        layout: TokenLayout | None = None,
+    ):
         super().__init__(model, class_names=class_names, layout=layout)
         if isinstance(start_layer, bool) or not isinstance(start_layer, int):
             raise ValueError(f"start_layer must be an int (negative counts from the last layer), got {start_layer!r}")
@@ -245,8 +268,12 @@ class LeGrad(TransformerAttention):
         if self._blocks is None:
             self._blocks = [self.model.get_submodule(name) for name in transformer_blocks(self.model, images[:1])]
         self._tokens = []
-        handles = [block.register_forward_hook(lambda module, args, output: self._tokens.append(
-            output[0] if isinstance(output, tuple) else output)) for block in self._blocks]
+        handles = [
+            block.register_forward_hook(
+                lambda module, args, output: self._tokens.append(output[0] if isinstance(output, tuple) else output)
+            )
+            for block in self._blocks
+        ]
         try:
             return super().__call__(images, targets, topk=topk)
         finally:
@@ -257,9 +284,11 @@ class LeGrad(TransformerAttention):
     def gradients(self, capture: AttentionCapture, output, scores: Tensor, ids: Tensor, k: int) -> list[Tensor]:
         tokens = self._tokens
         if len(tokens) != len(capture.weights):
-            raise ValueError(f"LeGrad pairs each block with its attention, and found {len(tokens)} blocks for "
-                             f"{len(capture.weights)} attention layers; pass readout= and check the model is a plain ViT")
-        layers = range(len(tokens))[self.start_layer:]
+            raise ValueError(
+                f"LeGrad pairs each block with its attention, and found {len(tokens)} blocks for "
+                f"{len(capture.weights)} attention layers; pass readout= and check the model is a plain ViT"
+            )
+        layers = range(len(tokens))[self.start_layer :]
         if not layers:
             raise ValueError(f"start_layer={self.start_layer} leaves none of the {len(tokens)} layers")
         column = ids if ids.dim() == 1 else ids[:, k]
@@ -267,10 +296,17 @@ class LeGrad(TransformerAttention):
             raise ValueError("LeGrad reads class logits at every layer; pass class targets, not a callable")
         logits = class_logits(output).detach()
         final = self.readout(tokens[-1])
-        if not isinstance(final, Tensor) or final.shape != logits.shape or not torch.allclose(
-                final.detach().float(), logits.float(), rtol=1e-4, atol=1e-4 * float(logits.abs().max().clamp_min(1))):
-            raise ValueError("the readout applied to the last block's tokens does not give the model's logits; "
-                             "pass readout= (a function of the last block's tokens that returns the logits)")
+        if (
+            not isinstance(final, Tensor)
+            or final.shape != logits.shape
+            or not torch.allclose(
+                final.detach().float(), logits.float(), rtol=1e-4, atol=1e-4 * float(logits.abs().max().clamp_min(1))
+            )
+        ):
+            raise ValueError(
+                "the readout applied to the last block's tokens does not give the model's logits; "
+                "pass readout= (a function of the last block's tokens that returns the logits)"
+            )
         rows = torch.arange(len(column), device=column.device)
         gradients = []
         for layer in layers:
@@ -291,10 +327,15 @@ def find_readout(model: nn.Module) -> Callable[[Tensor], Tensor] | None:
     dynamic: Any = model  # the attributes of each family's own classes
     if hasattr(model, "forward_head") and isinstance(getattr(model, "norm", None), nn.Module):  # timm
         return lambda tokens: dynamic.forward_head(dynamic.norm(tokens))
-    if type(model).__name__ == "VisionTransformer" and hasattr(model, "heads") and hasattr(model, "encoder"):  # torchvision
+    if (
+        type(model).__name__ == "VisionTransformer" and hasattr(model, "heads") and hasattr(model, "encoder")
+    ):  # torchvision
         return lambda tokens: dynamic.heads(dynamic.encoder.ln(tokens)[:, 0])
     base: Any = getattr(model, "base_model", None)
-    if hasattr(model, "classifier") and isinstance(getattr(base, "layernorm", None), nn.Module) and getattr(
-            getattr(model, "config", None), "model_type", "") in ("vit", "deit"):  # Hugging Face
+    if (
+        hasattr(model, "classifier")
+        and isinstance(getattr(base, "layernorm", None), nn.Module)
+        and getattr(getattr(model, "config", None), "model_type", "") in ("vit", "deit")
+    ):  # Hugging Face
         return lambda tokens: dynamic.classifier(base.layernorm(tokens)[:, 0])
     return None

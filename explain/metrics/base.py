@@ -16,8 +16,15 @@ from ..passes import Passes, inner_rows
 from ..targets import class_logits
 
 __all__ = [
-    "Pairs", "Score", "batch_size_for", "batched_scores", "draws", "explanation_batch", "pairs_of",
-    "perturbation_curve", "read_scores",
+    "Pairs",
+    "Score",
+    "batch_size_for",
+    "batched_scores",
+    "draws",
+    "explanation_batch",
+    "pairs_of",
+    "perturbation_curve",
+    "read_scores",
 ]
 
 
@@ -85,8 +92,9 @@ class Pairs:
         return 1 if len(self.shape) == 1 else self.shape[1]
 
 
-def pairs_of(model: nn.Module, images: Tensor, explanation: Explanation | Tensor,
-             targets: Tensor | None = None) -> Pairs:
+def pairs_of(
+    model: nn.Module, images: Tensor, explanation: Explanation | Tensor, targets: Tensor | None = None
+) -> Pairs:
     """Check that ``explanation`` explains ``images`` and flatten it to one triple per target.
 
     ``explanation`` is an :class:`~explain.Explanation` or maps of shape (N, H, W) (or
@@ -101,7 +109,9 @@ def pairs_of(model: nn.Module, images: Tensor, explanation: Explanation | Tensor
         if targets is None:
             raise ValueError("maps given as a tensor need their targets: pass targets= (class ids, (N,))")
     else:
-        raise TypeError(f"explanation must be an explain.Explanation or a tensor of maps, got {type(explanation).__name__}")
+        raise TypeError(
+            f"explanation must be an explain.Explanation or a tensor of maps, got {type(explanation).__name__}"
+        )
     targets = torch.as_tensor(targets, device=images.device)
     n, height, width = images.shape[0], *images.shape[-2:]
     if maps.dim() not in (3, 4) or maps.shape[0] != n or tuple(maps.shape[-2:]) != (height, width):
@@ -142,8 +152,10 @@ def check_finite(maps: Tensor) -> Tensor:
 def check_target_range(output: Tensor, targets: Tensor) -> None:
     """Raise where a target class id is not one of the (M, classes) ``output``'s classes."""
     if targets.numel() and int(targets.max()) >= output.shape[1]:
-        raise ValueError(f"target class {int(targets.max())} is out of range: the model has {output.shape[1]} "
-                         f"classes (ids 0..{output.shape[1] - 1})")
+        raise ValueError(
+            f"target class {int(targets.max())} is out of range: the model has {output.shape[1]} "
+            f"classes (ids 0..{output.shape[1] - 1})"
+        )
 
 
 SCORES = ("probability", "logit")
@@ -184,8 +196,9 @@ def batched_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]], s
     return torch.cat(out)
 
 
-def draws(seed: int | None, indices: list[int], shape: tuple[int, ...], device: torch.device, *,
-          normal: bool = False) -> Tensor:
+def draws(
+    seed: int | None, indices: list[int], shape: tuple[int, ...], device: torch.device, *, normal: bool = False
+) -> Tensor:
     """Random tensors of ``shape``, one per index, uniform in [0, 1) (``normal``: standard
     normal). Draw ``i`` depends only on ``seed`` and ``i``, so every image gets the same
     noise at the same step whatever its position or batch; ``seed=None`` draws from the

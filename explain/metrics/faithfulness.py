@@ -53,7 +53,9 @@ def _step_pixels(step: int | float | None, height: int, width: int) -> int:
     if isinstance(step, float) and 0 < step <= 1:
         return max(1, round(step * height * width))
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(f"step must be a number of pixels (int >= 1) or a fraction of the image in (0, 1], got {step!r}")
+        raise ValueError(
+            f"step must be a number of pixels (int >= 1) or a fraction of the image in (0, 1], got {step!r}"
+        )
     return step
 
 
@@ -114,8 +116,16 @@ def deletion(
     ([[2.0, 1.0, 0.0, 0.0, 0.0]], [0.5])
     """
     pairs = pairs_of(model, images, explanation, targets)
-    return _petsiuk_curve(model, pairs, insert=False, step=step, substrate=_baselines(pairs, baseline),
-                          batch_size=batch_size, score=score, name="deletion")
+    return _petsiuk_curve(
+        model,
+        pairs,
+        insert=False,
+        step=step,
+        substrate=_baselines(pairs, baseline),
+        batch_size=batch_size,
+        score=score,
+        name="deletion",
+    )
 
 
 def blurred(images: Tensor, kernel_size: int = 11, sigma: float = 5.0) -> Tensor:
@@ -151,10 +161,12 @@ def insertion(
     :func:`deletion`; ``curves["insertion"]`` holds the curve.
     """
     pairs = pairs_of(model, images, explanation, targets)
-    substrate = blurred(pairs.images, positive_int("blur_kernel", blur_kernel),
-                        checked_number("blur_sigma", blur_sigma, positive=True))
-    return _petsiuk_curve(model, pairs, insert=True, step=step, substrate=substrate,
-                          batch_size=batch_size, score=score, name="insertion")
+    substrate = blurred(
+        pairs.images, positive_int("blur_kernel", blur_kernel), checked_number("blur_sigma", blur_sigma, positive=True)
+    )
+    return _petsiuk_curve(
+        model, pairs, insert=True, step=step, substrate=substrate, batch_size=batch_size, score=score, name="insertion"
+    )
 
 
 @with_pass_options
@@ -206,8 +218,12 @@ def average_drop(
         metric="average-drop",
         values=pairs.unflatten(drop),
         higher_is_better=False,
-        extra={"increase": pairs.unflatten(increase), "gain": pairs.unflatten(gain),
-               "probability": pairs.unflatten(y), "masked_probability": pairs.unflatten(o)},
+        extra={
+            "increase": pairs.unflatten(increase),
+            "gain": pairs.unflatten(gain),
+            "probability": pairs.unflatten(y),
+            "masked_probability": pairs.unflatten(o),
+        },
     )
 
 
@@ -233,9 +249,11 @@ def _road_imputer(order: int, noise: float, seed: int | None):
         out = noisy_linear_impute(batch, removed, noise=0.0)
         if noise > 0:
             indices = [2 * step + order for step in steps.tolist()]
-            out = out + torch.where(removed[:, None], noise * draws(seed, indices, batch.shape[1:], batch.device,
-                                                                     normal=True), 0.0)
+            out = out + torch.where(
+                removed[:, None], noise * draws(seed, indices, batch.shape[1:], batch.device, normal=True), 0.0
+            )
         return out
+
     return fill
 
 
@@ -275,8 +293,16 @@ def road(
     curves = {}
     for order, name in enumerate(("morf", "lerf")):
         keys = ranks(pairs.maps, descending=(name == "morf"))
-        read = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, _road_imputer(order, noise, seed),
-                                  batch_size=batch_size, score=_probability_and_hit)
+        read = perturbation_curve(
+            model,
+            pairs.images,
+            pairs.targets,
+            keys,
+            counts,
+            _road_imputer(order, noise, seed),
+            batch_size=batch_size,
+            score=_probability_and_hit,
+        )
         curves[name], curves[f"{name}_accuracy"] = read.unbind(-1)
     extra = {name: pairs.unflatten(curve.mean(1)) for name, curve in curves.items()}
     gap = curves["lerf"].mean(1) - curves["morf"].mean(1)
@@ -314,8 +340,16 @@ def pixel_flipping(
     the intact image on; the area is the trapezoid rule on [0, 1] as in :func:`deletion`.
     """
     pairs = pairs_of(model, images, explanation, targets)
-    return _petsiuk_curve(model, pairs, insert=False, step=step, substrate=_baselines(pairs, baseline),
-                          batch_size=batch_size, score=score, name="pixel-flipping")
+    return _petsiuk_curve(
+        model,
+        pairs,
+        insert=False,
+        step=step,
+        substrate=_baselines(pairs, baseline),
+        batch_size=batch_size,
+        score=score,
+        name="pixel-flipping",
+    )
 
 
 def _block_keys(maps: Tensor, patch_size: int, descending: bool = True) -> tuple[Tensor, int]:
@@ -334,7 +368,7 @@ def _block_keys(maps: Tensor, patch_size: int, descending: bool = True) -> tuple
     sums = padded.view(m, rows, patch_size, columns, patch_size).sum((2, 4)).flatten(1)
     patch_rank = ranks(sums, descending=descending).view(m, rows, columns)
     keys = patch_rank.repeat_interleave(patch_size, 1).repeat_interleave(patch_size, 2)
-    return keys[:, top:top + height, left:left + width], rows * columns
+    return keys[:, top : top + height, left : left + width], rows * columns
 
 
 @with_pass_options
@@ -381,8 +415,9 @@ def region_perturbation(
     else:
         substrate = _baselines(pairs, baseline)
     counts = torch.arange(regions + 1)
-    curve = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, substrate,
-                               batch_size=batch_size, score=score)
+    curve = perturbation_curve(
+        model, pairs.images, pairs.targets, keys, counts, substrate, batch_size=batch_size, score=score
+    )
     drops = curve[:, :1] - curve
     return Score(
         metric="region-perturbation",
@@ -402,10 +437,16 @@ def _irof_segments(pairs, segments, n_segments: int, compactness: float) -> Tens
     if segments.dim() == 4 and segments.shape[1] == 1:
         segments = segments[:, 0]
     k = pairs.per_image
-    if segments.dim() != 3 or len(segments) * k != len(pairs.maps) or segments.shape[1:] != pairs.maps.shape[1:] \
-            or (segments < 0).any():
-        raise ValueError(f"segments must be (N, H, W) non-negative integer ids, one per image, at the maps' size "
-                         f"{tuple(pairs.maps.shape[1:])}; got {tuple(segments.shape)}")
+    if (
+        segments.dim() != 3
+        or len(segments) * k != len(pairs.maps)
+        or segments.shape[1:] != pairs.maps.shape[1:]
+        or (segments < 0).any()
+    ):
+        raise ValueError(
+            f"segments must be (N, H, W) non-negative integer ids, one per image, at the maps' size "
+            f"{tuple(pairs.maps.shape[1:])}; got {tuple(segments.shape)}"
+        )
     return segments.repeat_interleave(k, dim=0)
 
 
@@ -432,9 +473,7 @@ def _irof_area(curve: Tensor, n: Tensor, counts: Tensor) -> tuple[Tensor, Tensor
     # An image with n < count segments is fully removed at step n; its curve stops there.
     last = relative.gather(1, n[:, None])
     relative = torch.where(counts.to(relative.device)[None] > n[:, None], last, relative)
-    area = torch.stack([
-        torch.trapezoid(relative[i, : n[i] + 1], dx=1.0 / n[i].item()) for i in range(len(curve))
-    ])
+    area = torch.stack([torch.trapezoid(relative[i, : n[i] + 1], dx=1.0 / n[i].item()) for i in range(len(curve))])
     return relative, area
 
 
@@ -474,7 +513,9 @@ def irof(
     keys, n, count = _segment_keys(pairs.maps, segments)
     fill = pairs.images.mean((2, 3), keepdim=True).expand_as(pairs.images)
     counts = torch.arange(count + 1)
-    curve = perturbation_curve(model, pairs.images, pairs.targets, keys, counts, fill, batch_size=batch_size, score=score)
+    curve = perturbation_curve(
+        model, pairs.images, pairs.targets, keys, counts, fill, batch_size=batch_size, score=score
+    )
     relative, area = _irof_area(curve, n, counts)
     return Score(
         metric="irof",

@@ -101,16 +101,21 @@ def _check_impute_arguments(images: Tensor, removed: Tensor, noise: float) -> No
     """Raise ValueError unless images are (N, C, H, W) floats, removed an (N, H, W) boolean
     mask and noise a standard deviation."""
     if images.dim() != 4 or not images.is_floating_point():
-        raise ValueError(f"images must be a floating point (N, C, H, W) tensor, got {tuple(images.shape)} {images.dtype}")
+        raise ValueError(
+            f"images must be a floating point (N, C, H, W) tensor, got {tuple(images.shape)} {images.dtype}"
+        )
     n, _, h, w = images.shape
     if removed.dtype != torch.bool or tuple(removed.shape) != (n, h, w):
-        raise ValueError(f"removed must be a boolean (N, H, W) = {(n, h, w)} tensor, got {tuple(removed.shape)} {removed.dtype}")
+        raise ValueError(
+            f"removed must be a boolean (N, H, W) = {(n, h, w)} tensor, got {tuple(removed.shape)} {removed.dtype}"
+        )
     if not noise >= 0:
         raise ValueError(f"noise must be a standard deviation >= 0, got {noise}")
 
 
-def _impute(images: Tensor, removed: Tensor, noise: float, generator: torch.Generator | None,
-            tol: float, max_iter: int) -> Tensor:
+def _impute(
+    images: Tensor, removed: Tensor, noise: float, generator: torch.Generator | None, tol: float, max_iter: int
+) -> Tensor:
     """:func:`noisy_linear_impute` on checked arguments, ``removed`` on the images' device."""
     with torch.no_grad():
         images = images.detach()
@@ -125,8 +130,9 @@ def _impute(images: Tensor, removed: Tensor, noise: float, generator: torch.Gene
     return out.to(images.dtype)
 
 
-def _impute_without_noise(images: Tensor, removed: Tensor, counts: Tensor, work: torch.dtype,
-                          tol: float, max_iter: int) -> Tensor:
+def _impute_without_noise(
+    images: Tensor, removed: Tensor, counts: Tensor, work: torch.dtype, tol: float, max_iter: int
+) -> Tensor:
     """A new ``work``-typed copy of the images with the removed pixels imputed; an image with
     ``counts`` (removed pixels) of every pixel becomes 0, one with none stays as it is."""
     h, w = images.shape[-2:]
@@ -336,7 +342,9 @@ def _coarsen(u: Tensor, stencil: Tensor) -> _Coarse:
     torch.mul(forward, both, out=inner[:, 4:]).mul_(uc)
     for k in range(4):  # A_c(I, I - D) = A_c(I - D, I)
         dy, dx = _OFFSETS[8 - k]
-        inner[:, k, max(dy, 0) :, max(dx, 0) : wc + min(dx, 0)] = inner[:, 8 - k, : hc - dy, max(-dx, 0) : wc - max(dx, 0)]
+        inner[:, k, max(dy, 0) :, max(dx, 0) : wc + min(dx, 0)] = inner[
+            :, 8 - k, : hc - dy, max(-dx, 0) : wc - max(dx, 0)
+        ]
     return _Coarse(a, uc)
 
 

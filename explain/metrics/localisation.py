@@ -56,7 +56,7 @@ def pointing_game(explanation: Explanation | Tensor, regions: Tensor, *, toleran
     if tolerance > 0:
         radius = int(tolerance)
         offsets = torch.arange(-radius, radius + 1, device=maps.device, dtype=torch.float32)
-        disc = ((offsets[:, None] ** 2 + offsets[None, :] ** 2) <= tolerance ** 2).float()[None, None]
+        disc = ((offsets[:, None] ** 2 + offsets[None, :] ** 2) <= tolerance**2).float()[None, None]
         near = torch.nn.functional.conv2d(masks[:, None].float(), disc, padding=radius)[:, 0] > 0.5
     else:
         near = masks

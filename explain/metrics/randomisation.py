@@ -120,8 +120,9 @@ def _checkpoint_steps(checkpoints: int | None, count: int) -> list[int]:
     evenly spaced from the first layer to the last, or every layer."""
     if checkpoints is None or positive_int("checkpoints", checkpoints) >= count:
         return list(range(1, count + 1))
-    return sorted({round(1 + i * (count - 1) / (checkpoints - 1)) for i in range(checkpoints)}
-                  if checkpoints > 1 else {count})
+    return sorted(
+        {round(1 + i * (count - 1) / (checkpoints - 1)) for i in range(checkpoints)} if checkpoints > 1 else {count}
+    )
 
 
 def _randomise(module: nn.Module, seed: int, device: torch.device) -> None:
@@ -133,8 +134,9 @@ def _randomise(module: nn.Module, seed: int, device: torch.device) -> None:
                 reset()
 
 
-def _cascade(explainer: Explainer, pairs, modules: list[nn.Module], compared: list[int], seed: int,
-             batch_size: int) -> tuple[Tensor, Tensor]:
+def _cascade(
+    explainer: Explainer, pairs, modules: list[nn.Module], compared: list[int], seed: int, batch_size: int
+) -> tuple[Tensor, Tensor]:
     """Randomise ``modules`` one after another, explaining again after each number of layers
     in ``compared``; the Spearman correlations and SSIMs with the original maps, (M, S) each.
     The model's weights are put back afterwards."""
@@ -229,7 +231,9 @@ def random_logit(
     if explanation is None:
         explanation = explainer(images, targets)
     pairs = pairs_of(explainer.model, images, explanation, targets)
-    logits = explanation.logits if isinstance(explanation, Explanation) and isinstance(explanation.logits, Tensor) else None
+    logits = (
+        explanation.logits if isinstance(explanation, Explanation) and isinstance(explanation.logits, Tensor) else None
+    )
     if logits is None:
         with preserved_state(explainer.model), torch.inference_mode():
             logits = explainer.model(images[:1])
@@ -237,8 +241,9 @@ def random_logit(
     if classes < 2:
         raise ValueError("the random logit test needs a model with at least two classes")
     k = pairs.per_image
-    offsets = torch.as_tensor(np.random.RandomState(seed).randint(0, classes - 1, len(pairs.targets) // k),
-                              device=pairs.targets.device).repeat_interleave(k)
+    offsets = torch.as_tensor(
+        np.random.RandomState(seed).randint(0, classes - 1, len(pairs.targets) // k), device=pairs.targets.device
+    ).repeat_interleave(k)
     others = offsets + (offsets >= pairs.targets).long()
     with Passes(None, len(pairs.images)):
         again = _explain_again(explainer, pairs.images, others, explanation_batch(batch_size, pairs.images.device))

@@ -43,28 +43,55 @@ def _metric(name, function, needs, cost, higher_is_better, **extra_columns) -> M
     return Metric(name, function, needs, {name: (None, higher_is_better), **extra_columns}, cost)
 
 
-METRICS: dict[str, Metric] = {m.name: m for m in [
-    _metric("deletion", faithfulness.deletion, "model", "H+1 forwards (225 at 224 px)", False),
-    _metric("insertion", faithfulness.insertion, "model", "H+1 forwards", True),
-    _metric("average-drop", faithfulness.average_drop, "model", "2 forwards", False,
-            **{"increase-in-confidence": ("increase", True), "average-gain": ("gain", True)}),
-    _metric("road", faithfulness.road, "model", "18 forwards + imputation", True,
-            **{"road-morf": ("morf", False), "road-lerf": ("lerf", True)}),
-    _metric("pixel-flipping", faithfulness.pixel_flipping, "model", "101 forwards", False),
-    _metric("region-perturbation", faithfulness.region_perturbation, "model", "101 forwards", True),
-    _metric("irof", faithfulness.irof, "model", "one forward per superpixel (~100) + SLIC", True),
-    _metric("sensitivity", robustness.sensitivity, "explainer", "10 explanations", False,
-            **{"avg-sensitivity": ("average", False)}),
-    _metric("randomisation", randomisation.model_randomisation, "explainer", "up to 10 explanations", False,
-            **{"randomisation-ssim": ("ssim", False)}),
-    _metric("random-logit", randomisation.random_logit, "explainer", "1 explanation", False),
-    _metric("pointing-game", localisation.pointing_game, "regions", "none", True),
-    _metric("relevance-mass", localisation.relevance_mass, "regions", "none", True),
-    _metric("relevance-rank", localisation.relevance_rank, "regions", "none", True),
-    _metric("energy-pointing-game", localisation.energy_pointing_game, "regions", "none", True),
-    _metric("sparseness", concentration.sparseness, "map", "none", True),
-    _metric("complexity", concentration.complexity, "map", "none", False),
-]}
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in [
+        _metric("deletion", faithfulness.deletion, "model", "H+1 forwards (225 at 224 px)", False),
+        _metric("insertion", faithfulness.insertion, "model", "H+1 forwards", True),
+        _metric(
+            "average-drop",
+            faithfulness.average_drop,
+            "model",
+            "2 forwards",
+            False,
+            **{"increase-in-confidence": ("increase", True), "average-gain": ("gain", True)},
+        ),
+        _metric(
+            "road",
+            faithfulness.road,
+            "model",
+            "18 forwards + imputation",
+            True,
+            **{"road-morf": ("morf", False), "road-lerf": ("lerf", True)},
+        ),
+        _metric("pixel-flipping", faithfulness.pixel_flipping, "model", "101 forwards", False),
+        _metric("region-perturbation", faithfulness.region_perturbation, "model", "101 forwards", True),
+        _metric("irof", faithfulness.irof, "model", "one forward per superpixel (~100) + SLIC", True),
+        _metric(
+            "sensitivity",
+            robustness.sensitivity,
+            "explainer",
+            "10 explanations",
+            False,
+            **{"avg-sensitivity": ("average", False)},
+        ),
+        _metric(
+            "randomisation",
+            randomisation.model_randomisation,
+            "explainer",
+            "up to 10 explanations",
+            False,
+            **{"randomisation-ssim": ("ssim", False)},
+        ),
+        _metric("random-logit", randomisation.random_logit, "explainer", "1 explanation", False),
+        _metric("pointing-game", localisation.pointing_game, "regions", "none", True),
+        _metric("relevance-mass", localisation.relevance_mass, "regions", "none", True),
+        _metric("relevance-rank", localisation.relevance_rank, "regions", "none", True),
+        _metric("energy-pointing-game", localisation.energy_pointing_game, "regions", "none", True),
+        _metric("sparseness", concentration.sparseness, "map", "none", True),
+        _metric("complexity", concentration.complexity, "map", "none", False),
+    ]
+}
 
 
 def metric_names() -> list[str]:
@@ -87,8 +114,15 @@ def metric(name: str) -> Metric:
     return METRICS[key]
 
 
-def compute(name: str, explainer: Explainer, images: Tensor, explanation: Explanation, *,
-            regions: Tensor | None = None, **options) -> Score:
+def compute(
+    name: str,
+    explainer: Explainer,
+    images: Tensor,
+    explanation: Explanation,
+    *,
+    regions: Tensor | None = None,
+    **options,
+) -> Score:
     """Run the metric called ``name`` on ``explanation`` (the result of ``explainer`` on
     ``images``), with ``options`` for the metric's function.
 
@@ -114,5 +148,7 @@ def compute(name: str, explainer: Explainer, images: Tensor, explanation: Explan
 def columns(name: str, score: Score) -> dict[str, tuple[Tensor, bool | None]]:
     """The numbers ``name`` reports, by column name: (per-target values, higher is better)."""
     spec = metric(name)
-    return {column: (score.values if key is None else score.extra[key], higher)
-            for column, (key, higher) in spec.columns.items()}
+    return {
+        column: (score.values if key is None else score.extra[key], higher)
+        for column, (key, higher) in spec.columns.items()
+    }

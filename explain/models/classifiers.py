@@ -24,8 +24,19 @@ from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..options import BUNDLED_MODEL
 from .files import read_state_dict
 
-__all__ = ["BUNDLED", "TIMM_PREFIX", "Preprocess", "UnknownModel", "close_model_names", "huggingface_preprocess", "imagenet_classes", "imagenet_preprocess", "is_bundled",
-           "is_huggingface_folder", "load"]
+__all__ = [
+    "BUNDLED",
+    "TIMM_PREFIX",
+    "Preprocess",
+    "UnknownModel",
+    "close_model_names",
+    "huggingface_preprocess",
+    "imagenet_classes",
+    "imagenet_preprocess",
+    "is_bundled",
+    "is_huggingface_folder",
+    "load",
+]
 
 BUNDLED = BUNDLED_MODEL
 #: ``timm:NAME`` names a timm model.
@@ -57,12 +68,14 @@ def imagenet_preprocess(
     std: tuple[float, ...] = IMAGENET_STD,
 ) -> transforms.Compose:
     """PIL image -> normalised (3, crop, crop) tensor: resize, centre crop, normalise."""
-    return transforms.Compose([
-        transforms.Resize(resize, interpolation=transforms.InterpolationMode.BILINEAR),
-        transforms.CenterCrop(crop),
-        transforms.ToTensor(),
-        transforms.Normalize(mean, std),
-    ])
+    return transforms.Compose(
+        [
+            transforms.Resize(resize, interpolation=transforms.InterpolationMode.BILINEAR),
+            transforms.CenterCrop(crop),
+            transforms.ToTensor(),
+            transforms.Normalize(mean, std),
+        ]
+    )
 
 
 def load(
@@ -98,7 +111,7 @@ def load(
     if is_bundled(name):
         model, preprocess, classes = _load_bundled(weights)
     elif name.startswith(TIMM_PREFIX):
-        model, preprocess, classes = _load_timm(name[len(TIMM_PREFIX):], weights)
+        model, preprocess, classes = _load_timm(name[len(TIMM_PREFIX) :], weights)
     elif is_huggingface_folder(name):
         if weights is not None:
             raise ValueError(f"{name} is a Hugging Face model folder, which carries its own weights; drop weights=")
@@ -133,7 +146,9 @@ def _load_bundled(weights) -> tuple[nn.Module, Preprocess, list[str]]:
     renamed = {}
     for (src_key, tensor), (dst_key, expected) in zip(source.items(), target.items(), strict=True):
         if tensor.shape != expected.shape:
-            raise ValueError(f"{path}: {src_key} has shape {tuple(tensor.shape)}, {dst_key} needs {tuple(expected.shape)}")
+            raise ValueError(
+                f"{path}: {src_key} has shape {tuple(tensor.shape)}, {dst_key} needs {tuple(expected.shape)}"
+            )
         renamed[dst_key] = tensor
     model.load_state_dict(renamed)
     preprocess = imagenet_preprocess(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
@@ -162,7 +177,11 @@ def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[s
         crop = 299 if name == "inception_v3" else 224
         return model, imagenet_preprocess(resize=342 if crop == 299 else 256, crop=crop), classes
     try:
-        enum = tvm.get_model_weights(name)[str(weights)] if str(weights) != "DEFAULT" else tvm.get_model_weights(name).DEFAULT
+        enum = (
+            tvm.get_model_weights(name)[str(weights)]
+            if str(weights) != "DEFAULT"
+            else tvm.get_model_weights(name).DEFAULT
+        )
     except KeyError:
         known = [w.name for w in tvm.get_model_weights(name)]
         raise ValueError(f"{name} has no weights {weights!r}; known: {', '.join(known)}, or a local file") from None
@@ -184,9 +203,11 @@ class UnknownModel(ValueError):
         self.name = name
         self.close = close_model_names(name)
         hint = f"did you mean {', '.join(self.close)}? A" if self.close else "a"
-        super().__init__(f"unknown model {name!r}; {hint} classifier is {BUNDLED!r} (bundled), a torchvision "
-                         "classification model name, timm:NAME for a timm model, or a folder holding a Hugging Face "
-                         "image classifier")
+        super().__init__(
+            f"unknown model {name!r}; {hint} classifier is {BUNDLED!r} (bundled), a torchvision "
+            "classification model name, timm:NAME for a timm model, or a folder holding a Hugging Face "
+            "image classifier"
+        )
 
 
 def close_model_names(name: str, n: int = 5) -> list[str]:
@@ -202,10 +223,15 @@ def close_model_names(name: str, n: int = 5) -> list[str]:
     import torchvision.models as tvm
 
     exact = [f"{TIMM_PREFIX}{name}"] if timm.is_model(name) else []
-    known = [BUNDLED, *tvm.list_models(module=tvm), *tvm.list_models(module=tvm.segmentation),
-             *tvm.list_models(module=tvm.detection)]
+    known = [
+        BUNDLED,
+        *tvm.list_models(module=tvm),
+        *tvm.list_models(module=tvm.segmentation),
+        *tvm.list_models(module=tvm.detection),
+    ]
     close = difflib.get_close_matches(name, known, n=n) or [
-        f"{TIMM_PREFIX}{match}" for match in difflib.get_close_matches(name, timm.list_models(), n=n)]
+        f"{TIMM_PREFIX}{match}" for match in difflib.get_close_matches(name, timm.list_models(), n=n)
+    ]
     return (exact + [match for match in close if match not in exact])[:n]
 
 
@@ -220,7 +246,9 @@ def _load_timm(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
 
         close = difflib.get_close_matches(name, timm.list_models(), n=5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ValueError(f"unknown timm model {name!r}; {hint}`python -c 'import timm; print(timm.list_models())'` lists them")
+        raise ValueError(
+            f"unknown timm model {name!r}; {hint}`python -c 'import timm; print(timm.list_models())'` lists them"
+        )
     state = None if weights is None else read_state_dict(Path(weights))
     # Any: num_classes and reset_classifier belong to timm's models, not to the nn.Module it types them as
     model: Any = timm.create_model(name, pretrained=False)
@@ -232,7 +260,9 @@ def _load_timm(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
         try:
             model.load_state_dict(state)
         except RuntimeError as error:
-            raise ValueError(f"{weights} does not hold the weights of timm's {name}: {str(error).splitlines()[0]}") from None
+            raise ValueError(
+                f"{weights} does not hold the weights of timm's {name}: {str(error).splitlines()[0]}"
+            ) from None
     preprocess = create_transform(**resolve_data_config({}, model=model))
     classes = imagenet_classes() if num_classes == 1000 else [str(i) for i in range(num_classes)]
     return model, preprocess, classes
@@ -274,7 +304,9 @@ def huggingface_preprocess(folder: Path, config) -> Preprocess:
     size = settings.get("size", {"height": side, "width": side}) if settings.get("do_resize", True) else None
     steps = []
     if isinstance(size, dict) and "height" in size:
-        steps.append(transforms.Resize((size["height"], size["width"]), interpolation=transforms.InterpolationMode.BILINEAR))
+        steps.append(
+            transforms.Resize((size["height"], size["width"]), interpolation=transforms.InterpolationMode.BILINEAR)
+        )
     elif isinstance(size, dict) and "shortest_edge" in size:
         steps.append(transforms.Resize(size["shortest_edge"], interpolation=transforms.InterpolationMode.BILINEAR))
     elif isinstance(size, int):
@@ -284,7 +316,9 @@ def huggingface_preprocess(folder: Path, config) -> Preprocess:
         steps.append(transforms.CenterCrop((crop["height"], crop["width"]) if isinstance(crop, dict) else crop))
     steps.append(transforms.ToTensor())
     if settings.get("do_normalize", True):
-        steps.append(transforms.Normalize(settings.get("image_mean", IMAGENET_MEAN), settings.get("image_std", IMAGENET_STD)))
+        steps.append(
+            transforms.Normalize(settings.get("image_mean", IMAGENET_MEAN), settings.get("image_std", IMAGENET_STD))
+        )
     return transforms.Compose(steps)
 
 
@@ -303,6 +337,9 @@ def _state_num_classes(name: str, state: dict[str, Tensor]) -> int:
                 probe = tvm.get_model(name, weights=None, num_classes=probe_classes)
         except (NotImplementedError, RuntimeError):  # a builder that computes with tensors (RegNet)
             probe = tvm.get_model(name, weights=None, num_classes=probe_classes)
-    heads = [key for key, tensor in probe.state_dict().items()
-             if tensor.dim() >= 1 and tensor.shape[0] == probe_classes and key in state]
+    heads = [
+        key
+        for key, tensor in probe.state_dict().items()
+        if tensor.dim() >= 1 and tensor.shape[0] == probe_classes and key in state
+    ]
     return int(state[heads[0]].shape[0]) if heads else 1000

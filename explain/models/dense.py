@@ -37,12 +37,14 @@ def preprocess_for(model: nn.Module, task: str, preprocess=None):
         return transforms.Compose([resize, transforms.ToTensor(), transforms.Normalize((0.0,) * 3, (1.0,) * 3)])
     if preprocess is not None:
         return preprocess
-    return transforms.Compose([transforms.Resize(520), transforms.ToTensor(),
-                               transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return transforms.Compose(
+        [transforms.Resize(520), transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    )
 
 
-def load_task_model(name: str, weights: str | os.PathLike | None = None, *,
-                    device: torch.device | str = "cpu") -> tuple[nn.Module, Callable[..., Tensor], list[str]]:
+def load_task_model(
+    name: str, weights: str | os.PathLike | None = None, *, device: torch.device | str = "cpu"
+) -> tuple[nn.Module, Callable[..., Tensor], list[str]]:
     """Load a torchvision segmentation or detection model in eval mode, with its
     preprocessing and class names (from the weights' metadata, offline).
 
@@ -71,13 +73,16 @@ def load_task_model(name: str, weights: str | os.PathLike | None = None, *,
         try:
             enum = default if str(weights) == "DEFAULT" else known[str(weights)]
         except KeyError:
-            raise ValueError(f"{name} has no weights {weights!r}; known: {', '.join(w.name for w in known)}, or a "
-                             "local file") from None
+            raise ValueError(
+                f"{name} has no weights {weights!r}; known: {', '.join(w.name for w in known)}, or a local file"
+            ) from None
         try:
             model = tvm.get_model(name, weights=enum)
         except (OSError, RuntimeError) as error:  # URLError is an OSError
-            raise RuntimeError(f"could not download the {enum} weights ({error}); on an offline machine download "
-                               "them elsewhere and pass the .pth file as weights=") from error
+            raise RuntimeError(
+                f"could not download the {enum} weights ({error}); on an offline machine download "
+                "them elsewhere and pass the .pth file as weights="
+            ) from error
         classes = list(enum.meta["categories"])
     model = model.to(device).eval()
     model.class_names = classes

@@ -43,11 +43,14 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
             raise ValueError(
                 f"weights file {path} holds pickled Python objects besides tensors (a whole model, or a "
                 "training checkpoint with its optimizer?), which are not loaded: unpickling runs code from "
-                "the file. Save model.state_dict() with torch.save or safetensors and pass that file") from None
+                "the file. Save model.state_dict() with torch.save or safetensors and pass that file"
+            ) from None
         # The unpickler's own errors (KeyError: 101, ...) say nothing to a reader.
         detail = "" if isinstance(error, (KeyError, EOFError, pickle.UnpicklingError)) else f" ({_in_brief(error)})"
-        raise ValueError(f"cannot read weights file {path}: not a state dict saved by torch.save or "
-                         f"safetensors, or a damaged one{detail}") from None
+        raise ValueError(
+            f"cannot read weights file {path}: not a state dict saved by torch.save or "
+            f"safetensors, or a damaged one{detail}"
+        ) from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):

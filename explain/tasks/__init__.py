@@ -20,5 +20,16 @@ from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvis
 from .detection import Detection, DetectionTarget, crop_padding, detections_of, explain_detections
 from .segmentation import SegmentationTarget
 
-__all__ = ["Detection", "DetectionTarget", "SegmentationTarget", "backbone_layer", "crop_padding", "detections_of",
-           "explain_detections", "segmentation_logits", "task_of", "task_of_output", "torchvision_task"]
+__all__ = [
+    "Detection",
+    "DetectionTarget",
+    "SegmentationTarget",
+    "backbone_layer",
+    "crop_padding",
+    "detections_of",
+    "explain_detections",
+    "segmentation_logits",
+    "task_of",
+    "task_of_output",
+    "torchvision_task",
+]

@@ -40,14 +40,23 @@ class Detection:
         """The box as a plain dict (for a manifest): task, box, class id and name, score, index."""
         known = class_names is not None and 0 <= self.label < len(class_names)
         name = class_names[self.label] if class_names is not None and known else str(self.label)
-        return {"task": "detect", "box": [round(v, 2) for v in self.box], "class_id": self.label, "class_name": name,
-                "score": None if self.score is None else round(self.score, 6), "index": self.index}
+        return {
+            "task": "detect",
+            "box": [round(v, 2) for v in self.box],
+            "class_id": self.label,
+            "class_name": name,
+            "score": None if self.score is None else round(self.score, 6),
+            "index": self.index,
+        }
 
 
 def detections_of(output) -> list[dict[str, Tensor]]:
     """The per-image dicts of a detector's output, checked to hold boxes, labels and scores."""
-    if (not isinstance(output, (list, tuple)) or not output
-            or not all(isinstance(p, dict) and {"boxes", "labels", "scores"} <= p.keys() for p in output)):
+    if (
+        not isinstance(output, (list, tuple))
+        or not output
+        or not all(isinstance(p, dict) and {"boxes", "labels", "scores"} <= p.keys() for p in output)
+    ):
         raise ValueError(
             "a detection target needs a detector's output in eval mode: a list with one dict of boxes, labels and "
             f"scores per image, as torchvision's detectors return; got {type(output).__name__} (a detector in "
@@ -102,12 +111,20 @@ class DetectionTarget:
             raise ValueError(f"iou_threshold must lie in (0, 1], got {iou_threshold!r}")
         self.boxes, self.labels, self.iou_threshold = boxes, labels.long(), float(iou_threshold)
         self.detections: tuple[Detection, ...] = tuple(
-            Detection(row, tuple(box), int(label)) for row, (box, label) in enumerate(zip(boxes.tolist(), labels.tolist(), strict=True))
+            Detection(row, tuple(box), int(label))
+            for row, (box, label) in enumerate(zip(boxes.tolist(), labels.tolist(), strict=True))
         )
 
     @classmethod
-    def select(cls, output, *, index: int | Sequence[int] | None = None, label: int | None = None,
-               min_score: float | None = None, iou_threshold: float = 0.5) -> DetectionTarget:
+    def select(
+        cls,
+        output,
+        *,
+        index: int | Sequence[int] | None = None,
+        label: int | None = None,
+        min_score: float | None = None,
+        iou_threshold: float = 0.5,
+    ) -> DetectionTarget:
         """A target for boxes the detector found in ``output`` (its output on the images).
 
         Per image: ``index`` picks the box(es) at those positions of its detections
@@ -186,7 +203,9 @@ class DetectionTarget:
         if len(self) == 0:
             raise ValueError("this target holds no box: nothing was selected to explain")
         picks = rows.tolist() if len(self) > 1 else [0] * len(rows)
-        return torch.stack([self._score(p, self.boxes[r], int(self.labels[r])) for p, r in zip(predictions, picks, strict=True)])
+        return torch.stack(
+            [self._score(p, self.boxes[r], int(self.labels[r])) for p, r in zip(predictions, picks, strict=True)]
+        )
 
     def _score(self, prediction: dict[str, Tensor], box: Tensor, label: int) -> Tensor:
         boxes, scores = prediction["boxes"], prediction["scores"]
@@ -224,7 +243,7 @@ def crop_padding(explanation: Explanation, model: nn.Module) -> Explanation:
     maps = []
     for raw in explanation.raw_layers.values():
         flat = raw.reshape(-1, 1, *raw.shape[-2:]).float()
-        cut = F.interpolate(flat, size=padded, mode="bilinear", align_corners=False)[..., :resized[0], :resized[1]]
+        cut = F.interpolate(flat, size=padded, mode="bilinear", align_corners=False)[..., : resized[0], : resized[1]]
         maps.append(scale_maps(cut.reshape(*raw.shape[:-2], *resized), (height, width)))
     combined = torch.stack(maps).mean(dim=0)
     if len(maps) > 1:
@@ -232,9 +251,15 @@ def crop_padding(explanation: Explanation, model: nn.Module) -> Explanation:
     return replace(explanation, maps=combined)
 
 
-def explain_detections(explainer: Explainer, images: Tensor, *, index: int | Sequence[int] | None = None,
-                       label: int | None = None, min_score: float | None = None,
-                       iou_threshold: float = 0.5) -> tuple[Explanation, DetectionTarget]:
+def explain_detections(
+    explainer: Explainer,
+    images: Tensor,
+    *,
+    index: int | Sequence[int] | None = None,
+    label: int | None = None,
+    min_score: float | None = None,
+    iou_threshold: float = 0.5,
+) -> tuple[Explanation, DetectionTarget]:
     """Explain boxes that a detector finds in ``images``: one map per box.
 
     The detector runs once on the images; :meth:`DetectionTarget.select` picks the boxes

@@ -67,9 +67,14 @@ class SegmentationTarget:
     [0.0]
     """
 
-    def __init__(self, category: int | Sequence[int] | Tensor | np.ndarray | None = None, *,
-                 mask: Tensor | np.ndarray | None = None, box: Sequence[float] | Tensor | np.ndarray | None = None,
-                 background: int | None = 0):
+    def __init__(
+        self,
+        category: int | Sequence[int] | Tensor | np.ndarray | None = None,
+        *,
+        mask: Tensor | np.ndarray | None = None,
+        box: Sequence[float] | Tensor | np.ndarray | None = None,
+        background: int | None = 0,
+    ):
         if mask is not None and box is not None:
             raise ValueError("give the region as a mask or as a box, not both")
         self.category = None if category is None else _class_ids(category)
@@ -122,7 +127,9 @@ class SegmentationTarget:
         """(B,) scores of a model output on images derived from ``images[rows]``, one output row
         per entry of ``rows``, each with the class and region explained for its image."""
         if self.explained is None:
-            raise ValueError("this target has explained no batch yet; call it on the model's output for the images first")
+            raise ValueError(
+                "this target has explained no batch yet; call it on the model's output for the images first"
+            )
         logits = segmentation_logits(output)
         if len(rows) != logits.shape[0]:
             raise ValueError(f"got {len(rows)} rows for a model output of {logits.shape[0]} images")
@@ -139,8 +146,14 @@ class SegmentationTarget:
         ys, xs = mask.nonzero(as_tuple=True)
         box = None if len(ys) == 0 else [int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1]
         name = class_names[class_id] if class_names is not None and class_id < len(class_names) else str(class_id)
-        return {"task": "segment", "class_id": class_id, "class_name": name, "kind": explained.kind,
-                "pixels": len(ys), "box": box}
+        return {
+            "task": "segment",
+            "class_id": class_id,
+            "class_name": name,
+            "kind": explained.kind,
+            "pixels": len(ys),
+            "box": box,
+        }
 
     def probabilities(self, output) -> Tensor:
         """(N,) mean softmax probability of each image's explained class over its region (NaN
@@ -170,6 +183,7 @@ class SegmentationTarget:
 
     def _rows(self, rows: Tensor, device) -> tuple[Tensor, Tensor]:
         """The class (B,) and region (B, H, W) of each row."""
+
         def pick(values: Tensor) -> Tensor:
             values = values.to(device)
             return values[rows if len(values) > 1 else torch.zeros_like(rows)]
@@ -206,8 +220,7 @@ def _given_classes(category: Tensor, n: int, classes: int, device) -> Tensor:
     """The given class ids (one, or one per image) checked and as (n,) on ``device``."""
     _check_class_ids(category, classes)
     if len(category) not in (1, n):
-        raise ValueError(f"got {len(category)} classes for {n} images; give one for every image "
-                         "or one per image")
+        raise ValueError(f"got {len(category)} classes for {n} images; give one for every image or one per image")
     return category.to(device).expand(n)
 
 
@@ -250,7 +263,9 @@ def _dominant_classes(predicted: Tensor, region: Tensor | None, classes: int, ba
 
 def _class_ids(category) -> Tensor:
     if isinstance(category, str) or (isinstance(category, Sequence) and any(isinstance(c, str) for c in category)):
-        raise TypeError("give the class as an id; explain.targets.class_index(name, class_names) finds the id of a name")
+        raise TypeError(
+            "give the class as an id; explain.targets.class_index(name, class_names) finds the id of a name"
+        )
     ids = torch.as_tensor(category).reshape(-1)
     if ids.is_floating_point() or ids.dtype == torch.bool or ids.numel() == 0:
         raise TypeError(f"the class must be an int id or one int id per image, got {category!r}")

@@ -26,8 +26,19 @@ from importlib import resources
 from pathlib import Path, PurePosixPath
 from urllib.parse import quote
 
-__all__ = ["DATA_FOLDER", "IMAGES_PER_FILE", "PageRun", "colour_scale", "link", "original_link", "page_files", "read_data_file",
-           "read_page", "readable", "stale_data_files"]
+__all__ = [
+    "DATA_FOLDER",
+    "IMAGES_PER_FILE",
+    "PageRun",
+    "colour_scale",
+    "link",
+    "original_link",
+    "page_files",
+    "read_data_file",
+    "read_page",
+    "readable",
+    "stale_data_files",
+]
 
 #: The folder under --out that holds the page's data files.
 DATA_FOLDER = "index-data"
@@ -66,8 +77,9 @@ def colour_scale(cmap: str, signed: bool) -> dict:
     import matplotlib
 
     colours = matplotlib.colormaps[cmap](_steps(11))
-    stops = ", ".join(f"rgb({r * 255:.0f},{g * 255:.0f},{b * 255:.0f}) {i * 10}%"
-                      for i, (r, g, b, _) in enumerate(colours))
+    stops = ", ".join(
+        f"rgb({r * 255:.0f},{g * 255:.0f},{b * 255:.0f}) {i * 10}%" for i, (r, g, b, _) in enumerate(colours)
+    )
     ends = ("negative", "0", "positive") if signed else ("0", "", "1")
     return {"cmap": cmap, "signed": signed, "gradient": f"linear-gradient(to right, {stops})", "ends": ends}
 
@@ -146,7 +158,8 @@ class Tables:
     def as_json(self) -> dict:
         return {kind: [readable(str(v)) for v in values] for kind, values in self.values.items()} | {
             "classes": [[class_id, name] for class_id, name in sorted(self.classes.items())],
-            "settings": self.settings}
+            "settings": self.settings,
+        }
 
 
 def _grouped(rows: Iterable[dict]) -> dict[str, list[dict]]:
@@ -207,11 +220,13 @@ def _chunk(images: list[tuple[str, list[dict]]], first_rank: list[int], tables: 
     for position, (name, rows) in enumerate(images):
         image_records.append(_image_columns(name, rows, tables, original))
         map_records.extend(_map_columns(position, row, tables, exists) for row in rows)
-    maps = _columns(map_records, ("image", "method", "target", "target_id", "probability", "status", "output",
-                                  "error", "seconds"))
+    maps = _columns(
+        map_records, ("image", "method", "target", "target_id", "probability", "status", "output", "error", "seconds")
+    )
     # metric values as [map, metric, value] triples: most runs score few maps, or none
-    maps["metrics"] = [[m, column, value] for m, record in enumerate(map_records)
-                       for column, value in record["metrics"].items()]
+    maps["metrics"] = [
+        [m, column, value] for m, record in enumerate(map_records) for column, value in record["metrics"].items()
+    ]
     columns = _columns(image_records, ("name", "original", "predicted", "probability", "label", "correct"))
     columns["rank"] = first_rank
     return {"images": columns, "maps": maps}
@@ -233,7 +248,7 @@ def read_data_file(data: bytes) -> dict:
     prefix, suffix = "explorerData.push(JSON.parse(", "));"
     if not (text.startswith(prefix) and text.endswith(suffix)):
         raise ValueError("not an explorer data file")
-    return json.loads(json.loads(text[len(prefix):-len(suffix)]))
+    return json.loads(json.loads(text[len(prefix) : -len(suffix)]))
 
 
 def read_page(index: str | os.PathLike) -> dict:
@@ -267,9 +282,13 @@ def read_page(index: str | os.PathLike) -> dict:
     return {**setup, "images": images, "maps": maps}
 
 
-def page_files(rows: Sequence[dict], run: PageRun | None = None, metrics_html: str = "",
-               exists: Callable[[str], bool] = lambda output: True,
-               original: Callable[[str], str | None] = lambda input: None) -> dict[str, bytes]:
+def page_files(
+    rows: Sequence[dict],
+    run: PageRun | None = None,
+    metrics_html: str = "",
+    exists: Callable[[str], bool] = lambda output: True,
+    original: Callable[[str], str | None] = lambda input: None,
+) -> dict[str, bytes]:
     """The files of the explorer for manifest ``rows``: ``index.html`` and its data files, by
     name under the output folder (write the data files first, index.html last).
 
@@ -286,8 +305,8 @@ def page_files(rows: Sequence[dict], run: PageRun | None = None, metrics_html: s
     tables, token = Tables(), uuid.uuid4().hex[:8]
     files: dict[str, bytes] = {}
     for start in range(0, len(images), IMAGES_PER_FILE):
-        part = images[start:start + IMAGES_PER_FILE]
-        chunk = _chunk(part, rank[start:start + IMAGES_PER_FILE], tables, exists, original)
+        part = images[start : start + IMAGES_PER_FILE]
+        chunk = _chunk(part, rank[start : start + IMAGES_PER_FILE], tables, exists, original)
         files[f"{DATA_FOLDER}/rows-{token}-{start // IMAGES_PER_FILE:05d}.js"] = data_script(chunk)
     files["index.html"] = index_document(list(files), tables, run, metrics_html).encode("utf-8")
     return files
