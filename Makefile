@@ -14,7 +14,11 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -e ".[test,quantus]"
+	$(BIN)/python -m pip install -e ".[test,quantus,docs]"
+	touch $(VENV)/.installed $(VENV)/.installed-docs $@
+
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -e ".[docs]"
 	touch $(VENV)/.installed $@
 
 demo: $(VENV)/.installed
@@ -30,6 +34,13 @@ lint: $(VENV)/.installed-test
 
 test: lint
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+
+# The documentation site, to docs/_build/html; any warning (a broken docstring, a dead
+# cross-reference) fails it. tests/test_docs.py runs the same build in `make test`.
+.PHONY: docs
+docs: $(VENV)/.installed-docs
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+	@echo "Open the site in a browser: file://$(abspath docs/_build/html/index.html)"
 
 # bench_heavy.py alone takes about 3 hours on 2 CPU cores (its docstring says how to narrow it).
 bench: $(VENV)/.installed
@@ -58,4 +69,4 @@ bench-ray: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_ray.py
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out .pytest_cache docs/_build

@@ -88,7 +88,7 @@ class Explainer:
 
     def planned_passes(self, images: Tensor) -> int:
         """The rows a call on ``images`` (one target each) runs through the model, forward
-        and, where :attr:`backward`, backward: what its progress counts and its cost is
+        and, where :attr:`~explain.Explainer.backward`, backward: what its progress counts and its cost is
         estimated from. One pass of the images unless the method runs more."""
         return len(images)
 

@@ -183,11 +183,13 @@ def overlay(
         ``Explanation.maps`` do where ``Explanation.signed``.
     boxes, labels:
         Boxes ``(x0, y0, x1, y1)`` in image pixels, and their captions, drawn on top (see
-        :func:`draw_boxes`): the detections a map explains.
+        ``explain.drawing.draw_boxes``): the detections a map explains.
     outline:
-        A boolean mask whose border is drawn on top (see :func:`draw_outline`): the region a
-        segmentation map explains.
+        A boolean mask whose border is drawn on top (see ``explain.drawing.draw_outline``): the
+        region a segmentation map explains.
 
+    Examples
+    --------
     >>> out = overlay(np.zeros((4, 6, 3), np.uint8), torch.ones(2, 3), alpha=1.0)
     >>> out.shape, out.dtype, out[0, 0].tolist()   # jet at 1.0 is dark red
     ((4, 6, 3), dtype('uint8'), [128, 0, 0])

@@ -233,9 +233,10 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
     a person would pick (``layer4`` rather than ``layer4.2.relu`` in a ResNet). A model with
     transformer blocks (two LayerNorms over tokens or a channels-last grid) is explained at
     the first norm of its last block, even where a spatial layer follows (Swin's final
-    norm, permuted): see :func:`_transformer_layer` for why. torchvision's segmentation and
-    detection models are explained at their backbone's last spatial layer
-    (:func:`backbone_layer`), not at their heads.
+    norm, permuted), since past that norm no patch token reaches the class token and the
+    map would be blank. torchvision's segmentation and detection models are explained at
+    their backbone's last spatial layer (:func:`~explain.tasks.backbone_layer`), not at their
+    heads.
     """
     example = example[:1]
     if task_of(model) is not None:

@@ -31,7 +31,7 @@ class LayerRow:
 
     ``params`` are the module's own parameters, each counted at its first call only (a
     module run twice, or weights shared by two modules, are counted once); ``macs`` are
-    the multiply-adds of this call (see :func:`summary`); ``output_shape`` is the shape of
+    the multiply-adds of this call (see :func:`explain.summary`); ``output_shape`` is the shape of
     the first tensor the module returns, None where it returns none.
     """
 
@@ -45,7 +45,7 @@ class LayerRow:
 
 @dataclass
 class ModelSummary:
-    """The result of :func:`summary`: ``rows`` in the order the calls start, the model's
+    """The result of :func:`explain.summary`: ``rows`` in the order the calls start, the model's
     parameter count (every parameter once, also those of modules the forward pass does
     not call), the multiply-adds of one forward pass, and the target layer's name. Print
     it (or show it in Jupyter) for the table."""
@@ -174,7 +174,7 @@ def summary(
     Returns
     -------
     ModelSummary
-        ``rows`` (:class:`LayerRow`), one per call, in the order the calls start, of every
+        ``rows`` (:class:`~explain.model_summary.LayerRow`), one per call, in the order the calls start, of every
         module that has no children, has parameters of its own, is an attention module,
         or is the target layer (the model itself too, as ``"<model>"``); ``total_params``;
         ``total_macs``; ``target_layer``.
@@ -207,12 +207,12 @@ def summary(
 
     References
     ----------
-    .. [1] S. Chandel, pytorch-summary: Keras-style ``model.summary()`` in PyTorch,
-           https://github.com/sksq96/pytorch-summary
-    .. [2] L. Zhu, THOP: PyTorch-OpCounter, https://github.com/Lyken17/pytorch-OpCounter
-    .. [3] T. Yep, torchinfo, https://github.com/TylerYep/torchinfo
-    .. [4] torchvision, Models and pre-trained weights (the "GFLOPS" column, which is
-           ``weights.meta["_ops"]``), https://pytorch.org/vision/stable/models.html
+    - S. Chandel, pytorch-summary: Keras-style ``model.summary()`` in PyTorch,
+      https://github.com/sksq96/pytorch-summary
+    - L. Zhu, THOP: PyTorch-OpCounter, https://github.com/Lyken17/pytorch-OpCounter
+    - T. Yep, torchinfo, https://github.com/TylerYep/torchinfo
+    - torchvision, Models and pre-trained weights (the "GFLOPS" column, which is
+      ``weights.meta["_ops"]``), https://pytorch.org/vision/stable/models.html
 
     Examples
     --------
@@ -418,9 +418,9 @@ def feature_maps(
 
     References
     ----------
-    .. [1] J. Yosinski, J. Clune, A. Nguyen, T. Fuchs and H. Lipson, "Understanding Neural
-           Networks Through Deep Visualization", ICML Deep Learning Workshop, 2015
-           (the channels of a layer shown as images). arXiv:1506.06579
+    - J. Yosinski, J. Clune, A. Nguyen, T. Fuchs and H. Lipson, "Understanding Neural
+      Networks Through Deep Visualization", ICML Deep Learning Workshop, 2015
+      (the channels of a layer shown as images). arXiv:1506.06579
 
     Examples
     --------

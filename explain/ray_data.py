@@ -1,6 +1,6 @@
 """Explaining images on Ray Data in pipelines of your own: :func:`explain_dataset`.
 
-It runs the stages of ``explain run --engine ray`` (:mod:`explain.batch.ray_stages`): a decode
+It runs the stages of ``explain run --engine ray`` (``explain.batch.ray_stages``): a decode
 step in CPU tasks (the model's resize and crop, as ``explain run``'s DataLoader workers do) and
 an explain step in a pool of actors that each load the model once and explain batches with the
 same explainers, checks and settings as the command line. Ray is the optional extra

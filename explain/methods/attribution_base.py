@@ -261,12 +261,13 @@ class Attribution(Explainer):
         Names of the classes, for targets given by name; defaults to ``model.class_names``.
     reduction:
         How the channels become one map: ``"abs-sum"`` (default), ``"sum"`` (signed maps,
-        shown with a diverging colormap), ``"max-abs"`` or ``"l2"``; see
-        :func:`reduce_channels`.
+        shown with a diverging colormap), ``"max-abs"`` or ``"l2"``.
     clip_percentile:
         Maps are divided by this percentile of their magnitude and clipped (default 99);
         100 scales by the maximum.
 
+    Notes
+    -----
     Subclasses implement :meth:`attribute`. ``raw`` of the result holds the attributions
     themselves, signed, per channel: (N, C, H, W), or (N, k, C, H, W) with ``topk=k``.
     """
@@ -280,7 +281,7 @@ class Attribution(Explainer):
     layer_label: ClassVar[str] = "input"
     #: Whether the attributions are never negative, so that no reduction makes them signed.
     nonnegative: ClassVar[bool] = False
-    #: Whether :meth:`check` runs the method on the first image: where what the method
+    #: Whether :meth:`~explain.Explainer.check` runs the method on the first image: where what the method
     #: cannot handle in a model shows only in a full pass.
     check_runs: ClassVar[bool] = False
 

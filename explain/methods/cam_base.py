@@ -204,6 +204,8 @@ class BaseCAM(Explainer):
         ``reshape_transform``; Ablation-CAM, which must put a changed activation back, needs
         a ``TokenLayout``).
 
+    Notes
+    -----
     Subclasses set ``uses_gradients`` and implement :meth:`channel_terms` (or
     :meth:`layer_map` for maps that are not a sum over channels).
     """

@@ -376,7 +376,7 @@ class GuidedBackprop(_OnePass):
 
     Springenberg et al., "Striving for Simplicity: The All Convolutional Net", ICLR
     workshop 2015, fig. 1. Runs captum's GuidedBackprop, extended from ``nn.ReLU`` to every
-    module in :data:`RELU_LIKE` and timm's activations; ``F.relu`` calls inside ``forward``
+    module in ``RELU_LIKE`` (see the module docstring) and timm's activations; ``F.relu`` calls inside ``forward``
     are not reached (see the module docstring).
     """
 

@@ -185,7 +185,7 @@ class KPCACAM(BaseCAM):
 
     Like Eigen-CAM, with the principal component taken in the feature space of a kernel
     (default sigmoid, gamma = 1/C, as pytorch-grad-cam's default), which captures non-linear
-    structure among the channels; see :func:`kernel_principal_component`. The sign agrees
+    structure among the channels (``kernel_principal_component`` in this module). The sign agrees
     with sum_k A^k; L = ReLU of the projection.
 
     Karmani et al., "KPCA-CAM: Visual Explainability of Deep Computer Vision Models using

@@ -151,7 +151,7 @@ class Lime(_Sampled):
     Ribeiro et al., "Why Should I Trust You?: Explaining the Predictions of Any
     Classifier", KDD 2016, sec. 3.3-3.4. Runs captum's Lime with its defaults (a Lasso fit,
     alpha ``lasso_alpha`` = 0.01 on the score's scale, an exponential cosine-similarity
-    kernel) over :func:`superpixels`; switched-off superpixels take the baseline. Each pixel
+    kernel) over :func:`~explain.superpixels.superpixels`; switched-off superpixels take the baseline. Each pixel
     gets its superpixel's weight; where every effect is under alpha, the Lasso keeps none
     and the map is zeros (lower ``lasso_alpha`` for scores on a small scale).
     """
@@ -176,7 +176,7 @@ class KernelShap(_Sampled):
     The linear model is fitted with the Shapley kernel to ``n_samples`` random coalitions.
 
     Lundberg and Lee, "A Unified Approach to Interpreting Model Predictions", NeurIPS 2017,
-    theorem 2. Runs captum's KernelShap over :func:`superpixels`; absent superpixels take
+    theorem 2. Runs captum's KernelShap over :func:`~explain.superpixels.superpixels`; absent superpixels take
     the baseline. Each pixel gets its superpixel's value.
     """
 
@@ -192,7 +192,7 @@ class FeatureAblation(_Superpixels):
     """Feature Ablation: the drop in the score when one superpixel is replaced by the baseline.
 
     The leave-one-out attribution (Zeiler and Fergus 2014, with segments for squares), run
-    by captum's FeatureAblation over :func:`superpixels`.
+    by captum's FeatureAblation over :func:`~explain.superpixels.superpixels`.
     """
 
     name = "ablation"

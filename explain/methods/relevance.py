@@ -473,9 +473,9 @@ class LRP(Attribution):
     more of the score on ResNets and nearly all of it on the bundled model; left out of the
     rules (zennit's ``zero_params="bias"``) they leave denominators near zero on the bundled
     model, whose depthwise convolutions see whole channels of zeros, and relevance explodes.
-    Only ``epsilon`` absorbs, epsilon / (|z_j| + epsilon) of R_j at dense layers: the
+    Only ``epsilon`` absorbs, ``epsilon / (|z_j| + epsilon)`` of R_j at dense layers: the
     default 1e-6 keeps the sum; a larger one (Montavon et al. use 0.25) drops weak evidence
-    on purpose. Measured |sum(R) - z_c| / |z_c|, top class, photos from data/images,
+    on purpose. Measured ``|sum(R) - z_c| / |z_c|``, top class, photos from data/images,
     224 x 224; torchvision models with random weights and batch-norm statistics:
 
     ================================  ============  ============  ==============================

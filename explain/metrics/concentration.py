@@ -25,7 +25,7 @@ def sparseness(explanation: Explanation | Tensor) -> Score:
     one pixel holds everything (higher is sparser).
 
     Chalasani et al., "Concise Explanations of Neural Networks using Adversarial
-    Training", ICML 2020: with |a| sorted ascending, a_(1) <= ... <= a_(d),
+    Training", ICML 2020: with ``|a|`` sorted ascending, a_(1) <= ... <= a_(d),
     G = sum_k (2k - d - 1) a_(k) / (d sum_k a_(k)). An all-zero map scores 0. (Quantus
     adds 1e-7 to every value first; the difference is below 1e-6 for maps in [0, 1].)
 
@@ -49,7 +49,7 @@ def complexity(explanation: Explanation | Tensor) -> Score:
     distribution over pixels; lower means fewer pixels carry the explanation.
 
     Bhatt, Weller & Moura, "Evaluating and Aggregating Feature-based Model Explanations",
-    IJCAI 2020: P(i) = |a_i| / sum_j |a_j|, complexity = -sum_i P(i) ln P(i). An all-zero
+    IJCAI 2020: ``P(i) = |a_i| / sum_j |a_j|``, complexity = -sum_i P(i) ln P(i). An all-zero
     map scores 0.
 
     >>> round(complexity(torch.ones(1, 2, 2)).values.item(), 4)   # ln 4

@@ -275,7 +275,7 @@ def road(
 
     Rong et al., "A Consistent and Efficient Evaluation Strategy for Attribution Methods",
     ICML 2022. Removed pixels (all channels) are filled by noisy linear imputation
-    (:func:`~explain.metrics.imputation.noisy_linear_impute`: each the weighted mean of its
+    (``explain.metrics.imputation.noisy_linear_impute``: each the weighted mean of its
     eight neighbours, plus Gaussian noise of std ``noise``), at the paper's 10 % ... 90 %.
 
     ``values`` is the gap between the curves' means, LeRF minus MoRF (higher is better: the
@@ -495,7 +495,7 @@ def irof(
     image's mean colour, most relevant (highest mean relevance) first (higher is better).
 
     Rieger & Hansen, "IROF: a low resource evaluation metric for explanation methods",
-    ICLR Workshop 2020. Superpixels are SLIC's (:func:`~explain.methods.perturbation_attribution.superpixels`,
+    ICLR Workshop 2020. Superpixels are SLIC's (:func:`~explain.superpixels.superpixels`,
     ``n_segments`` and ``compactness``) unless ``segments`` (N, H, W) integer ids are
     given. The curve runs from the intact image (1) to every segment removed; its area by
     the trapezoid rule on [0, 1] is taken from 1. (Quantus's IROF starts its curve after

@@ -31,7 +31,7 @@ class Metric:
     function: Callable[..., Score]
     needs: str
     columns: dict[str, tuple[str | None, bool | None]]
-    #: Model passes per image and target with the defaults, as the README's table says.
+    #: Model passes per image and target with the defaults, as the table in docs/guide/metrics.md says.
     cost: str
 
     @property

@@ -1,11 +1,11 @@
 """Models to explain, loaded by name or from a file, with their preprocessing and class names.
 
-- :mod:`~explain.models.classifiers`: the bundled offline EfficientNet-Lite0, torchvision and
+- ``classifiers``: the bundled offline EfficientNet-Lite0, torchvision and
   timm classifiers, and Hugging Face image classifiers saved in a local folder (:func:`load`);
-- :mod:`~explain.models.dense`: torchvision's segmentation and detection models
+- ``dense``: torchvision's segmentation and detection models
   (:func:`load_task_model`);
-- :mod:`~explain.models.files`: state dicts, ``torch.export`` programs and pickled modules;
-- :mod:`~explain.models.loaded`: what the command line loads from ``--model`` and
+- ``files``: state dicts, ``torch.export`` programs and pickled modules;
+- ``loaded``: what the command line loads from ``--model`` and
   ``--weights`` (:func:`load_model`, a :class:`LoadedModel`).
 
 >>> from explain import models

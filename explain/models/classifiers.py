@@ -104,8 +104,8 @@ def load(
 
     Returns
     -------
-    (model, preprocess, class_names)
-        ``preprocess`` turns a PIL image into a normalised (3, H, W) tensor;
+    tuple
+        ``(model, preprocess, class_names)``: ``preprocess`` turns a PIL image into a normalised (3, H, W) tensor;
         ``model.class_names`` is set too, so explainers accept class names as targets.
     """
     if is_bundled(name):

@@ -87,9 +87,13 @@ class DetectionTarget:
     iou_threshold:
         The least IoU at which a predicted box matches the reference (0.5, as usual).
 
+    Notes
+    -----
     :meth:`select` makes a target from the detector's own boxes; its ``detections`` say which
     image each row comes from (``image_ids``, to repeat the images, one row per box).
 
+    Examples
+    --------
     >>> output = [{"boxes": torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 8]]),
     ...            "labels": torch.tensor([2, 1]), "scores": torch.tensor([0.9, 0.3])}]
     >>> DetectionTarget([[0, 0, 10, 10]], [1])(output).tolist()   # IoU 0.8 with the class-1 box
@@ -262,11 +266,11 @@ def explain_detections(
 ) -> tuple[Explanation, DetectionTarget]:
     """Explain boxes that a detector finds in ``images``: one map per box.
 
-    The detector runs once on the images; :meth:`DetectionTarget.select` picks the boxes
+    The detector runs once on the images; :meth:`~explain.tasks.DetectionTarget.select` picks the boxes
     (``index``, ``label``, ``min_score``; by default each image's best box); the images are
     repeated, one row per box, and explained with the target, so that row r of the
     explanation is box ``target.detections[r]`` of image ``target.image_ids[r]``. Maps are
-    cut to the image (:func:`crop_padding`).
+    cut to the image (:func:`~explain.tasks.crop_padding`).
 
     >>> import torchvision
     >>> from explain import GradCAM

@@ -45,6 +45,8 @@ class SegmentationTarget:
     background:
         The class id that the default class avoids; ``None`` to let it be chosen too.
 
+    Notes
+    -----
     With neither ``mask`` nor ``box``, the region is the predicted mask of the class: the
     pixels whose top class it is. An empty region scores 0, and its map is blank.
 
@@ -56,6 +58,8 @@ class SegmentationTarget:
     run the model on many derived images (integrated gradients, occlusion) should be given a
     fixed target, ``SegmentationTarget(...).resolve(model(images))``, for one image at a time.
 
+    Examples
+    --------
     >>> logits = torch.zeros(1, 3, 2, 2)
     >>> logits[0, 2, 0] = 5.0                    # class 2 wins the top row
     >>> target = SegmentationTarget()
