@@ -33,7 +33,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q --durations=20
 
 # The documentation site, to docs/_build/html; any warning (a broken docstring, a dead
 # cross-reference) fails it. tests/test_docs.py runs the same build in `make test`.

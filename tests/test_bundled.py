@@ -117,7 +117,7 @@ def test_readme_quickstart_runs_and_prints_what_it_says(monkeypatch, tmp_path, c
 
     root = Path(__file__).resolve().parent.parent
     readme = (root / "README.md").read_text()
-    code = re.search(r"## Quickstart\s+```python\n(.*?)```", readme, re.S)[1]
+    code = re.search(r"## Quickstart\n.*?```python\n(.*?)```", readme, re.S)[1]  # its first code block
     monkeypatch.chdir(tmp_path)  # the overlay it saves lands here, not in the checkout
     exec(code.replace('"data/images/', f'"{root}/data/images/'), {})
     printed = capsys.readouterr().out.strip()
