@@ -20,25 +20,31 @@ from selenium.webdriver.common.by import By
 DOCS = Path(__file__).resolve().parent
 
 
-def save(png: bytes, name: str) -> None:
+def save(png: bytes, path: Path) -> None:
+    """A screenshot reduced to 256 colours, to stay small."""
     image = Image.open(io.BytesIO(png)).convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT)
-    image.save(DOCS / name, optimize=True)
-    print(f"{DOCS / name}: {(DOCS / name).stat().st_size / 1024:.0f} KB")
+    image.save(path, optimize=True)
+    print(f"{path}: {path.stat().st_size / 1024:.0f} KB")
+
+
+def headless_chromium(width: int, height: int) -> webdriver.Chrome:
+    """Debian's chromium through its chromedriver, given by path (Selenium downloads nothing)."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or shutil.which("google-chrome")
+    for argument in ("--headless=new", "--no-sandbox", f"--window-size={width},{height}", "--hide-scrollbars"):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
 def main(index: str) -> None:
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or shutil.which("google-chrome")
-    for argument in ("--headless=new", "--no-sandbox", "--window-size=1180,860", "--hide-scrollbars"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver = headless_chromium(1180, 860)
     try:
         driver.get(Path(index).resolve().as_uri())
         driver.execute_script("return Promise.all([...document.images].map(i => i.decode().catch(() => 0)))")
-        save(driver.get_screenshot_as_png(), "explorer.png")
+        save(driver.get_screenshot_as_png(), DOCS / "explorer.png")
         driver.find_elements(By.CSS_SELECTOR, "#canvas .row button.open")[1].click()
         driver.execute_script("return Promise.all([...document.querySelectorAll('#detail img')].map(i => i.decode()))")
-        save(driver.get_screenshot_as_png(), "explorer-detail.png")
+        save(driver.get_screenshot_as_png(), DOCS / "explorer-detail.png")
     finally:
         driver.quit()
 

@@ -8,14 +8,10 @@ page) and site-api.png (a class in the API reference), reduced to 256 colours to
 Uses Debian's chromium and chromedriver (no download).
 """
 
-import io
-import shutil
 import sys
 from pathlib import Path
 
-from PIL import Image
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
+from screenshots import headless_chromium, save  # docs/screenshots.py, beside this script
 
 STATIC = Path(__file__).resolve().parent / "_static"
 PAGES = {
@@ -25,18 +21,8 @@ PAGES = {
 }
 
 
-def save(png: bytes, name: str) -> None:
-    image = Image.open(io.BytesIO(png)).convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT)
-    image.save(STATIC / name, optimize=True)
-    print(f"{STATIC / name}: {(STATIC / name).stat().st_size / 1024:.0f} KB")
-
-
 def main(site: str) -> None:
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium") or shutil.which("google-chrome")
-    for argument in ("--headless=new", "--no-sandbox", "--window-size=1280,800", "--hide-scrollbars"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    driver = headless_chromium(1280, 800)
     try:
         for name, page in PAGES.items():
             path, _, fragment = page.partition("#")
@@ -47,7 +33,7 @@ def main(site: str) -> None:
                     "const target = document.getElementById(arguments[0]);"
                     "(target.tagName === 'SPAN' ? target.closest('section') : target)"
                     ".scrollIntoView({behavior: 'instant', block: 'start'}); window.scrollBy(0, -16)", fragment)
-            save(driver.get_screenshot_as_png(), name)
+            save(driver.get_screenshot_as_png(), STATIC / name)
     finally:
         driver.quit()
 
