@@ -312,7 +312,8 @@ def _one_pass(model: nn.Module, rows: Tensor, backward: bool) -> None:
 
 def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
     """Bytes one row like ``row`` (1, ...) takes in a pass through ``model``: with
-    ``backward``, the tensors autograd keeps for the backward pass plus two of the largest
+    ``backward``, the tensors autograd keeps for the backward pass (the model's own weights
+    and buffers apart) plus two of the largest
     for the gradients that flow back through them (backward frees the rest as it goes);
     without, four of the largest activation (what a forward pass holds at once: the input and
     output of a layer, a residual, a workspace). The method's own tensors add
@@ -320,10 +321,16 @@ def row_bytes(model: nn.Module, row: Tensor, *, backward: bool) -> int:
     cache, key = _cache(model, row, backward, "bytes")
     if key not in cache:
         saved: dict[int, int] = {}
+        # The weights autograd keeps (a linear layer's, for the gradient of its input) are
+        # the model's, not the row's: vgg11's first classifier weight (411 MB) once made a
+        # row cost 1.6 GB and every pass one row.
+        weights = {tensor.untyped_storage().data_ptr() for tensor in (*model.parameters(), *model.buffers())}
 
         def pack(tensor: Tensor):
             if tensor.device.type != "meta":
-                saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+                pointer = tensor.untyped_storage().data_ptr()
+                if pointer not in weights:
+                    saved[pointer] = tensor.untyped_storage().nbytes()
             return tensor
 
         # Out of inference mode, where the perturbation methods and metrics call this from:

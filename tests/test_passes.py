@@ -108,6 +108,18 @@ def test_a_row_costs_the_same_inside_inference_mode():
     assert inside == outside >= 4 * activation + passes.INPUT_COPIES * x.numel() * 4
 
 
+def test_the_weights_autograd_keeps_are_not_a_rows_cost():
+    # A linear layer keeps its weight for the gradient of its input: a cost of the model, not
+    # of each row. Here the weight (3 MB) is far larger than any activation of a row.
+    wide = nn.Sequential(nn.Flatten(), nn.Linear(192, 4096), nn.ReLU(), nn.Linear(4096, 2)).eval()
+    x = images(1, 8)
+    with preserved_state(wide):
+        per_row = row_bytes(wide, x, backward=True)
+    weight = 192 * 4096 * 4
+    activations = 4096 * 4 * 3 + 192 * 4  # the hidden layer's output, its ReLU's, its gradient; the flat input
+    assert per_row < weight / 4 and per_row <= 2 * activations + passes.INPUT_COPIES * x.numel() * 4 + 4096 * 4
+
+
 def test_between_is_called_after_each_inner_batch_and_each_size_the_search_tries():
     model, x = small_cnn(), images(1, 16)
     calls = []
