@@ -66,6 +66,8 @@ _EXPORTS = {
     ),
     "explanation": ("Explanation",),
     "hooks": ("LayerCapture",),
+    "image_input": ("ImageInput",),
+    "similarity": ("SimilarityTarget",),
     "layers": ("candidate_layers", "find_target_layer"),
     "tokens": ("TokenLayout",),
     "drawing": ("denormalize", "normalization_of", "overlay", "plot_explanations", "to_rgb"),

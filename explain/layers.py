@@ -92,19 +92,26 @@ def _get_submodule(model: nn.Module, name: str, all_names: list[str]) -> nn.Modu
 def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module, tuple[int, ...] | None]]:
     """(name, module, output shape) of every submodule call of one forward pass of
     ``example``, in the order the calls complete (a block after its children); the output
-    shape is None where a module returns no tensor."""
+    shape is None where a module returns no tensor, or one that does not depend on the image
+    (the text tower of a CLIP model whose text :class:`~explain.ImageInput` holds fixed).
+
+    Dependence is read from autograd: the parameters are frozen for the pass and the image
+    requires grad, so an output requires grad exactly where the image reaches it."""
     trace = []
+    # Autograd cannot record through inference tensors (nor from integer input): then every output counts.
+    tracked = example.is_floating_point() and not any(param.is_inference() for param in model.parameters())
 
     def record(name: str):
         def hook(module: nn.Module, args, output) -> None:
-            trace.append((name, module, tuple(output.shape) if isinstance(output, Tensor) else None))
+            seen = isinstance(output, Tensor) and (output.requires_grad or not tracked)
+            trace.append((name, module, tuple(output.shape) if seen else None))
 
         return hook
 
-    with preserved_state(model), torch.no_grad(), channel_hint(example):
+    with preserved_state(model), torch.inference_mode(False), torch.set_grad_enabled(tracked), channel_hint(example):
         handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if n]
         try:
-            model(example)
+            model(example.detach().clone().requires_grad_(tracked).clone())
         finally:
             for handle in handles:
                 handle.remove()

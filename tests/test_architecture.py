@@ -24,6 +24,7 @@ CORE = (
     "explain.targets", "explain.explanation", "explain.checks", "explain.baselines", "explain.superpixels",
     "explain.regions", "explain.model_tasks", "explain.imagenet", "explain.drawing", "explain.images",
     "explain.options", "explain.errors", "explain.heap", "explain.concurrency", "explain.passes",
+    "explain.similarity", "explain.image_input",
 )
 #: The layers, top to bottom. A module may import modules of its own layer or of lower
 #: ones, never of a higher one. A name covers a module and, for a package, all of it.

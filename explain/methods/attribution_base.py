@@ -237,7 +237,8 @@ class ScoredModel(nn.Module):
         """(B,) scores of explained target ``k`` in a model ``output`` on the images (or on
         images derived from ``images[rows]``, one output row each)."""
         if self.custom is not None:
-            return self.custom(output)
+            score_rows = getattr(self.custom, "score_rows", None)
+            return self.custom(output) if rows is None or score_rows is None else score_rows(output, rows)
         output = class_logits(output)
         ids = self.ids_of(k)
         return output.gather(1, (ids if rows is None else ids[rows])[:, None]).squeeze(1)
