@@ -19,7 +19,19 @@ from .explanation import Explanation
 from .passes import call_settings
 from .targets import Targets
 
-__all__ = ["Explainer", "NotApplicable", "method_key", "register", "registered", "registered_class"]
+__all__ = [
+    "TRAINING_OPTIONS",
+    "Explainer",
+    "NotApplicable",
+    "check_training_options",
+    "method_key",
+    "register",
+    "registered",
+    "registered_class",
+]
+
+#: The options of the methods that make maps inside a training loop (``Explainer.trains``).
+TRAINING_OPTIONS = ("train_mode", "create_graph")
 
 _REGISTRY: dict[str, type[Explainer]] = {}
 
@@ -28,6 +40,18 @@ class NotApplicable(ValueError):
     """The method's definition does not apply to this model (CAM without a linear head over
     a pooled map, attention methods on a model without global self-attention). ``explain run
     --method all`` leaves such methods out instead of failing."""
+
+
+def check_training_options(cls: type[Explainer], options: dict) -> None:
+    """Raise :class:`NotApplicable` where ``options`` ask ``cls`` for maps inside a training
+    loop (``train_mode=True``, ``create_graph=True``) and the method makes none."""
+    asked = [name for name in TRAINING_OPTIONS if options.get(name)]
+    if asked and not cls.trains:
+        raise NotApplicable(
+            f"{cls.name or cls.__name__} has no training mode ({', '.join(f'{n}=True' for n in asked)}): only the "
+            "gradient CAMs made of one forward and one backward pass are differentiable maps of the model as it "
+            "trains; use gradcam, gradcam++, hirescam, layercam, xgradcam or gradcam-elementwise"
+        )
 
 
 def method_key(name: str) -> str:
@@ -61,6 +85,8 @@ class Explainer:
     needs_layer: ClassVar[bool] = False
     #: Whether the method's passes run backward as well as forward.
     backward: ClassVar[bool] = True
+    #: Whether the method takes ``train_mode=`` and ``create_graph=`` (maps inside a training loop).
+    trains: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

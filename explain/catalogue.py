@@ -15,7 +15,7 @@ import inspect
 from torch import nn
 
 from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
-from .base import Explainer, registered, registered_class
+from .base import Explainer, check_training_options, registered, registered_class
 
 __all__ = ["describe_methods", "explainer", "method_class", "method_names"]
 
@@ -54,8 +54,13 @@ def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
     >>> cam = explainer("Grad-CAM++", torchvision.models.resnet18())
     >>> type(cam).__name__
     'GradCAMPlusPlus'
+
+    ``train_mode=True`` or ``create_graph=True`` (maps inside a training loop) raise
+    :class:`~explain.NotApplicable` for the methods that have no such mode.
     """
-    return method_class(method)(model, **kwargs)
+    cls = method_class(method)
+    check_training_options(cls, kwargs)
+    return cls(model, **kwargs)
 
 
 def method_class(method: str) -> type[Explainer]:

@@ -27,7 +27,7 @@ __all__ = ["LayerCapture", "preserved_state"]
 
 
 @contextmanager
-def preserved_state(model: nn.Module, *, freeze: bool = True) -> Iterator[None]:
+def preserved_state(model: nn.Module, *, freeze: bool = True, eval_mode: bool = True) -> Iterator[None]:
     """Run a block with ``model`` in eval mode and its parameters frozen, then restore both;
     the block holds the model's lock (:func:`~explain.concurrency.model_lock`), so that
     another thread's block on the same model neither interleaves with it nor restores flags
@@ -38,7 +38,8 @@ def preserved_state(model: nn.Module, *, freeze: bool = True) -> Iterator[None]:
     no graph is recorded before the first captured layer. A block that records no graph at
     all (under ``torch.no_grad()``) may pass ``freeze=False``: frozen weights make some of
     PyTorch's CPU kernels slower (a frozen ``nn.MultiheadAttention`` off its fast path
-    projects with ``bmm``, 40 instead of 14 ms a layer on ViT-B/16 at batch 4).
+    projects with ``bmm``, 40 instead of 14 ms a layer on ViT-B/16 at batch 4). A block run
+    as part of training passes ``eval_mode=False``: the model keeps its train/eval flags.
 
     >>> model = nn.Sequential(nn.Linear(2, 2), nn.Dropout()).train()
     >>> with preserved_state(model):
@@ -48,10 +49,10 @@ def preserved_state(model: nn.Module, *, freeze: bool = True) -> Iterator[None]:
     (True, True)
     """
     with model_lock(model):
-        yield from _preserved(model, freeze)
+        yield from _preserved(model, freeze, eval_mode)
 
 
-def _preserved(model: nn.Module, freeze: bool) -> Iterator[None]:
+def _preserved(model: nn.Module, freeze: bool, eval_mode: bool) -> Iterator[None]:
     training = [(module, module.training) for module in model.modules()]
     # Lazy modules' parameters do not exist yet; they cannot be frozen, nor need to be.
     # Inference tensors (a model built under torch.inference_mode()) could be frozen but
@@ -63,7 +64,7 @@ def _preserved(model: nn.Module, freeze: bool) -> Iterator[None]:
     ]
     # Only what differs is set (and set back): flags of large models cost ~1 ms to write.
     try:
-        if any(flag for _, flag in training):
+        if eval_mode and any(flag for _, flag in training):
             model.eval()
         for param, flag in requires_grad:
             if flag:
@@ -107,6 +108,14 @@ class LayerCapture:
         Record a graph from the layers on so that :meth:`backward` can be called, also
         inside ``torch.no_grad()`` or ``torch.inference_mode()``. Set to ``False`` for
         gradient-free methods: the forward then runs without autograd.
+    train_mode:
+        Leave the model's train/eval flags as they are (batch norm and dropout behave as in
+        training), instead of eval mode for the block.
+    create_graph:
+        Keep everything differentiable, for maps that enter a training loss: the parameters
+        are not frozen, the graph is recorded from the input on, and :meth:`backward` builds
+        the graph of the gradients it stores (``torch.autograd.grad(create_graph=True)``,
+        which writes no ``.grad``).
 
     Examples
     --------
@@ -119,12 +128,22 @@ class LayerCapture:
     (torch.Size([1, 4, 6, 6]), torch.Size([1, 4, 6, 6]))
     """
 
-    def __init__(self, model: nn.Module, layers: Mapping[str, nn.Module], *, gradients: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Mapping[str, nn.Module],
+        *,
+        gradients: bool = True,
+        train_mode: bool = False,
+        create_graph: bool = False,
+    ):
         if not layers:
             raise ValueError("LayerCapture needs at least one layer")
         self.model = model
         self.layers = dict(layers)
         self.track_gradients = gradients
+        self.train_mode = train_mode
+        self.create_graph = create_graph
         self.activations: dict[str, Tensor] = {}
         self.gradients: dict[str, Tensor] = {}
         self._calls: dict[str, int] = {}
@@ -148,7 +167,9 @@ class LayerCapture:
                 # works under torch.no_grad() or torch.inference_mode().
                 context.enter_context(torch.inference_mode(False))
                 context.enter_context(torch.enable_grad())
-            context.enter_context(preserved_state(self.model))
+            context.enter_context(
+                preserved_state(self.model, freeze=not self.create_graph, eval_mode=not self.train_mode)
+            )
             context.callback(self._remove_hooks)
             self._thread = threading.get_ident()
             # Call counts are per forward pass of the whole model.
@@ -275,7 +296,13 @@ class LayerCapture:
         # The probes' backward hooks fill self.gradients; autograd.grad only drives the pass
         # (and, unlike .backward(), accumulates nothing into any .grad).
         extra = tuple(inputs)
-        grads = torch.autograd.grad(scores.sum(), [*extra, *activations], retain_graph=True, allow_unused=True)
+        grads = torch.autograd.grad(
+            scores.sum(), [*extra, *activations], retain_graph=True, create_graph=self.create_graph, allow_unused=True
+        )
+        if self.create_graph:  # the gradients as autograd returns them, attached to their graph
+            self.gradients.update(
+                (n, g) for n, g in zip(self.layers, grads[len(extra) :], strict=True) if g is not None
+            )
         unused = [name for name in self.layers if name not in self.gradients]
         if unused:
             raise ValueError(f"the scores do not depend on layer(s) {unused}; pick layers on the path to the output")

@@ -99,7 +99,11 @@ def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module
     requires grad, so an output requires grad exactly where the image reaches it."""
     trace = []
     # Autograd cannot record through inference tensors (nor from integer input): then every output counts.
-    tracked = example.is_floating_point() and not any(param.is_inference() for param in model.parameters())
+    tracked = example.is_floating_point() and not any(
+        param.is_inference()
+        for param in model.parameters()
+        if not isinstance(param, nn.parameter.UninitializedParameter)
+    )
 
     def record(name: str):
         def hook(module: nn.Module, args, output) -> None:

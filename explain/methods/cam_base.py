@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Explainer
+from ..base import Explainer, check_training_options
 from ..checks import channel_hint, check_images
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
@@ -203,6 +203,15 @@ class BaseCAM(Explainer):
         function from the layer's output to (N, C, h, w) (pytorch-grad-cam's
         ``reshape_transform``; Ablation-CAM, which must put a changed activation back, needs
         a ``TokenLayout``).
+    train_mode:
+        Leave the model in its mode (a model in train mode stays so: batch norm uses and
+        updates the batch's statistics, dropout drops), for maps made inside a training loop.
+    create_graph:
+        Keep the maps (``maps``, ``raw_layers``) and the output (``logits``) attached to the
+        autograd graph, differentiable with respect to the model's parameters, so that they can
+        enter a loss (attention-guided training, CAM regularisation); the explainer itself
+        writes no ``.grad``. Only the gradient CAMs made of one forward and one backward pass
+        (``trains``) have these two options; see :doc:`/guide/training`.
 
     Notes
     -----
@@ -229,8 +238,12 @@ class BaseCAM(Explainer):
         eigen_smooth: bool = False,
         aug_smooth: bool = False,
         reshape: Reshape | None = None,
+        train_mode: bool = False,
+        create_graph: bool = False,
     ):
         super().__init__(model, class_names=class_names)
+        check_training_options(type(self), {"train_mode": train_mode, "create_graph": create_graph})
+        self.train_mode, self.create_graph = bool(train_mode), bool(create_graph)
         if reshape is not None and not isinstance(reshape, TokenLayout) and not callable(reshape):
             raise TypeError(f"reshape must be None, an explain.TokenLayout or a function, got {type(reshape).__name__}")
         self.reshape = reshape
@@ -269,7 +282,9 @@ class BaseCAM(Explainer):
         images = check_images(images, self.model)
         layers = self.target_layers(images)
         with_gradients = self.uses_gradients if gradients is None else gradients
-        with LayerCapture(self.model, layers, gradients=with_gradients) as capture:
+        with LayerCapture(
+            self.model, layers, gradients=with_gradients, train_mode=self.train_mode, create_graph=self.create_graph
+        ) as capture:
             with channel_hint(images):
                 output = self.model(images)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
@@ -289,13 +304,17 @@ class BaseCAM(Explainer):
                 for column in (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1):
                     for name, gradient in self.record_gradients(capture, column).items():
                         recorded[name].append(layouts[name].to_spatial(gradient))
-            outputs = {name: capture.activations[name].detach().float() for name in layers}
+            kept = self.create_graph  # the maps stay differentiable: nothing is detached
+            outputs = {
+                name: (capture.activations[name] if kept else capture.activations[name].detach()).float()
+                for name in layers
+            }
         activations = {name: layouts[name].to_spatial(output_) for name, output_ in outputs.items()}
         custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
         return Captured(
             activations,
             recorded,
-            detached(output),
+            output if self.create_graph else detached(output),
             ids,
             (images.shape[-2], images.shape[-1]),
             images,

@@ -39,10 +39,14 @@ __all__ = [
 
 
 class GradientCAM(BaseCAM):
-    """Base class of the gradient-weighted CAMs; subclasses define :meth:`contributions`."""
+    """Base class of the gradient-weighted CAMs; subclasses define :meth:`contributions`.
+
+    Those made of one forward and one backward pass (``trains``) also make maps inside a
+    training loop: ``train_mode=`` and ``create_graph=`` (see :class:`~explain.BaseCAM`)."""
 
     family = "gradient CAM"
     cost = "1 forward + 1 backward to the layer"
+    trains = True
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -200,6 +204,7 @@ class EigenGradCAM(GradientCAM):
 
     name = "eigengradcam"
     channel_sum = False
+    trains = False  # a singular vector's gradient is unstable where singular values are close
 
     @staticmethod
     def cam(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -226,6 +231,7 @@ class SmoothGradCAMPlusPlus(GradientCAM):
     name = "smoothgradcam++"
     cost = "1 forward + n_samples (4) forward + backward to the layer"
     shares_capture = False
+    trains = False
 
     def __init__(
         self,
@@ -303,6 +309,7 @@ class ShapleyCAM(GradientCAM):
     name = "shapleycam"
     cost = "1 forward + 1 double backward to the layer"
     shares_capture = False
+    trains = False
 
     def __init__(
         self,
@@ -391,6 +398,7 @@ class FinerCAM(GradientCAM):
     name = "finercam"
     cost = "1 forward + 1 backward to the layer"
     shares_capture = False
+    trains = False
 
     def __init__(
         self,
