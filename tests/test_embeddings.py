@@ -2,6 +2,9 @@
 ImageInput (a model whose forward takes the image with other inputs), on hand-made embedders,
 a torchvision backbone without its head and a small random CLIP model."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -208,3 +211,42 @@ def test_image_input_names_outputs_and_errors(clip):
         ImageInput(clip, "pixel_values", output="nope", input_ids=input_ids[:1])(images)
     with pytest.raises(ValueError, match="has no get_text_features"):
         SimilarityTarget.of_text(BrightColours(), input_ids)
+
+
+# --- the command line: --target similar:IMAGE ------------------------------------------------------
+
+
+def test_cli_explains_the_similarity_to_an_image(tmp_path, capsys):
+    from explain.cli import main
+
+    torch.manual_seed(0)
+    embedder = nn.Sequential(nn.Conv2d(3, 8, 3, stride=2), nn.ReLU(), nn.Conv2d(8, 16, 3), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.export.export(embedder, (torch.rand(2, 3, 64, 64),), dynamic_shapes=({0: batch},))
+    torch.export.save(program, tmp_path / "embedder.pt2")
+    images = Path(__file__).resolve().parents[1] / "data" / "images"
+    reference = images / "chelsea.png"
+
+    def run(target, *options):
+        out = tmp_path / "out"
+        code = main(["run", str(images / "astronaut.png"), str(images / "coffee.png"), "--out", str(out),
+                     "--model", str(tmp_path / "embedder.pt2"), "--target", target, "--workers", "0", "-q",
+                     "--overwrite", *options])
+        return code, out, capsys.readouterr().err
+
+    code, out, _ = run(f"similar:{reference}", "--method", "gradcam,scorecam")
+    assert code == 0
+    rows = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}
+    assert {(r["target"], r["target_id"], r["predicted_id"]) for r in rows} == {(f"similar:{reference}", -1, None)}
+    assert all((out / r["output"]).is_file() and "similar" in r["output"] for r in rows)
+    code, _, err = run(f"similar:{tmp_path / 'nowhere.png'}")
+    assert code == 2 and "cannot read the reference image" in err and "file not found" in err
+    (tmp_path / "notes.png").write_text("not a picture")
+    code, _, err = run(f"similar:{tmp_path / 'notes.png'}")
+    assert code == 2 and "cannot read the reference image" in err
+    code, _, err = run("similar:")
+    assert code == 2 and "similar:IMAGE names the reference image" in err
+    code, _, err = run(f"similar:{reference}", "--metrics", "deletion")
+    assert code == 2 and "--metrics rescore the explained class" in err

@@ -8,15 +8,22 @@ import inspect
 import re
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
+
+from PIL import Image
+from torch import Tensor
 
 from ..base import Explainer, NotApplicable
 from ..catalogue import method_class, method_names
 from ..errors import UsageError, is_out_of_memory
+from ..images import ImageError, load_rgb
 from ..metrics.registry import METRICS, metric
 from ..models import LoadedModel
 from ..options import LOCALISATION_METRICS, STEP_METRICS
 from ..passes import parse_memory
+from ..similarity import SimilarityTarget
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
 
@@ -35,7 +42,7 @@ class TargetSpec:
     :meth:`~explain.tasks.DetectionTarget.select` arguments that pick each image's boxes."""
 
     labels: tuple[str, ...]
-    targets: int | SegmentationTarget | DetectionTarget | None = None
+    targets: int | SegmentationTarget | DetectionTarget | SimilarityTarget | None = None
     topk: int | None = None
     select: dict | None = None
 
@@ -61,6 +68,35 @@ def parse_target(text: str, class_names: list[str]) -> TargetSpec:
         except ValueError as error:
             raise UsageError(f"--target: {error}") from None
     return TargetSpec((str(class_id),), targets=class_id)
+
+
+def is_similarity_target(text: str) -> bool:
+    """Whether ``--target`` asks for the similarity to an image (``similar:IMAGE``)."""
+    return re.match(r"\s*similar[:=]", text, flags=re.IGNORECASE) is not None
+
+
+def parse_similarity_target(text: str, loaded: LoadedModel, task: str) -> TargetSpec:
+    """``--target similar:IMAGE``: the cosine similarity of each image's embedding (the model's
+    (N, D) output) to IMAGE's, preprocessed as the inputs are and embedded once."""
+    if task != "classify":
+        raise UsageError(
+            f"--target similar:IMAGE explains an embedding, the (N, D) output of an embedding model or a "
+            f"classifier, not a {task} model's output"
+        )
+    path = re.sub(r"^\s*similar[:=]", "", text, flags=re.IGNORECASE).strip()
+    if not path:
+        raise UsageError("--target similar:IMAGE names the reference image, e.g. --target similar:photos/cat.jpg")
+    try:
+        picture = load_rgb(path)
+    except ImageError as error:
+        raise UsageError(f"--target {text.strip()}: cannot read the reference image {path}: {error}") from None
+    preprocess = cast(Callable[[Image.Image], Tensor], loaded.preprocess)
+    image = preprocess(picture).unsqueeze(0).to(loaded.device)
+    try:
+        target = SimilarityTarget.of_image(loaded.model, image)
+    except ValueError as error:
+        raise UsageError(f"--target {text.strip()}: {error}") from None
+    return TargetSpec((f"similar:{path}",), targets=target)
 
 
 def parse_task_target(text: str, task: str, class_names: list[str]) -> TargetSpec:

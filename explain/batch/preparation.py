@@ -18,10 +18,12 @@ from .explainers import (
     TargetSpec,
     build_explainers,
     estimated_costs,
+    is_similarity_target,
     max_memory_option,
     metric_options,
     option_applies,
     parse_metrics,
+    parse_similarity_target,
     parse_target,
     parse_task_target,
 )
@@ -84,7 +86,9 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         if 0 < args.max_pixels < input_pixels:
             raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
     task = _run_task(args, loaded)
-    if task == "classify":
+    if is_similarity_target(args.target):
+        target = parse_similarity_target(args.target, loaded, task)
+    elif task == "classify":
         target = parse_target(args.target, loaded.class_names)
     else:
         target = parse_task_target(args.target, task, loaded.class_names)
@@ -93,6 +97,11 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         raise UsageError(
             f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "
             "which `explain evaluate --regions FILE` takes"
+        )
+    if metrics and is_similarity_target(args.target):
+        raise UsageError(
+            "--metrics rescore the explained class, and --target similar:IMAGE explains a similarity, not a "
+            "class; leave out --metrics, or explain a class"
         )
     if args.step is not None and not metrics:
         raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")

@@ -5,6 +5,7 @@ the boxes the target selects, one output per box (:class:`DenseOutputs`)."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -59,6 +60,8 @@ class ClassifyOutputs:
             return outcome
         best_probability, best_id = done[0][1].logits.float().softmax(dim=1).max(dim=1)
         predicted = list(zip(best_id.cpu().tolist(), best_probability.cpu().tolist(), strict=True))
+        if target.targets is not None and callable(target.targets):  # an embedding (similar:IMAGE): no classes
+            predicted = [(None, None)] * len(work)
         for cam, result, took in done:
             started = time.perf_counter()
             scores = host.scores(cam, model_input, result)
@@ -84,18 +87,23 @@ class ClassifyOutputs:
             best_id, best_probability = predicted[j]
             rows = []
             for rank, (label, class_id, probability) in enumerate(zip(labels, ids[j], probabilities[j], strict=False)):
-                output, maps_file = host.output_names(source, cam.name, f"{class_id}-{safe_name(names[class_id])}")
+                # A callable target (similar:IMAGE) has no class: its label names it.
+                target_name = names[class_id] if class_id >= 0 else label
+                what = (
+                    f"{class_id}-{safe_name(target_name)}" if class_id >= 0 else safe_name(re.sub(r"\.\w+$", "", label))
+                )
+                output, maps_file = host.output_names(source, cam.name, what)
                 rows.append(
                     host.row(
                         source.input,
                         cam.name,
                         label,
                         target_id=class_id,
-                        target_name=names[class_id],
-                        target_probability=round(probability, 6),
+                        target_name=target_name,
+                        target_probability=_rounded(probability),
                         predicted_id=best_id,
-                        predicted_name=names[best_id],
-                        predicted_probability=round(best_probability, 6),
+                        predicted_name=None if best_id is None else names[best_id],
+                        predicted_probability=_rounded(best_probability),
                         output=output,
                         maps=maps_file,
                         metrics=scores.get((j, rank)),

@@ -96,7 +96,9 @@ def _add_run_command(commands) -> None:
     run.add_argument("--layer", default="auto",
                      help="target layer(s), comma-separated; see `explain layers MODEL`")
     run.add_argument("--target", default="top1",
-                     help="what to explain. classify: top1, a class id, a class name, or topk:K for the K best; "
+                     help="what to explain. classify: top1, a class id, a class name, topk:K for the K best, or "
+                     "similar:IMAGE (the cosine similarity of each image's embedding, the model's (N, D) output, to "
+                     "IMAGE's); "
                      "segment: top1 (the predicted class covering the most pixels, background aside) or a class id "
                      "or name, over its predicted mask; detect: top1 (the best box), box:I (the I-th box), a class "
                      "id or name (its boxes), score:T (boxes scoring at least T), or a class and score:T joined "
