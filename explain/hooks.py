@@ -8,7 +8,8 @@ untouched ``.grad``, whether the call succeeds or raises.
 
 It is also cheap. Parameters are frozen for the call and the graph starts at the first
 captured layer, so nothing before that layer is recorded by autograd and backward stops
-there: an explanation costs about one forward pass.
+there: an explanation costs about one forward pass. (A map made for a training loss,
+``create_graph=True``, gives that up: it must be differentiable in the parameters.)
 """
 
 from __future__ import annotations

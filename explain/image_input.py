@@ -39,6 +39,8 @@ class ImageInput(nn.Module):
     **fixed:
         The other inputs, held fixed; values other than tensors are passed as they are.
 
+    Notes
+    -----
     Layer names are the model's, under ``model.`` (``model.vision_model.encoder.layers.11``);
     the model's own names are accepted as ``target_layer`` too. The automatic layer choice
     considers only layers whose output depends on the image, so a CLIP model is explained in its
@@ -87,6 +89,7 @@ class ImageInput(nn.Module):
             self.class_names = names
 
     def forward(self, images: Tensor):
+        """The model's output for ``images``, the fixed inputs added (or its ``output`` field)."""
         inputs = {
             name: value.expand(len(images), *value.shape[1:])
             if self.expand and isinstance(value, Tensor) and value.dim() > 0

@@ -63,9 +63,9 @@ def embedding_of(output, field: str | None = None) -> Tensor:
 class SimilarityTarget:
     """The cosine similarity of each image's embedding to a reference embedding.
 
-    The score of image n is cos(e_n, r_n) = e_n . r_n / (|e_n| |r_n|) (``F.cosine_similarity``,
-    eps 1e-8), e_n the model's embedding of the image (:func:`embedding_of`) and r_n the
-    reference: one vector for every image, or one per image.
+    The score of image n is ``cos(e_n, r_n) = e_n . r_n / (|e_n| |r_n|)`` (``F.cosine_similarity``,
+    eps 1e-8), e_n the model's embedding of the image (:func:`~explain.similarity.embedding_of`)
+    and r_n the reference: one vector for every image, or one per image.
 
     Parameters
     ----------
@@ -73,7 +73,8 @@ class SimilarityTarget:
         A (D,) or (1, D) vector for every image, or (N, D) with one per image.
     embedding:
         The output field that holds the embedding, for a mapping output (``"image_embeds"``,
-        ``"pooler_output"``, ...); by default the first of :data:`EMBEDDING_FIELDS` present.
+        ``"pooler_output"``, ...); by default the first of
+        :data:`~explain.similarity.EMBEDDING_FIELDS` present.
 
     Notes
     -----

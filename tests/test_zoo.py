@@ -149,3 +149,54 @@ def test_score_cams(arch):
         res = explain.explainer(method, model, batch_size=64, **FEWER_SAMPLES.get(method, {}))(images)
         check(res, 1, None, size=64)
     state.assert_unchanged()
+
+
+# Embedding models: a CLIP model (tiny random config) through explain.ImageInput with its text held
+# fixed, and resnet18 without its head, each explaining a SimilarityTarget. Methods that explain
+# class logits refuse the callable target; the attention methods refuse a model whose attention
+# includes a text tower (or that has none); CLIP's patch convolution has no bias for FullGrad.
+EMBEDDER_REFUSALS = {
+    "clip": {"finercam", "cam", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad"},
+    "resnet18-embedder": {"finercam", "cam", "attention-rollout", "attention-relevance", "legrad"},
+}
+
+
+def make_embedder(name):
+    torch.manual_seed(0)
+    if name == "resnet18-embedder":
+        model = tvm.resnet18()
+        model.fc = torch.nn.Identity()
+        images = torch.nn.functional.interpolate(torch.randn(2, 3, 8, 8), size=64, mode="bilinear")
+        return model.eval(), model, images, explain.SimilarityTarget.of_image(model, torch.randn(1, 3, 64, 64))
+    transformers = pytest.importorskip("transformers")
+    vision = dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2)
+    text = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    clip = transformers.CLIPModel(transformers.CLIPConfig(vision_config=vision, text_config=text, projection_dim=16))
+    input_ids = torch.tensor([[0, 17, 42, 23, 1]])
+    model = explain.ImageInput(clip.eval(), "pixel_values", input_ids=input_ids)
+    images = torch.nn.functional.interpolate(torch.randn(2, 3, 8, 8), size=32, mode="bilinear")
+    return clip, model, images, explain.SimilarityTarget.of_text(clip, input_ids)
+
+
+@pytest.mark.parametrize("name", list(EMBEDDER_REFUSALS))
+def test_embedders(name):
+    inner, model, images, target = make_embedder(name)
+    state = ModelState(inner)
+    refused = set()
+    for method in explain.method_names():
+        if method in ("sscam", "iscam") or (method == "scorecam" and name != "clip"):
+            continue  # one pass per channel: Score-CAM runs on CLIP's 32 channels only
+        options = {**CHEAP.get(method, {}), **FEWER_SAMPLES.get(method, {})}
+        try:
+            with torch.no_grad():
+                res = explain.explainer(method, model, **options)(images, target)
+        except ValueError as error:  # NotApplicable included
+            refused.add(method)
+            assert "class" in str(error) or isinstance(error, explain.NotApplicable) or method == "fullgrad", error
+            continue
+        assert res.maps.shape == (2, *images.shape[-2:]) and torch.isfinite(res.maps).all(), method
+        assert res.maps.min() >= 0 and res.maps.max() <= 1 and res.targets.tolist() == [-1, -1], method
+    assert refused == EMBEDDER_REFUSALS[name]
+    state.assert_unchanged()
