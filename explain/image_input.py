@@ -37,7 +37,8 @@ class ImageInput(nn.Module):
         of their own (False: passed as they are; a CLIP model encodes its texts once, and
         ``logits_per_image`` holds one column per text).
     **fixed:
-        The other inputs, held fixed; values other than tensors are passed as they are.
+        The other inputs, held fixed; tensors are moved to the images' device, values other
+        than tensors are passed as they are.
 
     Notes
     -----
@@ -90,12 +91,7 @@ class ImageInput(nn.Module):
 
     def forward(self, images: Tensor):
         """The model's output for ``images``, the fixed inputs added (or its ``output`` field)."""
-        inputs = {
-            name: value.expand(len(images), *value.shape[1:])
-            if self.expand and isinstance(value, Tensor) and value.dim() > 0
-            else value
-            for name, value in self.fixed.items()
-        }
+        inputs = {name: self._fixed(value, images) for name, value in self.fixed.items()}
         result = self.model(**{self.image_input: images}, **inputs)
         if self.output is None:
             return result
@@ -103,6 +99,13 @@ class ImageInput(nn.Module):
             fields = ", ".join(map(str, result)) if isinstance(result, Mapping) else type(result).__name__
             raise ValueError(f"output={self.output!r} is not a field of the model's output ({fields})")
         return result[self.output]
+
+    def _fixed(self, value, images: Tensor):
+        """A fixed input for ``images``: on their device, its one row repeated with ``expand``."""
+        if not isinstance(value, Tensor):
+            return value
+        value = value.to(images.device)
+        return value.expand(len(images), *value.shape[1:]) if self.expand and value.dim() > 0 else value
 
     def get_submodule(self, target: str) -> nn.Module:
         """The submodule named ``target``, in this wrapper or (its own names) in the model."""
