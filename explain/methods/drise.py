@@ -147,6 +147,10 @@ class DRISE(Explainer):
     def planned_passes(self, images: Tensor) -> int:
         return len(images) * (1 + self.n_masks)
 
+    def layer_names(self, images: Tensor) -> tuple[str, ...]:
+        """``("input",)``: the masks are the input's."""
+        return ("input",)
+
     def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
         """The unmasked pass alone: it finds a model that is no detector, and the boxes."""
         images = check_images(images, self.model)
