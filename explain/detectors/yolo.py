@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 from torchvision.ops import box_convert, clip_boxes_to_image
 
@@ -142,6 +143,12 @@ class YOLODetector(nn.Module):
         self.backbone_roots = tuple(f"model.{root}" for root in yolo_backbone_roots(model))
 
     def forward(self, images: Tensor) -> list[dict[str, Tensor]]:
+        head = yolo_head(self.model)
+        anchors = getattr(head, "anchors", None)
+        if isinstance(anchors, Tensor) and anchors.is_inference() and not torch.is_inference_mode_enabled():
+            # The head keeps the anchors of the last input size; made in inference mode (a
+            # perturbation method's passes), they cannot enter a graph: have them made again.
+            head.shape = None
         output = self.model(images)
         raw = output[0] if isinstance(output, (tuple, list)) else output
         return decode_yolo(
