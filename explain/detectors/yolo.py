@@ -148,7 +148,7 @@ class YOLODetector(nn.Module):
         if isinstance(anchors, Tensor) and anchors.is_inference() and not torch.is_inference_mode_enabled():
             # The head keeps the anchors of the last input size; made in inference mode (a
             # perturbation method's passes), they cannot enter a graph: have them made again.
-            head.shape = None
+            setattr(head, "shape", None)  # noqa: B010 -- the head is known to be there (checked in __init__)
         output = self.model(images)
         raw = output[0] if isinstance(output, (tuple, list)) else output
         return decode_yolo(
