@@ -64,7 +64,9 @@ def decode_yolo(
     (N, A, 5 + C) with objectness (``anchored=True``); None reads the layout from the shape
     (more rows than columns: the classic one). Boxes are clipped to ``size`` (H, W) where
     given, as ultralytics clips them to the image. Each dict also holds every proposal
-    (``proposal_boxes``, ``proposal_classes``, ``proposal_objectness``).
+    (``proposal_boxes``, ``proposal_classes`` and ``proposal_objectness``: the head's
+    objectness in the classic layout; in the anchor-free one, which folds objectness into the
+    class scores, the proposal's best class score).
 
     >>> import torch
     >>> raw = torch.zeros(1, 6, 3)   # 2 classes, 3 anchors
@@ -93,9 +95,13 @@ def decode_yolo(
             iou_threshold=iou_threshold,
             max_detections=max_detections,
         )
-        kept.update(proposal_boxes=boxes[i], proposal_classes=classes[i])
-        if objectness is not None:
-            kept["proposal_objectness"] = objectness[i]
+        # The anchor-free head folds objectness into its class scores: a proposal's best
+        # class score, the confidence ultralytics thresholds, stands for it.
+        kept.update(
+            proposal_boxes=boxes[i],
+            proposal_classes=classes[i],
+            proposal_objectness=classes[i].amax(dim=1) if objectness is None else objectness[i],
+        )
         found.append(kept)
     return found
 

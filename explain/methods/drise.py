@@ -37,12 +37,12 @@ GRID_CELLS = 16
 def mask_grids(count: int, size: tuple[int, int], *, cell_size: int, p: float, seed: int) -> tuple[Tensor, Tensor]:
     """The binary grids (count, h, w) and shifts (count, 2) of ``count`` RISE masks for
     images of ``size``, drawn on the CPU from a generator seeded with ``seed``: the same
-    masks for every image, whatever the batch."""
+    masks for every image, whatever the batch; the first k of more masks are those of k."""
     height, width = size
     cells = (math.ceil(height / cell_size) + 1, math.ceil(width / cell_size) + 1)
-    generator = torch.Generator().manual_seed(seed)
-    grids = (torch.rand(count, *cells, generator=generator) < p).float()
-    shifts = torch.randint(0, cell_size, (count, 2), generator=generator)
+    # Two streams, so that more masks extend the same sequence rather than draw another.
+    grids = (torch.rand(count, *cells, generator=torch.Generator().manual_seed(seed)) < p).float()
+    shifts = torch.randint(0, cell_size, (count, 2), generator=torch.Generator().manual_seed(seed + 1))
     return grids, shifts
 
 
@@ -78,10 +78,13 @@ def box_similarity(prediction: dict[str, Tensor], box: Tensor, label: int) -> Te
     largest, over the proposals, of IoU(boxes) x cosine(class vectors) x objectness.
 
     The target's vector is the box, objectness 1 and the one-hot vector of ``label``; a
-    proposal's comes from :func:`~explain.detectors.proposals_of` (the class probabilities
-    of YOLO's and DETR's proposals, before thresholds and suppression; for torchvision's
-    detectors, their kept boxes with one-hot labels and the score as objectness). 0 where
-    the image has no proposal.
+    proposal's comes from :func:`~explain.detectors.proposals_of`: YOLO's and DETR's
+    proposals before thresholds and suppression (YOLO: the sigmoid class scores, with the
+    classic head's objectness, or the best class score where the anchor-free head folds
+    objectness into them; DETR: the softmax over the classes and "no object", no objectness
+    term), torchvision's kept boxes with one-hot labels and their score as objectness. As the
+    cosine ignores a vector's length, the objectness term is what carries a proposal's
+    confidence where the class vector is not a distribution. 0 where the image has no proposal.
     """
     proposals = proposals_of(prediction)
     if len(proposals.boxes) == 0:

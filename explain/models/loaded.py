@@ -55,8 +55,11 @@ def pick_device(name: str | None) -> torch.device:
 
 def load_model(spec: str, weights: str | None, trust: bool, device_name: str | None) -> LoadedModel:
     """The model ``spec`` names (a classifier's name, a torchvision segmentation or detection
-    model's name, ``yolo:FILE``, a Hugging Face folder, or a model file), loaded on the device, with its
-    preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`."""
+    model's name, ``yolo:FILE``, a Hugging Face folder, or a model file), loaded on the device,
+    with its preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`.
+
+    Random weights (a name without --weights) are drawn from a fixed seed, so that every
+    process of a run (the Ray engine's actors) and every rerun has the same model."""
     device, path = pick_device(device_name), Path(spec)
     if is_detector_spec(spec):
         return _load_detector(spec, weights, trust, device)
@@ -64,8 +67,6 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
     class_names: list[str] | None
     if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
         task = torchvision_task(spec)
-        # Random weights (a name without --weights) are drawn from a fixed seed, so that every
-        # process of a run (the Ray engine's actors) and every rerun has the same model.
         with process_lock, torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             try:
