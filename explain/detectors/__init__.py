@@ -44,8 +44,9 @@ __all__ = [
 
 def as_detector(model: nn.Module, **options) -> nn.Module:
     """``model`` as a detector that returns torchvision's detections: a YOLO model wrapped in
-    :class:`YOLODetector`, a DETR-style one in :class:`DETRDetector` (``options`` go to the
-    wrapper: ``score_threshold``, ...), any other model as it is."""
+    :class:`~explain.detectors.YOLODetector`, a DETR-style one in
+    :class:`~explain.detectors.DETRDetector` (``options`` go to the wrapper:
+    ``score_threshold``, ...), any other model as it is."""
     if is_yolo(model):
         return YOLODetector(model, **options)
     if is_detr(model):

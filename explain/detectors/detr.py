@@ -106,6 +106,7 @@ class DETRDetector(nn.Module):
         self.backbone_roots = ("model.model.backbone",)
 
     def forward(self, images: Tensor) -> list[dict[str, Tensor]]:
+        """The detections of ``images`` (see :func:`~explain.detectors.decode_detr`)."""
         output = self.model(pixel_values=images)
         return decode_detr(
             output.logits,

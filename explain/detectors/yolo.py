@@ -59,7 +59,7 @@ def decode_yolo(
     iou_threshold: float = 0.7,
     max_detections: int = 300,
 ) -> list[dict[str, Tensor]]:
-    """Detections per image (see :func:`~explain.detectors.proposals.keep_boxes`) from a YOLO
+    """Detections per image (see :func:`~explain.detectors.keep_boxes`) from a YOLO
     head's raw output: (N, 4 + C, A) anchor-free (``anchored=False``), or the classic
     (N, A, 5 + C) with objectness (``anchored=True``); None reads the layout from the shape
     (more rows than columns: the classic one). Boxes are clipped to ``size`` (H, W) where
@@ -149,6 +149,7 @@ class YOLODetector(nn.Module):
         self.backbone_roots = tuple(f"model.{root}" for root in yolo_backbone_roots(model))
 
     def forward(self, images: Tensor) -> list[dict[str, Tensor]]:
+        """The detections of ``images`` (see :func:`~explain.detectors.decode_yolo`)."""
         head = yolo_head(self.model)
         anchors = getattr(head, "anchors", None)
         if isinstance(anchors, Tensor) and anchors.is_inference() and not torch.is_inference_mode_enabled():
