@@ -69,11 +69,11 @@ def decode_yolo(
     class scores, the proposal's best class score).
 
     >>> import torch
-    >>> raw = torch.zeros(1, 6, 3)   # 2 classes, 3 anchors
+    >>> raw = torch.zeros(1, 6, 8)   # 2 classes, 8 anchors
     >>> raw[0, :4, 0] = torch.tensor([10.0, 10, 4, 4]); raw[0, 5, 0] = 0.9
     >>> found = decode_yolo(raw)[0]
-    >>> found["boxes"].tolist(), found["labels"].tolist(), found["scores"].tolist()
-    ([[8.0, 8.0, 12.0, 12.0]], [1], [0.8999999761581543])
+    >>> found["boxes"].tolist(), found["labels"].tolist(), round(float(found["scores"][0]), 2)
+    ([[8.0, 8.0, 12.0, 12.0]], [1], 0.9)
     """
     if raw.dim() != 3:
         raise ValueError(f"a YOLO head's raw output is (N, 4 + classes, anchors); got shape {tuple(raw.shape)}")
