@@ -589,7 +589,7 @@ def photos(tmp_path):
         (["--method", "gradcamm"], "unknown method 'gradcamm'; did you mean gradcam"),
         (["--model", "nowhere/model.pt"], "model file nowhere/model.pt does not exist"),
         (["--model", "resnet5O"], "unknown model 'resnet5O'; did you mean resnet50"),
-        (["--model", "resnet5O"], "timm:NAME for a timm model, a folder holding a Hugging Face image classifier"),
+        (["--model", "resnet5O"], "timm:NAME for a timm model, yolo:FILE.pt or yolo:FILE.yaml for an Ultralytics YOLO detector, a folder"),
         (["--model", "vit_tiny_patch16_224"], "did you mean timm:vit_tiny_patch16_224"),
         (["--weights", "missing.pth", "--model", "resnet18"], "missing.pth does not exist"),
         (["--layer", "bn3"], "model has no layer named 'bn3'; did you mean: bn2"),
