@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import channel_hint
+from .detectors import backbone_roots
 from .hooks import preserved_state
 from .model_tasks import task_of
 from .tokens import infer_layout, on_input_grid
@@ -198,26 +199,24 @@ def _transformer_layer(trace, example: Tensor) -> str | None:
 
 
 def backbone_layer(model: nn.Module, example: Tensor) -> str:
-    """The target layer for CAMs of a segmentation or detection model: the last layer of
-    ``model.backbone`` whose output is one spatial (N, C, h, w) tensor, feature pyramids and
-    SSD's extra layers left out (their outputs are dicts or lists, or serve the head).
+    """The target layer for CAMs of a segmentation or detection model: the last layer of its
+    backbone (:func:`~explain.detectors.backbone_roots`) whose output is one spatial
+    (N, C, h, w) tensor, feature pyramids and SSD's extra layers left out (their outputs are
+    dicts or lists, or serve the head).
 
     Picks ``backbone.layer4`` in torchvision's ResNet segmentation models,
     ``backbone.body.layer4`` in ResNet-FPN detectors, the last MobileNet block in the
-    MobileNet ones, ``backbone.features`` in SSD300-VGG16. One forward pass on ``example``
-    finds it; layers that run more than once in a pass are left out.
+    MobileNet ones, ``backbone.features`` in SSD300-VGG16, SPPF (``model.model.9``) in a
+    wrapped YOLOv8, the last ResNet stage in a wrapped DETR. One forward pass on
+    ``example`` finds it; layers that run more than once in a pass are left out.
     """
-    backbone = getattr(model, "backbone", None)
-    if not isinstance(backbone, nn.Module):
+    roots = backbone_roots(model)
+    if not roots:
         raise ValueError(
             f"{type(model).__name__} has no `backbone` to pick a target layer from; pass target_layer "
             "explicitly (`explain layers MODEL` lists the layers)"
         )
-    calls = [
-        (name, shape)
-        for name, _, shape in module_calls(model, example[:1])
-        if name.startswith("backbone.") and name.split(".")[1] not in _HEAD_PARTS
-    ]
+    calls = [(name, shape) for name, _, shape in module_calls(model, example[:1]) if _in_backbone(name, roots)]
     counts = Counter(name for name, _ in calls)
     spatial = [
         name
@@ -226,10 +225,21 @@ def backbone_layer(model: nn.Module, example: Tensor) -> str:
     ]
     if not spatial:
         raise ValueError(
-            f"no layer of {type(model).__name__}.backbone outputs one spatial tensor; pass target_layer "
+            f"no layer of {type(model).__name__}'s backbone outputs one spatial tensor; pass target_layer "
             "explicitly (`explain layers MODEL` lists the layers)"
         )
     return spatial[-1]
+
+
+def _in_backbone(name: str, roots: tuple[str, ...]) -> bool:
+    """Whether the module ``name`` lies in one of the backbone's ``roots``, outside its
+    feature pyramid and extra layers."""
+    for root in roots:
+        if name == root:
+            return True
+        if name.startswith(root + "."):
+            return name[len(root) + 1 :].split(".")[0] not in _HEAD_PARTS
+    return False
 
 
 def find_target_layer(model: nn.Module, example: Tensor) -> str:

@@ -8,7 +8,8 @@ BUNDLED_MODEL = "efficientnet_lite0"
 #: What ``--model`` takes, in words (its help, and the error for a name no source knows).
 MODEL_FORMS = (
     f"{BUNDLED_MODEL} (bundled), a torchvision classification, segmentation or detection model name, "
-    "timm:NAME for a timm model, a folder holding a Hugging Face image classifier (save_pretrained), "
+    "timm:NAME for a timm model, yolo:FILE.pt or yolo:FILE.yaml for an Ultralytics YOLO detector, "
+    "a folder holding a Hugging Face image classifier or DETR-style detector (save_pretrained), "
     "a torch.export .pt2 file, or a pickled nn.Module (needs --trust-model-file)"
 )
 

@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -6,6 +9,13 @@ import torch
 from torch import nn
 
 torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+
+# ultralytics writes its settings file on import: into a folder of this run's own, not ~/.config,
+# and it never goes online (the YOLO tests build models from their yaml, with random weights).
+_ULTRALYTICS = tempfile.mkdtemp(prefix="explain-tests-ultralytics-")
+atexit.register(shutil.rmtree, _ULTRALYTICS, ignore_errors=True)
+os.environ["YOLO_CONFIG_DIR"] = _ULTRALYTICS
+os.environ["YOLO_OFFLINE"] = "1"
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "images"
 

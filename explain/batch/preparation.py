@@ -168,18 +168,21 @@ def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[
             f"--method all includes methods that explain class logits only; with --task {task} name "
             "the CAMs to run, e.g. gradcam,eigencam"
         )
+    classes = []
     for name in (n.strip() for n in args.method.split(",") if n.strip()):
         try:
             cls = method_class(name)
         except ValueError as error:
             raise UsageError(f"--method: {error}") from None
-        if not issubclass(cls, BaseCAM):
+        if not issubclass(cls, BaseCAM) and getattr(cls, "task", None) != task:
+            also = ", and drise" if task == "detect" else ""
             raise UsageError(
                 f"--method {name}: with --task {task} the command line runs CAMs (gradcam, eigencam, "
-                "scorecam, ...); explain.tasks serves other methods from Python"
+                f"scorecam, ...){also}; explain.tasks serves other methods from Python"
             )
-    if args.layer.strip().lower() != "auto":
-        return args.layer
+        classes.append(cls)
+    if args.layer.strip().lower() != "auto" or not any(cls.needs_layer for cls in classes):
+        return args.layer  # D-RISE alone takes no layer
     try:
         return backbone_layer(loaded.model, loaded.example)
     except ValueError as error:

@@ -14,6 +14,7 @@
 - :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
   copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels);
+- :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
 - :mod:`~explain.methods.transformer_attention`: maps from a vision transformer's attention
   matrices (attention rollout, gradient-weighted attention relevance, LeGrad).
 
@@ -56,6 +57,7 @@ from .gradient_attribution import (  # isort: skip
     VarGrad,
 )
 from .perturbation_attribution import FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
+from .drise import DRISE  # isort: skip
 from .relevance import LRP  # isort: skip
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
 from .attribution_base import Attribution  # isort: skip
@@ -64,6 +66,7 @@ from .layer_replay import LayerReplay  # isort: skip
 
 __all__ = [
     "CAM",
+    "DRISE",
     "FEM",
     "ISCAM",
     "KPCACAM",

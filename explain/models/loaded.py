@@ -19,6 +19,7 @@ from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvis
 from ..options import MODEL_FORMS
 from . import classifiers
 from .dense import load_task_model, preprocess_for
+from .detectors import YOLO_PREFIX, is_detector_spec, load_detector
 from .files import MODEL_FILE_SUFFIXES, read_model_file
 
 __all__ = ["LoadedModel", "load_model", "pick_device", "warn_if_random"]
@@ -54,15 +55,18 @@ def pick_device(name: str | None) -> torch.device:
 
 def load_model(spec: str, weights: str | None, trust: bool, device_name: str | None) -> LoadedModel:
     """The model ``spec`` names (a classifier's name, a torchvision segmentation or detection
-    model's name, a Hugging Face folder, or a model file), loaded on the device, with its
-    preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`."""
+    model's name, ``yolo:FILE``, a Hugging Face folder, or a model file), loaded on the device,
+    with its preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`.
+
+    Random weights (a name without --weights) are drawn from a fixed seed, so that every
+    process of a run (the Ray engine's actors) and every rerun has the same model."""
     device, path = pick_device(device_name), Path(spec)
+    if is_detector_spec(spec):
+        return _load_detector(spec, weights, trust, device)
     named = spec.startswith(classifiers.TIMM_PREFIX) or classifiers.is_huggingface_folder(spec)
     class_names: list[str] | None
     if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
         task = torchvision_task(spec)
-        # Random weights (a name without --weights) are drawn from a fixed seed, so that every
-        # process of a run (the Ray engine's actors) and every rerun has the same model.
         with process_lock, torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             try:
@@ -117,6 +121,22 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
     return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task)
 
 
+def _load_detector(spec: str, weights: str | None, trust: bool, device: torch.device) -> LoadedModel:
+    """A YOLO model or a Hugging Face detector (:mod:`explain.models.detectors`), wrapped to
+    return torchvision's detections."""
+    if weights:
+        raise UsageError(
+            f"--weights goes with a torchvision or timm model name; {spec} carries its own weights "
+            "(yolo:FILE.pt, a Hugging Face folder), or has random ones (yolo:FILE.yaml)"
+        )
+    with process_lock, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # a yaml's random weights: the same in every process and rerun
+        model, preprocess, class_names, random_weights = load_detector(spec, trust, device)
+    example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
+    model.class_names = class_names  # type: ignore[assignment]  # torch types Module attributes as tensors or modules
+    return LoadedModel(model, preprocess, class_names, device, example, random_weights=random_weights, task="detect")
+
+
 def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool:
     pair = preprocess(Image.new("RGB", (256, 256))).unsqueeze(0).repeat(2, 1, 1, 1).to(device)
     try:
@@ -129,6 +149,9 @@ def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool
 
 def warn_if_random(loaded: LoadedModel, model: str) -> None:
     """Say on stderr that ``loaded`` (named ``model``) has random weights, if it has."""
-    if loaded.random_weights:
+    if loaded.random_weights and model.startswith(YOLO_PREFIX):
+        print(f"explain: warning: {model} has random weights (seed 0), so its maps explain an untrained model; "
+              "pass a trained checkpoint: --model yolo:FILE.pt", file=sys.stderr)
+    elif loaded.random_weights:
         print(f"explain: warning: {model} has random weights (seed 0), so its maps explain an untrained model; "
               "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)
