@@ -6,6 +6,9 @@ to end on both. Nothing downloads: ultralytics builds yolov8n.yaml, transformers
 ResNet backbone from its config."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -412,3 +415,25 @@ def test_cli_warns_of_a_yolo_yaml_with_random_weights(tmp_path, capsys):
                  "--workers", "0"]) == 1
     err = capsys.readouterr().err
     assert "yolo:yolov8n.yaml has random weights" in err and "no detected box matches" in err
+
+
+def test_a_yolo_model_leaves_pil_able_to_report_a_file_that_is_no_image(tmp_path):
+    # ultralytics replaces PIL.Image.open on import with one that pip-installs a HEIF plugin when
+    # PIL cannot identify a file; the CLI's "not an image" must stay PIL's own error. A fresh
+    # process, since this one may have imported ultralytics already.
+    bad = tmp_path / "notes.png"
+    bad.write_text("not an image")
+    code = (
+        "import sys\n"
+        "from PIL import Image, UnidentifiedImageError\n"
+        "from explain.models.loaded import load_model\n"
+        "load_model('yolo:yolov8n.yaml', None, False, 'cpu')\n"
+        "try:\n"
+        f"    Image.open({str(bad)!r})\n"
+        "except UnidentifiedImageError:\n"
+        "    sys.exit(0)\n"
+        "sys.exit(3)\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torch import Tensor, nn
 from torchvision import transforms
 
@@ -73,10 +74,16 @@ def load_detector(
 
 
 def _ultralytics():
+    # Importing ultralytics replaces PIL.Image.open with a version that, on a file PIL cannot
+    # identify, pip-installs a HEIF plugin and raises ModuleNotFoundError offline: it would turn
+    # the CLI's "not an image" into a crash and a download. The library keeps PIL's own.
+    pil_open = Image.open
     try:
         from ultralytics.nn import tasks
     except ImportError:
         raise UsageError("YOLO models need the ultralytics package: pip install 'explain-vision[yolo]'") from None
+    finally:
+        Image.open = pil_open
     return tasks
 
 
