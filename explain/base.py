@@ -92,8 +92,9 @@ class Explainer:
         spatial = spatial_dims(images)
         if self.images_only and spatial != 2:
             kind = INPUT_KINDS.get(spatial, ("inputs", ""))[0]
-            raise NotApplicable(f"{self.name} applies to images only, not {kind} of shape {tuple(images.shape)}: "
-                                f"{self.images_only}")
+            raise NotApplicable(
+                f"{self.name} applies to images only, not {kind} of shape {tuple(images.shape)}: {self.images_only}"
+            )
 
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         """Names of the layers the maps of ``images`` come from (``Explanation.layers``)."""

@@ -126,8 +126,9 @@ def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
     """Run ``model`` once on ``example`` and list, in execution order, every layer with a
     spatial output: an (N, C, h, w) tensor on the input's grid (h or w above one, neither
     larger than the input's, about the input's aspect ratio); for volumes and signals an
-    (N, C, d, h, w) or (N, C, l) tensor with more than one location, no side larger than the input's. Token tensors of vision
-    transformers and channels-last (N, h, w, C) outputs are not spatial by that rule.
+    (N, C, d, h, w) or (N, C, l) tensor with more than one location, no side larger than the
+    input's. Token tensors of vision transformers and channels-last (N, h, w, C) outputs are
+    not spatial by that rule.
 
     Layers that run more than once per forward pass (reused modules) are left out: their
     activations are ambiguous.
