@@ -68,7 +68,16 @@ _EXPORTS = {
     "hooks": ("LayerCapture",),
     "layers": ("candidate_layers", "find_target_layer"),
     "tokens": ("TokenLayout",),
-    "drawing": ("denormalize", "normalization_of", "overlay", "plot_explanations", "to_rgb"),
+    "drawing": (
+        "denormalize",
+        "normalization_of",
+        "overlay",
+        "overlay_slices",
+        "overlay_frames",
+        "plot_explanations",
+        "plot_signal",
+        "to_rgb",
+    ),
     "tasks": ("DetectionTarget", "SegmentationTarget", "explain_detections"),
     "model_summary": ("feature_maps", "summary"),
 }

@@ -5,6 +5,7 @@ method's definition does not apply."""
 
 from functools import lru_cache
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -233,3 +234,58 @@ def test_shapes_that_name_the_fix():
         explain.Saliency(unet)(volume.flatten(2))
     with pytest.raises(ValueError, match="blur baseline blurs images"):
         explain.IntegratedGradients(cnn, baseline="blur", n_steps=2)(signal)
+
+
+# -- overlays
+
+
+def test_slice_grid_colours_follow_relevance():
+    volume = np.zeros((4, 6, 6), np.uint8)
+    heat = np.zeros((4, 6, 6), np.float32)
+    heat[2, 1:3, 1:3] = 1.0  # hot in slice 2 only
+    grid = explain.overlay_slices(volume, heat, alpha=1.0)
+    assert grid.shape == (2 * 6 + 2, 2 * 6 + 2, 3) and grid.dtype == np.uint8
+    tile = grid[8:14, 0:6]  # slice 2: second row, first column
+    assert tile[1, 1].tolist() == [128, 0, 0]  # jet at 1: dark red
+    assert tile[4, 4].tolist() == [0, 0, 128]  # jet at 0: dark blue
+    assert (grid[6:8] == 255).all()  # the gap between rows
+    # at most `slices` tiles, evenly spaced, the first and last included
+    many = explain.overlay_slices(np.zeros((40, 6, 6), np.uint8), np.zeros((40, 6, 6)), slices=9)
+    assert many.shape == (3 * 6 + 4, 3 * 6 + 4, 3)
+
+
+def test_frames_and_gif_of_a_video():
+    import imageio.v3 as iio
+
+    from explain.drawing import encode_gif
+
+    video = np.random.default_rng(0).integers(0, 255, (5, 8, 10, 3), dtype=np.uint8)  # (T, H, W, 3)
+    heat = torch.linspace(0, 1, 5)[:, None, None].expand(5, 4, 5)  # half the frames' size: resized
+    frames = explain.overlay_frames(video, heat, alpha=1.0)
+    assert frames.shape == (5, 8, 10, 3)
+    assert frames[0, 0, 0].tolist() == [0, 0, 128] and frames[-1, 0, 0].tolist() == [128, 0, 0]
+    decoded = iio.imread(encode_gif(frames, fps=10), extension=".gif", index=None)
+    assert decoded.shape[:3] == (5, 8, 10)
+    with pytest.raises(ValueError, match="3 slices and the volume 5"):
+        explain.overlay_frames(video, np.zeros((3, 8, 10)))
+
+
+def test_signal_line_coloured_by_relevance():
+    from matplotlib import colormaps
+
+    from explain.drawing import figure_png
+
+    signal = np.stack([np.sin(np.linspace(0, 6, 30)), np.cos(np.linspace(0, 6, 30))])
+    heat = np.zeros(30, np.float32)
+    heat[20:] = 1.0
+    figure = explain.plot_signal(signal, heat, channel_names=["a", "b"])
+    assert len(figure.axes) == 3  # two channels and the colour bar
+    segments = figure.axes[0].collections[0]
+    colours = segments.get_colors()
+    assert len(colours) == 29
+    assert np.allclose(colours[0], colormaps["jet"](0.0)) and np.allclose(colours[-1], colormaps["jet"](1.0))
+    assert figure_png(figure)[:8] == b"\x89PNG\r\n\x1a\n"
+    signed = explain.plot_signal(signal[0], np.linspace(-1, 1, 30))
+    assert np.allclose(signed.axes[0].collections[0].get_colors()[0], colormaps["RdBu_r"](0.0 + 1 / 58), atol=0.02)
+    with pytest.raises(ValueError, match="29 time steps and the signal 30"):
+        explain.plot_signal(signal, heat[:29])
