@@ -174,7 +174,11 @@ def channel_hint(images: Tensor) -> Iterator[None]:
         match = _CHANNEL_ERROR.search(str(error))
         if match is None or int(match[2]) != images.shape[1]:
             raise
+        fix = (
+            "convert the images (PIL: image.convert('RGB')) before preprocessing"
+            if images.dim() == 4
+            else f"give inputs with {match[1]} channel(s) (C, the axis after N)"
+        )
         raise ValueError(
-            f"images have {match[2]} channel(s) but the model's first convolution expects "
-            f"{match[1]}; convert the images (PIL: image.convert('RGB')) before preprocessing"
+            f"images have {match[2]} channel(s) but the model's first convolution expects {match[1]}; {fix}"
         ) from error

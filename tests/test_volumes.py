@@ -289,3 +289,86 @@ def test_signal_line_coloured_by_relevance():
     assert np.allclose(signed.axes[0].collections[0].get_colors()[0], colormaps["RdBu_r"](0.0 + 1 / 58), atol=0.02)
     with pytest.raises(ValueError, match="29 time steps and the signal 30"):
         explain.plot_signal(signal, heat[:29])
+
+
+# -- explain run
+
+
+def manifest(out):
+    import json
+
+    return [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+
+
+def test_run_on_volumes_and_a_video_with_a_torchvision_video_model(tmp_path, capsys):
+    import imageio.v3 as iio
+
+    from explain.cli import main
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    rng = np.random.default_rng(0)
+    np.save(inputs / "scan.npy", rng.random((3, 4, 32, 32), dtype=np.float32))  # (C, D, H, W), preprocessed
+    np.save(inputs / "flat.npy", rng.random((4, 32, 32), dtype=np.float32))  # no channel axis: skipped
+    iio.imwrite(inputs / "clip.gif", rng.integers(0, 255, (4, 40, 50, 3), dtype=np.uint8), extension=".gif")
+    (inputs / "notes.txt").write_text("not an input")  # not searched for
+    out = tmp_path / "out"
+    code = main(["run", str(inputs), "--model", "r3d_18", "--out", str(out), "--method", "gradcam", "--save-maps",
+                 "-q", "--workers", "0"])
+    assert code == 1  # one file failed
+    rows = {row["input"].rsplit("/", 1)[-1]: row for row in manifest(out)}
+    assert set(rows) == {"scan.npy", "flat.npy", "clip.gif"}
+    assert "without the channel axis of (C, D, H, W); save it as array[None]" in rows["flat.npy"]["error"]
+    grid = iio.imread(out / rows["scan.npy"]["output"])
+    assert rows["scan.npy"]["output"].endswith(".png") and grid.shape == (2 * 32 + 2, 2 * 32 + 2, 3)  # 4 slices
+    assert rows["clip.gif"]["output"].endswith(".gif")
+    frames = iio.imread(out / rows["clip.gif"]["output"], index=None)
+    assert frames.shape[1:3] == (112, 112)  # the model's crop
+    maps = np.load(out / rows["scan.npy"]["maps"])
+    assert maps["maps"].shape == (1, 4, 32, 32)  # (targets, D, H, W)
+    assert "flat.npy" in capsys.readouterr().err
+
+
+def test_run_on_signals_with_a_model_file(tmp_path):
+    import imageio.v3 as iio
+
+    from explain.cli import main
+
+    model = trained_signal_model()
+    torch.save(model, tmp_path / "ecg.pt")
+    signals, labels, centres = planted_signals(4, generator=torch.Generator().manual_seed(3))
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i, signal in enumerate(signals):
+        np.save(inputs / f"s{i}.npy", signal.numpy())  # (C, L)
+    (inputs / "photo.png").write_bytes(b"")  # an image beside them: left out for a model of signals
+    out = tmp_path / "out"
+    model_file = ["--model", str(tmp_path / "ecg.pt"), "--trust-model-file"]
+    code = main(["run", str(inputs), *model_file, "--out", str(out), "--method", "gradcam,ig", "--target", "1",
+                 "--save-maps", "-q", "--workers", "0"])
+    assert code == 0
+    rows = manifest(out)
+    assert sorted({row["input"].rsplit("/", 1)[-1] for row in rows}) == [f"s{i}.npy" for i in range(4)]
+    assert all(row["status"] == "ok" and iio.imread(out / row["output"]).ndim == 3 for row in rows)
+    for row in rows:  # the bump's signals: the maps peak on it
+        i = int(row["input"].rsplit("/s", 1)[-1][0])
+        if labels[i]:
+            heat = np.load(out / row["maps"])["maps"][0]
+            assert abs(int(heat.argmax()) - int(centres[i])) <= 6, row["method"]
+    assert main(["run", str(inputs), *model_file, "--out", str(out), "--method", "lime", "-q"]) == 2  # not for signals
+
+
+def test_run_skips_methods_that_do_not_apply_with_method_all(tmp_path):
+    from explain.cli import main
+
+    torch.save(cnn_1d(), tmp_path / "cnn.pt")
+    np.save(tmp_path / "s.npy", np.zeros((1, 64), np.float32) + np.linspace(0, 1, 64, dtype=np.float32))
+    out = tmp_path / "out"
+    code = main(["run", str(tmp_path / "s.npy"), "--model", str(tmp_path / "cnn.pt"), "--trust-model-file",
+                 "--out", str(out), "--method", "all", "-q", "--workers", "0"])
+    assert code == 0
+    rows = manifest(out)
+    methods = {row["method"] for row in rows}
+    assert {"gradcam", "scorecam", "ablationcam", "saliency", "ig", "occlusion"} <= methods
+    assert not methods & IMAGES_ONLY
+    assert all(row["status"] == "ok" and row["output"].endswith(".png") for row in rows)

@@ -84,6 +84,8 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         if 0 < args.max_pixels < input_pixels:
             raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
     task = _run_task(args, loaded)
+    if loaded.kind != "images" and args.metrics:
+        raise UsageError(f"--metrics applies to images; {args.model} takes {loaded.kind}")
     if task == "classify":
         target = parse_target(args.target, loaded.class_names)
     else:
