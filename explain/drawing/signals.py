@@ -59,7 +59,7 @@ def plot_signal(
     """A figure of ``signal`` ((L,) or (C, L)), one panel per channel, each a line coloured by
     ``heatmap`` (L,), e.g. ``res.maps[0]`` (``jet`` by default, ``RdBu_r`` for signed maps),
     with the colour scale beside. A ``matplotlib.figure.Figure`` made without pyplot, so
-    threads may draw at once; save it with ``figure.savefig`` or :func:`figure_png`.
+    threads may draw at once; save it with ``figure.savefig`` or ``explain.drawing.figure_png``.
 
     >>> figure = plot_signal(np.sin(np.linspace(0, 6, 50)), np.linspace(0, 1, 50))
     >>> len(figure.axes[0].collections[0].get_segments())   # one segment between two steps
