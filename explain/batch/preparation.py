@@ -50,8 +50,14 @@ class PreparedRun:
         return [column for name in self.metrics for column in METRICS[name].columns]
 
     def checked(self, messages: str = "") -> CheckedRun:
-        """What the check found, in plain values, with how the decode step preprocesses."""
+        """What the check found, in plain values, with how the decode step preprocesses (the
+        Ray engine's: images only)."""
         import cloudpickle
+
+        if self.loaded.kind != "images":
+            raise UsageError(
+                f"{self.options.model} takes {self.loaded.kind}, which run on the local engine: leave --engine ray out"
+            )
 
         inputs = ModelInputs(self.loaded.preprocess)
         decoding = cloudpickle.dumps((inputs.in_workers, draft_size(self.loaded.example)))
