@@ -31,7 +31,18 @@ __all__ = [
 LayerSpec = str | nn.Module | Sequence[str | nn.Module] | None
 
 # Modules that pool or resample rather than compute features; a CAM on their output adds nothing.
-_POOLING = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.AvgPool2d, nn.Upsample)
+_POOLING = (
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.Upsample,
+)
 
 #: Backbone parts that serve the detection head rather than compute the image's features:
 #: feature pyramids and SSD's extra layers.
@@ -126,8 +137,10 @@ def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module
 def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
     """Run ``model`` once on ``example`` and list, in execution order, every layer with a
     spatial output: an (N, C, h, w) tensor on the input's grid (h or w above one, neither
-    larger than the input's, about the input's aspect ratio). Token tensors of vision
-    transformers and channels-last (N, h, w, C) outputs are not spatial by that rule.
+    larger than the input's, about the input's aspect ratio); for volumes and signals an
+    (N, C, d, h, w) or (N, C, l) tensor with more than one location, no side larger than the
+    input's. Token tensors of vision transformers and channels-last (N, h, w, C) outputs are
+    not spatial by that rule.
 
     Layers that run more than once per forward pass (reused modules) are left out: their
     activations are ambiguous.
@@ -146,8 +159,8 @@ def _candidates(trace, example: Tensor) -> list[tuple[int, LayerInfo]]:
 
 def _is_sequence_output(shape: tuple[int, ...] | None, example: Tensor) -> bool:
     """Whether ``shape`` looks like what a transformer block outputs: (N, tokens, C), or a
-    channels-last (N, h, w, C) grid of the input."""
-    if shape is None:
+    channels-last (N, h, w, C) grid of the input (of an image: a signal's layers are (N, C, l))."""
+    if shape is None or example.dim() != 4:
         return False
     if len(shape) == 3:
         return shape[1] > 1
@@ -257,7 +270,8 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
     norm, permuted), since past that norm no patch token reaches the class token and the
     map would be blank. torchvision's segmentation and detection models are explained at
     their backbone's last spatial layer (:func:`~explain.tasks.backbone_layer`), not at their
-    heads.
+    heads. The same rule picks ``layer4`` in torchvision's video models (r3d_18, mc3_18,
+    r2plus1d_18) and the last 1-D convolution block before pooling in a 1-D CNN.
     """
     example = example[:1]
     if task_of(model) is not None:
@@ -281,5 +295,6 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
             "target_layer explicitly (`explain layers MODEL` lists the layers)"
         )
     if not candidates:
-        raise ValueError("found no layer with a spatial (N, C, H, W) output; pass target_layer explicitly")
+        layout = {3: "(N, C, l)", 4: "(N, C, h, w)", 5: "(N, C, d, h, w)"}.get(example.dim(), "spatial")
+        raise ValueError(f"found no layer with a spatial {layout} output; pass target_layer explicitly")
     return candidates[-1][1].name

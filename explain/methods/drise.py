@@ -125,6 +125,7 @@ class DRISE(Explainer):
     family = "perturbation attribution"
     cost = "1 + n_masks (5000) forward"
     backward = False
+    images_only = "it masks an image with a 2-D grid and explains a detector's boxes"
     #: The task whose outputs it explains: the command line runs it with --task detect.
     task = "detect"
 

@@ -21,6 +21,7 @@ from . import classifiers
 from .dense import load_task_model, preprocess_for
 from .detectors import YOLO_PREFIX, is_detector_spec, load_detector
 from .files import MODEL_FILE_SUFFIXES, read_model_file
+from .volumes import blank_example, input_kind, scaled_frames
 
 __all__ = ["LoadedModel", "load_model", "pick_device", "warn_if_random"]
 
@@ -37,6 +38,9 @@ class LoadedModel:
     fixed_batch: bool = False  # an exported program that only takes batches of one
     random_weights: bool = False  # a torchvision architecture named without --weights
     task: str = "classify"  # what the model does: classify, segment or detect (see explain.tasks)
+    #: what the model takes: images, volumes (and videos) or signals; ``preprocess`` reads a PIL
+    #: image for images, (T, C, H, W) uint8 frames for volumes, and nothing for signals (None)
+    kind: str = "images"
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -84,26 +88,15 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
         random_weights = weights is None and not (
             classifiers.is_bundled(spec) or classifiers.is_huggingface_folder(spec))
     else:
-        if not path.is_file():
-            raise UsageError(
-                f"model file {spec} does not exist; pass an existing file, {classifiers.BUNDLED!r}, "
-                "or a torchvision model name such as resnet50"
-            )
-        if weights:
-            raise UsageError(
-                "--weights goes with a model name (e.g. --model resnet50 --weights FILE); "
-                "a model file carries its own weights"
-            )
-        model, crop = read_model_file(path, trust)
-        model = model.to(device).eval()
-        task = task_of(model)
-        preprocess = classifiers.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop)
-        if task == "detect":  # a detector normalises the images itself
-            preprocess = preprocess_for(model, task)
-        class_names = getattr(model, "class_names", None)
-        fixed_batch = path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
+        model, preprocess, class_names, task, fixed_batch = _from_file(path, weights, trust, device)
         random_weights = False
-    example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
+    kind = input_kind(model, spec)
+    if kind == "images":
+        example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
+    else:
+        example = blank_example(model, kind, preprocess, device)
+        if preprocess is None and kind == "volumes":  # a model file: its videos' frames scaled to [0, 1]
+            preprocess = scaled_frames
     if class_names is None or task is None:
         with torch.no_grad():
             output = model(example)
@@ -118,7 +111,32 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
             classes = output.shape[1] if task == "classify" else segmentation_logits(output).shape[1]
             class_names = classifiers.imagenet_classes() if classes == 1000 else [str(i) for i in range(classes)]
         model.class_names = class_names  # type: ignore[assignment]  # torch types Module attributes as tensors or modules
-    return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task)
+    return LoadedModel(
+        model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task, kind
+    )
+
+
+def _from_file(path: Path, weights: str | None, trust: bool, device: torch.device):
+    """(model, preprocess, class names, task, fixed_batch) of a model file."""
+    if not path.is_file():
+        raise UsageError(
+            f"model file {path} does not exist; pass an existing file, {classifiers.BUNDLED!r}, "
+            "or a torchvision model name such as resnet50"
+        )
+    if weights:
+        raise UsageError(
+            "--weights goes with a model name (e.g. --model resnet50 --weights FILE); "
+            "a model file carries its own weights"
+        )
+    model, crop = read_model_file(path, trust)
+    model = model.to(device).eval()
+    task = task_of(model)
+    images = input_kind(model) == "images"  # volumes and signals are read as arrays, not preprocessed
+    preprocess = classifiers.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop) if images else None
+    if task == "detect":  # a detector normalises the images itself
+        preprocess = preprocess_for(model, task)
+    fixed_batch = images and path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
+    return model, preprocess, getattr(model, "class_names", None), task, fixed_batch
 
 
 def _load_detector(spec: str, weights: str | None, trust: bool, device: torch.device) -> LoadedModel:
