@@ -42,6 +42,7 @@ IMAGES_ONLY = {
     "attention-rollout",
     "attention-relevance",
     "legrad",
+    "drise",
 }
 APPLICABLE = [name for name in explain.method_names() if name not in IMAGES_ONLY]
 

@@ -156,8 +156,8 @@ def test_score_cams(arch):
 # class logits refuse the callable target; the attention methods refuse a model whose attention
 # includes a text tower (or that has none); CLIP's patch convolution has no bias for FullGrad.
 EMBEDDER_REFUSALS = {
-    "clip": {"finercam", "cam", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad"},
-    "resnet18-embedder": {"finercam", "cam", "attention-rollout", "attention-relevance", "legrad"},
+    "clip": {"finercam", "cam", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad", "drise"},
+    "resnet18-embedder": {"finercam", "cam", "attention-rollout", "attention-relevance", "legrad", "drise"},
 }
 
 

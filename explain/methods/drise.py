@@ -158,11 +158,13 @@ class DRISE(Explainer):
     def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
         """The unmasked pass alone: it finds a model that is no detector, and the boxes."""
         images = check_images(images, self.model)
+        self.check_applies(images)
         with preserved_state(self.model, freeze=False), torch.inference_mode():
             self._references(images, targets, topk)
 
     def __call__(self, images: Tensor, targets=None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
+        self.check_applies(images)
         size = (images.shape[-2], images.shape[-1])
         with preserved_state(self.model, freeze=False), torch.inference_mode():
             output, boxes, labels = self._references(images, targets, topk)
