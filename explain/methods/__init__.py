@@ -9,8 +9,11 @@
 - :mod:`~explain.methods.perturbation_cams`: channel weights from perturbed passes
   (Score-CAM, SS-CAM, IS-CAM, Ablation-CAM);
 - :mod:`~explain.methods.gradient_attribution`: maps of the input from gradients, through
-  captum (Saliency, Input x Gradient, SmoothGrad, VarGrad, Integrated Gradients, Guided
-  Backprop, Deconvolution, Guided Grad-CAM, DeepLift, DeepLiftShap, GradientShap);
+  captum (Saliency, Input x Gradient, SmoothGrad, VarGrad, Guided Backprop, Deconvolution,
+  Guided Grad-CAM, DeepLift, DeepLiftShap, GradientShap);
+- :mod:`~explain.methods.path_attribution`: gradients integrated along a path to the image
+  (Integrated Gradients, Guided IG, Blur IG);
+- :mod:`~explain.methods.region_attribution`: image regions ranked by their attribution (XRAI);
 - :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
   copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels);
@@ -50,11 +53,12 @@ from .gradient_attribution import (  # isort: skip
     GuidedBackprop,
     GuidedGradCAM,
     InputXGradient,
-    IntegratedGradients,
     Saliency,
     SmoothGrad,
     VarGrad,
 )
+from .path_attribution import BlurIG, GuidedIG, IntegratedGradients  # isort: skip
+from .region_attribution import XRAI  # isort: skip
 from .perturbation_attribution import FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
 from .relevance import LRP  # isort: skip
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
@@ -69,11 +73,13 @@ __all__ = [
     "KPCACAM",
     "LRP",
     "SSCAM",
+    "XRAI",
     "AblationCAM",
     "AttentionRelevance",
     "AttentionRollout",
     "Attribution",
     "BaseCAM",
+    "BlurIG",
     "Captured",
     "Deconvolution",
     "DeepLift",
@@ -90,6 +96,7 @@ __all__ = [
     "GradientShap",
     "GuidedBackprop",
     "GuidedGradCAM",
+    "GuidedIG",
     "HiResCAM",
     "InputXGradient",
     "IntegratedGradients",
