@@ -32,6 +32,7 @@ _EXPORTS = {
         "DeepLiftShap",
         "EigenCAM",
         "EigenGradCAM",
+        "ExtremalPerturbation",
         "FEM",
         "FeatureAblation",
         "FinerCAM",

@@ -154,6 +154,7 @@ def test_xrai_is_not_applicable_beyond_grey_and_colour_images():
 
 @pytest.mark.parametrize("method, options", [
     ("guidedig", {"steps": 6}), ("blurig", {"steps": 6, "max_sigma": 4.0}), ("xrai", {"steps": 4}),
+    ("extremal", {"steps": 6, "mask_step": 4, "sigma": 8.0}),
 ])
 def test_results_do_not_depend_on_the_budget_and_the_model_is_left_alone(method, options):
     model, x = tiny_cnn(), images(3)
@@ -170,6 +171,7 @@ def test_results_do_not_depend_on_the_budget_and_the_model_is_left_alone(method,
 
 @pytest.mark.parametrize("method, options", [
     ("guidedig", {"steps": 50}), ("blurig", {"steps": 50}), ("xrai", {"steps": 50}),
+    ("extremal", {"steps": 50, "mask_step": 4, "sigma": 8.0}),
 ])
 def test_a_stop_between_passes_leaves_the_model_as_it_was(method, options):
     model, x = tiny_cnn(), images(2)
@@ -178,3 +180,36 @@ def test_a_stop_between_passes_leaves_the_model_as_it_was(method, options):
     with pass_settings(stop=lambda: next(asked) == 3), pytest.raises(KeyboardInterrupt):
         explain.explainer(method, model, internal_batch_size=2, **options)(x)
     state.assert_unchanged()
+
+
+@pytest.mark.filterwarnings("ignore:torch.meshgrid")  # TorchRay's
+@pytest.mark.parametrize("variant", ["preserve", "delete"])
+def test_extremal_perturbation_matches_torchray(variant):
+    extremal = pytest.importorskip("torchray.attribution.extremal_perturbation")
+    model, x = tiny_cnn(), images(2, size=32)
+    options = dict(areas=(0.1, 0.3), steps=12, mask_step=4, sigma=8.0)
+    ours = explain.ExtremalPerturbation(model, variant=variant, **options)(x)
+    assert ours.raw.shape == (2, 2, 32, 32)
+    for i, target in enumerate(ours.targets.tolist()):
+        theirs, _ = extremal.extremal_perturbation(
+            model, x[i : i + 1], target, areas=[0.1, 0.3], max_iter=12, step=4, sigma=8.0, variant=variant,
+        )
+        assert torch.allclose(ours.raw[i], theirs[:, 0], atol=1e-5)
+    for parameter in model.parameters():  # TorchRay leaves them frozen
+        parameter.requires_grad_(True)
+
+
+def test_extremal_perturbation_sums_its_areas_and_keeps_the_area_constraint():
+    # The constraint holds the area of the whole mask, margin included (as TorchRay's): of the
+    # 32 x 32 image, a mask of area a covers about a times the margined mask's share more.
+    model, x = tiny_cnn(), images(1, size=32)
+    result = explain.ExtremalPerturbation(model, areas=(0.1, 0.4), steps=400, mask_step=2, sigma=4.0)(x)
+    coverage = result.raw[0].flatten(1).mean(dim=1)
+    margined = (32 + 2 * 4) ** 2 / 32**2
+    assert coverage.tolist() == pytest.approx([0.1 * margined, 0.4 * margined], rel=0.25)
+    assert torch.equal(result.maps, explain.methods.attribution_base.normalize_maps(result.raw.sum(dim=1)))
+
+
+def test_extremal_perturbation_refuses_areas_outside_the_image():
+    with pytest.raises(ValueError, match=r"areas must be fractions.*\(0.05, 0.1, 0.2\)"):
+        explain.ExtremalPerturbation(tiny_cnn(), areas=[0.1, 1.5])

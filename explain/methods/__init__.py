@@ -17,6 +17,8 @@
 - :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
   copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels);
+- :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
+  the score, found by gradient descent (extremal perturbations);
 - :mod:`~explain.methods.transformer_attention`: maps from a vision transformer's attention
   matrices (attention rollout, gradient-weighted attention relevance, LeGrad).
 
@@ -60,6 +62,7 @@ from .gradient_attribution import (  # isort: skip
 from .path_attribution import BlurIG, GuidedIG, IntegratedGradients  # isort: skip
 from .region_attribution import XRAI  # isort: skip
 from .perturbation_attribution import FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
+from .mask_optimisation import ExtremalPerturbation  # isort: skip
 from .relevance import LRP  # isort: skip
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
 from .attribution_base import Attribution  # isort: skip
@@ -86,6 +89,7 @@ __all__ = [
     "DeepLiftShap",
     "EigenCAM",
     "EigenGradCAM",
+    "ExtremalPerturbation",
     "FeatureAblation",
     "FinerCAM",
     "FullGrad",
