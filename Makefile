@@ -46,6 +46,8 @@ docs: $(VENV)/.installed-docs
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_gradcam.py
 	$(BIN)/python benchmarks/bench_transformers.py
+	$(BIN)/python benchmarks/bench_detectors.py
+	$(BIN)/python benchmarks/bench_volumes.py
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_attribution.py
 	$(BIN)/python benchmarks/bench_metrics.py

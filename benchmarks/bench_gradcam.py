@@ -55,9 +55,10 @@ def full_backward(model, layer, x):
         for handle in handles:
             handle.remove()
         model.zero_grad(set_to_none=True)
-    layout = infer_layout(tuple(store["activation"].shape), tuple(x.shape[-2:]), model)
+    layout = infer_layout(tuple(store["activation"].shape), tuple(x.shape[2:]), model)
     activation, gradient = layout.to_spatial(store["activation"]), layout.to_spatial(store["gradient"])
-    return torch.relu((gradient.mean(dim=(2, 3), keepdim=True) * activation).sum(1))
+    space = tuple(range(2, gradient.dim()))  # (h, w); (d, h, w) for volumes, (l,) for signals
+    return torch.relu((gradient.mean(dim=space, keepdim=True) * activation).sum(1))
 
 
 def timings(model, x, repeats, extra: dict | None = None) -> dict[str, float]:

@@ -11,7 +11,7 @@
 import importlib
 
 #: Subpackages that ``explain.NAME`` imports on first use.
-_SUBMODULES = ("methods", "metrics", "models", "passes", "tasks")
+_SUBMODULES = ("detectors", "methods", "metrics", "models", "passes", "tasks")
 
 # Each public name, under the module it lives in: the one list of what `explain` exports.
 # Importing `explain` imports none of them (nor torch): the command line answers --help at
@@ -27,6 +27,7 @@ _EXPORTS = {
         "BaseCAM",
         "BlurIG",
         "CAM",
+        "DRISE",
         "Deconvolution",
         "DeepLift",
         "DeepLiftShap",
@@ -74,8 +75,18 @@ _EXPORTS = {
     "similarity": ("SimilarityTarget",),
     "layers": ("candidate_layers", "find_target_layer"),
     "tokens": ("TokenLayout",),
-    "drawing": ("denormalize", "normalization_of", "overlay", "plot_explanations", "to_rgb"),
+    "drawing": (
+        "denormalize",
+        "normalization_of",
+        "overlay",
+        "overlay_slices",
+        "overlay_frames",
+        "plot_explanations",
+        "plot_signal",
+        "to_rgb",
+    ),
     "tasks": ("DetectionTarget", "SegmentationTarget", "explain_detections"),
+    "detectors": ("as_detector",),
     "model_summary": ("feature_maps", "summary"),
 }
 _LOCATIONS = {name: module for module, names in _EXPORTS.items() for name in names}

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
+from .checks import INPUT_KINDS, spatial_dims
 from .concurrency import model_lock
 from .explanation import Explanation
 from .passes import call_settings
@@ -87,6 +88,9 @@ class Explainer:
     backward: ClassVar[bool] = True
     #: Whether the method takes ``train_mode=`` and ``create_graph=`` (maps inside a training loop).
     trains: ClassVar[bool] = False
+    #: Why the method applies to images (N, C, H, W) only; empty where it applies to volumes,
+    #: videos (N, C, D, H, W) and signals (N, C, L) too.
+    images_only: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -107,6 +111,16 @@ class Explainer:
         """Raise now what a call on such images would raise for a mistake in the setup (the
         model, layer or targets); methods whose calls are costly check more cheaply."""
         self(images, targets, topk=topk)
+
+    def check_applies(self, images: Tensor) -> None:
+        """Raise :class:`NotApplicable` where ``images`` are volumes or signals and the method
+        applies to images only (see ``images_only``)."""
+        spatial = spatial_dims(images)
+        if self.images_only and spatial != 2:
+            kind = INPUT_KINDS.get(spatial, ("inputs", ""))[0]
+            raise NotApplicable(
+                f"{self.name} applies to images only, not {kind} of shape {tuple(images.shape)}: {self.images_only}"
+            )
 
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         """Names of the layers the maps of ``images`` come from (``Explanation.layers``)."""

@@ -91,7 +91,8 @@ def make_baselines(
       colour (a flat grey-brown for ImageNet), not black;
     - ``"blur"``: the image under a Gaussian blur (sigma = ``blur_sigma``, default a tenth
       of the longer side): the image with its details, but not its colours, removed;
-    - ``"noise"``: uniform noise between each channel's minimum and maximum in the image;
+    - ``"noise"``: uniform noise between each channel's minimum and maximum in the image
+      (in the volume or signal);
       draw it inside :func:`seeded` for reproducible runs;
     - a number, or a tensor that broadcasts to ``images``, taken as it is.
 
@@ -112,13 +113,19 @@ def make_baselines(
     if baseline == "zeros":
         return torch.zeros_like(images)
     if baseline == "blur":
+        if images.dim() != 4:
+            raise ValueError(
+                f"the blur baseline blurs images (N, C, H, W), not inputs of shape {tuple(images.shape)}; "
+                "use baseline='zeros' or 'noise' for volumes and signals"
+            )
         sigma = blur_sigma if blur_sigma is not None else max(images.shape[-2:]) / 10
         if not sigma > 0:
             raise ValueError(f"blur_sigma must be positive, got {sigma}")
         return _gaussian_blur(images, float(sigma))
     if baseline == "noise":
-        low = images.amin(dim=(-2, -1), keepdim=True)
-        high = images.amax(dim=(-2, -1), keepdim=True)
+        space = tuple(range(2, images.dim()))  # (N, C, ...): per image and channel
+        low = images.amin(dim=space, keepdim=True)
+        high = images.amax(dim=space, keepdim=True)
         return low + (high - low) * torch.rand_like(images)
     raise ValueError(
         f"unknown baseline {baseline!r}; use one of {', '.join(BASELINES)}, a number, or a tensor "

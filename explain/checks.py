@@ -1,5 +1,8 @@
-"""Checks of arguments and inputs whose errors say how to fix them: a batch of images for a
-model, the channels a model's first convolution expects, counts and numbers of options."""
+"""Checks of arguments and inputs whose errors say how to fix them: a batch of images (or
+volumes, videos, signals) for a model, the channels a model's first convolution expects,
+counts and numbers of options; and the shape helpers that let the methods work on any
+number of spatial dimensions (:func:`spatial_dims`, :func:`spatial_axes`,
+:func:`interpolation_mode`)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,56 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-__all__ = ["channel_hint", "check_images", "checked_number", "positive_int"]
+__all__ = [
+    "INPUT_KINDS",
+    "channel_hint",
+    "check_images",
+    "checked_number",
+    "interpolation_mode",
+    "model_spatial_dims",
+    "positive_int",
+    "spatial_axes",
+    "spatial_dims",
+]
+
+#: What an input with 1, 2 or 3 spatial dimensions is, and its shape.
+INPUT_KINDS = {1: ("signals", "(N, C, L)"), 2: ("images", "(N, C, H, W)"), 3: ("volumes", "(N, C, D, H, W)")}
+_CONVOLUTIONS = {nn.Conv1d: 1, nn.Conv2d: 2, nn.Conv3d: 3}
+_INTERPOLATION = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+def spatial_dims(images: Tensor) -> int:
+    """The spatial dimensions of a batch: 1 for signals (N, C, L), 2 for images
+    (N, C, H, W), 3 for volumes and videos (N, C, D, H, W).
+
+    >>> spatial_dims(torch.zeros(2, 3, 8, 32, 32))
+    3
+    """
+    return images.dim() - 2
+
+
+def spatial_axes(tensor: Tensor) -> tuple[int, ...]:
+    """The axes after (N, C) of an (N, C, ...) tensor: what a CAM averages or sums over.
+
+    >>> spatial_axes(torch.zeros(1, 4, 7, 7))
+    (2, 3)
+    """
+    return tuple(range(2, tensor.dim()))
+
+
+def interpolation_mode(spatial: int) -> str:
+    """``F.interpolate``'s mode for maps of ``spatial`` dimensions: linear, bilinear, trilinear."""
+    return _INTERPOLATION[spatial]
+
+
+def model_spatial_dims(model: nn.Module) -> int | None:
+    """The spatial dimensions the model's first convolution works on (1, 2 or 3), or None
+    for a model without one."""
+    return next((spatial for module in model.modules() if (spatial := _convolution_dims(module))), None)
+
+
+def _convolution_dims(module: nn.Module) -> int | None:
+    return next((spatial for kind, spatial in _CONVOLUTIONS.items() if isinstance(module, kind)), None)
 
 
 def positive_int(name: str, value) -> int:
@@ -32,18 +84,17 @@ def checked_number(name: str, value, *, positive: bool) -> float:
 
 
 def check_images(images: Tensor, model: nn.Module) -> Tensor:
-    """Validate a batch for ``model`` and return it detached; errors say how to fix it."""
+    """Validate a batch for ``model`` and return it detached; errors say how to fix it.
+
+    A batch is (N, C, H, W) images, (N, C, D, H, W) volumes or videos, or (N, C, L)
+    signals; where the model's first convolution is 1-, 2- or 3-D, the batch must match it.
+    """
     if not isinstance(images, Tensor):
         raise TypeError(
             f"images must be a torch.Tensor of shape (N, C, H, W), got {type(images).__name__}; "
             "turn a PIL image into a batch with preprocess(image).unsqueeze(0)"
         )
-    if images.dim() == 3:
-        raise ValueError(
-            f"images has shape {tuple(images.shape)}, a single image; add the batch dimension with images.unsqueeze(0)"
-        )
-    if images.dim() != 4:
-        raise ValueError(f"images must have shape (N, C, H, W), got {tuple(images.shape)}")
+    _check_rank(images, model)
     if images.shape[0] == 0:
         raise ValueError("images is an empty batch")
     if not images.is_floating_point():
@@ -70,6 +121,35 @@ def check_images(images: Tensor, model: nn.Module) -> Tensor:
     return images.detach()
 
 
+def _check_rank(images: Tensor, model: nn.Module) -> None:
+    """The batch's rank against the model's first convolution, each mistake with its fix. A
+    model without convolutions takes images and volumes (a 3-D batch is a single image)."""
+    shape, rank = tuple(images.shape), images.dim()
+    expected = model_spatial_dims(model)
+    if expected is None:
+        expected = 3 if rank == 5 else 2
+    if rank == expected + 2 or any(_convolution_dims(m) == rank - 2 for m in model.modules()):
+        return  # (a model with convolutions of several ranks is trusted with any of them)
+    layout = INPUT_KINDS[expected][1]
+    if rank == expected + 1 and expected == 1:
+        raise ValueError(
+            f"images has shape {shape}, signals without a channel dimension (the model's first convolution is "
+            "1-D and takes (N, C, L)); add the channel dimension with x.unsqueeze(1)"
+        )
+    if rank == expected + 1 and expected == 2:
+        raise ValueError(f"images has shape {shape}, a single image; add the batch dimension with images.unsqueeze(0)")
+    if rank == expected + 1:
+        raise ValueError(
+            f"images has shape {shape}, a single volume or video (C, D, H, W) for a model whose first "
+            "convolution is 3-D; add the batch dimension with x.unsqueeze(0) (or, for a batch without "
+            "channels, the channel dimension with x.unsqueeze(1))"
+        )
+    raise ValueError(
+        f"images must have shape {layout} for this model ({INPUT_KINDS[expected][0]}), got {shape}"
+        + (f"; its first convolution is {expected}-D" if model_spatial_dims(model) else "")
+    )
+
+
 _CHANNEL_ERROR = re.compile(r"expected input\[[^\]]*\] to have (\d+) channels, but got (\d+) channels")
 
 
@@ -94,7 +174,11 @@ def channel_hint(images: Tensor) -> Iterator[None]:
         match = _CHANNEL_ERROR.search(str(error))
         if match is None or int(match[2]) != images.shape[1]:
             raise
+        fix = (
+            "convert the images (PIL: image.convert('RGB')) before preprocessing"
+            if images.dim() == 4
+            else f"give inputs with {match[1]} channel(s) (C, the axis after N)"
+        )
         raise ValueError(
-            f"images have {match[2]} channel(s) but the model's first convolution expects "
-            f"{match[1]}; convert the images (PIL: image.convert('RGB')) before preprocessing"
+            f"images have {match[2]} channel(s) but the model's first convolution expects {match[1]}; {fix}"
         ) from error

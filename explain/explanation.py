@@ -9,13 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .checks import interpolation_mode
 from .targets import CUSTOM_TARGET
 
 __all__ = ["Explanation", "scale_maps"]
 
 
-def scale_maps(raw: Tensor, size: tuple[int, int]) -> Tensor:
-    """Resize maps (..., h, w) to ``size`` (bilinear) and min-max scale each one to [0, 1].
+def scale_maps(raw: Tensor, size: tuple[int, ...]) -> Tensor:
+    """Resize maps (..., h, w) to ``size`` (H, W) (bilinear) and min-max scale each one to
+    [0, 1]; maps of volumes (..., d, h, w) to (D, H, W) by trilinear interpolation, of
+    signals (..., l) to (L,) by linear interpolation.
 
     A constant map carries no information about where the evidence is and becomes all
     zeros (never NaN).
@@ -30,10 +33,11 @@ def scale_maps(raw: Tensor, size: tuple[int, int]) -> Tensor:
             "the raw map holds NaN or infinite values: the model's activations or gradients "
             "overflowed (float16?); explain in float32"
         )
-    lead = raw.shape[:-2]
-    flat = raw.reshape(-1, 1, *raw.shape[-2:]).float()
-    if tuple(flat.shape[-2:]) != tuple(size):
-        flat = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
+    spatial = len(size)
+    lead = raw.shape[:-spatial]
+    flat = raw.reshape(-1, 1, *raw.shape[-spatial:]).float()
+    if tuple(flat.shape[2:]) != tuple(size):
+        flat = F.interpolate(flat, size=size, mode=interpolation_mode(spatial), align_corners=False)
     flat = flat.flatten(1)
     low = flat.amin(dim=1, keepdim=True)
     high = flat.amax(dim=1, keepdim=True)
@@ -52,12 +56,13 @@ class Explanation:
     ----------
     maps:
         float32 maps in [0, 1] (in [-1, 1] when ``signed``) at the input's resolution:
-        (N, H, W), or (N, k, H, W) when ``topk=k`` was asked for. With several layers, the
-        mean of the layers' scaled maps, scaled again.
+        (N, H, W), or (N, k, H, W) when ``topk=k`` was asked for; (N, D, H, W) for volumes
+        and videos, (N, L) for signals. With several layers, the mean of the layers' scaled
+        maps, scaled again.
     raw_layers:
         For each target layer, the unscaled maps at that layer's resolution. For attribution
-        methods, ``{"input": attributions}``: signed, per channel, (N, C, H, W) or
-        (N, k, C, H, W).
+        methods, ``{"input": attributions}``: signed, per channel, shaped as the input
+        ((N, C, H, W), (N, C, D, H, W), (N, C, L)), with the targets' axis after N for ``topk``.
     logits:
         The model output, detached: a tensor, or the model's dict/tuple with a callable target.
     targets:

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import channel_hint
+from .detectors import backbone_roots
 from .hooks import preserved_state
 from .model_tasks import task_of
 from .tokens import infer_layout, on_input_grid
@@ -30,7 +31,18 @@ __all__ = [
 LayerSpec = str | nn.Module | Sequence[str | nn.Module] | None
 
 # Modules that pool or resample rather than compute features; a CAM on their output adds nothing.
-_POOLING = (nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.AvgPool2d, nn.Upsample)
+_POOLING = (
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.AdaptiveMaxPool1d,
+    nn.AdaptiveMaxPool2d,
+    nn.AdaptiveMaxPool3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.Upsample,
+)
 
 #: Backbone parts that serve the detection head rather than compute the image's features:
 #: feature pyramids and SSD's extra layers.
@@ -125,8 +137,10 @@ def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module
 def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
     """Run ``model`` once on ``example`` and list, in execution order, every layer with a
     spatial output: an (N, C, h, w) tensor on the input's grid (h or w above one, neither
-    larger than the input's, about the input's aspect ratio). Token tensors of vision
-    transformers and channels-last (N, h, w, C) outputs are not spatial by that rule.
+    larger than the input's, about the input's aspect ratio); for volumes and signals an
+    (N, C, d, h, w) or (N, C, l) tensor with more than one location, no side larger than the
+    input's. Token tensors of vision transformers and channels-last (N, h, w, C) outputs are
+    not spatial by that rule.
 
     Layers that run more than once per forward pass (reused modules) are left out: their
     activations are ambiguous.
@@ -145,8 +159,8 @@ def _candidates(trace, example: Tensor) -> list[tuple[int, LayerInfo]]:
 
 def _is_sequence_output(shape: tuple[int, ...] | None, example: Tensor) -> bool:
     """Whether ``shape`` looks like what a transformer block outputs: (N, tokens, C), or a
-    channels-last (N, h, w, C) grid of the input."""
-    if shape is None:
+    channels-last (N, h, w, C) grid of the input (of an image: a signal's layers are (N, C, l))."""
+    if shape is None or example.dim() != 4:
         return False
     if len(shape) == 3:
         return shape[1] > 1
@@ -198,26 +212,24 @@ def _transformer_layer(trace, example: Tensor) -> str | None:
 
 
 def backbone_layer(model: nn.Module, example: Tensor) -> str:
-    """The target layer for CAMs of a segmentation or detection model: the last layer of
-    ``model.backbone`` whose output is one spatial (N, C, h, w) tensor, feature pyramids and
-    SSD's extra layers left out (their outputs are dicts or lists, or serve the head).
+    """The target layer for CAMs of a segmentation or detection model: the last layer of its
+    backbone (:func:`~explain.detectors.backbone_roots`) whose output is one spatial
+    (N, C, h, w) tensor, feature pyramids and SSD's extra layers left out (their outputs are
+    dicts or lists, or serve the head).
 
     Picks ``backbone.layer4`` in torchvision's ResNet segmentation models,
     ``backbone.body.layer4`` in ResNet-FPN detectors, the last MobileNet block in the
-    MobileNet ones, ``backbone.features`` in SSD300-VGG16. One forward pass on ``example``
-    finds it; layers that run more than once in a pass are left out.
+    MobileNet ones, ``backbone.features`` in SSD300-VGG16, SPPF (``model.model.9``) in a
+    wrapped YOLOv8, the last ResNet stage in a wrapped DETR. One forward pass on
+    ``example`` finds it; layers that run more than once in a pass are left out.
     """
-    backbone = getattr(model, "backbone", None)
-    if not isinstance(backbone, nn.Module):
+    roots = backbone_roots(model)
+    if not roots:
         raise ValueError(
             f"{type(model).__name__} has no `backbone` to pick a target layer from; pass target_layer "
             "explicitly (`explain layers MODEL` lists the layers)"
         )
-    calls = [
-        (name, shape)
-        for name, _, shape in module_calls(model, example[:1])
-        if name.startswith("backbone.") and name.split(".")[1] not in _HEAD_PARTS
-    ]
+    calls = [(name, shape) for name, _, shape in module_calls(model, example[:1]) if _in_backbone(name, roots)]
     counts = Counter(name for name, _ in calls)
     spatial = [
         name
@@ -226,10 +238,21 @@ def backbone_layer(model: nn.Module, example: Tensor) -> str:
     ]
     if not spatial:
         raise ValueError(
-            f"no layer of {type(model).__name__}.backbone outputs one spatial tensor; pass target_layer "
+            f"no layer of {type(model).__name__}'s backbone outputs one spatial tensor; pass target_layer "
             "explicitly (`explain layers MODEL` lists the layers)"
         )
     return spatial[-1]
+
+
+def _in_backbone(name: str, roots: tuple[str, ...]) -> bool:
+    """Whether the module ``name`` lies in one of the backbone's ``roots``, outside its
+    feature pyramid and extra layers."""
+    for root in roots:
+        if name == root:
+            return True
+        if name.startswith(root + "."):
+            return name[len(root) + 1 :].split(".")[0] not in _HEAD_PARTS
+    return False
 
 
 def find_target_layer(model: nn.Module, example: Tensor) -> str:
@@ -247,7 +270,8 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
     norm, permuted), since past that norm no patch token reaches the class token and the
     map would be blank. torchvision's segmentation and detection models are explained at
     their backbone's last spatial layer (:func:`~explain.tasks.backbone_layer`), not at their
-    heads.
+    heads. The same rule picks ``layer4`` in torchvision's video models (r3d_18, mc3_18,
+    r2plus1d_18) and the last 1-D convolution block before pooling in a 1-D CNN.
     """
     example = example[:1]
     if task_of(model) is not None:
@@ -271,5 +295,6 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
             "target_layer explicitly (`explain layers MODEL` lists the layers)"
         )
     if not candidates:
-        raise ValueError("found no layer with a spatial (N, C, H, W) output; pass target_layer explicitly")
+        layout = {3: "(N, C, l)", 4: "(N, C, h, w)", 5: "(N, C, d, h, w)"}.get(example.dim(), "spatial")
+        raise ValueError(f"found no layer with a spatial {layout} output; pass target_layer explicitly")
     return candidates[-1][1].name

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch  # noqa: F401 -- the doctests below use it
 from torch import Tensor, nn
 
+from .detectors import is_adapted, is_detr, is_yolo
+
 __all__ = ["segmentation_logits", "task_of", "task_of_output", "torchvision_task"]
 
 
@@ -27,8 +29,9 @@ def torchvision_task(name: str) -> str | None:
 
 
 def task_of(model: nn.Module) -> str | None:
-    """The task of a torchvision segmentation or detection model, from its class; ``None``
-    for any other model (see :func:`task_of_output`)."""
+    """The task of a torchvision segmentation or detection model, from its class, or
+    ``"detect"`` for a YOLO or DETR detector (:mod:`explain.detectors`), wrapped or not;
+    ``None`` for any other model (see :func:`task_of_output`)."""
     from torchvision.models import segmentation
     from torchvision.models.detection.fcos import FCOS
     from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
@@ -36,7 +39,12 @@ def task_of(model: nn.Module) -> str | None:
     from torchvision.models.detection.ssd import SSD
     from torchvision.models.segmentation._utils import _SimpleSegmentationModel
 
-    if isinstance(model, (GeneralizedRCNN, RetinaNet, FCOS, SSD)):
+    if (
+        isinstance(model, (GeneralizedRCNN, RetinaNet, FCOS, SSD))
+        or is_adapted(model)
+        or is_yolo(model)
+        or is_detr(model)
+    ):
         return "detect"
     if isinstance(model, (_SimpleSegmentationModel, segmentation.LRASPP)):
         return "segment"

@@ -7,10 +7,18 @@ BUNDLED_MODEL = "efficientnet_lite0"
 
 #: What ``--model`` takes, in words (its help, and the error for a name no source knows).
 MODEL_FORMS = (
-    f"{BUNDLED_MODEL} (bundled), a torchvision classification, segmentation or detection model name, "
-    "timm:NAME for a timm model, a folder holding a Hugging Face image classifier (save_pretrained), "
+    f"{BUNDLED_MODEL} (bundled), a torchvision classification, video, segmentation or detection model name, "
+    "timm:NAME for a timm model, yolo:FILE.pt or yolo:FILE.yaml for an Ultralytics YOLO detector, "
+    "a folder holding a Hugging Face image classifier or DETR-style detector (save_pretrained), "
     "a torch.export .pt2 file, or a pickled nn.Module (needs --trust-model-file)"
 )
+
+#: Suffixes that make a model argument a file rather than a name.
+MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")
+
+#: torchvision's video classifiers: models of (N, 3, T, H, W) clips (``explain run`` reads
+#: videos and .npy volumes for them).
+VIDEO_MODELS = ("r3d_18", "mc3_18", "r2plus1d_18", "s3d", "mvit_v1_b", "mvit_v2_s", "swin3d_t", "swin3d_s", "swin3d_b")
 
 #: What a model does: a class per image, a class per pixel, or boxes.
 TASKS = ("classify", "segment", "detect")

@@ -176,9 +176,12 @@ def _grids(count: int, height: int, width: int) -> list[tuple[int, int]]:
 
 
 def infer_layout(
-    shape: tuple[int, ...], input_size: tuple[int, int], model: nn.Module | None = None, layer: str = ""
+    shape: tuple[int, ...], input_size: tuple[int, ...], model: nn.Module | None = None, layer: str = ""
 ) -> TokenLayout:
     """The layout of a layer output of ``shape`` for inputs of ``input_size`` (H, W).
+
+    For volumes (D, H, W) and signals (L,) the output must be spatial, (N, C, d, h, w) or
+    (N, C, l): tokens and channels-last layouts are the vision transformers' of images.
 
     (N, h, w, C) with (h, w) on the input's grid (and not (C, h) read as a grid) is
     channels-last; any other 4-D output is (N, C, h, w). (N, T, C) tokens are a patch grid
@@ -191,8 +194,10 @@ def infer_layout(
     >>> infer_layout((2, 7, 7, 768), (224, 224))
     TokenLayout(kind='channels-last', prefix=0, grid=None)
     """
-    height, width = input_size
     where = f"layer {layer!r}" if layer else "the layer"
+    if len(input_size) != 2:
+        return _spatial_layout(shape, input_size, where)
+    height, width = input_size
     fix = (
         "pass reshape=explain.TokenLayout('tokens', prefix=P, grid=(h, w)) (P tokens before the patches, an "
         "h x w patch grid), or a function from the layer's output to (N, C, h, w)"
@@ -231,9 +236,32 @@ def infer_layout(
     )
 
 
+def _spatial_layout(shape: tuple[int, ...], input_size: tuple[int, ...], where: str) -> TokenLayout:
+    """The layout of a volume's or a signal's layer: spatial, with more than one location."""
+    spatial = len(input_size)
+    if len(shape) != spatial + 2 or math.prod(shape[2:]) < 2:
+        kind = "(N, C, d, h, w)" if spatial == 3 else "(N, C, l)"
+        raise ValueError(
+            f"{where} outputs shape {tuple(shape)}; a CAM of {'volumes' if spatial == 3 else 'signals'} needs a "
+            f"{kind} output with more than one location: pick an earlier convolutional layer"
+        )
+    return TokenLayout("spatial")
+
+
 def on_input_grid(shape: tuple[int, ...] | None, example: Tensor) -> bool:
-    """Whether ``shape`` is (N, C, h, w) with (h, w) a downscaled grid of ``example``'s pixels."""
-    if shape is None or len(shape) != 4:
+    """Whether ``shape`` is (N, C, h, w) with (h, w) a downscaled grid of ``example``'s pixels
+    (for volumes and signals: (N, C, d, h, w) or (N, C, l), no side larger than the input's,
+    more than one location)."""
+    if shape is None:
+        return False
+    if example.dim() != 4:
+        sides = shape[2:]
+        return (
+            len(shape) == example.dim()
+            and math.prod(sides) > 1
+            and all(side <= whole for side, whole in zip(sides, example.shape[2:], strict=True))
+        )
+    if len(shape) != 4:
         return False
     height, width = example.shape[-2:]
     h, w = shape[-2:]

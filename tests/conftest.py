@@ -1,11 +1,22 @@
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from torch import nn
 
 torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
+
+# ultralytics writes its settings file on import: into a folder of this run's own, not ~/.config,
+# and it never goes online (the YOLO tests build models from their yaml, with random weights).
+_ULTRALYTICS = tempfile.mkdtemp(prefix="explain-tests-ultralytics-")
+atexit.register(shutil.rmtree, _ULTRALYTICS, ignore_errors=True)
+os.environ["YOLO_CONFIG_DIR"] = _ULTRALYTICS
+os.environ["YOLO_OFFLINE"] = "1"
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "images"
 
@@ -14,6 +25,15 @@ DATA = Path(__file__).resolve().parent.parent / "data" / "images"
 def _seeded():
     """Random weights and inputs are the same on every run, so a failure reproduces."""
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _pil_open_restored():
+    """A test that imports ultralytics itself leaves PIL.Image.open replaced (see
+    explain.models.detectors); the next test on the worker gets PIL's own back."""
+    pil_open = Image.open
+    yield
+    Image.open = pil_open
 
 
 def hook_count(model: nn.Module) -> int:
@@ -77,8 +97,6 @@ def bundled():
 @pytest.fixture(scope="session")
 def photos(bundled):
     """The four sample photos, preprocessed for the bundled model, keyed by file stem."""
-    from PIL import Image
-
     _, preprocess, _ = bundled
     paths = sorted(DATA.iterdir())
     paths = [p for p in paths if p.suffix in (".png", ".jpg")]

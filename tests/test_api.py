@@ -30,7 +30,7 @@ TRANSFORMER = ["attention-rollout", "attention-relevance", "legrad"]
 
 
 def test_methods_and_factory():
-    assert sorted(explain.method_names()) == sorted(METHODS + ATTRIBUTIONS + TRANSFORMER)
+    assert sorted(explain.method_names()) == sorted(METHODS + ATTRIBUTIONS + TRANSFORMER + ["drise"])  # D-RISE: detectors
     model = torchvision.models.resnet18()
     for name in METHODS:
         cam = explain.explainer(name, model, target_layer=None if name == "fullgrad" else "layer4")

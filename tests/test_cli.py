@@ -568,8 +568,8 @@ def test_method_all_leaves_out_what_does_not_apply_in_one_plain_line_each(capsys
     explainers = build_explainers("all", loaded, "auto", parse_target("top1", loaded.class_names))
     notes = capsys.readouterr().err.splitlines()
     left_out = [re.match(r"explain: --method all: leaving out ([\w-]+): ", note)[1] for note in notes]
-    assert left_out == ["attention-rollout", "attention-relevance", "legrad"]
-    assert len(explainers) == len(methods()) - 3
+    assert left_out == ["drise", "attention-rollout", "attention-relevance", "legrad"]
+    assert len(explainers) == len(methods()) - 4
     for note in notes:  # why, in the command line's words: no Python arguments, no other models' quirks
         assert len(note) < 200 and not re.search(r"\w=|Swin|\bpass\b|\buse\b", note), note
 
@@ -589,7 +589,7 @@ def photos(tmp_path):
         (["--method", "gradcamm"], "unknown method 'gradcamm'; did you mean gradcam"),
         (["--model", "nowhere/model.pt"], "model file nowhere/model.pt does not exist"),
         (["--model", "resnet5O"], "unknown model 'resnet5O'; did you mean resnet50"),
-        (["--model", "resnet5O"], "timm:NAME for a timm model, a folder holding a Hugging Face image classifier"),
+        (["--model", "resnet5O"], "timm:NAME for a timm model, yolo:FILE.pt or yolo:FILE.yaml for an Ultralytics YOLO detector, a folder"),
         (["--model", "vit_tiny_patch16_224"], "did you mean timm:vit_tiny_patch16_224"),
         (["--weights", "missing.pth", "--model", "resnet18"], "missing.pth does not exist"),
         (["--layer", "bn3"], "model has no layer named 'bn3'; did you mean: bn2"),

@@ -42,6 +42,8 @@ APPLIES_TO = {
     "lrp": "CNNs; models with attention layers are refused (no rule here conserves relevance "
            "through attention).",
     "guidedgradcam": "CNNs and vision transformers, through a target layer (for its Grad-CAM part).",
+    "drise": "Detectors only (torchvision's, Ultralytics YOLO, Hugging Face DETR): a detected box, from the "
+             "detector's proposals on randomly masked copies; not classifiers.",
 }
 
 _QUOTED = re.compile(r'([A-Z][^.,"]*(?: et al\.)?),\s+"[^"]+",\s+(?:in\s+)?([^;]*?\d{4})(?!\.?\d)')

@@ -58,6 +58,10 @@ class ModelInputs:
                 True,
             )
 
+    def dataset(self, paths: list[str], example: Tensor) -> DecodedImages:
+        """The images at ``paths``, decoded and preprocessed as the workers do."""
+        return DecodedImages(paths, self.in_workers, draft_size(example))
+
     def model_input(self, images: Tensor) -> Tensor:
         """What the model takes, from a batch the workers made, on the batch's device."""
         if not self.uint8:

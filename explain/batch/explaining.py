@@ -7,6 +7,7 @@ regions or boxes of a segmentation or detection model) is a strategy of
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from torch import Tensor
 
@@ -14,6 +15,7 @@ from ..errors import is_out_of_memory
 from ..evaluation import score
 from .decoding import ModelInputs
 from .inputs import Source
+from .kinds import FileInputs, file_kind
 from .loop import in_halves
 from .manifest import manifest_row, safe_name
 from .method_results import Outcome, raise_if_out_of_memory
@@ -33,7 +35,12 @@ class GroupExplainer:
 
     def __init__(self, prepared: PreparedRun, report: Callable[[str, str], None] = report_nothing):
         self.prepared, self.options, self.loaded = prepared, prepared.options, prepared.loaded
-        self.inputs = ModelInputs(prepared.loaded.preprocess)
+        self.kind = file_kind(prepared.loaded.kind)  # None: images
+        self.inputs: ModelInputs | FileInputs = (
+            ModelInputs(prepared.loaded.preprocess)
+            if self.kind is None
+            else FileInputs(self.kind, prepared.loaded.preprocess)
+        )
         self.report = report
         self.reported: set[str] = set()  # metric failures are reported once each
         self.outputs = outputs_for(prepared.task)
@@ -96,7 +103,13 @@ class GroupExplainer:
         image's .npz (with --save-maps)."""
         prefix = f"{source.folder}/{source.stem}" if source.folder else source.stem
         maps = f"{prefix}__{safe_name(method)}.npz" if self.options.save_maps else None
-        return f"{prefix}__{safe_name(method)}__{what}.png", maps
+        suffix = ".png" if self.kind is None else self.kind.suffix(source.path)
+        return f"{prefix}__{safe_name(method)}__{what}{suffix}", maps
+
+    def drawing(self, source: Source):
+        """How the maps of ``source`` are drawn, for :class:`~explain.batch.writing.Job`: None
+        for images (overlays), else its kind's."""
+        return None if self.kind is None else partial(self.kind.draw, source.path)
 
     def scores(self, cam, images: Tensor, result) -> dict[tuple[int, int], dict]:
         """--metrics for one method's explanation of a batch: {(image, target rank): {column: value}};

@@ -11,6 +11,11 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..images import IMAGE_EXTENSIONS
+from ..options import MODEL_FILE_SUFFIXES, VIDEO_MODELS
+
+#: Files of volumes, videos and signals, found in folders for models that may take them
+#: (see :mod:`~explain.batch.kinds`).
+ARRAY_AND_VIDEO_EXTENSIONS = frozenset({".npy", ".gif"})
 
 
 @dataclass
@@ -23,12 +28,22 @@ class Source:
     folder: str = ""  # output subfolder that mirrors the input tree, posix style
     stem: str = ""  # start of its output names
     error: str | None = None
+    listed: bool = False  # found in a folder or by a glob, rather than named
 
 
-def collect_inputs(arguments: list[str], out_dir: Path) -> list[Source]:
+def input_extensions(model: str) -> frozenset[str]:
+    """The extensions of the files folders are searched for, for the model ``model`` names:
+    images, and for a video model or a model file (which may take volumes or signals) .npy
+    arrays and videos too, which the run keeps or leaves out once it knows what the model takes."""
+    maybe_arrays = model in VIDEO_MODELS or Path(model).suffix.lower() in MODEL_FILE_SUFFIXES
+    return IMAGE_EXTENSIONS | ARRAY_AND_VIDEO_EXTENSIONS if maybe_arrays else frozenset(IMAGE_EXTENSIONS)
+
+
+def collect_inputs(arguments: list[str], out_dir: Path, extensions: frozenset[str] | None = None) -> list[Source]:
     """Expand files, folders, globs and @lists into sources, without duplicates, and lay out
-    their outputs (see :class:`InputListing`)."""
-    return list(InputListing(arguments, out_dir))
+    their outputs (see :class:`InputListing`); folders are searched for ``extensions``
+    (default: images)."""
+    return list(InputListing(arguments, out_dir, extensions))
 
 
 class InputListing:
@@ -45,8 +60,9 @@ class InputListing:
     out (``None``: an output folder given by URI, which holds no input).
     """
 
-    def __init__(self, arguments: list[str], out_dir: Path | None):
+    def __init__(self, arguments: list[str], out_dir: Path | None, extensions: frozenset[str] | None = None):
         self.arguments = list(arguments)
+        self.extensions = frozenset(IMAGE_EXTENSIONS) if extensions is None else extensions
         self.out_abs = os.path.abspath(out_dir) if out_dir is not None else None
         root = present_root = None
         self.count = self.failed = 0
@@ -107,7 +123,8 @@ class InputListing:
                 key = hash(absolute)
                 if key not in seen and not _inside(absolute, self.out_abs):
                     seen.add(key)
-                    yield Source(path, absolute, os.path.abspath(base or os.path.dirname(absolute)), error=error)
+                    base_folder = os.path.abspath(base or os.path.dirname(absolute))
+                    yield Source(path, absolute, base_folder, error=error, listed=base is not None)
 
     def _expand(self, argument: str, from_list: bool) -> Iterator[tuple[str, str | None, str | None]]:
         """(path, the folder argument it was found in, error) for each image an argument names."""
@@ -115,7 +132,7 @@ class InputListing:
             for line in _read_list(argument[1:]):
                 yield from self._expand(line, from_list=True)
         elif os.path.isdir(argument):
-            for path, error in _walk_images(argument, self.out_abs):
+            for path, error in _walk_images(argument, self.out_abs, self.extensions):
                 yield path, argument, error
         elif os.path.exists(argument):
             yield argument, None, None
@@ -127,9 +144,9 @@ class InputListing:
                 raise UsageError(f"no files match {argument!r}")
             for match in matches:
                 if os.path.isdir(match):
-                    for path, error in _walk_images(match, self.out_abs):
+                    for path, error in _walk_images(match, self.out_abs, self.extensions):
                         yield path, match, error
-                elif Path(match).suffix.lower() in IMAGE_EXTENSIONS:
+                elif Path(match).suffix.lower() in self.extensions:
                     yield match, None, None
         elif from_list:
             yield argument, None, "file not found"
@@ -185,9 +202,9 @@ def _read_list(list_file: str) -> Iterator[str]:
                 yield line.strip()
 
 
-def _walk_images(folder: str, out_abs: str | None) -> list[tuple[str, str | None]]:
-    """(path, error) of the image files under ``folder``, sorted, skipping hidden entries and
-    the output folder; a subfolder that cannot be listed is one entry with its error."""
+def _walk_images(folder: str, out_abs: str | None, extensions: frozenset[str]) -> list[tuple[str, str | None]]:
+    """(path, error) of the files with ``extensions`` under ``folder``, sorted, skipping hidden
+    entries and the output folder; a subfolder that cannot be listed is one entry with its error."""
     found: list[tuple[str, str | None]] = []
 
     def unlisted(error: OSError) -> None:
@@ -201,6 +218,6 @@ def _walk_images(folder: str, out_abs: str | None) -> list[tuple[str, str | None
         found.extend(
             (os.path.join(root, name), None)
             for name in sorted(files)
-            if not name.startswith(".") and Path(name).suffix.lower() in IMAGE_EXTENSIONS
+            if not name.startswith(".") and Path(name).suffix.lower() in extensions
         )
     return found

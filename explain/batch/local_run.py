@@ -11,13 +11,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..evaluation import format_summary
+from ..images import IMAGE_EXTENSIONS
 from ..models import warn_if_random
 from ..report import remove_temp_files, write_manifest
 from .decoding import DecodedBatch, crop_zoom, default_workers
 from .explaining import GroupExplainer
 from .ground_truth import row_marker
 from .guards import pixel_limit, sole_run
-from .inputs import Source, collect_inputs
+from .inputs import Source, collect_inputs, input_extensions
+from .kinds import file_kind
 from .loop import for_each_batch
 from .manifest import MANIFEST, metric_table
 from .options import RunOptions
@@ -34,8 +36,9 @@ def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None
     outputs that are missing under ``out_dir`` (of ``sources``: by default the images that
     ``options.inputs`` name); returns the exit status."""
     if sources is None:
-        sources = collect_inputs(options.inputs, out_dir)
+        sources = collect_inputs(options.inputs, out_dir, input_extensions(options.model))
     prepared = prepare_run(options)
+    sources = _of_the_model_kind(sources, prepared.loaded.kind)
     if options.workers is None:
         options = options.replace(workers=default_workers(prepared.loaded.device))
         prepared.options = options
@@ -44,6 +47,15 @@ def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None
     with sole_run(out_dir), pixel_limit(options.max_pixels):
         remove_temp_files(out_dir)
         return LocalRun(prepared, out_dir, sources).execute()
+
+
+def _of_the_model_kind(sources: list[Source], kind_name: str) -> list[Source]:
+    """The sources without the files found in folders that the model does not take (.npy
+    arrays beside the images of an image model); files named on the command line stay, to
+    fail with the reason."""
+    kind = file_kind(kind_name)
+    accepts = (lambda path: Path(path).suffix.lower() in IMAGE_EXTENSIONS) if kind is None else kind.accepts
+    return [source for source in sources if not source.listed or accepts(source.path)]
 
 
 class LocalRun:

@@ -16,8 +16,9 @@ from torch import Tensor
 
 from ..heap import ReusedHeap
 from ..passes import StopRequested, pass_settings
-from .decoding import DecodedBatch, DecodedImages, ModelInputs, collate, draft_size, init_worker
+from .decoding import DecodedBatch, ModelInputs, collate, init_worker
 from .guards import StopFlag
+from .kinds import FileInputs
 from .progress import WithinBatch, progress_bar
 
 
@@ -55,7 +56,7 @@ class LoopEnd:
 
 def for_each_batch(
     paths: list[str],
-    inputs: ModelInputs,
+    inputs: ModelInputs | FileInputs,
     loaded,
     options,
     handle: Callable[[DecodedBatch], None],
@@ -73,7 +74,7 @@ def for_each_batch(
     which leaves that batch unfinished) and ends the loop; a second Ctrl-C ends it at once."""
     batch_size = 1 if loaded.fixed_batch else options.batch_size
     loader = torch.utils.data.DataLoader(
-        DecodedImages(paths, inputs.in_workers, draft_size(loaded.example)),
+        inputs.dataset(paths, loaded.example),
         batch_size=batch_size,
         num_workers=options.workers,
         collate_fn=collate,

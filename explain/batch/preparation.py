@@ -52,8 +52,14 @@ class PreparedRun:
         return [column for name in self.metrics for column in METRICS[name].columns]
 
     def checked(self, messages: str = "") -> CheckedRun:
-        """What the check found, in plain values, with how the decode step preprocesses."""
+        """What the check found, in plain values, with how the decode step preprocesses (the
+        Ray engine's: images only)."""
         import cloudpickle
+
+        if self.loaded.kind != "images":
+            raise UsageError(
+                f"{self.options.model} takes {self.loaded.kind}, which run on the local engine: leave --engine ray out"
+            )
 
         inputs = ModelInputs(self.loaded.preprocess)
         decoding = cloudpickle.dumps((inputs.in_workers, draft_size(self.loaded.example)))
@@ -86,6 +92,8 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         if 0 < args.max_pixels < input_pixels:
             raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
     task = _run_task(args, loaded)
+    if loaded.kind != "images" and args.metrics:
+        raise UsageError(f"--metrics applies to images; {args.model} takes {loaded.kind}")
     if is_similarity_target(args.target):
         target = parse_similarity_target(args.target, loaded, task)
     elif task == "classify":
@@ -168,18 +176,21 @@ def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[
             f"--method all includes methods that explain class logits only; with --task {task} name "
             "the CAMs to run, e.g. gradcam,eigencam"
         )
+    classes = []
     for name in (n.strip() for n in args.method.split(",") if n.strip()):
         try:
             cls = method_class(name)
         except ValueError as error:
             raise UsageError(f"--method: {error}") from None
-        if not issubclass(cls, BaseCAM):
+        if not issubclass(cls, BaseCAM) and getattr(cls, "task", None) != task:
+            also = ", and drise" if task == "detect" else ""
             raise UsageError(
                 f"--method {name}: with --task {task} the command line runs CAMs (gradcam, eigencam, "
-                "scorecam, ...); explain.tasks serves other methods from Python"
+                f"scorecam, ...){also}; explain.tasks serves other methods from Python"
             )
-    if args.layer.strip().lower() != "auto":
-        return args.layer
+        classes.append(cls)
+    if args.layer.strip().lower() != "auto" or not any(cls.needs_layer for cls in classes):
+        return args.layer  # D-RISE alone takes no layer
     try:
         return backbone_layer(loaded.model, loaded.example)
     except ValueError as error:

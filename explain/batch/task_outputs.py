@@ -76,7 +76,7 @@ class ClassifyOutputs:
         ``seconds``: the method's time per image, which the image's targets share."""
         names, labels, options = host.loaded.class_names, host.prepared.target.labels, host.options
         maps, ids, probabilities = result.maps, result.targets, result.probabilities
-        if maps.dim() == 3:
+        if ids.dim() == 1:  # one target per image: (N, H, W) maps (volumes (N, D, H, W), signals (N, L))
             maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]
         maps, ids, probabilities = maps.cpu().numpy(), ids.cpu().tolist(), probabilities.cpu().tolist()
         one_target = result.targets.dim() == 1  # raw then lacks the targets' axis
@@ -123,6 +123,7 @@ class ClassifyOutputs:
                     options.signed_cmap if result.signed else options.cmap,
                     options.alpha,
                     result.signed,
+                    draw=host.drawing(source),
                 )
             )
 

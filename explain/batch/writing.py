@@ -4,6 +4,7 @@ Ray actors."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,13 +21,16 @@ class Job:
     and ``labels``, ``outline``)."""
 
     rows: list[dict]
-    picture: np.ndarray  # (H, W, 3) uint8
+    picture: np.ndarray  # (H, W, 3) uint8; for volumes and signals, what their kind draws on
     maps: np.ndarray  # one map per row
     npz: dict | None
     cmap: str
     alpha: float
     signed: bool = False
     marks: list[dict] | None = None
+    #: How a map is drawn and encoded, ``draw(picture, map, cmap, alpha, signed) -> bytes``, for
+    #: inputs other than images (see :mod:`~explain.batch.kinds`); None: an image overlay as PNG.
+    draw: Callable[..., bytes] | None = None
 
     def write(self, folder: OutputFolder) -> list[dict]:
         """Draw and save the files; the rows with their status (ok, or failed with the reason).
@@ -34,6 +38,9 @@ class Job:
         :class:`~explain.batch.storage.OutputDeviceError`: that stops the run."""
         try:
             for k, (heat, row) in enumerate(zip(self.maps, self.rows, strict=False)):
+                if self.draw is not None:
+                    folder.write(row["output"], self.draw(self.picture, heat, self.cmap, self.alpha, self.signed))
+                    continue
                 drawn = overlay(
                     self.picture,
                     heat,

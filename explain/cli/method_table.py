@@ -38,6 +38,7 @@ METHOD_ROWS = (
     ('lime', 'perturbation attribution', '-', '1 + n_samples (256) forward', 'LIME: a sparse linear model of the score over superpixels switched on and off.'),
     ('kernelshap', 'perturbation attribution', '-', '1 + n_samples (256) forward', 'KernelSHAP: Shapley values of superpixels, from a kernel-weighted linear model.'),
     ('ablation', 'perturbation attribution', '-', '2 + n_segments (~50) forward', 'Feature Ablation: the drop in the score when one superpixel is replaced by the baseline.'),
+    ('drise', 'perturbation attribution', '-', '1 + n_masks (5000) forward', "D-RISE: a box's saliency as the masks' average weighted by how well the detector still finds the box."),
     ('lrp', 'gradient attribution', '-', '3 forward + 1 backward, each layer rerun about 8 times by its rule', 'Layer-wise Relevance Propagation (LRP): the score handed back to the pixels, layer by layer.'),
     ('attention-rollout', 'transformer attention', '-', '1 forward', 'Attention rollout: how much each patch token flows into the class token, through the attention of every layer and the residual connections.'),
     ('attention-relevance', 'transformer attention', '-', '1 forward + 1 backward to the first attention', "Gradient-weighted attention relevance: each layer's attention, weighted by its gradient for the class, accumulated over the layers with the residual connections."),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..batch.inputs import collect_inputs
+from ..batch.inputs import collect_inputs, input_extensions
 from ..batch.options import RunOptions
 from ..batch.storage import OutputFolder, is_uri
 from ..errors import UsageError
@@ -30,7 +30,8 @@ def run_command(args) -> int:
     out_dir = Path(options.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
-    sources = collect_inputs(options.inputs, out_dir)  # mistakes in the inputs answer before torch loads
+    # mistakes in the inputs answer before torch loads
+    sources = collect_inputs(options.inputs, out_dir, input_extensions(options.model))
     OutputFolder(out_dir).create()  # and an --out that cannot be made or written to
     from ..batch.local_run import run_locally
 

@@ -19,6 +19,7 @@
   copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels);
 - :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
   the score, found by gradient descent (extremal perturbations);
+- :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
 - :mod:`~explain.methods.transformer_attention`: maps from a vision transformer's attention
   matrices (attention rollout, gradient-weighted attention relevance, LeGrad).
 
@@ -63,6 +64,7 @@ from .path_attribution import BlurIG, GuidedIG, IntegratedGradients  # isort: sk
 from .region_attribution import XRAI  # isort: skip
 from .perturbation_attribution import FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
 from .mask_optimisation import ExtremalPerturbation  # isort: skip
+from .drise import DRISE  # isort: skip
 from .relevance import LRP  # isort: skip
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
 from .attribution_base import Attribution  # isort: skip
@@ -71,6 +73,7 @@ from .layer_replay import LayerReplay  # isort: skip
 
 __all__ = [
     "CAM",
+    "DRISE",
     "FEM",
     "ISCAM",
     "KPCACAM",

@@ -56,29 +56,33 @@ __all__ = [
 _CAPTUM_MODULE_ATTRIBUTES = ("input", "output", "input_ref", "explain_inputs", "explain_outputs")
 
 
-def reduce_channels(attributions: Tensor, reduction: str = "abs-sum") -> Tensor:
+def reduce_channels(attributions: Tensor, reduction: str = "abs-sum", spatial: int = 2) -> Tensor:
     """One map per image from attributions (..., C, H, W): the sum of absolute values over
     the channels (``"abs-sum"``), the signed sum (``"sum"``), the largest absolute value
     (``"max-abs"``, Simonyan et al.'s saliency map) or the Euclidean norm (``"l2"``).
+    ``spatial`` is the number of axes after C: 3 for volumes (..., C, D, H, W), 1 for
+    signals (..., C, L).
 
     >>> a = torch.tensor([[[[3.0]], [[-4.0]]]])   # one image, C = 2, 1 x 1
     >>> [reduce_channels(a, r).item() for r in REDUCTIONS]
     [7.0, -1.0, 4.0, 5.0]
     """
+    channels = -spatial - 1
     if reduction == "abs-sum":
-        return attributions.abs().sum(dim=-3)
+        return attributions.abs().sum(dim=channels)
     if reduction == "sum":
-        return attributions.sum(dim=-3)
+        return attributions.sum(dim=channels)
     if reduction == "max-abs":
-        return attributions.abs().amax(dim=-3)
+        return attributions.abs().amax(dim=channels)
     if reduction == "l2":
-        return torch.linalg.vector_norm(attributions, dim=-3)
+        return torch.linalg.vector_norm(attributions, dim=channels)
     raise ValueError(f"unknown reduction {reduction!r}; use one of {', '.join(REDUCTIONS)}")
 
 
-def normalize_maps(maps: Tensor, clip_percentile: float = 99.0) -> Tensor:
+def normalize_maps(maps: Tensor, clip_percentile: float = 99.0, spatial: int = 2) -> Tensor:
     """Maps (..., H, W) divided by the ``clip_percentile``-th percentile of their absolute
-    values and clipped: to [0, 1] for non-negative maps, to [-1, 1] for signed ones.
+    values and clipped: to [0, 1] for non-negative maps, to [-1, 1] for signed ones. Each
+    map is its last ``spatial`` axes: 3 for volumes (..., D, H, W), 1 for signals (..., L).
 
     A single hot pixel would otherwise set the scale and leave the rest of the map near
     zero; clipping at the 99th percentile keeps the map readable. A map whose percentile is
@@ -100,7 +104,7 @@ def normalize_maps(maps: Tensor, clip_percentile: float = 99.0) -> Tensor:
             "the attributions hold NaN or infinite values: the model's outputs or gradients "
             "overflowed (float16?); explain in float32"
         )
-    flat = maps.flatten(-2).float()
+    flat = maps.flatten(-spatial).float()
     magnitude = flat.abs()
     # kthvalue, not quantile: quantile refuses inputs over 16M elements (large batches).
     rank = max(1, math.ceil(clip_percentile / 100.0 * flat.shape[-1]))
@@ -270,7 +274,9 @@ class Attribution(Explainer):
     Notes
     -----
     Subclasses implement :meth:`attribute`. ``raw`` of the result holds the attributions
-    themselves, signed, per channel: (N, C, H, W), or (N, k, C, H, W) with ``topk=k``.
+    themselves, signed, per channel: (N, C, H, W), or (N, k, C, H, W) with ``topk=k``
+    (volumes: (N, C, D, H, W), signals: (N, C, L)). Methods that apply to images only set
+    ``images_only`` to the reason, and raise :class:`~explain.NotApplicable` on other inputs.
     """
 
     family: ClassVar[str] = "attribution"
@@ -307,7 +313,7 @@ class Attribution(Explainer):
         self.clip_percentile = float(clip_percentile)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        """Attributions (N, C, H, W) of explained target ``k`` for ``images``, computed
+        """Attributions shaped as ``images`` (N, C, H, W) of explained target ``k``, computed
         through ``scored`` (whose ``target(k)`` is captum's ``target``)."""
         raise NotImplementedError
 
@@ -321,9 +327,11 @@ class Attribution(Explainer):
 
         ``targets`` is a class id, a class name, a list with one of those per image (or with
         k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
-        each image's k best classes and gives maps of shape (N, k, H, W).
+        each image's k best classes and gives maps of shape (N, k, H, W); volumes
+        (N, C, D, H, W) and signals (N, C, L) give maps (N, D, H, W) and (N, L).
         """
         images = check_images(images, self.model)
+        self.check_applies(images)
         scored = ScoredModel(self.model, targets, topk, self.class_names, len(images), images.dtype)
         columns = []
         planned = self.planned_passes(images) * (topk or 1)
@@ -345,7 +353,8 @@ class Attribution(Explainer):
 
     def explanation(self, raw: Tensor, scored: ScoredModel) -> Explanation:
         """The Explanation of attributions ``raw``: channels reduced, maps normalised."""
-        maps = normalize_maps(reduce_channels(raw, self.reduction), self.clip_percentile)
+        spatial = raw.dim() - 2 - (scored.resolved_ids.dim() - 1)
+        maps = normalize_maps(reduce_channels(raw, self.reduction, spatial), self.clip_percentile, spatial)
         assert scored.output is not None  # recorded with the ids
         return Explanation(
             maps.float(),
@@ -361,6 +370,7 @@ class Attribution(Explainer):
         """Raise now what a call would raise for a mistake in the model or targets, at the
         cost of one forward pass (of a call on the first image, where ``check_runs``)."""
         images = check_images(images, self.model)
+        self.check_applies(images)
         if self.check_runs:
             per_image = (
                 not callable(targets)

@@ -13,6 +13,11 @@ Two options apply to every method made of per-channel terms:
   sum (pytorch-grad-cam's option of that name), with the sign that agrees with the sum;
 - ``aug_smooth``: the images are also explained flipped and rescaled; each map is mapped
   back (flipped back, resized to the input size) and the maps are averaged.
+
+Every CAM whose definition is per-channel weights and activations works on any number of
+spatial dimensions: (N, C, H, W) images, (N, C, D, H, W) volumes and videos, (N, C, L)
+signals. Averages and sums "over space" are over all the layer's spatial dimensions, and the
+maps come back at the input's resolution by bilinear, trilinear or linear interpolation.
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Explainer, check_training_options
-from ..checks import channel_hint, check_images
+from ..base import Explainer, NotApplicable, check_training_options
+from ..checks import channel_hint, check_images, interpolation_mode, spatial_dims
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
 from ..layers import LayerSpec, find_target_layer, resolve_layers
@@ -57,29 +62,31 @@ def agree_in_sign(projection: Tensor, evidence: Tensor) -> Tensor:
 def principal_component(terms: Tensor) -> Tensor:
     """Projection of each location's channel vector on the first principal component.
 
-    ``terms`` is (N, C, h, w). With X the (h*w, C) matrix of one image, centred per
-    channel, the map is X v1, v1 the first right singular vector of X, signed to agree
-    with the channel sum of ``terms``. Returns (N, h, w).
+    ``terms`` is (N, C, h, w) (or (N, C, d, h, w), (N, C, l)). With X the (h*w, C) matrix
+    of one image, centred per channel, the map is X v1, v1 the first right singular vector
+    of X, signed to agree with the channel sum of ``terms``. Returns (N, h, w) (the input's
+    spatial shape).
 
     >>> terms = torch.tensor([[[[2.0, -2.0]], [[4.0, -3.0]]]])  # C = 2 on a 1 x 2 grid
     >>> principal_component(terms).flatten().tolist()  # +-sqrt(16.25)
     [4.031128883361816, -4.031128883361816]
     """
-    n, _, h, w = terms.shape
+    n, spatial = terms.shape[0], terms.shape[2:]
     matrix = terms.flatten(2).transpose(1, 2)  # (N, h*w, C)
     centred = matrix - matrix.mean(dim=1, keepdim=True)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
     projection = (centred @ vh[:, 0, :, None]).squeeze(2)
-    return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, h, w)
+    return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, *spatial)
 
 
 def layer_layout(reshape: Reshape | None, model: nn.Module, name: str, output: Tensor, images: Tensor):
-    """How ``output`` of layer ``name`` becomes an (N, C, h, w) grid: ``reshape`` as given,
-    or the layout :func:`~explain.tokens.infer_layout` finds (spatial, tokens or
-    channels-last), checked to leave more than one location."""
+    """How ``output`` of layer ``name`` becomes an (N, C, h, w) grid (for volumes and signals,
+    (N, C, d, h, w) or (N, C, l)): ``reshape`` as given, or the layout
+    :func:`~explain.tokens.infer_layout` finds (spatial, tokens or channels-last), checked to
+    leave more than one location."""
     layout: TokenLayout | ReshapeFunction
     if reshape is None:
-        layout = infer_layout(tuple(output.shape), (images.shape[-2], images.shape[-1]), model, name)
+        layout = infer_layout(tuple(output.shape), tuple(images.shape[2:]), model, name)
     elif isinstance(reshape, TokenLayout):
         layout = reshape
     else:
@@ -87,13 +94,14 @@ def layer_layout(reshape: Reshape | None, model: nn.Module, name: str, output: T
     grid = layout.to_spatial(output)
     if (
         not isinstance(grid, Tensor)
-        or grid.dim() != 4
+        or grid.dim() != images.dim()
         or grid.shape[0] != output.shape[0]
-        or grid.shape[-2:].numel() < 2
+        or grid.shape[2:].numel() < 2
     ):
         got = tuple(grid.shape) if isinstance(grid, Tensor) else type(grid).__name__
+        wanted = {3: "(N, C, l)", 4: "(N, C, h, w)", 5: "(N, C, d, h, w)"}.get(images.dim(), "spatial")
         raise ValueError(
-            f"layer {name!r} outputs shape {tuple(output.shape)}, {got} as a grid; a CAM needs an (N, C, h, w) "
+            f"layer {name!r} outputs shape {tuple(output.shape)}, {got} as a grid; a CAM needs an {wanted} "
             "grid with more than one location: pick an earlier layer, or pass reshape="
         )
     return layout
@@ -123,14 +131,15 @@ class Captured:
 
     ``gradients[name]`` holds one (N, C, h, w) tensor per explained target (k with
     ``topk``), and is empty when the pass recorded no gradients. ``images`` are the checked
-    input; ``custom_target`` is the callable that chose the scores, if one did.
+    input; ``custom_target`` is the callable that chose the scores, if one did. For volumes
+    and signals every (h, w) here is (d, h, w) or (l,), and ``input_size`` (D, H, W) or (L,).
     """
 
     activations: dict[str, Tensor]
     gradients: dict[str, list[Tensor]]
     output: Tensor | dict | tuple
     targets: Tensor
-    input_size: tuple[int, int]
+    input_size: tuple[int, ...]
     images: Tensor
     custom_target: Callable[[Tensor], Tensor] | None = None
     #: What a method's own capture adds, e.g. SmoothGrad-CAM++'s averaged higher derivatives.
@@ -195,7 +204,9 @@ class BaseCAM(Explainer):
     aug_smooth:
         Average the maps of the images as given, flipped, and rescaled by 0.9 and 1.1 (six
         passes), each mapped back onto the input; targets are those of the images as given.
-        ``maps`` is that average; ``raw_layers`` stay those of the images as given.
+        ``maps`` is that average; ``raw_layers`` stay those of the images as given. Volumes
+        and videos are flipped left-right and rescaled in height and width (their slices or
+        frames kept); signals raise :class:`~explain.NotApplicable`.
     reshape:
         How a target layer's output becomes an (N, C, h, w) grid: ``None`` to infer it
         (vision transformers' tokens and Swin's channels-last grids are recognised, see
@@ -268,7 +279,8 @@ class BaseCAM(Explainer):
 
         ``targets`` is a class id, a class name, a list with one of those per image (or with
         k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
-        each image's k best classes in one pass and gives maps of shape (N, k, H, W).
+        each image's k best classes in one pass and gives maps of shape (N, k, H, W)
+        ((N, k, D, H, W) for volumes, (N, k, L) for signals).
         """
         if self.aug_smooth:
             return self._augmented(images, targets, topk)
@@ -280,6 +292,7 @@ class BaseCAM(Explainer):
         """One forward pass through the target layers, and one backward pass per target when
         ``gradients`` (default: when this method uses them)."""
         images = check_images(images, self.model)
+        self.check_applies(images)
         layers = self.target_layers(images)
         with_gradients = self.uses_gradients if gradients is None else gradients
         with LayerCapture(
@@ -316,7 +329,7 @@ class BaseCAM(Explainer):
             recorded,
             output if self.create_graph else detached(output),
             ids,
-            (images.shape[-2], images.shape[-1]),
+            tuple(images.shape[2:]),
             images,
             custom,
             layouts=layouts,
@@ -334,7 +347,8 @@ class BaseCAM(Explainer):
         return {name: gradient.float() for name, gradient in capture.gradients.items()}
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
-        """(N, C, h, w) terms whose sum over channels is the map of target ``k`` at ``layer``."""
+        """(N, C, h, w) terms whose sum over channels is the map of target ``k`` at ``layer``
+        ((N, C, d, h, w) or (N, C, l) for volumes and signals)."""
         raise NotImplementedError
 
     def layer_map(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -359,7 +373,13 @@ class BaseCAM(Explainer):
     def _augmented(self, images: Tensor, targets: Targets, topk: int | None) -> Explanation:
         """aug_smooth: the mean of the maps over AUGMENTATIONS, each mapped back."""
         images = check_images(images, self.model)
-        size = (images.shape[-2], images.shape[-1])
+        spatial = spatial_dims(images)
+        if spatial == 1:
+            raise NotApplicable(
+                "aug_smooth flips and rescales images; a signal reversed or stretched in time is another "
+                "signal, so it does not apply to (N, C, L) inputs: leave aug_smooth off"
+            )
+        size, mode = tuple(images.shape[2:]), interpolation_mode(spatial)
         plain = self.explain(self.capture(images, targets, topk=topk))
         fixed = targets if callable(targets) and not isinstance(targets, Tensor) else plain.targets
         total = torch.zeros_like(plain.maps)
@@ -368,11 +388,12 @@ class BaseCAM(Explainer):
                 total += plain.maps
                 continue
             augmented = images.flip(-1) if flip else images
-            if scale != 1.0:
-                augmented = F.interpolate(augmented, scale_factor=scale, mode="bilinear", align_corners=False)
+            if scale != 1.0:  # volumes keep their slices or frames
+                factor = scale if spatial == 2 else (1.0, scale, scale)
+                augmented = F.interpolate(augmented, scale_factor=factor, mode=mode, align_corners=False)
             maps = self.explain(self.capture(augmented, fixed)).maps
-            maps = maps if maps.dim() == 4 else maps[:, None]
-            maps = F.interpolate(maps, size=size, mode="bilinear", align_corners=False)
+            maps = maps if maps.dim() == spatial + 2 else maps[:, None]
+            maps = F.interpolate(maps, size=size, mode=mode, align_corners=False)
             total += (maps.flip(-1) if flip else maps).reshape(total.shape)
         maps = scale_maps(total / len(AUGMENTATIONS), size)
         return Explanation(maps, plain.raw_layers, plain.logits, plain.targets, self.name, self.class_names)

@@ -75,6 +75,7 @@ class FullGrad(Explainer):
     family = "gradient CAM"
     cost = "1 forward + 1 backward"
     needs_layer = False
+    images_only = "its bias terms are read from 2-D convolutions and batch norms"
 
     def __init__(
         self,
@@ -126,6 +127,7 @@ class FullGrad(Explainer):
 
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
+        self.check_applies(images)
         layers = self.bias_layers(images)
         size = (images.shape[-2], images.shape[-1])
         with LayerCapture(self.model, {name: captured for name, (captured, _) in layers.items()}) as capture:

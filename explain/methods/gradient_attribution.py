@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from ..base import register
 from ..baselines import make_baselines, seeded
-from ..checks import checked_number, positive_int
+from ..checks import checked_number, interpolation_mode, positive_int
 from ..layers import LayerSpec
 from .attribution_base import Attribution, Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
 from .gradient_cams import GradCAM
@@ -372,10 +372,10 @@ class GuidedGradCAM(Attribution):
         guided = _CaptumGuidedBackprop(scored).attribute(images, target=scored.target(k))
         targets = scored.custom if scored.custom is not None else scored.ids_of(k)
         cams = list(self.cam(images, targets).raw_layers.values())
-        size = (images.shape[-2], images.shape[-1])
+        size, mode = tuple(images.shape[2:]), interpolation_mode(images.dim() - 2)
         if len(cams) > 1:  # each layer on the same scale, as the CAMs average their scaled maps
-            cams = [c / c.flatten(1).amax(1).clamp_min(1e-12)[:, None, None] for c in cams]
-        cam = torch.stack([F.interpolate(c[:, None], size=size, mode="bilinear", align_corners=False) for c in cams])
+            cams = [c / c.flatten(1).amax(1).clamp_min(1e-12).view(-1, *[1] * (c.dim() - 1)) for c in cams]
+        cam = torch.stack([F.interpolate(c[:, None], size=size, mode=mode, align_corners=False) for c in cams])
         return guided * cam.mean(dim=0)
 
     def check(self, images: Tensor, targets=None, *, topk: int | None = None) -> None:
@@ -470,7 +470,7 @@ class _Shap(Batched):
         """The baselines (B, C, H, W) of one image (1, C, H, W); noise is drawn on the image's
         own seeded stream, so it does not depend on the rest of the batch."""
         if isinstance(self.baseline, Tensor):
-            if self.baseline.dim() != 4 or self.baseline.shape[1:] != image.shape[1:]:
+            if self.baseline.dim() != image.dim() or self.baseline.shape[1:] != image.shape[1:]:
                 raise ValueError(
                     f"a baseline distribution must have shape (B, {', '.join(map(str, image.shape[1:]))}), "
                     f"got {tuple(self.baseline.shape)}"
@@ -479,7 +479,7 @@ class _Shap(Batched):
         if self.baseline != "noise":  # one fixed baseline: a distribution of one
             return make_baselines(image, self.baseline)
         with seeded(self.seed, image.device):
-            return make_baselines(image.expand(self.n_baselines, -1, -1, -1), "noise")
+            return make_baselines(image.expand(self.n_baselines, *image.shape[1:]), "noise")
 
 
 @register

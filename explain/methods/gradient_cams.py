@@ -1,8 +1,10 @@
 """Gradient CAMs: maps from a layer's activations A and the gradients G = dS/dA of the
 explained score S.
 
-Each method is one small function of (A, G), both (N, C, h, w): ``contributions`` gives the
-per-channel terms whose sum over channels is the map before the final ReLU. Smoothed and
+Each method is one small function of (A, G), both (N, C, h, w) (or (N, C, d, h, w) for
+volumes and videos, (N, C, l) for signals: "spatial" sums and means run over every axis
+after the channels): ``contributions`` gives the per-channel terms whose sum over channels is
+the map before the final ReLU. Smoothed and
 second-order variants (SmoothGrad-CAM++, Shapley-CAM) and the contrastive Finer-CAM run
 passes of their own; the others share one forward and one backward pass per target.
 """
@@ -17,7 +19,7 @@ from torch import Tensor, nn
 
 from ..attention_capture import explicit_attention_kernels
 from ..base import register, registered_class
-from ..checks import positive_int
+from ..checks import positive_int, spatial_axes
 from ..layers import LayerSpec
 from ..targets import Targets, class_logits
 from ..tokens import Reshape
@@ -68,18 +70,20 @@ class GradientCAM(BaseCAM):
 
 
 def gradcam_plus_plus_weights(activations: Tensor, first: Tensor, second: Tensor, third: Tensor) -> Tensor:
-    """Grad-CAM++ channel weights (N, C, 1, 1) from A and the first three derivatives of the
+    """Grad-CAM++ channel weights (N, C, 1, 1) (a 1 per spatial axis) from A and the first three derivatives of the
     score with respect to A: w_k = sum_ij alpha^k_ij ReLU(d1), alpha = d2 / (2 d2 + sum_ab A_ab d3),
     with alpha = 0 where the denominator is 0."""
-    alpha = safe_divide(second, 2 * second + activations.sum(dim=(2, 3), keepdim=True) * third)
-    return (alpha * F.relu(first)).sum(dim=(2, 3), keepdim=True)
+    space = spatial_axes(activations)
+    alpha = safe_divide(second, 2 * second + activations.sum(dim=space, keepdim=True) * third)
+    return (alpha * F.relu(first)).sum(dim=space, keepdim=True)
 
 
 @register
 class GradCAM(GradientCAM):
     """Grad-CAM: activations weighted by their spatially averaged gradients.
 
-    L = ReLU(sum_k a_k A^k), with a_k = 1/Z sum_ij G^k_ij (Z = h*w).
+    L = ReLU(sum_k a_k A^k), with a_k = 1/Z sum_ij G^k_ij (Z = h*w; for volumes the mean
+    over d*h*w locations, for signals over l).
 
     Selvaraju et al., "Grad-CAM: Visual Explanations from Deep Networks via Gradient-based
     Localization", ICCV 2017, eq. 1-2.
@@ -89,7 +93,7 @@ class GradCAM(GradientCAM):
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
-        return gradients.mean(dim=(2, 3), keepdim=True) * activations
+        return gradients.mean(dim=spatial_axes(gradients), keepdim=True) * activations
 
 
 @register
@@ -128,9 +132,10 @@ class XGradCAM(GradientCAM):
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
+        space = spatial_axes(activations)
         weights = safe_divide(
-            (gradients * activations).sum(dim=(2, 3), keepdim=True),
-            activations.sum(dim=(2, 3), keepdim=True),
+            (gradients * activations).sum(dim=space, keepdim=True),
+            activations.sum(dim=space, keepdim=True),
         )
         return weights * activations
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import NotApplicable, register
+from ..checks import spatial_axes
 from ..layers import LayerSpec, resolve_layers
 from ..targets import class_logits
 from ..tokens import Reshape
@@ -74,7 +75,7 @@ class CAM(BaseCAM):
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
         activations = captured.activations[layer]
         weight = self.classifier_weight(captured, layer)
-        return weight[captured.target_ids(k)][:, :, None, None] * activations
+        return _per_channel(weight[captured.target_ids(k)], activations) * activations
 
     def classifier_weight(self, captured: Captured, layer: str) -> Tensor:
         """The (num_classes, C) weight of the linear layer that turns the pooled ``layer``
@@ -101,7 +102,7 @@ class CAM(BaseCAM):
                 "logits after global average pooling, and the model has none; explain the layer whose "
                 "output is pooled, or use Grad-CAM, which equals ReLU(CAM) where CAM applies"
             )
-        pooled = activations.mean(dim=(2, 3))
+        pooled = activations.mean(dim=spatial_axes(activations))
         for fc in candidates:
             weight = fc.weight.detach().float()
             bias = None if fc.bias is None else fc.bias.detach().float()
@@ -115,6 +116,11 @@ class CAM(BaseCAM):
             "(CAM's premise: global average pooling, then one linear layer); explain the layer whose "
             "output is pooled, pass fc_layer=, or use Grad-CAM, which needs no such head"
         )
+
+
+def _per_channel(weights: Tensor, activations: Tensor) -> Tensor:
+    """(N, C) weights shaped to multiply (N, C, ...) activations."""
+    return weights.reshape(*weights.shape, *[1] * (activations.dim() - 2))
 
 
 @register
@@ -152,9 +158,10 @@ def kernel_principal_component(
     ``KernelPCA(n_components=1).fit_transform`` returns), signed to agree with sum_k A^k.
     Kernels as in scikit-learn, with its defaults: ``sigmoid`` tanh(gamma <x, y> + coef0),
     ``rbf`` exp(-gamma |x - y|^2), ``poly`` (gamma <x, y> + coef0)^degree, ``linear``,
-    ``cosine``; gamma defaults to 1 / C. Returns (N, h, w).
+    ``cosine``; gamma defaults to 1 / C. Returns (N, h, w) (for volumes and signals, the
+    layer's (N, d, h, w) or (N, l)).
     """
-    n, c, h, w = activations.shape
+    n, c, spatial = activations.shape[0], activations.shape[1], activations.shape[2:]
     matrix = activations.flatten(2).transpose(1, 2).double()  # (N, h*w, C)
     x = matrix - matrix.mean(dim=1, keepdim=True)
     gamma = 1.0 / c if gamma is None else gamma
@@ -176,7 +183,7 @@ def kernel_principal_component(
     gram = gram - gram.mean(dim=1, keepdim=True) - gram.mean(dim=2, keepdim=True) + gram.mean(dim=(1, 2), keepdim=True)
     values, vectors = torch.linalg.eigh(gram)  # ascending
     projection = vectors[:, :, -1] * values[:, -1:].clamp_min(0).sqrt()
-    return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, h, w).to(activations.dtype)
+    return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, *spatial).to(activations.dtype)
 
 
 @register
@@ -265,9 +272,10 @@ class FEM(BaseCAM):
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
         activations = captured.activations[layer]
-        mean = activations.mean(dim=(2, 3), keepdim=True)
-        std = activations.std(dim=(2, 3), keepdim=True, correction=0)
-        weights = (activations > mean + self.k * std).float().mean(dim=(2, 3), keepdim=True)
+        space = spatial_axes(activations)
+        mean = activations.mean(dim=space, keepdim=True)
+        std = activations.std(dim=space, keepdim=True, correction=0)
+        weights = (activations > mean + self.k * std).float().mean(dim=space, keepdim=True)
         return weights * activations
 
 
@@ -315,4 +323,4 @@ class RandomCAM(BaseCAM):
             generator = torch.Generator(activations.device).manual_seed(self.seed)
             weights = torch.rand((k + 1, *activations.shape[:2]), generator=generator, device=activations.device)[k]
         weights = weights * 2 - 1
-        return weights[:, :, None, None] * activations
+        return _per_channel(weights, activations) * activations

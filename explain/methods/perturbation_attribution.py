@@ -1,13 +1,16 @@
 """Perturbation attributions: what happens to the score when parts of the image are
 replaced by a baseline, computed by captum.
 
-Occlusion slides a square window over the image; LIME, KernelSHAP and Feature Ablation
-switch SLIC superpixels (scikit-image) on and off. All run their perturbed copies in
+Occlusion slides a square window over the image (a box over a volume, a segment along a
+signal); LIME, KernelSHAP and Feature Ablation switch SLIC superpixels (scikit-image) of
+images on and off, and do not apply to volumes and signals. All run their perturbed copies in
 internal batches of at most ``internal_batch_size`` rows, and their random draws on a
 stream seeded with ``seed`` (the caller's random stream is left as it was).
 """
 
 from __future__ import annotations
+
+import math
 
 import captum.attr as captum_attr
 import torch
@@ -28,12 +31,14 @@ class Occlusion(WithBaseline):
     """Occlusion: the drop in the score when a sliding square is replaced by the baseline.
 
     The square is ``window`` x ``window``, slid with ``stride``; each pixel gets the mean
-    drop over the windows that cover it.
+    drop over the windows that cover it. On volumes and videos the window is a box,
+    on signals a segment, of ``window`` along every axis.
 
     Zeiler and Fergus, "Visualizing and Understanding Convolutional Networks", ECCV 2014,
     sec. 4.2. Runs captum's Occlusion. The window defaults to a seventh of the shorter
-    side (32 pixels at 224), the stride to half the window; the baseline to zeros in the
-    model's input space (the mean colour, for normalised inputs).
+    side (32 pixels at 224; on volumes a third of each side, on signals a sixteenth of the
+    length), the stride to half the window; the baseline to zeros in the model's input space (the mean colour, for
+    normalised inputs).
     """
 
     name = "occlusion"
@@ -46,21 +51,30 @@ class Occlusion(WithBaseline):
         self.window = None if window is None else positive_int("window", window)
         self.stride = None if stride is None else positive_int("stride", stride)
 
-    def window_and_stride(self, images: Tensor) -> tuple[int, int]:
-        """The window and stride on ``images``, the defaults scaled to their size."""
-        height, width = images.shape[-2:]
-        window = self.window or max(1, min(height, width) // 7)
-        stride = self.stride or max(1, window // 2)
-        if window > min(height, width):
+    def window_and_stride(self, images: Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The window and stride on ``images``, one size per spatial axis, the defaults scaled
+        to their size."""
+        sides = tuple(images.shape[2:])
+        if self.window is not None:
+            window = (self.window,) * len(sides)
+        elif len(sides) == 2:  # a square on images
+            window = (max(1, min(sides) // 7),) * 2
+        else:  # about as many positions as on images: 5 per axis of a volume, 31 along a signal
+            window = tuple(max(1, side // (3 if len(sides) == 3 else 16)) for side in sides)
+        stride = tuple(self.stride or max(1, size // 2) for size in window)
+        if any(size > side for size, side in zip(window, sides, strict=True)):
+            shown = str(window[0]) if len(set(window)) == 1 else " x ".join(map(str, window))
             raise ValueError(
-                f"the occlusion window ({window}) is larger than the images ({height} x {width}); pass a smaller window"
+                f"the occlusion window ({shown}) is larger than the {'images' if len(sides) == 2 else 'inputs'} "
+                f"({' x '.join(map(str, sides))}); pass a smaller window"
             )
         return window, stride
 
     def planned_passes(self, images: Tensor) -> int:
         window, stride = self.window_and_stride(images)
-        height, width = images.shape[-2:]
-        positions = ((height - window) // stride + 1) * ((width - window) // stride + 1)
+        positions = math.prod(
+            (side - size) // step + 1 for side, size, step in zip(images.shape[2:], window, stride, strict=True)
+        )
         return len(images) * (2 + positions)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
@@ -69,8 +83,8 @@ class Occlusion(WithBaseline):
         rows = self.rows(images, self.planned_passes(images))
         return captum_attr.Occlusion(scored).attribute(
             images,
-            sliding_window_shapes=(channels, window, window),
-            strides=(channels, stride, stride),
+            sliding_window_shapes=(channels, *window),
+            strides=(channels, *stride),
             baselines=self.baselines(scored, images),
             target=scored.target(k),
             perturbations_per_eval=rows_per_pass(rows, len(images)),
@@ -82,6 +96,7 @@ class _Superpixels(WithBaseline):
 
     family = "perturbation attribution"
     backward = False
+    images_only = "its features are SLIC superpixels of an image; use occlusion, whose window has the inputs' rank"
 
     def __init__(self, model: nn.Module, *, n_segments: int = 50, compactness: float = 10.0, **options):
         super().__init__(model, **options)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import register
-from ..checks import positive_int
+from ..checks import interpolation_mode, positive_int, spatial_axes
 from ..hooks import preserved_state
 from ..layers import LayerSpec
 from ..passes import Passes, budget_rows, inner_rows, timed_chunks
@@ -91,7 +91,8 @@ class PerturbationCAM(BaseCAM):
             weights = self.channel_weights(captured, layer)
         maps = []
         for k in range(captured.num_targets):
-            terms = weights[:, k, :, None, None] * activations
+            channel_weights = weights[:, k]  # (N, C)
+            terms = channel_weights.reshape(*channel_weights.shape, *[1] * (activations.dim() - 2)) * activations
             maps.append(principal_component(terms) if self.eigen_smooth else terms.sum(dim=1))
         return torch.stack(maps, dim=1)
 
@@ -100,7 +101,8 @@ class PerturbationCAM(BaseCAM):
 class ScoreCAM(PerturbationCAM):
     """Score-CAM: channels weighted by the class probability of the image masked by them.
 
-    H^k = s(Up(A^k)), the activation upsampled to the input size (bilinear) and min-max
+    H^k = s(Up(A^k)), the activation upsampled to the input size (bilinear; trilinear for
+    volumes, linear for signals) and min-max
     scaled to [0, 1]; w_k = softmax(f(X * H^k))_c, the probability of the explained class
     for the masked image; L = ReLU(sum_k w_k A^k). A channel whose upsampled activation is
     constant carries no mask and gets w_k = 0, as in the authors' code. (The authors sum
@@ -181,7 +183,7 @@ class ScoreCAM(PerturbationCAM):
         samples = self.n_samples
         step = inner_rows(self.model, images, backward=False, total=len(wanted) * samples, given=self.batch_size)
         with Passes(self.name, len(wanted) * samples) as passes:
-            masks = rows.reshape(len(rows), 1, *activations.shape[-2:])
+            masks = rows.reshape(len(rows), 1, *activations.shape[2:])
             self._score_masks(captured, masks, owners, firsts, wanted, scores, step, passes)
         weights = scores[slots]  # (N, C, num_targets); constant channels unscored: 0
         if softmax_over_channels:
@@ -199,15 +201,17 @@ class ScoreCAM(PerturbationCAM):
         step: int,
         passes: Passes,
     ) -> None:
-        """Fill ``scores`` of the ``wanted`` distinct ``activations`` (R, 1, h, w) as masks,
+        """Fill ``scores`` of the ``wanted`` distinct ``activations`` (R, 1, h, w) (or
+        (R, 1, d, h, w), (R, 1, l)) as masks,
         ``step`` masked images per pass."""
         images, size, probability = captured.images, captured.input_size, self.weighting != "channel-softmax"
         buffer = images.new_empty((min(step, len(wanted)), *images.shape[1:]))  # reused
         for chunk in wanted.split(step):
             low = activations[chunk]
-            up = F.interpolate(low, size=size, mode="bilinear", align_corners=False)
-            low_end = up.amin(dim=(2, 3), keepdim=True)
-            span = up.amax(dim=(2, 3), keepdim=True) - low_end
+            up = F.interpolate(low, size=size, mode=interpolation_mode(len(size)), align_corners=False)
+            space = spatial_axes(up)
+            low_end = up.amin(dim=space, keepdim=True)
+            span = up.amax(dim=space, keepdim=True) - low_end
             masks = safe_divide(up - low_end, span)
             sources = images[owners[chunk]]
             total: Tensor | float = 0.0

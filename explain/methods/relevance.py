@@ -513,6 +513,7 @@ class LRP(Attribution):
 
     name = "lrp"
     family = "gradient attribution"
+    images_only = "its box rule's bounds and canonizers are written for 2-D convolutions"
     cost = "3 forward + 1 backward, each layer rerun about 8 times by its rule"
     check_runs = True  # a model its canonical form cannot reproduce shows only in a full pass
 

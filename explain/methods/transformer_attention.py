@@ -45,6 +45,7 @@ class TransformerAttention(Explainer):
 
     family: ClassVar[str] = "transformer attention"
     uses_gradients: ClassVar[bool] = False
+    images_only: ClassVar[str] = "it reads a vision transformer's attention over the patches of an image"
 
     def __init__(
         self, model: nn.Module, *, class_names: Sequence[str] | None = None, layout: TokenLayout | None = None
@@ -87,6 +88,7 @@ class TransformerAttention(Explainer):
 
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
+        self.check_applies(images)
         with AttentionCapture(self.model, gradients=self.uses_gradients) as capture:
             with channel_hint(images):
                 output = self.model(images)
@@ -265,6 +267,7 @@ class LeGrad(TransformerAttention):
 
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
+        self.check_applies(images)
         if self._blocks is None:
             self._blocks = [self.model.get_submodule(name) for name in transformer_blocks(self.model, images[:1])]
         self._tokens = []

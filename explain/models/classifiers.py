@@ -163,16 +163,21 @@ def is_huggingface_folder(name: str | os.PathLike) -> bool:
 def _load_torchvision(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
     import torchvision.models as tvm
 
-    if name not in tvm.list_models(module=tvm):
+    video = name in tvm.list_models(module=tvm.video)  # Kinetics-400 classifiers of (N, 3, T, H, W) clips
+    if name not in tvm.list_models(module=tvm) and not video:
         raise UnknownModel(name)
     if isinstance(weights, tvm.WeightsEnum):
         weights = weights.name
     if weights is None or Path(weights).suffix in (".pt", ".pth", ".bin", ".ckpt") or Path(weights).is_file():
         state = None if weights is None else read_state_dict(Path(weights))
-        num_classes = 1000 if state is None else _state_num_classes(name, state)
+        num_classes = (400 if video else 1000) if state is None else _state_num_classes(name, state)
         model = tvm.get_model(name, weights=None, num_classes=num_classes)
         if state is not None:
             model.load_state_dict(state)
+        if video:  # the preset's transforms and class names, without its weights
+            preset = tvm.get_model_weights(name).DEFAULT
+            classes = list(preset.meta["categories"]) if num_classes == 400 else [str(i) for i in range(num_classes)]
+            return model, preset.transforms(), classes
         classes = imagenet_classes() if num_classes == 1000 else [str(i) for i in range(num_classes)]
         crop = 299 if name == "inception_v3" else 224
         return model, imagenet_preprocess(resize=342 if crop == 299 else 256, crop=crop), classes

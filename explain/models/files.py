@@ -16,11 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UsageError
+from ..options import MODEL_FILE_SUFFIXES
 
 __all__ = ["MODEL_FILE_SUFFIXES", "read_model_file", "read_state_dict"]
-
-#: Suffixes that make a model argument a file rather than a name.
-MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")
 
 
 def read_state_dict(path: Path) -> dict[str, Tensor]:

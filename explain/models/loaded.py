@@ -19,7 +19,9 @@ from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvis
 from ..options import MODEL_FORMS
 from . import classifiers
 from .dense import load_task_model, preprocess_for
+from .detectors import YOLO_PREFIX, is_detector_spec, load_detector
 from .files import MODEL_FILE_SUFFIXES, read_model_file
+from .volumes import blank_example, input_kind, scaled_frames
 
 __all__ = ["LoadedModel", "load_model", "pick_device", "warn_if_random"]
 
@@ -36,6 +38,9 @@ class LoadedModel:
     fixed_batch: bool = False  # an exported program that only takes batches of one
     random_weights: bool = False  # a torchvision architecture named without --weights
     task: str = "classify"  # what the model does: classify, segment or detect (see explain.tasks)
+    #: what the model takes: images, volumes (and videos) or signals; ``preprocess`` reads a PIL
+    #: image for images, (T, C, H, W) uint8 frames for volumes, and nothing for signals (None)
+    kind: str = "images"
 
 
 def pick_device(name: str | None) -> torch.device:
@@ -54,15 +59,18 @@ def pick_device(name: str | None) -> torch.device:
 
 def load_model(spec: str, weights: str | None, trust: bool, device_name: str | None) -> LoadedModel:
     """The model ``spec`` names (a classifier's name, a torchvision segmentation or detection
-    model's name, a Hugging Face folder, or a model file), loaded on the device, with its
-    preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`."""
+    model's name, ``yolo:FILE``, a Hugging Face folder, or a model file), loaded on the device,
+    with its preprocessing, class names and task. Mistakes are :class:`~explain.errors.UsageError`.
+
+    Random weights (a name without --weights) are drawn from a fixed seed, so that every
+    process of a run (the Ray engine's actors) and every rerun has the same model."""
     device, path = pick_device(device_name), Path(spec)
+    if is_detector_spec(spec):
+        return _load_detector(spec, weights, trust, device)
     named = spec.startswith(classifiers.TIMM_PREFIX) or classifiers.is_huggingface_folder(spec)
     class_names: list[str] | None
     if named or not (path.suffix.lower() in MODEL_FILE_SUFFIXES or os.sep in spec or path.is_file()):
         task = torchvision_task(spec)
-        # Random weights (a name without --weights) are drawn from a fixed seed, so that every
-        # process of a run (the Ray engine's actors) and every rerun has the same model.
         with process_lock, torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             try:
@@ -80,26 +88,15 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
         random_weights = weights is None and not (
             classifiers.is_bundled(spec) or classifiers.is_huggingface_folder(spec))
     else:
-        if not path.is_file():
-            raise UsageError(
-                f"model file {spec} does not exist; pass an existing file, {classifiers.BUNDLED!r}, "
-                "or a torchvision model name such as resnet50"
-            )
-        if weights:
-            raise UsageError(
-                "--weights goes with a model name (e.g. --model resnet50 --weights FILE); "
-                "a model file carries its own weights"
-            )
-        model, crop = read_model_file(path, trust)
-        model = model.to(device).eval()
-        task = task_of(model)
-        preprocess = classifiers.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop)
-        if task == "detect":  # a detector normalises the images itself
-            preprocess = preprocess_for(model, task)
-        class_names = getattr(model, "class_names", None)
-        fixed_batch = path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
+        model, preprocess, class_names, task, fixed_batch = _from_file(path, weights, trust, device)
         random_weights = False
-    example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
+    kind = input_kind(model, spec)
+    if kind == "images":
+        example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
+    else:
+        example = blank_example(model, kind, preprocess, device)
+        if preprocess is None and kind == "volumes":  # a model file: its videos' frames scaled to [0, 1]
+            preprocess = scaled_frames
     if class_names is None or task is None:
         with torch.no_grad():
             output = model(example)
@@ -114,7 +111,48 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
             classes = output.shape[1] if task == "classify" else segmentation_logits(output).shape[1]
             class_names = classifiers.imagenet_classes() if classes == 1000 else [str(i) for i in range(classes)]
         model.class_names = class_names  # type: ignore[assignment]  # torch types Module attributes as tensors or modules
-    return LoadedModel(model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task)
+    return LoadedModel(
+        model, preprocess, list(class_names), device, example, fixed_batch, random_weights, task, kind
+    )
+
+
+def _from_file(path: Path, weights: str | None, trust: bool, device: torch.device):
+    """(model, preprocess, class names, task, fixed_batch) of a model file."""
+    if not path.is_file():
+        raise UsageError(
+            f"model file {path} does not exist; pass an existing file, {classifiers.BUNDLED!r}, "
+            "or a torchvision model name such as resnet50"
+        )
+    if weights:
+        raise UsageError(
+            "--weights goes with a model name (e.g. --model resnet50 --weights FILE); "
+            "a model file carries its own weights"
+        )
+    model, crop = read_model_file(path, trust)
+    model = model.to(device).eval()
+    task = task_of(model)
+    images = input_kind(model) == "images"  # volumes and signals are read as arrays, not preprocessed
+    preprocess = classifiers.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop) if images else None
+    if task == "detect":  # a detector normalises the images itself
+        preprocess = preprocess_for(model, task)
+    fixed_batch = images and path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
+    return model, preprocess, getattr(model, "class_names", None), task, fixed_batch
+
+
+def _load_detector(spec: str, weights: str | None, trust: bool, device: torch.device) -> LoadedModel:
+    """A YOLO model or a Hugging Face detector (:mod:`explain.models.detectors`), wrapped to
+    return torchvision's detections."""
+    if weights:
+        raise UsageError(
+            f"--weights goes with a torchvision or timm model name; {spec} carries its own weights "
+            "(yolo:FILE.pt, a Hugging Face folder), or has random ones (yolo:FILE.yaml)"
+        )
+    with process_lock, torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # a yaml's random weights: the same in every process and rerun
+        model, preprocess, class_names, random_weights = load_detector(spec, trust, device)
+    example = preprocess(Image.new("RGB", (256, 256), (124, 116, 104))).unsqueeze(0).to(device)
+    model.class_names = class_names  # type: ignore[assignment]  # torch types Module attributes as tensors or modules
+    return LoadedModel(model, preprocess, class_names, device, example, random_weights=random_weights, task="detect")
 
 
 def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool:
@@ -129,6 +167,9 @@ def _accepts_batches(model: nn.Module, preprocess, device: torch.device) -> bool
 
 def warn_if_random(loaded: LoadedModel, model: str) -> None:
     """Say on stderr that ``loaded`` (named ``model``) has random weights, if it has."""
-    if loaded.random_weights:
+    if loaded.random_weights and model.startswith(YOLO_PREFIX):
+        print(f"explain: warning: {model} has random weights (seed 0), so its maps explain an untrained model; "
+              "pass a trained checkpoint: --model yolo:FILE.pt", file=sys.stderr)
+    elif loaded.random_weights:
         print(f"explain: warning: {model} has random weights (seed 0), so its maps explain an untrained model; "
               "pass --weights FILE (a state dict) or --weights DEFAULT (torchvision's, downloads)", file=sys.stderr)

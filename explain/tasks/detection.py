@@ -19,6 +19,7 @@ from torchvision.ops import box_iou
 
 from ..base import Explainer
 from ..checks import check_images
+from ..detectors import detection_dicts
 from ..explanation import Explanation, scale_maps
 from ..hooks import preserved_state
 
@@ -51,18 +52,18 @@ class Detection:
 
 
 def detections_of(output) -> list[dict[str, Tensor]]:
-    """The per-image dicts of a detector's output, checked to hold boxes, labels and scores."""
-    if (
-        not isinstance(output, (list, tuple))
-        or not output
-        or not all(isinstance(p, dict) and {"boxes", "labels", "scores"} <= p.keys() for p in output)
-    ):
+    """The per-image dicts of a detector's output, checked to hold boxes, labels and scores:
+    torchvision's, those of a wrapped YOLO or DETR model (:func:`~explain.detectors.as_detector`),
+    or a raw YOLO head output, decoded (:func:`~explain.detectors.detection_dicts`)."""
+    found = detection_dicts(output)
+    if not found or not all({"boxes", "labels", "scores"} <= p.keys() for p in found):
         raise ValueError(
             "a detection target needs a detector's output in eval mode: a list with one dict of boxes, labels and "
             f"scores per image, as torchvision's detectors return; got {type(output).__name__} (a detector in "
-            "training mode returns losses: call model.eval())"
+            "training mode returns losses: call model.eval(); wrap a YOLO or DETR model with "
+            "explain.detectors.as_detector)"
         )
-    return list(output)
+    return found
 
 
 class DetectionTarget:
@@ -232,12 +233,17 @@ def crop_padding(explanation: Explanation, model: nn.Module) -> Explanation:
     the backbone, so a layer's grid also covers the padding, at the bottom and right; a map
     stretched whole over the image would be shifted. Here each raw map is upsampled to the
     padded size, cut to the resized image, and scaled to the input's size. ``raw_layers``
-    keep the whole grid. Models without such a transform are returned as they are.
+    keep the whole grid. Models without such a transform are returned as they are, and so
+    are maps made at the input's own size (D-RISE, the attributions), which cover no padding.
     """
     transform = getattr(model, "transform", None)
-    if transform is None or not callable(getattr(transform, "batch_images", None)):
-        return explanation
     height, width = explanation.maps.shape[-2:]
+    if (
+        transform is None
+        or not callable(getattr(transform, "batch_images", None))
+        or all(tuple(raw.shape[-2:]) == (height, width) for raw in explanation.raw_layers.values())
+    ):
+        return explanation
     sample = torch.zeros(3, height, width, device=explanation.maps.device)
     with preserved_state(model), torch.no_grad():
         batch, _ = transform([sample])
