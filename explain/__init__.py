@@ -53,6 +53,7 @@ _EXPORTS = {
         "KPCACAM",
         "KernelShap",
         "LRP",
+        "RISE",
         "LayerCAM",
         "LeGrad",
         "Lime",

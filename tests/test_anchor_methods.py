@@ -2,7 +2,8 @@
 RISE) against those anchors and against plain references of their papers' formulas.
 
 - Anchors: Google PAIR's ``saliency`` package (Guided IG, Blur IG, XRAI) and TorchRay
-  (extremal perturbations), called here on the same tiny model, input and target.
+  (extremal perturbations; RISE on the same masks), called here on the same tiny model,
+  input and target.
 - Plain references written here with loops: Guided IG on the straight line is left-Riemann
   IG; Blur IG adds up to S(x) - S(blurred x); RISE's weighted sum of masks.
 - The library's promises: results independent of the memory budget, the model left as it
@@ -154,7 +155,7 @@ def test_xrai_is_not_applicable_beyond_grey_and_colour_images():
 
 @pytest.mark.parametrize("method, options", [
     ("guidedig", {"steps": 6}), ("blurig", {"steps": 6, "max_sigma": 4.0}), ("xrai", {"steps": 4}),
-    ("extremal", {"steps": 6, "mask_step": 4, "sigma": 8.0}),
+    ("extremal", {"steps": 6, "mask_step": 4, "sigma": 8.0}), ("rise", {"n_masks": 20, "cell_size": 4}),
 ])
 def test_results_do_not_depend_on_the_budget_and_the_model_is_left_alone(method, options):
     model, x = tiny_cnn(), images(3)
@@ -171,7 +172,7 @@ def test_results_do_not_depend_on_the_budget_and_the_model_is_left_alone(method,
 
 @pytest.mark.parametrize("method, options", [
     ("guidedig", {"steps": 50}), ("blurig", {"steps": 50}), ("xrai", {"steps": 50}),
-    ("extremal", {"steps": 50, "mask_step": 4, "sigma": 8.0}),
+    ("extremal", {"steps": 50, "mask_step": 4, "sigma": 8.0}), ("rise", {"n_masks": 100, "cell_size": 4}),
 ])
 def test_a_stop_between_passes_leaves_the_model_as_it_was(method, options):
     model, x = tiny_cnn(), images(2)
@@ -213,3 +214,49 @@ def test_extremal_perturbation_sums_its_areas_and_keeps_the_area_constraint():
 def test_extremal_perturbation_refuses_areas_outside_the_image():
     with pytest.raises(ValueError, match=r"areas must be fractions.*\(0.05, 0.1, 0.2\)"):
         explain.ExtremalPerturbation(tiny_cnn(), areas=[0.1, 1.5])
+
+
+def test_rise_is_the_papers_weighted_sum_of_masks():
+    # A plain reference: one masked image at a time, S = sum_i P(c | x * M_i) M_i / (N p).
+    from explain.methods.drise import rise_masks
+
+    model, x = tiny_cnn(), images(2)
+    result = explain.RISE(model, n_masks=40, cell_size=4, p=0.3, seed=5)(x)
+    masks = rise_masks(40, (16, 16), cell_size=4, p=0.3, seed=5)
+    for i, target in enumerate(result.targets.tolist()):
+        expected = torch.zeros(16, 16)
+        for mask in masks:
+            with torch.no_grad():
+                expected += model(x[i : i + 1] * mask).softmax(dim=1)[0, target] * mask
+        assert torch.allclose(result.raw[i, 0], expected / (40 * 0.3), atol=1e-6)
+
+
+def test_rise_matches_torchray_on_the_same_masks():
+    # TorchRay's rise() weights by the sigmoid of the output and divides by N: given our masks
+    # and a model whose sigmoid is the softmax, it is our map times p.
+    rise = pytest.importorskip("torchray.attribution.rise")
+    from explain.methods.drise import rise_masks
+
+    model, x = tiny_cnn(), images(2)
+    ours = explain.RISE(model, n_masks=64, cell_size=4, seed=3)(x)
+    as_sigmoid = nn.Sequential(model, nn.Softmax(dim=1), LogitOf())
+    masks = rise_masks(64, (16, 16), cell_size=4, p=0.5, seed=3)[:, None]
+    theirs = rise.rise(as_sigmoid, x, num_masks=64, filter_masks=masks, batch_size=16)
+    chosen = theirs[torch.arange(2), ours.targets]
+    assert torch.allclose(ours.raw[:, 0] * 0.5, chosen, atol=1e-6)
+
+
+class LogitOf(nn.Module):
+    def forward(self, probabilities):
+        return torch.logit(probabilities.double()).float()
+
+
+def test_rise_explains_every_target_from_the_same_passes():
+    model, x = tiny_cnn(), images(2)
+    calls = []
+    model.register_forward_pre_hook(lambda module, inputs: calls.append(len(inputs[0])))
+    rise = explain.RISE(model, n_masks=30, cell_size=4, internal_batch_size=20)
+    both = rise(x, topk=2)
+    assert sum(calls) == 2 + 2 * 30  # the targets' pass, then the masked copies once
+    assert torch.equal(both.raw[:, 1], rise(x, both.targets[:, 1].tolist()).raw)
+    assert torch.equal(rise(x[1:]).raw[0], rise(x).raw[1])  # an image's map does not depend on its batch

@@ -49,9 +49,10 @@ CHEAP = {
     "occlusion": {"window": 32, "stride": 32}, "lime": {"n_samples": 6, "n_segments": 16},
     "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16},
     "guidedig": {"steps": 2}, "blurig": {"steps": 2}, "xrai": {"steps": 2}, "extremal": {"steps": 2, "areas": 0.1},
+    "rise": {"n_masks": 8},
 }
 # Methods whose raw result is one map per image (N, 1, H, W), not attributions per channel.
-ONE_MAP = {"xrai", "extremal"}
+ONE_MAP = {"xrai", "extremal", "rise"}
 
 
 @lru_cache(maxsize=2)

@@ -16,7 +16,7 @@
 - :mod:`~explain.methods.region_attribution`: image regions ranked by their attribution (XRAI);
 - :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
-  copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels);
+  copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels), and RISE;
 - :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
   the score, found by gradient descent (extremal perturbations);
 - :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
@@ -62,7 +62,7 @@ from .gradient_attribution import (  # isort: skip
 )
 from .path_attribution import BlurIG, GuidedIG, IntegratedGradients  # isort: skip
 from .region_attribution import XRAI  # isort: skip
-from .perturbation_attribution import FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
+from .perturbation_attribution import RISE, FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
 from .mask_optimisation import ExtremalPerturbation  # isort: skip
 from .drise import DRISE  # isort: skip
 from .relevance import LRP  # isort: skip
@@ -78,6 +78,7 @@ __all__ = [
     "ISCAM",
     "KPCACAM",
     "LRP",
+    "RISE",
     "SSCAM",
     "XRAI",
     "AblationCAM",

@@ -130,6 +130,7 @@ class ExtremalPerturbation(Batched):
 
     name = "extremal"
     family = "perturbation attribution"
+    images_only = "its smooth masks and blur pyramid are 2-D; use occlusion, whose window has the inputs' rank"
     cost = "1 forward + steps (800) x len(areas) (3) forward + backward"
     nonnegative = True
 

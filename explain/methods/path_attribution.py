@@ -202,6 +202,7 @@ class BlurIG(Batched):
 
     name = "blurig"
     family = "gradient attribution"
+    images_only = "its path blurs the two spatial axes of an image"
     cost = "1 forward + steps (100) forward + backward"
 
     def __init__(

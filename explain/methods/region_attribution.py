@@ -102,6 +102,7 @@ class XRAI(Batched):
 
     name = "xrai"
     family = "gradient attribution"
+    images_only = "its regions are Felzenszwalb segments of a 2-D image; use guidedig or ig"
     cost = "1 forward + 2 x steps (100) forward + backward"
 
     def __init__(
