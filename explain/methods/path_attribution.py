@@ -141,7 +141,7 @@ class GuidedIG(WithBaseline):
     """Guided Integrated Gradients: IG along an adaptive path that moves the features of
     smallest gradient first.
 
-    At each of ``steps`` steps, the ``fraction`` of features with the smallest |dS/dx| move
+    At each of ``steps`` steps, the ``fraction`` of features with the smallest ``|dS/dx|`` move
     towards the input until the path has covered the step's share of the L1 distance, no
     feature straying more than ``max_dist`` from the straight line; the attribution is the
     sum of gradient times change.

@@ -241,7 +241,7 @@ class RISE(Batched):
 
     Petsiuk, Das and Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box
     Models", BMVC 2018, sec. 3 (eq. 6 and the masks of sec. 3.2). The masks are D-RISE's
-    (:func:`~explain.methods.drise.rise_masks`), drawn from ``seed``: every image gets the
+    (``explain.methods.drise.rise_masks``), drawn from ``seed``: every image gets the
     same masks, so its map does not depend on its batch. The defaults are the paper's for
     ResNet-50: 4000 masks, p = 0.5, a 7 x 7 grid (``cell_size=None``: a seventh of the longer
     side). The masked copies run forward only, in inner batches from the memory budget, every

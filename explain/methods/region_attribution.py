@@ -94,8 +94,8 @@ class XRAI(Batched):
 
     Kapishnikov et al., "XRAI: Better Attributions Through Regions", ICCV 2019, sec. 3
     (Algorithm 1); segments, IG sum (``steps`` points, 100) and ranking as Google PAIR's
-    ``saliency`` package (:func:`~explain.superpixels.felzenszwalb_regions`,
-    :func:`riemann_integrated_gradients`, :func:`xrai_ranking`). ``raw`` is the heatmap,
+    ``saliency`` package (``explain.superpixels.felzenszwalb_regions``,
+    ``riemann_integrated_gradients`` and ``xrai_ranking`` of this module). ``raw`` is the heatmap,
     (N, 1, H, W); the default ``reduction="sum"`` keeps its sign (regions that lower the
     score rank last). Grey or colour images only (NotApplicable otherwise).
     """
