@@ -24,6 +24,7 @@ GRADIENT_CAMS = METHODS[:10]
 ATTRIBUTIONS = [
     "saliency", "inputxgrad", "smoothgrad", "vargrad", "ig", "guidedbp", "deconv", "guidedgradcam",
     "deeplift", "deepliftshap", "gradientshap", "occlusion", "lime", "kernelshap", "ablation", "lrp",
+    "guidedig", "blurig", "xrai", "extremal", "rise",
 ]
 TRANSFORMER = ["attention-rollout", "attention-relevance", "legrad"]
 

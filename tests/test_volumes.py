@@ -29,6 +29,7 @@ FEWER = {
     "gradientshap": {"n_samples": 3, "n_baselines": 2},
     "deepliftshap": {"n_baselines": 2},
     "occlusion": {"window": 4, "stride": 4},
+    "guidedig": {"steps": 3},
 }
 #: One pass per channel: run on the small models only (r3d_18's layer4 has 512 channels).
 PER_CHANNEL = {"scorecam", "sscam", "iscam", "ablationcam"}
@@ -43,6 +44,10 @@ IMAGES_ONLY = {
     "attention-relevance",
     "legrad",
     "drise",
+    "blurig",
+    "xrai",
+    "extremal",
+    "rise",
 }
 APPLICABLE = [name for name in explain.method_names() if name not in IMAGES_ONLY]
 

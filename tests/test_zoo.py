@@ -48,7 +48,11 @@ CHEAP = {
     "deepliftshap": {"n_baselines": 3, "internal_batch_size": 4}, "deeplift": {"internal_batch_size": 2},
     "occlusion": {"window": 32, "stride": 32}, "lime": {"n_samples": 6, "n_segments": 16},
     "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16},
+    "guidedig": {"steps": 2}, "blurig": {"steps": 2}, "xrai": {"steps": 2}, "extremal": {"steps": 2, "areas": 0.1},
+    "rise": {"n_masks": 8},
 }
+# Methods whose raw result is one map per image (N, 1, H, W), not attributions per channel.
+ONE_MAP = {"xrai", "extremal", "rise"}
 
 
 @lru_cache(maxsize=2)
@@ -117,11 +121,13 @@ def test_every_attribution(arch):
     for method in ATTRIBUTIONS:
         with torch.no_grad():
             res = explain.explainer(method, model, **CHEAP.get(method, {}))(images)
-        assert res.maps.shape == (2, size, size) and res.raw.shape == images.shape, method
-        assert torch.isfinite(res.raw).all() and res.maps.min() >= 0 and res.maps.max() <= 1, method
+        channels = 1 if method in ONE_MAP else images.shape[1]
+        assert res.maps.shape == (2, size, size) and res.raw.shape == (2, channels, size, size), method
+        low = -1 if res.signed else 0  # XRAI's region gains keep their sign
+        assert torch.isfinite(res.raw).all() and res.maps.min() >= low and res.maps.max() <= 1, method
         # LIME's Lasso may zero every superpixel of an untrained model (all effects under
         # its alpha): then the map carries no evidence, which is a valid outcome.
-        peaks = res.maps.flatten(1).amax(dim=1).tolist()
+        peaks = res.maps.abs().flatten(1).amax(dim=1).tolist()
         assert peaks == [1.0, 1.0] or (method == "lime" and set(peaks) <= {0.0, 1.0}), (method, peaks)
         assert res.targets.tolist() == res.logits.argmax(dim=1).tolist(), method
     state.assert_unchanged()
@@ -197,6 +203,7 @@ def test_embedders(name):
             assert "class" in str(error) or isinstance(error, explain.NotApplicable) or method == "fullgrad", error
             continue
         assert res.maps.shape == (2, *images.shape[-2:]) and torch.isfinite(res.maps).all(), method
-        assert res.maps.min() >= 0 and res.maps.max() <= 1 and res.targets.tolist() == [-1, -1], method
+        low = -1 if res.signed else 0
+        assert res.maps.min() >= low and res.maps.max() <= 1 and res.targets.tolist() == [-1, -1], method
     assert refused == EMBEDDER_REFUSALS[name]
     state.assert_unchanged()

@@ -9,11 +9,16 @@
 - :mod:`~explain.methods.perturbation_cams`: channel weights from perturbed passes
   (Score-CAM, SS-CAM, IS-CAM, Ablation-CAM);
 - :mod:`~explain.methods.gradient_attribution`: maps of the input from gradients, through
-  captum (Saliency, Input x Gradient, SmoothGrad, VarGrad, Integrated Gradients, Guided
-  Backprop, Deconvolution, Guided Grad-CAM, DeepLift, DeepLiftShap, GradientShap);
+  captum (Saliency, Input x Gradient, SmoothGrad, VarGrad, Guided Backprop, Deconvolution,
+  Guided Grad-CAM, DeepLift, DeepLiftShap, GradientShap);
+- :mod:`~explain.methods.path_attribution`: gradients integrated along a path to the image
+  (Integrated Gradients, Guided IG, Blur IG);
+- :mod:`~explain.methods.region_attribution`: image regions ranked by their attribution (XRAI);
 - :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
-  copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels);
+  copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels), and RISE;
+- :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
+  the score, found by gradient descent (extremal perturbations);
 - :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
 - :mod:`~explain.methods.transformer_attention`: maps from a vision transformer's attention
   matrices (attention rollout, gradient-weighted attention relevance, LeGrad).
@@ -51,12 +56,14 @@ from .gradient_attribution import (  # isort: skip
     GuidedBackprop,
     GuidedGradCAM,
     InputXGradient,
-    IntegratedGradients,
     Saliency,
     SmoothGrad,
     VarGrad,
 )
-from .perturbation_attribution import FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
+from .path_attribution import BlurIG, GuidedIG, IntegratedGradients  # isort: skip
+from .region_attribution import XRAI  # isort: skip
+from .perturbation_attribution import RISE, FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
+from .mask_optimisation import ExtremalPerturbation  # isort: skip
 from .drise import DRISE  # isort: skip
 from .relevance import LRP  # isort: skip
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
@@ -71,18 +78,22 @@ __all__ = [
     "ISCAM",
     "KPCACAM",
     "LRP",
+    "RISE",
     "SSCAM",
+    "XRAI",
     "AblationCAM",
     "AttentionRelevance",
     "AttentionRollout",
     "Attribution",
     "BaseCAM",
+    "BlurIG",
     "Captured",
     "Deconvolution",
     "DeepLift",
     "DeepLiftShap",
     "EigenCAM",
     "EigenGradCAM",
+    "ExtremalPerturbation",
     "FeatureAblation",
     "FinerCAM",
     "FullGrad",
@@ -93,6 +104,7 @@ __all__ = [
     "GradientShap",
     "GuidedBackprop",
     "GuidedGradCAM",
+    "GuidedIG",
     "HiResCAM",
     "InputXGradient",
     "IntegratedGradients",

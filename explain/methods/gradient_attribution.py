@@ -50,7 +50,6 @@ __all__ = [
     "GuidedBackprop",
     "GuidedGradCAM",
     "InputXGradient",
-    "IntegratedGradients",
     "Saliency",
     "SmoothGrad",
     "VarGrad",
@@ -93,8 +92,6 @@ _TIMM_RELU_LIKE = frozenset(
     }
 )
 _TIMM_GATES = frozenset({"Sigmoid", "Tanh", "HardSigmoid", "HardSigmoidMe"})
-#: captum's quadratures for Integrated Gradients.
-QUADRATURES = ("gausslegendre", "riemann_trapezoid", "riemann_left", "riemann_right", "riemann_middle")
 
 
 def is_relu_like(module: nn.Module) -> bool:
@@ -316,55 +313,6 @@ class VarGrad(_NoiseTunnel):
     name = "vargrad"
     nt_type = "vargrad"
     nonnegative = True
-
-
-@register
-class IntegratedGradients(WithBaseline):
-    """Integrated Gradients: the gradient integrated along a path from a baseline.
-
-    (x - x') * the integral over a in [0, 1] of dS/dx at x' + a (x - x'), baseline x'.
-
-    Sundararajan et al., "Axiomatic Attribution for Deep Networks", ICML 2017, eq. 1. The
-    attributions sum to S(x) - S(x') (completeness) up to the error of the ``n_steps``-point
-    quadrature (``method``, captum's, Gauss-Legendre by default). The default baseline,
-    zeros in the model's input space, is the dataset's mean colour for normalised inputs;
-    ``baseline="blur"`` or ``"noise"`` selects the others (:func:`~explain.baselines.make_baselines`). Steps
-    run in internal batches of ``internal_batch_size`` rows.
-    """
-
-    name = "ig"
-    family = "gradient attribution"
-    cost = "1 forward + n_steps (50) forward + backward"
-
-    def __init__(self, model: nn.Module, *, n_steps: int = 50, method: str = "gausslegendre", **options):
-        super().__init__(model, **options)
-        self.n_steps = positive_int("n_steps", n_steps)
-        if method not in QUADRATURES:
-            raise ValueError(f"unknown method {method!r}; use one of {', '.join(QUADRATURES)}")
-        self.method = method
-
-    def planned_passes(self, images: Tensor) -> int:
-        return len(images) * (1 + self.n_steps)
-
-    def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        rows = self.rows(images, len(images) * self.n_steps)
-        baselines, target = self.baselines(scored, images), scored.target(k)
-        integrated = captum_attr.IntegratedGradients(scored)
-        # captum runs at least all the images it is given in each pass: fewer rows than
-        # images, the images go in groups of ``rows``.
-        return torch.cat(
-            [
-                integrated.attribute(
-                    images[group],
-                    baselines=baselines[group],
-                    target=slice_target(target, group),
-                    n_steps=self.n_steps,
-                    method=self.method,
-                    internal_batch_size=rows,
-                )
-                for group in (slice(i, i + rows) for i in range(0, len(images), rows))
-            ]
-        )
 
 
 @register

@@ -21,9 +21,11 @@ from ..baselines import seeded
 from ..checks import checked_number, positive_int
 from ..passes import advance
 from ..superpixels import superpixels
-from .attribution_base import ScoredModel, WithBaseline, rows_per_pass, slice_target
+from ..targets import class_logits
+from .attribution_base import Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
+from .drise import mask_grids, upsampled_masks
 
-__all__ = ["FeatureAblation", "KernelShap", "Lime", "Occlusion"]
+__all__ = ["RISE", "FeatureAblation", "KernelShap", "Lime", "Occlusion"]
 
 
 @register
@@ -225,3 +227,71 @@ class FeatureAblation(_Superpixels):
             feature_mask=self.segments(scored, images),
             perturbations_per_eval=rows_per_pass(rows, len(images)),
         )
+
+
+@register
+class RISE(Batched):
+    """RISE: the average of random masks, each weighted by the target's probability on
+    the image under that mask.
+
+    S = 1 / (N p) * sum_i P(class | x * M_i) M_i over ``n_masks`` masks M_i: binary grids
+    whose cells are kept with probability ``p``, upsampled bilinearly to cells of
+    ``cell_size`` pixels and cut at a random shift of up to one cell. P is the softmax of the
+    logits (a callable target's score as it is); masked pixels are 0 in the model's input.
+
+    Petsiuk, Das and Saenko, "RISE: Randomized Input Sampling for Explanation of Black-box
+    Models", BMVC 2018, sec. 3 (eq. 6 and the masks of sec. 3.2). The masks are D-RISE's
+    (``explain.methods.drise.rise_masks``), drawn from ``seed``: every image gets the
+    same masks, so its map does not depend on its batch. The defaults are the paper's for
+    ResNet-50: 4000 masks, p = 0.5, a 7 x 7 grid (``cell_size=None``: a seventh of the longer
+    side). The masked copies run forward only, in inner batches from the memory budget, every
+    target of a call from the same passes. ``raw`` is the saliency, (N, 1, H, W).
+    """
+
+    name = "rise"
+    family = "perturbation attribution"
+    cost = "1 + n_masks (4000) forward"
+    backward = False
+    images_only = "its masks are 2-D grids over an image; use occlusion, whose window has the inputs' rank"
+
+    def __init__(
+        self, model: nn.Module, *, n_masks: int = 4000, cell_size: int | None = None, p: float = 0.5, **options
+    ):
+        super().__init__(model, **options)
+        self.n_masks = positive_int("n_masks", n_masks)
+        self.cell_size = None if cell_size is None else positive_int("cell_size", cell_size)
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"p, the share of cells a mask keeps, must lie in (0, 1]; got {p!r}")
+        self.p = float(p)
+
+    def planned_passes(self, images: Tensor) -> int:
+        return len(images) * (1 + self.n_masks)
+
+    def attribute_targets(self, scored: ScoredModel, images: Tensor) -> list[Tensor]:
+        size = (images.shape[-2], images.shape[-1])
+        cell = self.cell_size or math.ceil(max(size) / 7)
+        seed = self.seed if self.seed is not None else int(torch.randint(0, 2**31 - 1, ()))  # the caller's stream
+        grids, shifts = mask_grids(self.n_masks, size, cell_size=cell, p=self.p, seed=seed)
+        grids = grids.to(images.device)
+        total, targets = len(images) * self.n_masks, scored.num_targets
+        step = self.rows(images, total)
+        saliency = images.new_zeros((targets, len(images), *size), dtype=torch.float32)
+        with torch.no_grad():
+            for start in range(0, total, step):
+                pairs = torch.arange(start, min(start + step, total))
+                rows, which = (pairs // self.n_masks).to(images.device), pairs % self.n_masks
+                masks = upsampled_masks(grids[which.to(grids.device)], shifts[which], size, cell)
+                advance(len(pairs))
+                output = scored.model(images[rows] * masks[:, None].to(images.dtype))
+                for k in range(targets):
+                    weights = self.probabilities(scored, output, k, rows)
+                    saliency[k].index_add_(0, rows, weights.float()[:, None, None] * masks.float())
+        return [(map_ / (self.n_masks * self.p))[:, None].to(images.dtype) for map_ in saliency]
+
+    def probabilities(self, scored: ScoredModel, output, k: int, rows: Tensor) -> Tensor:
+        """P(target k | masked image) of each row: the softmax of the logits at the target's
+        class, or a callable target's score."""
+        if scored.custom is not None:
+            return scored.explained_scores(output, k, rows)
+        ids = scored.ids_of(k)[rows]
+        return class_logits(output).float().softmax(dim=1).gather(1, ids[:, None]).squeeze(1)
