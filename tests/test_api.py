@@ -26,11 +26,13 @@ ATTRIBUTIONS = [
     "deeplift", "deepliftshap", "gradientshap", "occlusion", "lime", "kernelshap", "ablation", "lrp",
     "guidedig", "blurig", "xrai", "extremal", "rise",
 ]
+LAYER_ATTRIBUTIONS = ["layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"]
 TRANSFORMER = ["attention-rollout", "attention-relevance", "legrad"]
 
 
 def test_methods_and_factory():
-    assert sorted(explain.method_names()) == sorted(METHODS + ATTRIBUTIONS + TRANSFORMER + ["drise"])  # D-RISE: detectors
+    assert sorted(explain.method_names()) == sorted(  # D-RISE: detectors
+        METHODS + ATTRIBUTIONS + LAYER_ATTRIBUTIONS + TRANSFORMER + ["drise"])
     model = torchvision.models.resnet18()
     for name in METHODS:
         cam = explain.explainer(name, model, target_layer=None if name == "fullgrad" else "layer4")
@@ -39,6 +41,9 @@ def test_methods_and_factory():
         assert isinstance(cam, explain.BaseCAM) == (name != "fullgrad")
     for name in ATTRIBUTIONS:
         attribution = explain.explainer(name, model)
+        assert attribution.name == name and isinstance(attribution, explain.Attribution)
+    for name in LAYER_ATTRIBUTIONS:
+        attribution = explain.explainer(name, model, target_layer="layer4")
         assert attribution.name == name and isinstance(attribution, explain.Attribution)
     assert isinstance(explain.explainer("IG", model), explain.IntegratedGradients)
     vit = torchvision.models.VisionTransformer(32, 8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32)
@@ -60,6 +65,8 @@ def test_methods_and_factory():
                for name in METHODS + ATTRIBUTIONS)
     assert {described[name]["family"] for name in ATTRIBUTIONS} == {"gradient attribution", "perturbation attribution"}
     assert {described[name]["family"] for name in TRANSFORMER} == {"transformer attention"}
+    assert {described[name]["family"] for name in LAYER_ATTRIBUTIONS} == {"layer attribution"}
+    assert all(described[name]["needs_layer"] for name in LAYER_ATTRIBUTIONS)
     assert [name for name in METHODS + ATTRIBUTIONS if described[name]["needs_layer"]] == (
         [name for name in METHODS if name != "fullgrad"] + ["guidedgradcam"])
 

@@ -30,6 +30,9 @@ FEWER = {
     "deepliftshap": {"n_baselines": 2},
     "occlusion": {"window": 4, "stride": 4},
     "guidedig": {"steps": 3},
+    "layer-ig": {"n_steps": 3},
+    "layer-conductance": {"n_steps": 3},
+    "internal-influence": {"n_steps": 3},
 }
 #: One pass per channel: run on the small models only (r3d_18's layer4 has 512 channels).
 PER_CHANNEL = {"scorecam", "sscam", "iscam", "ablationcam"}
@@ -78,8 +81,10 @@ def run_matrix(model, images, methods):
     for method in methods:
         result = explain.explainer(method, model, **FEWER.get(method, {}))(images)
         check(result, images)
-        if isinstance(explain.explainer(method, model), explain.Attribution):
+        if isinstance(explain.explainer(method, model), explain.Attribution) and result.layers == ("input",):
             assert result.raw.shape == images.shape, method
+        elif result.layers != ("input",):  # CAMs, and layer attributions: (N, C, d, h, w) on the layer's grid
+            assert result.raw.shape[0] == len(images) and result.raw.dim() in (images.dim() - 1, images.dim()), method
     state.assert_unchanged()
 
 

@@ -49,10 +49,13 @@ CHEAP = {
     "occlusion": {"window": 32, "stride": 32}, "lime": {"n_samples": 6, "n_segments": 16},
     "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16},
     "guidedig": {"steps": 2}, "blurig": {"steps": 2}, "xrai": {"steps": 2}, "extremal": {"steps": 2, "areas": 0.1},
-    "rise": {"n_masks": 8},
+    "rise": {"n_masks": 8}, "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2},
+    "internal-influence": {"n_steps": 2},
 }
 # Methods whose raw result is one map per image (N, 1, H, W), not attributions per channel.
 ONE_MAP = {"xrai", "extremal", "rise"}
+# Methods whose raw result is the attributions of the target layer's units (N, C, h, w).
+LAYER = {"layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"}
 
 
 @lru_cache(maxsize=2)
@@ -122,13 +125,17 @@ def test_every_attribution(arch):
         with torch.no_grad():
             res = explain.explainer(method, model, **CHEAP.get(method, {}))(images)
         channels = 1 if method in ONE_MAP else images.shape[1]
-        assert res.maps.shape == (2, size, size) and res.raw.shape == (2, channels, size, size), method
+        assert res.maps.shape == (2, size, size), method
+        assert res.raw.shape == (2, channels, size, size) or (method in LAYER and res.raw.dim() == 4), method
         low = -1 if res.signed else 0  # XRAI's region gains keep their sign
         assert torch.isfinite(res.raw).all() and res.maps.min() >= low and res.maps.max() <= 1, method
         # LIME's Lasso may zero every superpixel of an untrained model (all effects under
-        # its alpha): then the map carries no evidence, which is a valid outcome.
+        # its alpha): then the map carries no evidence, which is a valid outcome. Internal
+        # influence at a layer before global average pooling is the same gradient at every
+        # position: a constant map, which carries none either.
         peaks = res.maps.abs().flatten(1).amax(dim=1).tolist()
-        assert peaks == [1.0, 1.0] or (method == "lime" and set(peaks) <= {0.0, 1.0}), (method, peaks)
+        blank = {"lime": {0.0, 1.0}, "internal-influence": {0.0}}
+        assert peaks == [1.0, 1.0] or set(peaks) <= blank.get(method, set()), (method, peaks)
         assert res.targets.tolist() == res.logits.argmax(dim=1).tolist(), method
     state.assert_unchanged()
 

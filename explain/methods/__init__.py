@@ -13,6 +13,9 @@
   Guided Grad-CAM, DeepLift, DeepLiftShap, GradientShap);
 - :mod:`~explain.methods.path_attribution`: gradients integrated along a path to the image
   (Integrated Gradients, Guided IG, Blur IG);
+- :mod:`~explain.methods.layer_attribution`: attributions of a hidden layer's units, or of the
+  input to one neuron, through captum (layer Integrated Gradients, conductance, internal
+  influence, layer Gradient x Activation);
 - :mod:`~explain.methods.region_attribution`: image regions ranked by their attribution (XRAI);
 - :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
@@ -61,6 +64,12 @@ from .gradient_attribution import (  # isort: skip
     VarGrad,
 )
 from .path_attribution import BlurIG, GuidedIG, IntegratedGradients  # isort: skip
+from .layer_attribution import (  # isort: skip
+    InternalInfluence,
+    LayerConductance,
+    LayerGradientXActivation,
+    LayerIntegratedGradients,
+)
 from .region_attribution import XRAI  # isort: skip
 from .perturbation_attribution import RISE, FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
 from .mask_optimisation import ExtremalPerturbation  # isort: skip
@@ -108,8 +117,12 @@ __all__ = [
     "HiResCAM",
     "InputXGradient",
     "IntegratedGradients",
+    "InternalInfluence",
     "KernelShap",
     "LayerCAM",
+    "LayerConductance",
+    "LayerGradientXActivation",
+    "LayerIntegratedGradients",
     "LayerReplay",
     "LeGrad",
     "Lime",

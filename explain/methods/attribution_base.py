@@ -45,6 +45,7 @@ __all__ = [
     "ScoredModel",
     "WithBaseline",
     "attribution_context",
+    "checked_seed",
     "normalize_maps",
     "reduce_channels",
     "rows_per_pass",
@@ -118,6 +119,17 @@ def normalize_maps(maps: Tensor, clip_percentile: float = 99.0, spatial: int = 2
     return scaled.reshape(maps.shape)
 
 
+def checked_seed(seed: int | None) -> int | None:
+    """``seed=`` checked: an int in [0, 2**32), or None for the caller's random streams.
+
+    >>> checked_seed(7), checked_seed(None)
+    (7, None)
+    """
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32):
+        raise ValueError(f"seed must be an int in [0, 2**32), or None for the caller's random streams; got {seed!r}")
+    return None if seed is None else int(seed)
+
+
 def rows_per_pass(internal_batch_size: int, images: int) -> int:
     """How many copies of each of ``images`` images fit in one pass of
     ``internal_batch_size`` rows (at least one)."""
@@ -144,6 +156,8 @@ def attribution_context(model: nn.Module) -> Iterator[None]:
             warnings.filterwarnings("ignore", message="Input Tensor 0 did not already require gradients")
             # captum fits LIME / KernelSHAP one image at a time, as it warns; that is intended.
             warnings.filterwarnings("ignore", message="You are providing multiple inputs for Lime")
+            # explain's neuron selectors pick one neuron, or a channel's sum where captum's rule allows it.
+            warnings.filterwarnings("ignore", message="The neuron_selector provided is a callable")
             yield
     finally:
         for module, names in before.items():
@@ -174,10 +188,13 @@ class ScoredModel(nn.Module):
         class_names: Sequence[str] | None,
         rows: int,
         dtype: torch.dtype | None = None,
+        input_size: tuple[int, ...] = (),
     ):
         super().__init__()
         self.model = model
         self.rows = rows
+        #: The images' spatial size (H, W), for maps made at another resolution (a layer's).
+        self.input_size = input_size
         #: The images' dtype: captum adds float32 noise and baselines, which a float16 model
         #: cannot take, so inputs are cast back to it.
         self.dtype = dtype
@@ -332,7 +349,9 @@ class Attribution(Explainer):
         """
         images = check_images(images, self.model)
         self.check_applies(images)
-        scored = ScoredModel(self.model, targets, topk, self.class_names, len(images), images.dtype)
+        scored = ScoredModel(
+            self.model, targets, topk, self.class_names, len(images), images.dtype, tuple(images.shape[2:])
+        )
         columns = []
         planned = self.planned_passes(images) * (topk or 1)
         with attribution_context(self.model), channel_hint(images), Passes(self.name, planned):
@@ -400,13 +419,7 @@ class Batched(Attribution):
 
     def __init__(self, model: nn.Module, *, seed: int | None = 0, internal_batch_size: int | None = None, **options):
         super().__init__(model, **options)
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**32
-        ):
-            raise ValueError(
-                f"seed must be an int in [0, 2**32), or None for the caller's random streams; got {seed!r}"
-            )
-        self.seed = None if seed is None else int(seed)
+        self.seed = checked_seed(seed)
         self.internal_batch_size = (
             None if internal_batch_size is None else positive_int("internal_batch_size", internal_batch_size)
         )
