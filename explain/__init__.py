@@ -67,6 +67,7 @@ _EXPORTS = {
         "Saliency",
         "ScoreCAM",
         "ShapleyCAM",
+        "ShapleyValueSampling",
         "SmoothGrad",
         "SmoothGradCAMPlusPlus",
         "VarGrad",

@@ -24,7 +24,7 @@ GRADIENT_CAMS = METHODS[:10]
 ATTRIBUTIONS = [
     "saliency", "inputxgrad", "smoothgrad", "vargrad", "ig", "guidedbp", "deconv", "guidedgradcam",
     "deeplift", "deepliftshap", "gradientshap", "occlusion", "lime", "kernelshap", "ablation", "lrp",
-    "guidedig", "blurig", "xrai", "extremal", "rise",
+    "guidedig", "blurig", "xrai", "extremal", "rise", "shapley-sampling",
 ]
 LAYER_ATTRIBUTIONS = ["layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"]
 TRANSFORMER = ["attention-rollout", "attention-relevance", "legrad"]

@@ -144,6 +144,7 @@ CHEAP = {
     "occlusion": {"window": 32, "stride": 32}, "lime": {"n_samples": 6, "n_segments": 16},
     "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16}, "drise": {"n_masks": 8},
     "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2}, "internal-influence": {"n_steps": 2},
+    "shapley-sampling": {"n_samples": 1, "n_segments": 16},
 }
 # One masked pass per channel of YOLO's 256-channel SPPF: Score-CAM stands for its variants.
 SLOW_ON_YOLO = {"sscam", "iscam", "ablationcam"}

@@ -350,6 +350,7 @@ CHEAP = {
     "kernelshap": {"n_samples": 4, "n_segments": 4}, "ablation": {"n_segments": 4},
     "sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2},
     "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2}, "internal-influence": {"n_steps": 2},
+    "shapley-sampling": {"n_samples": 1, "n_segments": 4},
 }
 WIDE = {"vit", "swin"}
 # Methods whose definition does not apply, with the reason they give.

@@ -51,6 +51,7 @@ IMAGES_ONLY = {
     "xrai",
     "extremal",
     "rise",
+    "shapley-sampling",
 }
 APPLICABLE = [name for name in explain.method_names() if name not in IMAGES_ONLY]
 

@@ -46,6 +46,7 @@ METHOD_ROWS = (
     ('lime', 'perturbation attribution', '-', '1 + n_samples (256) forward', 'LIME: a sparse linear model of the score over superpixels switched on and off.'),
     ('kernelshap', 'perturbation attribution', '-', '1 + n_samples (256) forward', 'KernelSHAP: Shapley values of superpixels, from a kernel-weighted linear model.'),
     ('ablation', 'perturbation attribution', '-', '2 + n_segments (~50) forward', 'Feature Ablation: the drop in the score when one superpixel is replaced by the baseline.'),
+    ('shapley-sampling', 'perturbation attribution', '-', '2 + n_samples (25) x n_segments (~50) forward', "Shapley value sampling: each superpixel's average gain in the score when it joins the superpixels before it, over random orders."),
     ('rise', 'perturbation attribution', '-', '1 + n_masks (4000) forward', "RISE: the average of random masks, each weighted by the target's probability on the image under that mask."),
     ('extremal', 'perturbation attribution', '-', '1 forward + steps (800) x len(areas) (3) forward + backward', 'Extremal perturbations: the smooth mask of each given area that keeps the most of the score, the image blurred outside it.'),
     ('lrp', 'gradient attribution', '-', '3 forward + 1 backward, each layer rerun about 8 times by its rule', 'Layer-wise Relevance Propagation (LRP): the score handed back to the pixels, layer by layer.'),

@@ -19,7 +19,8 @@
 - :mod:`~explain.methods.region_attribution`: image regions ranked by their attribution (XRAI);
 - :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
-  copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels), and RISE;
+  copies, through captum (Occlusion, LIME, KernelSHAP, Shapley value sampling, Feature Ablation
+  over superpixels), and RISE;
 - :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
   the score, found by gradient descent (extremal perturbations);
 - :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
@@ -71,7 +72,14 @@ from .layer_attribution import (  # isort: skip
     LayerIntegratedGradients,
 )
 from .region_attribution import XRAI  # isort: skip
-from .perturbation_attribution import RISE, FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
+from .perturbation_attribution import (  # isort: skip
+    RISE,
+    FeatureAblation,
+    KernelShap,
+    Lime,
+    Occlusion,
+    ShapleyValueSampling,
+)
 from .mask_optimisation import ExtremalPerturbation  # isort: skip
 from .drise import DRISE  # isort: skip
 from .relevance import LRP  # isort: skip
@@ -131,6 +139,7 @@ __all__ = [
     "Saliency",
     "ScoreCAM",
     "ShapleyCAM",
+    "ShapleyValueSampling",
     "SmoothGrad",
     "SmoothGradCAMPlusPlus",
     "TransformerAttention",
