@@ -60,6 +60,7 @@ _EXPORTS = {
         "LayerGradientXActivation",
         "LayerIntegratedGradients",
         "LeGrad",
+        "NoiseTunnel",
         "Lime",
         "Occlusion",
         "RandomCAM",

@@ -16,6 +16,7 @@ from torch import nn
 
 from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
 from .base import Explainer, check_training_options, registered, registered_class
+from .methods.noise_tunnel import tunnel_class
 
 __all__ = ["describe_methods", "explainer", "method_class", "method_names"]
 
@@ -55,6 +56,13 @@ def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
     >>> type(cam).__name__
     'GradCAMPlusPlus'
 
+    ``KIND:METHOD`` wraps a method in a :class:`~explain.NoiseTunnel` (KIND ``smoothgrad``,
+    ``smoothgrad-sq`` or ``vargrad``), the options going to the method but ``n_samples`` and
+    ``noise_level``:
+
+    >>> type(explainer("smoothgrad:ig", torchvision.models.resnet18(), n_steps=8, n_samples=10)).__name__
+    'SmoothGradOfIntegratedGradients'
+
     ``train_mode=True`` or ``create_graph=True`` (maps inside a training loop) raise
     :class:`~explain.NotApplicable` for the methods that have no such mode.
     """
@@ -65,8 +73,12 @@ def explainer(method: str, model: nn.Module, **kwargs) -> Explainer:
 
 def method_class(method: str) -> type[Explainer]:
     """The class registered as ``method``; names ignore case, dashes and underscores.
+    ``KIND:METHOD`` names a noise tunnel of ``METHOD`` (see :func:`explainer`).
 
-    >>> method_class("grad_cam").__name__
-    'GradCAM'
+    >>> method_class("grad_cam").__name__, method_class("VarGrad:GuidedBP").name
+    ('GradCAM', 'vargrad:guidedbp')
     """
+    kind, colon, wrapped = method.partition(":")
+    if colon:
+        return tunnel_class(kind, method_class(wrapped.strip()))
     return registered_class(method)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CUSTOM_TARGET", "Targets", "class_index", "class_logits", "select_targets"]
+__all__ = ["CUSTOM_TARGET", "Targets", "class_index", "class_logits", "output_rows", "select_targets"]
 
 #: The class id recorded when the score comes from a callable rather than a class.
 CUSTOM_TARGET = -1
@@ -59,7 +59,7 @@ def _custom_scores(logits, target: Callable, topk: int | None) -> tuple[Tensor, 
     if topk is not None:
         raise ValueError("pass either a callable target or topk, not both")
     scores = target(logits)
-    n = _batch_size(logits)
+    n = output_rows(logits)
     if not isinstance(scores, Tensor) or scores.shape != (n,):
         got = tuple(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
         raise ValueError(f"a callable target must return a tensor of shape ({n},), one score per image; got {got}")
@@ -129,7 +129,13 @@ def select_targets(
     return scores, ids
 
 
-def _batch_size(output) -> int:
+def output_rows(output) -> int:
+    """The number of images a model output is for: its tensor's first axis, or one dict per
+    image (torchvision's detectors).
+
+    >>> output_rows({"out": torch.zeros(3, 21, 8, 8)}), output_rows([{"boxes": torch.zeros(0, 4)}])
+    (3, 1)
+    """
     if isinstance(output, Tensor):
         return output.shape[0]
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
@@ -137,7 +143,7 @@ def _batch_size(output) -> int:
     if isinstance(output, list) and output and all(isinstance(item, dict) for item in output):
         return len(output)  # one dict per image, as torchvision's detectors return
     if isinstance(output, dict) and output:
-        return _batch_size(next(iter(output.values())))
+        return output_rows(next(iter(output.values())))
     raise ValueError(f"cannot tell the batch size of a model output of type {type(output).__name__}")
 
 

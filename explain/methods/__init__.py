@@ -24,6 +24,8 @@
 - :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
   the score, found by gradient descent (extremal perturbations);
 - :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
+- :mod:`~explain.methods.noise_tunnel`: SmoothGrad, SmoothGrad-squared and VarGrad of any
+  method (``smoothgrad:ig``);
 - :mod:`~explain.methods.transformer_attention`: maps from a vision transformer's attention
   matrices (attention rollout, gradient-weighted attention relevance, LeGrad).
 
@@ -84,6 +86,7 @@ from .mask_optimisation import ExtremalPerturbation  # isort: skip
 from .drise import DRISE  # isort: skip
 from .relevance import LRP  # isort: skip
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
+from .noise_tunnel import NoiseTunnel  # isort: skip
 from .attribution_base import Attribution  # isort: skip
 from .cam_base import BaseCAM, Captured, explain_together  # isort: skip
 from .layer_replay import LayerReplay  # isort: skip
@@ -134,6 +137,7 @@ __all__ = [
     "LayerReplay",
     "LeGrad",
     "Lime",
+    "NoiseTunnel",
     "Occlusion",
     "RandomCAM",
     "Saliency",
