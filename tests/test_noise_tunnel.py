@@ -66,6 +66,7 @@ WRAPPED = {
     "deeplift": explain.DeepLift,
     "gradcam": lambda model: explain.GradCAM(model, "3"),
     "layer-gradxact": lambda model: explain.LayerGradientXActivation(model, "2"),
+    "lrp": explain.LRP,
 }
 
 
