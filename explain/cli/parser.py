@@ -168,8 +168,9 @@ def _add_evaluate_command(commands) -> None:
     )
     _add_inputs_and_model(scoring, evaluate=True)
     scoring.add_argument("--methods", "--method", "-m", default="gradcam",
-                          help="method(s), comma-separated, or 'all'; see `explain methods`. KIND:METHOD (KIND smoothgrad, "
-                     "smoothgrad-sq or vargrad) aggregates METHOD's maps of noisy copies, e.g. smoothgrad:ig")
+                          help="method(s), comma-separated, or 'all'; see `explain methods`. KIND:METHOD (KIND "
+                          "smoothgrad, smoothgrad-sq or vargrad) aggregates METHOD's maps of noisy copies, e.g. "
+                          "smoothgrad:ig")
     scoring.add_argument("--metrics", default="deletion,insertion",
                           help="metric(s), comma-separated, or 'all' (every metric; the localisation ones only "
                           "with --regions): " + ", ".join(METRIC_NAMES))
