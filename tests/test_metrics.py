@@ -26,7 +26,9 @@ from conftest import ModelState, hook_count
 from explain import Explanation, metrics
 from explain.hooks import preserved_state
 from explain.metrics import registry
-from explain.metrics.randomisation import spearman, ssim
+from explain.metrics.base import draws
+from explain.metrics.randomisation import histogram_entropy, spearman, ssim
+from explain.metrics.randomisation.cascade import smoothed_maps
 from explain.metrics.robustness.continuity import translations
 
 X = torch.arange(1.0, 17.0).view(1, 1, 4, 4)
@@ -869,6 +871,126 @@ def test_model_randomisation_restores_the_model_also_after_an_error(training):
     assert hook_count(model) == 0 and torch.is_grad_enabled()
     # The same numbers again: nothing of the failed run was left behind.
     close(metrics.model_randomisation(explain.GradCAM(model), images).values, result.values)
+
+
+def test_histogram_entropy_matches_numpy_and_scipy():
+    from scipy.stats import entropy
+
+    maps = torch.rand(4, 9, 9)
+    maps[1] = torch.randint(0, 11, (9, 9)) / 10  # values on the edges of 10 bins over [0, 1]
+    maps[2] = -maps[2] ** 3  # negative, skewed
+    maps[3] = 0.25  # constant: numpy widens the range to [-0.25, 0.75], one bin filled
+    for bins in (10, 100, 7):
+        expected = [entropy(np.histogram(m, bins=bins)[0]) for m in maps.numpy()]
+        close(histogram_entropy(maps, bins), expected, tol=1e-6)
+    close(histogram_entropy(maps[3:], 10), [0.0])
+    # Two values, half and half: ln 2, whatever the number of bins.
+    two = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]])
+    close(histogram_entropy(two, 100), [math.log(2)])
+
+
+def test_smoothed_maps_average_noisy_copies_and_the_image_itself():
+    explainer = MapExplainer(small_linear(channels=2), lambda images, targets: images[:, 0] * 2)
+    images = torch.rand(2, 2, 4, 4) * torch.tensor([1.0, 3.0]).view(2, 1, 1, 1)  # ranges about 1 and 3
+    targets = torch.tensor([0, 1])
+    smooth = smoothed_maps(explainer, images, targets, n_samples=4, noise=0.1, seed=5, batch_size=3)
+    assert [len(batch) for batch, _ in explainer.calls] == [3, 3, 2]
+    copies = recorded_neighbours(explainer, images, 4)
+    assert torch.equal(torch.cat([t for _, t in explainer.calls]), targets.repeat_interleave(4))
+    spread = 0.1 * (images.flatten(1).amax(1) - images.flatten(1).amin(1))
+    for s in range(3):  # Gaussian, of standard deviation 0.1 x the image's range; draw s the same for both
+        expected = draws(5, [s], images.shape[1:], images.device, normal=True)[0]
+        for i in range(2):
+            close(copies[i, s] - images[i], expected * spread[i], tol=1e-5)
+    close(copies[:, 3], images, tol=0)  # the last copy is the image itself
+    close(smooth, (copies[:, :, 0] * 2).mean(1))
+
+
+def test_smooth_model_randomisation_of_grad_cam_and_of_an_edge_detector():
+    last = []
+    for s in range(4):
+        torch.manual_seed(s)
+        model, images = small_cnn(), smooth_images(4)
+        result = metrics.smooth_model_randomisation(explain.GradCAM(model), images, n_samples=3, seed=s)
+        # From the input up by default: the first convolution, the second, then the head.
+        assert result.step_labels == ("0", "2", "6") and result.metric == "smooth-randomisation"
+        close(result.values, result.curves["spearman"].mean(1))
+        close(result.extra["spearman_last"], result.curves["spearman"][:, -1])
+        assert result.higher_is_better is False
+        last.append(result.extra["spearman_last"])
+        # A map that ignores the model survives: the same noise for every state, the same average.
+        edges = metrics.smooth_model_randomisation(MapExplainer(model, sobel), images, n_samples=3, seed=s)
+        close(edges.curves["spearman"], torch.ones(4, 3))
+    assert abs(torch.stack(last).mean().item()) < 0.3, torch.stack(last)
+
+
+def test_smooth_model_randomisation_of_one_sample_is_model_randomisation():
+    torch.manual_seed(0)
+    model, images = small_cnn(width=8), smooth_images(3, 16)
+    cam = explain.GradCAM(model)
+    explanation = cam(images)
+    plain = metrics.model_randomisation(cam, images, explanation)
+    one = metrics.smooth_model_randomisation(cam, images, explanation, n_samples=1, order="top_down")
+    assert one.step_labels == plain.step_labels == ("6", "2", "0")
+    close(one.curves["spearman"], plain.curves["spearman"])
+    bottom_up = metrics.smooth_model_randomisation(cam, images, explanation, n_samples=1, checkpoints=2)
+    assert bottom_up.step_labels == ("0", "6")
+    with pytest.raises(ValueError, match="unknown order 'up'; use one of top_down, bottom_up"):
+        metrics.smooth_model_randomisation(cam, images, explanation, order="up")
+
+
+@pytest.mark.parametrize("metric", ["smooth", "efficient"])
+def test_smooth_and_efficient_randomisation_restore_the_model_also_after_an_error(metric):
+    run = {"smooth": lambda e, x, **kw: metrics.smooth_model_randomisation(e, x, n_samples=2, **kw),
+           "efficient": metrics.efficient_model_randomisation}[metric]
+    model, images = model_with_state(), smooth_images(2, 16)
+    state = ModelState(model)
+    result = run(explain.GradCAM(model), images)
+    state.assert_unchanged()
+    cam = explain.GradCAM(model)
+    # Fail inside the cascade: after the explanation (and for Smooth MPRT the 2 x 2 noisy
+    # copies of the original), at the second image with the first layer(s) randomised.
+    fail_on_call = {"smooth": 7, "efficient": 3}[metric]
+    failing = MapExplainer(model, lambda images, targets: cam(images, targets).maps, fail_on_call=fail_on_call)
+    with pytest.raises(RuntimeError, match="explainer failed"):
+        run(failing, images, batch_size=1)
+    assert len(failing.calls) == fail_on_call
+    state.assert_unchanged()
+    assert hook_count(model) == 0 and torch.is_grad_enabled()
+    torch.testing.assert_close(run(explain.GradCAM(model), images).values, result.values, equal_nan=True)
+
+
+def test_efficient_model_randomisation_by_hand():
+    # The map is the target class's weights (a map that reads the model): 0 and 1 in equal
+    # parts, entropy ln 2. Randomised, they are nn.Linear's fresh weights, drawn after
+    # torch.manual_seed(seed + 1).
+    weights = torch.zeros(2, 1, 4, 4)
+    weights[0].view(-1)[::2] = 1.0
+    weights[1].view(-1)[:4] = 1.0  # 4 ones of 16: entropy of (1/4, 3/4)
+    model = linear(weights, bias=[0.0, 0.0])
+    reads_weights = MapExplainer(model, lambda images, targets: model[1].weight[targets].abs().view(-1, 4, 4))
+    images, targets = torch.rand(2, 1, 4, 4), torch.tensor([0, 1])
+    state = ModelState(model)
+    result = metrics.efficient_model_randomisation(reads_weights, images, reads_weights(images, targets), seed=7)
+    state.assert_unchanged()
+    assert len(reads_weights.calls) == 2  # the explanation, then once with every layer randomised
+    fresh = nn.Linear(16, 2)
+    torch.manual_seed(8)
+    fresh.reset_parameters()
+    from scipy.stats import entropy
+
+    before = [math.log(2), entropy([4, 12])]
+    after = [entropy(np.histogram(fresh.weight[t].detach().abs().numpy(), bins=100)[0]) for t in (0, 1)]
+    close(result.extra["entropy"], before)
+    close(result.extra["entropy_random"], after, tol=1e-5)
+    close(result.values, [(a - b) / b for a, b in zip(after, before)], tol=1e-5)
+    assert result.higher_is_better is True and result.metric == "efficient-randomisation"
+    assert (result.values > 0).all()  # random weights spread over many bins: more complex
+    # A map that ignores the model does not change: 0; a constant map has no complexity to rise from: NaN.
+    edges = MapExplainer(small_cnn(), sobel)
+    close(metrics.efficient_model_randomisation(edges, smooth_images(2, 16)).values, [0.0, 0.0])
+    flat = MapExplainer(model, lambda images, targets: torch.ones(len(images), 4, 4))
+    assert metrics.efficient_model_randomisation(flat, images).values.isnan().all()
 
 
 def test_random_logit_draws_another_class():
