@@ -83,10 +83,13 @@ def continuity(
         return translate(images, shifts[samples], images.flatten(1).amin(1))
 
     ratios = torch.empty(len(pairs.targets), len(shifts), device=pairs.images.device)
-    for part, r, moved, again in explained_neighbours(explainer, pairs, len(shifts), perturb, batch_size):
+
+    def visit(part: slice, r: Tensor, moved: Tensor, again: Explanation) -> None:
         change = (again.maps - pairs.maps[r]).flatten(1).abs().sum(1)
         distance = (moved - pairs.images[r]).flatten(1).float().norm(dim=1)
         ratios.view(-1)[part] = torch.where(distance > 0, change / distance, float("nan"))
+
+    explained_neighbours(explainer, pairs, len(shifts), perturb, batch_size, visit)
     return Score(
         metric="continuity",
         values=pairs.unflatten(largest(ratios)),

@@ -4,7 +4,7 @@ same targets, with the model's outputs for them where a metric needs those too."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -56,14 +56,15 @@ def explained_neighbours(
     n_samples: int,
     perturb: Callable[[Tensor, list[int]], Tensor],
     batch_size: int | None,
-) -> Iterator[tuple[slice, Tensor, Tensor, Explanation]]:
-    """``n_samples`` neighbours of each pair's image, ``perturb(images, samples)`` making
-    them (neighbour ``s`` of image ``i`` is row ``i * n_samples + s``), explained again for
-    the pair's target ``batch_size`` rows at a time (None: the default for the device,
-    :func:`~explain.metrics.base.explanation_batch`). Yields, per batch, its rows' slice of
-    the (M * n_samples) rows, the pairs they belong to, the neighbours and their
-    explanation. The call's progress counts the explanations; Ctrl-C stops it between two
-    batches."""
+    visit: Callable[[slice, Tensor, Tensor, Explanation], None],
+) -> None:
+    """Make ``n_samples`` neighbours of each pair's image with ``perturb(images, samples)``
+    (neighbour ``s`` of pair ``i`` is row ``i * n_samples + s``), explain them again for the
+    pair's target ``batch_size`` rows at a time (None: the default for the device,
+    :func:`~explain.metrics.base.explanation_batch`), and hand each batch to ``visit``: its
+    rows' slice of the (M * n_samples) rows, the pairs they belong to, the neighbours and
+    their explanation. The call's progress counts the explanations; Ctrl-C stops it between
+    two batches."""
     n_samples = positive_int("n_samples", n_samples)
     m, device = len(pairs.targets), pairs.images.device
     rows = torch.arange(m, device=device).repeat_interleave(n_samples)
@@ -71,7 +72,7 @@ def explained_neighbours(
         for part in chunks(m * n_samples, explanation_batch(batch_size, device)):
             r = rows[part]
             neighbours = perturb(pairs.images[r], [i % n_samples for i in range(part.start, part.stop)])
-            yield part, r, neighbours, explainer(neighbours, pairs.targets[r])
+            visit(part, r, neighbours, explainer(neighbours, pairs.targets[r]))
             explained.advance(len(r))
 
 

@@ -50,8 +50,11 @@ def sensitivity(
         explanation = explainer(images, targets)
     pairs = pairs_of(explainer.model, images, explanation, targets)
     distances = torch.empty(len(pairs.targets), n_samples, device=pairs.images.device)
-    for part, r, _, again in explained_neighbours(explainer, pairs, n_samples, perturb, batch_size):
+
+    def visit(part: slice, r: Tensor, neighbours: Tensor, again: Explanation) -> None:
         distances.view(-1)[part] = (again.maps - pairs.maps[r]).flatten(1).norm(dim=1)
+
+    explained_neighbours(explainer, pairs, n_samples, perturb, batch_size, visit)
     if normalise:
         distances = distances / pairs.maps.flatten(1).norm(dim=1, keepdim=True).clamp_min(1e-12)
     return Score(
@@ -103,9 +106,12 @@ def local_lipschitz_estimate(
         explanation = explainer(images, targets)
     pairs = pairs_of(explainer.model, images, explanation, targets)
     ratios = torch.empty(len(pairs.targets), n_samples, device=pairs.images.device)
-    for part, r, neighbours, again in explained_neighbours(explainer, pairs, n_samples, perturb, batch_size):
+
+    def visit(part: slice, r: Tensor, neighbours: Tensor, again: Explanation) -> None:
         moved = (neighbours - pairs.images[r]).flatten(1).float().norm(dim=1)
         ratios.view(-1)[part] = (again.maps - pairs.maps[r]).flatten(1).norm(dim=1) / moved
+
+    explained_neighbours(explainer, pairs, n_samples, perturb, batch_size, visit)
     return Score(
         metric="local-lipschitz-estimate",
         values=pairs.unflatten(ratios.amax(1)),

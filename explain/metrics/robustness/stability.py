@@ -57,12 +57,14 @@ def _stability(metric: str, explainer: Explainer, setting: _Setting, change: Cha
     ||(e_x - e_x') / e_x|| / max(change, eps)."""
     pairs, eps = setting.pairs, setting.eps
     ratios = torch.empty(len(pairs.targets), setting.n_samples, device=pairs.images.device)
-    neighbourhood = explained_neighbours(explainer, pairs, setting.n_samples, setting.perturb, setting.batch_size)
-    for part, r, neighbours, again in neighbourhood:
+
+    def visit(part: slice, r: Tensor, neighbours: Tensor, again: Explanation) -> None:
         moved, logits = change(r, neighbours, again)
         ratio = relative_change(pairs.maps[r], again.maps, eps) / moved.clamp_min(eps)
         kept = logits.argmax(1) == setting.original[r].argmax(1)
         ratios.view(-1)[part] = torch.where(kept, ratio, float("nan"))
+
+    explained_neighbours(explainer, pairs, setting.n_samples, setting.perturb, setting.batch_size, visit)
     return Score(
         metric=metric,
         values=pairs.unflatten(largest(ratios)),
