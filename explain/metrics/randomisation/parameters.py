@@ -170,7 +170,7 @@ def efficient_model_randomisation(
     Repair the Model Parameter Randomisation Test", XAI in Action workshop, NeurIPS 2023
     (Quantus's EfficientMPRT). Instead of comparing maps layer by layer with a similarity
     measure, eMPRT compares the map's complexity H, the entropy of its histogram of
-    ``bins`` equal bins (:func:`~explain.metrics.randomisation.histogram_entropy`, 100 as in
+    ``bins`` equal bins (``explain.metrics.randomisation.histogram_entropy``, 100 as in
     the paper), before and after randomising the whole model: the relative rise
     (H(e_random) - H(e)) / H(e). A map that explains the model turns to noise, and its
     entropy rises, when the model is random; NaN where the original map is constant (H = 0).

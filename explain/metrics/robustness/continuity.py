@@ -63,13 +63,15 @@ def continuity(
     max over x' != x of ||R(x) - R(x')||_1 / ||x - x'||_2,
     R the map (``Explanation.maps``) of the same target, re-explained by ``explainer`` at
     x', ||x - x'|| over every input value. As Quantus 0.6 (Continuity), the x' are the
-    image translated horizontally by the shifts of :func:`translations` (``steps`` of them
-    from about -W to +W pixels, 28 by default: 27 explanations per image at 224 px), the
+    image translated horizontally by ``steps`` shifts of (2W + 1) // ``steps`` pixels from
+    about -W to +W (28 by default: 27 explanations per image at 224 px), the
     uncovered columns filled with the image's minimum; x' = x is left out (the paper's
     x' != x: Quantus's shift 0 would divide a rounding difference by 1e-9). The map is
     compared as the explainer scales it: Quantus takes its absolute value and divides it by
-    the batch's largest value first (give it ``abs=False, normalise=False``). Older Quantus
-    versions (up to 0.5) measured continuity otherwise, by correlating patch sums.
+    the batch's largest value first (give it ``abs=False, normalise=False``). Earlier Quantus
+    versions returned, per translation, each patch's sum of the map and the model's score,
+    and scored the correlation of the two curves, by their own account an addition to the
+    paper's method; 0.6 and explain compute the paper's quantity.
 
     ``curves["continuity"]`` (N, S) holds the ratio at each shift (``steps``, in pixels;
     NaN where the shift leaves the image unchanged), ``values`` its largest.

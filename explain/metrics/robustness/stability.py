@@ -202,7 +202,7 @@ def relative_representation_stability(
     (arXiv:2203.06877), the RRS definition:
     RRS(x) = max over x' of ||(e_x - e_x') / e_x||_2 / max(||(L_x - L_x') / L_x||_2, eps),
     L the output of ``layer`` (a name or a module; by default the layer Grad-CAM explains,
-    :func:`~explain.layers.find_target_layer`: the last spatial one of a CNN), flattened,
+    ``explain.layers.find_target_layer``: the last spatial one of a CNN), flattened,
     over the neighbours x' that keep the class, drawn and compared as in
     :func:`relative_input_stability`. The representation is read by a forward hook (the
     hook engine's :class:`~explain.hooks.LayerCapture`, no hook left behind), one extra
