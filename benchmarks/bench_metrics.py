@@ -2,7 +2,7 @@
 Quantus on the same work, in one run.
 
     .venv/bin/python benchmarks/bench_metrics.py [--repeats 3] [--slow-repeats 1] [--step 896]
-        [--batch-size N] [--layers 0] [--only TEXT,TEXT] [--no-quantus] [--device cpu]
+        [--batch-size N] [--layers 0] [--smooth-samples 50] [--only TEXT,TEXT] [--no-quantus] [--device cpu]
 
 Setting: torchvision resnet18 with random weights (seed 0, eval mode), 8 images at 224x224
 (the 4 photos of data/images, resized to 256, centre-cropped to 224, ImageNet-normalised,
@@ -106,6 +106,9 @@ class Case:
     #: For IROF: SLIC alone, timed beside the others.
     slic: object | None = None
     work: str = "none"
+    #: The metric runs the model itself too (besides the explainer): bare replays those
+    #: forward passes as well (the explainer's model is wrapped in a RecordingModel).
+    forwards: bool = False
 
 
 def load_images(device: str, size: int = 224) -> torch.Tensor:
@@ -250,6 +253,75 @@ def build_cases(args, model, x, explanation, cam) -> list[Case]:
                                  + " The default (10 checkpoints) explains 10 times instead."]))
         cases.append(Case("model_randomisation, default", lambda ex: metrics.model_randomisation(ex, x, explanation, **bs),
                           "explainer"))
+    if want("local_lipschitz"):
+        lle_q = (quantus.LocalLipschitzEstimate(nr_samples=10, perturb_std=0.1, normalise=False)
+                 if quantus else None)
+        cases.append(Case("local_lipschitz_estimate",
+                          lambda ex: metrics.local_lipschitz_estimate(ex, x, explanation, n_samples=10, **bs),
+                          "explainer", q(lle_q, model=model, a_batch=aq, explain_func=gradcam_numpy),
+                          notes=["local_lipschitz_estimate: 10 neighbours, ours uniform in the L-inf ball of 0.1, "
+                                 "Quantus Gaussian of std 0.1 (its default noise; 10 samples instead of its 200), "
+                                 "normalise=False (the paper's scale)."]))
+    if want("continuity"):
+        cont_q = quantus.Continuity(nr_steps=28, abs=False, normalise=False) if quantus else None
+        cases.append(Case("continuity", lambda ex: metrics.continuity(ex, x, explanation, **bs), "explainer",
+                          q(cont_q, model=model, a_batch=aq, explain_func=gradcam_numpy), slow=True,
+                          notes=["continuity: 28 horizontal shifts of 16 px, both; ours leaves out the shift 0 "
+                                 "(27 explanations per image), Quantus explains all 28 and the image once more."]))
+    stabilities = (("relative_input_stability", metrics.relative_input_stability, "RelativeInputStability", {}),
+                   ("relative_output_stability", metrics.relative_output_stability, "RelativeOutputStability", {}),
+                   ("relative_representation_stability", metrics.relative_representation_stability,
+                    "RelativeRepresentationStability", {"layer_names": ["layer4.1"]}))
+    for name, fn, q_name, q_options in stabilities:
+        if want(name):
+            stab_q = getattr(quantus, q_name)(nr_samples=10, **q_options) if quantus else None
+            cases.append(Case(name, lambda ex, fn=fn: fn(ex, x, explanation, n_samples=10, **bs), "explainer",
+                              q(stab_q, model=model, a_batch=aq, explain_func=gradcam_numpy),
+                              forwards=name == "relative_representation_stability",
+                              notes=[f"{name}: 10 neighbours, both (ours uniform in [-0.1, 0.1], Quantus its "
+                                     "default uniform [0.02, 0.2]); Quantus runs the model on the images and on "
+                                     "every neighbour besides explaining them, to find changed classes"
+                                     + ("; the representation is layer4's output in both (Quantus skips "
+                                        "Sequential modules: it is given layer4.1, the same tensor; ours reads it "
+                                        "with one forward per neighbour, which bare replays)."
+                                        if "representation" in name else ".")]))
+    if want("smooth_model_randomisation"):
+        all_layers = randomisable_layers(model, x)
+        layers = all_layers if args.layers <= 0 else all_layers[:args.layers]
+        samples = args.smooth_samples
+        smooth_q = None
+        if quantus is not None:
+            smprt = quantus.SmoothMPRT(nr_samples=samples, noise_magnitude=0.1)
+            run_smprt = q(smprt, model=model, a_batch=aq, explain_func=gradcam_numpy)
+
+            def gradcam_float32(model, inputs, targets, **kwargs):  # its noise is float64
+                return gradcam_numpy(model, np.asarray(inputs, dtype=np.float32), targets)
+
+            def smooth_q():  # Quantus's SmoothMPRT explains with quantus.explain: ours, as its explain_func
+                explain_before, quantus.explain = quantus.explain, gradcam_float32
+                try:
+                    return run_smprt()
+                finally:
+                    quantus.explain = explain_before
+        cases.append(Case("smooth_model_randomisation",
+                          lambda ex: metrics.smooth_model_randomisation(ex, x, explanation, n_samples=samples,
+                                                                        layers=layers, checkpoints=None, **bs),
+                          "explainer", smooth_q, slow=True, quantus_per=len(all_layers) + 1,
+                          ours_per=len(layers) + 1,
+                          notes=[f"smooth_model_randomisation: {samples} noisy copies per map (the paper's 50 in "
+                                 f"the default), bottom up; ours randomises {len(layers)} of {len(all_layers)} layers "
+                                 f"and smooths the original too ({len(layers) + 1} smoothed explanations), Quantus "
+                                 f"all {len(all_layers)} and the original ({len(all_layers) + 1}); Quantus / ours "
+                                 "compares the time per smoothed explanation. Quantus calls quantus.explain, here "
+                                 "replaced by the same Grad-CAM (its float64 noisy copies cast to float32)."]))
+    if want("efficient_model_randomisation"):
+        cases.append(Case("efficient_model_randomisation",
+                          lambda ex: metrics.efficient_model_randomisation(ex, x, explanation, **bs), "explainer",
+                          q(quantus.EfficientMPRT() if quantus else None, model=model, a_batch=aq,
+                            explain_func=gradcam_numpy),
+                          notes=["efficient_model_randomisation: every layer randomised, one explanation per image "
+                                 "and the entropy of 100-bin histograms, both; Quantus explains the intact model "
+                                 "again (2 explanations) and deep-copies the model."]))
     if want("random_logit"):
         cases.append(Case("random_logit", lambda ex: metrics.random_logit(ex, x, explanation, **bs), "explainer",
                           q(quantus.RandomLogit(num_classes=1000) if quantus else None, model=model, a_batch=aq,
@@ -300,14 +372,21 @@ def with_bare(case: Case, model, cam):
         return bare
     if case.needs == "explainer":
         recording = RecordingExplainer(cam)
+        if case.forwards:
+            recording.model = RecordingModel(model)
         case.run(recording)
         calls = recording.calls
+        forwards = recording.model.batches if case.forwards else []
         case.work = (f"{sum(len(i) for i, _ in calls)} explanations ({len(calls)} call{'s' * (len(calls) > 1)}, batches of "
-                     f"{'/'.join(sorted({str(len(i)) for i, _ in calls}, key=int, reverse=True))})")
+                     f"{'/'.join(sorted({str(len(i)) for i, _ in calls}, key=int, reverse=True))})"
+                     + (f" + {sum(len(b) for b in forwards)} fw" if forwards else ""))
 
         def bare():
             for images, targets in calls:
                 cam(images, targets)
+            with torch.inference_mode():
+                for batch in forwards:
+                    model(batch)
         return bare
     return None
 
@@ -330,6 +409,8 @@ def main() -> None:
     parser.add_argument("--slow-repeats", type=int, default=1)
     parser.add_argument("--step", type=int, default=224 * 4, help="pixels per step of deletion and insertion")
     parser.add_argument("--layers", type=int, default=0, help="randomise only the top N layers (0: all 41)")
+    parser.add_argument("--smooth-samples", type=int, default=50,
+                        help="noisy copies per map of smooth_model_randomisation (the paper's 50)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help="batch_size for every metric (default: each metric's own default)")
     parser.add_argument("--only", default="", help="run the metrics whose name contains one of these comma-separated texts")

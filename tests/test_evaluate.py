@@ -334,3 +334,16 @@ def test_evaluate_scores_in_halves_when_the_device_runs_out_of_memory(tmp_path, 
     assert all(0 <= float(r["value"]) <= 1 for r in rows)
     assert 4 in sizes and 2 in sizes and sizes.count(1) >= 4
     assert read_csv(out / "failures.csv") == []
+
+
+def test_evaluate_runs_the_robustness_and_randomisation_metrics_of_issue_30(tmp_path, capsys):
+    # One photo, Grad-CAM, two of the metrics that explain again: 1 + 10 explanations for the
+    # local Lipschitz estimate, 1 for Efficient MPRT (with the bundled model randomised and put back).
+    out = tmp_path / "out"
+    assert main(["evaluate", str(PHOTOS / "coffee.png"), "--out", str(out), "--methods", "gradcam",
+                 "--metrics", "local-lipschitz-estimate,efficient-randomisation"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["method", "local-lipschitz-estimate", "↓", "efficient-randomisation", "↑"]
+    rows = {r["metric"]: float(r["value"]) for r in read_csv(out / "scores.csv")}
+    assert list(rows) == ["local-lipschitz-estimate", "efficient-randomisation"]
+    assert rows["local-lipschitz-estimate"] > 0 and math.isfinite(rows["efficient-randomisation"])

@@ -26,7 +26,10 @@ from conftest import ModelState, hook_count
 from explain import Explanation, metrics
 from explain.hooks import preserved_state
 from explain.metrics import registry
-from explain.metrics.randomisation import spearman, ssim
+from explain.metrics.base import draws
+from explain.metrics.randomisation import histogram_entropy, spearman, ssim
+from explain.metrics.randomisation.cascade import smoothed_maps
+from explain.metrics.robustness.continuity import translations
 
 X = torch.arange(1.0, 17.0).view(1, 1, 4, 4)
 
@@ -552,6 +555,239 @@ def test_an_image_scores_the_same_alone_and_in_a_batch_with_random_draws():
     torch.testing.assert_close(second.values[1:], alone.values)
 
 
+# --- local Lipschitz estimate, continuity, relative stability ------------------------
+
+
+def recorded_neighbours(explainer, images, n_samples):
+    """The neighbours the metric explained, (N, n_samples, ...), from the explainer's calls."""
+    return torch.cat([batch for batch, _ in explainer.calls]).view(len(images), n_samples, *images.shape[1:])
+
+
+def test_local_lipschitz_estimate_of_a_linear_map_by_hand():
+    # Phi(x) = 3 x on one-channel images: ||Phi(x) - Phi(x')|| / ||x - x'|| = 3 for every x'.
+    explainer = MapExplainer(small_linear(channels=1), lambda images, targets: 3 * images[:, 0])
+    images = torch.rand(2, 1, 4, 4)
+    result = metrics.local_lipschitz_estimate(explainer, images, n_samples=4)
+    close(result.values, [3.0, 3.0])
+    close(result.extra["average"], [3.0, 3.0])
+    assert result.higher_is_better is False and result.metric == "local-lipschitz-estimate"
+    # A constant map does not move: 0.
+    constant = MapExplainer(small_linear(), lambda images, targets: torch.ones(len(images), 4, 4))
+    close(metrics.local_lipschitz_estimate(constant, torch.rand(2, 3, 4, 4)).values, [0.0, 0.0])
+
+
+@pytest.mark.parametrize("noise", ["uniform", "normal"])
+def test_local_lipschitz_estimate_of_a_square_by_hand(noise):
+    # Phi(x) = x_0 ** 2 (the first of three channels): the ratio is ||(x'_0)^2 - x_0^2|| / ||x' - x||,
+    # the norm below over all three channels; the largest over the draws.
+    explainer = MapExplainer(small_linear(), lambda images, targets: images[:, 0] ** 2)
+    images = torch.rand(2, 3, 4, 4)
+    explanation = explainer(images)
+    explainer.calls.clear()
+    result = metrics.local_lipschitz_estimate(explainer, images, explanation, radius=0.3, noise=noise, n_samples=6,
+                                              batch_size=5)
+    assert [len(batch) for batch, _ in explainer.calls] == [5, 5, 2]
+    neighbours = recorded_neighbours(explainer, images, 6)
+    offsets = neighbours - images[:, None]
+    if noise == "uniform":  # the L-inf ball of radius 0.3, used
+        assert offsets.abs().max() <= 0.3 + 1e-6 and offsets.abs().max() > 0.25
+    else:  # N(0, 0.3^2): 576 values
+        assert abs(offsets.std().item() - 0.3) < 0.05 and abs(offsets.mean().item()) < 0.05
+    ratios = ((neighbours[:, :, 0] ** 2 - images[:, None, 0] ** 2).flatten(2).norm(dim=2)
+              / offsets.flatten(2).norm(dim=2))
+    close(result.values, ratios.amax(1))
+    close(result.extra["average"], ratios.mean(1))
+    torch.testing.assert_close(offsets[0], offsets[1])  # draw s is the same for every image
+
+
+def translated_by_hand(image, shift):
+    """A loop reference: ``image`` (C, H, W) moved ``shift`` columns right, the rest its minimum."""
+    out = torch.full_like(image, image.min().item())
+    width = image.shape[-1]
+    for column in range(width):
+        if 0 <= column - shift < width:
+            out[..., column] = image[..., column - shift]
+    return out
+
+
+def test_continuity_by_hand():
+    # R(x) = x's first channel: ||R(x) - R(x')||_1 / ||x - x'||_2, with x' the image moved
+    # sideways by each shift and filled with the image's minimum.
+    explainer = MapExplainer(small_linear(channels=2, size=6), lambda images, targets: images[:, 0])
+    images = torch.rand(2, 2, 6, 6)
+    explanation = explainer(images)
+    explainer.calls.clear()
+    result = metrics.continuity(explainer, images, explanation, steps=4)
+    # 13 // 4 = 3 pixels a step from -6 + 3: -3, 0 (left out), 3, 6.
+    assert translations(6, 4) == [-3, 3, 6]
+    close(result.steps, [-3, 3, 6])
+    moved = recorded_neighbours(explainer, images, 3)
+    expected = []
+    for i in range(2):
+        row = []
+        for j, shift in enumerate((-3, 3, 6)):
+            by_hand = translated_by_hand(images[i], shift)
+            close(moved[i, j], by_hand, tol=0)
+            row.append((by_hand[0] - images[i, 0]).abs().sum() / (by_hand - images[i]).norm())
+        expected.append(row)
+    close(result.curves["continuity"], expected)
+    close(result.values, torch.tensor(expected).amax(1))
+    assert result.higher_is_better is False and result.metric == "continuity"
+    # A constant map is perfectly continuous; an image the shifts leave unchanged (constant)
+    # has no x' != x: NaN.
+    constant = MapExplainer(small_linear(channels=2, size=6), lambda images, targets: torch.ones(len(images), 6, 6))
+    close(metrics.continuity(constant, images, steps=4).values, [0.0, 0.0])
+    flat = metrics.continuity(explainer, torch.full((1, 2, 6, 6), 0.5), steps=4)
+    assert flat.values.isnan().all()
+    with pytest.raises(ValueError, match=r"steps must be at most 2 \* width \+ 1 = 13"):
+        metrics.continuity(explainer, images, steps=14)
+
+
+def test_relative_stability_of_a_constant_map_is_zero():
+    constant = MapExplainer(small_linear(), lambda images, targets: torch.ones(len(images), 4, 4))
+    images = torch.rand(2, 3, 4, 4)
+    for metric in (metrics.relative_input_stability, metrics.relative_output_stability,
+                   metrics.relative_representation_stability):
+        options = {"layer": "1"} if metric is metrics.relative_representation_stability else {}
+        result = metric(constant, images, n_samples=3, **options)
+        close(result.values, [0.0, 0.0])
+        assert result.higher_is_better is False
+
+
+def test_relative_input_stability_by_hand():
+    # e = x (one channel, values in [0.5, 1.5): no zeros): the map's relative change is the
+    # input's, so RIS = 1 wherever the class holds. A model that reads pixel 0 against a
+    # threshold changes its class for some neighbours: they are left out.
+    model = linear([[[[1.0] + [0.0] * 15]], [[[0.0] * 16]]], bias=[-1.0, 0.0])  # class 0 iff pixel 0 > 1
+    explainer = MapExplainer(model, lambda images, targets: images[:, 0])
+    images = torch.rand(3, 1, 4, 4) + 0.5
+    images[:, 0, 0, 0] = torch.tensor([1.03, 1.4, 0.6])  # near the threshold, above, below
+    explanation = explainer(images)
+    explainer.calls.clear()
+    result = metrics.relative_input_stability(explainer, images, explanation, radius=0.1, n_samples=8)
+    neighbours = recorded_neighbours(explainer, images, 8)
+    kept = (neighbours[:, :, 0, 0, 0] > 1) == (images[:, None, 0, 0, 0] > 1)
+    close(result.extra["kept"], kept.sum(1))
+    assert 0 < kept[0].sum() < 8 and kept[1:].all()
+    close(result.values, [1.0, 1.0, 1.0])
+    # Another map: e = x ** 2, so (e - e') / e = 1 - (x'/x)^2 against (x - x') / x = 1 - x'/x.
+    square = MapExplainer(model, lambda images, targets: images[:, 0] ** 2)
+    found = metrics.relative_input_stability(square, images, radius=0.1, n_samples=8)
+    ratio = ((1 - (neighbours / images[:, None]) ** 2).flatten(2).norm(dim=2)
+             / (1 - neighbours / images[:, None]).flatten(2).norm(dim=2))
+    close(found.values, torch.where(kept, ratio, -1.0).amax(1), tol=1e-4)
+    # Every neighbour changes the class (class 0 only where pixel 0 is exactly 1): NaN.
+    peak = MapExplainer(Peak(), lambda images, targets: images[:, 0])
+    flipped = metrics.relative_input_stability(peak, torch.ones(1, 1, 4, 4), n_samples=4)
+    assert flipped.values.isnan().all() and flipped.extra["kept"].tolist() == [0.0]
+
+
+class Peak(nn.Module):
+    """Class 0 where pixel 0 is exactly 1, else class 1."""
+
+    def forward(self, x):
+        off = (x[:, 0, 0, 0] - 1).abs()
+        return torch.stack([-off, torch.full_like(off, -1e-6)], 1)
+
+
+def test_relative_stability_where_the_map_or_the_input_is_zero_takes_eps():
+    # A zero of e_x (or of x) is replaced by eps: the change there counts 1 / eps-fold.
+    model = small_linear(channels=1)
+    explainer = MapExplainer(model, lambda images, targets: images[:, 0] * (images[:, 0] > 0.5))
+    images = torch.rand(1, 1, 4, 4) * 0.4 + 0.55  # every pixel > 0.5: no zero in the map
+    images[0, 0, 0, 0] = 0.45  # one zero in the map, which noise of 0.1 may lift
+    explanation = explainer(images)
+    explainer.calls.clear()
+    result = metrics.relative_input_stability(explainer, images, explanation, radius=0.1, n_samples=6, eps=1e-3)
+    neighbours = recorded_neighbours(explainer, images, 6)[0]
+    e, again = explanation.maps[0], explainer.fn(neighbours, None)
+    numerator = ((e - again) / torch.where(e == 0, 1e-3, e)).flatten(1).norm(dim=1)
+    denominator = ((images[0] - neighbours) / images[0]).flatten(1).norm(dim=1)
+    keep = model(neighbours).argmax(1) == model(images).argmax(1)
+    close(result.values, torch.where(keep, numerator / denominator, -1.0).max(), tol=1e-4)
+
+
+def test_relative_output_stability_by_hand():
+    # h = W x: ROS = max ||(e - e') / e|| / ||W (x - x')||, over the neighbours keeping the class.
+    model = small_linear(channels=1, classes=3)
+    explainer = MapExplainer(model, lambda images, targets: images[:, 0] ** 2)
+    images = torch.rand(2, 1, 4, 4) + 0.5
+    explanation = explainer(images)
+    explainer.calls.clear()
+    result = metrics.relative_output_stability(explainer, images, explanation, n_samples=5)
+    neighbours = recorded_neighbours(explainer, images, 5)
+    with torch.no_grad():
+        logits = model(neighbours.flatten(0, 1)).view(2, 5, 3)
+        original = model(images)
+    numerator = (1 - (neighbours[:, :, 0] / images[:, None, 0]) ** 2).flatten(2).norm(dim=2)
+    ratio = numerator / (logits - original[:, None]).norm(dim=2)
+    kept = logits.argmax(2) == original.argmax(1)[:, None]
+    close(result.values, torch.where(kept, ratio, -1.0).amax(1), tol=1e-4)
+    close(result.extra["kept"], kept.sum(1))
+    # The logits come from the explanations, without forward passes of the metric's own.
+    rows = []
+    handle = model.register_forward_hook(lambda module, args, output: rows.append(len(output)))
+    metrics.relative_output_stability(explainer, images, explanation, n_samples=5)
+    handle.remove()
+    assert sum(rows) == 10  # the explainer's own, one per neighbour
+
+
+def test_relative_representation_stability_by_hand():
+    # L = relu(conv(x)), a layer's output: RRS = max ||(e - e') / e|| / ||(L - L') / L||.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(32, 3)).eval()
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([1.0, 2.0]).view(2, 1, 1, 1))
+        model[0].bias.copy_(torch.tensor([0.1, -0.2]))
+    explainer = MapExplainer(model, lambda images, targets: images[:, 0] ** 2)
+    images = torch.rand(2, 1, 4, 4) + 0.5
+    explanation = explainer(images)
+    explainer.calls.clear()
+    state = ModelState(model)
+    result = metrics.relative_representation_stability(explainer, images, explanation, layer="1", n_samples=5)
+    state.assert_unchanged()
+    neighbours = recorded_neighbours(explainer, images, 5)
+    with torch.no_grad():
+        before = model[:2](images).flatten(1)[:, None]
+        after = model[:2](neighbours.flatten(0, 1)).view(2, 5, -1)
+        kept = model(neighbours.flatten(0, 1)).view(2, 5, 3).argmax(2) == model(images).argmax(1)[:, None]
+    numerator = (1 - (neighbours[:, :, 0] / images[:, None, 0]) ** 2).flatten(2).norm(dim=2)
+    ratio = numerator / ((before - after) / before).norm(dim=2)
+    close(result.values, torch.where(kept, ratio, -1.0).amax(1), tol=1e-4)
+    # By default, the layer Grad-CAM explains: here the ReLU, the last spatial layer.
+    close(metrics.relative_representation_stability(explainer, images, explanation, n_samples=5).values,
+          result.values)
+    with pytest.raises(ValueError, match="reads one layer"):
+        metrics.relative_representation_stability(explainer, images, explanation, layer=["0", "1"])
+    with pytest.raises(ValueError, match="no layer named 'conv'"):
+        metrics.relative_representation_stability(explainer, images, explanation, layer="conv")
+
+
+@pytest.mark.parametrize("name", ["local-lipschitz-estimate", "continuity", "relative-input-stability",
+                                  "relative-output-stability", "relative-representation-stability"])
+def test_robustness_metrics_are_seeded_batch_free_and_leave_the_model_alone(name):
+    model, images = model_with_state(), smooth_images(3, 16)
+    state = ModelState(model)
+    cam = explain.GradCAM(model)
+    explanation = cam(images)
+    options = {"continuity": {"steps": 4}}.get(name, {"n_samples": 3})
+    run = lambda batch_size, x=images, e=explanation: metrics.compute(name, cam, x, e, batch_size=batch_size,
+                                                                      **options)
+    one, many = run(1), run(64)
+    torch.testing.assert_close(one.values, many.values, rtol=1e-4, atol=1e-5, equal_nan=True)
+    state.assert_unchanged()
+    # An image scores the same alone as second in a batch (a score of a few draws may be NaN).
+    alone = run(None, images[1:2], Explanation(explanation.maps[1:2], {}, explanation.logits[1:2],
+                                               explanation.targets[1:2], "gradcam"))
+    torch.testing.assert_close(alone.values, many.values[1:2], rtol=1e-4, atol=1e-5, equal_nan=True)
+    with torch.no_grad():
+        torch.testing.assert_close(run(None).values, many.values, rtol=1e-4, atol=1e-5, equal_nan=True)
+    assert hook_count(model) == 0 and torch.is_grad_enabled()
+    if name != "continuity":
+        assert not torch.equal(metrics.compute(name, cam, images, explanation, seed=1, **options).values.nan_to_num(),
+                               many.values.nan_to_num())
+
+
 # --- randomisation ----------------------------------------------------------------------
 
 
@@ -635,6 +871,126 @@ def test_model_randomisation_restores_the_model_also_after_an_error(training):
     assert hook_count(model) == 0 and torch.is_grad_enabled()
     # The same numbers again: nothing of the failed run was left behind.
     close(metrics.model_randomisation(explain.GradCAM(model), images).values, result.values)
+
+
+def test_histogram_entropy_matches_numpy_and_scipy():
+    from scipy.stats import entropy
+
+    maps = torch.rand(4, 9, 9)
+    maps[1] = torch.randint(0, 11, (9, 9)) / 10  # values on the edges of 10 bins over [0, 1]
+    maps[2] = -maps[2] ** 3  # negative, skewed
+    maps[3] = 0.25  # constant: numpy widens the range to [-0.25, 0.75], one bin filled
+    for bins in (10, 100, 7):
+        expected = [entropy(np.histogram(m, bins=bins)[0]) for m in maps.numpy()]
+        close(histogram_entropy(maps, bins), expected, tol=1e-6)
+    close(histogram_entropy(maps[3:], 10), [0.0])
+    # Two values, half and half: ln 2, whatever the number of bins.
+    two = torch.tensor([[[0.0, 1.0], [1.0, 0.0]]])
+    close(histogram_entropy(two, 100), [math.log(2)])
+
+
+def test_smoothed_maps_average_noisy_copies_and_the_image_itself():
+    explainer = MapExplainer(small_linear(channels=2), lambda images, targets: images[:, 0] * 2)
+    images = torch.rand(2, 2, 4, 4) * torch.tensor([1.0, 3.0]).view(2, 1, 1, 1)  # ranges about 1 and 3
+    targets = torch.tensor([0, 1])
+    smooth = smoothed_maps(explainer, images, targets, n_samples=4, noise=0.1, seed=5, batch_size=3)
+    assert [len(batch) for batch, _ in explainer.calls] == [3, 3, 2]
+    copies = recorded_neighbours(explainer, images, 4)
+    assert torch.equal(torch.cat([t for _, t in explainer.calls]), targets.repeat_interleave(4))
+    spread = 0.1 * (images.flatten(1).amax(1) - images.flatten(1).amin(1))
+    for s in range(3):  # Gaussian, of standard deviation 0.1 x the image's range; draw s the same for both
+        expected = draws(5, [s], images.shape[1:], images.device, normal=True)[0]
+        for i in range(2):
+            close(copies[i, s] - images[i], expected * spread[i], tol=1e-5)
+    close(copies[:, 3], images, tol=0)  # the last copy is the image itself
+    close(smooth, (copies[:, :, 0] * 2).mean(1))
+
+
+def test_smooth_model_randomisation_of_grad_cam_and_of_an_edge_detector():
+    last = []
+    for s in range(4):
+        torch.manual_seed(s)
+        model, images = small_cnn(), smooth_images(4)
+        result = metrics.smooth_model_randomisation(explain.GradCAM(model), images, n_samples=3, seed=s)
+        # From the input up by default: the first convolution, the second, then the head.
+        assert result.step_labels == ("0", "2", "6") and result.metric == "smooth-randomisation"
+        close(result.values, result.curves["spearman"].mean(1))
+        close(result.extra["spearman_last"], result.curves["spearman"][:, -1])
+        assert result.higher_is_better is False
+        last.append(result.extra["spearman_last"])
+        # A map that ignores the model survives: the same noise for every state, the same average.
+        edges = metrics.smooth_model_randomisation(MapExplainer(model, sobel), images, n_samples=3, seed=s)
+        close(edges.curves["spearman"], torch.ones(4, 3))
+    assert abs(torch.stack(last).mean().item()) < 0.3, torch.stack(last)
+
+
+def test_smooth_model_randomisation_of_one_sample_is_model_randomisation():
+    torch.manual_seed(0)
+    model, images = small_cnn(width=8), smooth_images(3, 16)
+    cam = explain.GradCAM(model)
+    explanation = cam(images)
+    plain = metrics.model_randomisation(cam, images, explanation)
+    one = metrics.smooth_model_randomisation(cam, images, explanation, n_samples=1, order="top_down")
+    assert one.step_labels == plain.step_labels == ("6", "2", "0")
+    close(one.curves["spearman"], plain.curves["spearman"])
+    bottom_up = metrics.smooth_model_randomisation(cam, images, explanation, n_samples=1, checkpoints=2)
+    assert bottom_up.step_labels == ("0", "6")
+    with pytest.raises(ValueError, match="unknown order 'up'; use one of top_down, bottom_up"):
+        metrics.smooth_model_randomisation(cam, images, explanation, order="up")
+
+
+@pytest.mark.parametrize("metric", ["smooth", "efficient"])
+def test_smooth_and_efficient_randomisation_restore_the_model_also_after_an_error(metric):
+    run = {"smooth": lambda e, x, **kw: metrics.smooth_model_randomisation(e, x, n_samples=2, **kw),
+           "efficient": metrics.efficient_model_randomisation}[metric]
+    model, images = model_with_state(), smooth_images(2, 16)
+    state = ModelState(model)
+    result = run(explain.GradCAM(model), images)
+    state.assert_unchanged()
+    cam = explain.GradCAM(model)
+    # Fail inside the cascade: after the explanation (and for Smooth MPRT the 2 x 2 noisy
+    # copies of the original), at the second image with the first layer(s) randomised.
+    fail_on_call = {"smooth": 7, "efficient": 3}[metric]
+    failing = MapExplainer(model, lambda images, targets: cam(images, targets).maps, fail_on_call=fail_on_call)
+    with pytest.raises(RuntimeError, match="explainer failed"):
+        run(failing, images, batch_size=1)
+    assert len(failing.calls) == fail_on_call
+    state.assert_unchanged()
+    assert hook_count(model) == 0 and torch.is_grad_enabled()
+    torch.testing.assert_close(run(explain.GradCAM(model), images).values, result.values, equal_nan=True)
+
+
+def test_efficient_model_randomisation_by_hand():
+    # The map is the target class's weights (a map that reads the model): 0 and 1 in equal
+    # parts, entropy ln 2. Randomised, they are nn.Linear's fresh weights, drawn after
+    # torch.manual_seed(seed + 1).
+    weights = torch.zeros(2, 1, 4, 4)
+    weights[0].view(-1)[::2] = 1.0
+    weights[1].view(-1)[:4] = 1.0  # 4 ones of 16: entropy of (1/4, 3/4)
+    model = linear(weights, bias=[0.0, 0.0])
+    reads_weights = MapExplainer(model, lambda images, targets: model[1].weight[targets].abs().view(-1, 4, 4))
+    images, targets = torch.rand(2, 1, 4, 4), torch.tensor([0, 1])
+    state = ModelState(model)
+    result = metrics.efficient_model_randomisation(reads_weights, images, reads_weights(images, targets), seed=7)
+    state.assert_unchanged()
+    assert len(reads_weights.calls) == 2  # the explanation, then once with every layer randomised
+    fresh = nn.Linear(16, 2)
+    torch.manual_seed(8)
+    fresh.reset_parameters()
+    from scipy.stats import entropy
+
+    before = [math.log(2), entropy([4, 12])]
+    after = [entropy(np.histogram(fresh.weight[t].detach().abs().numpy(), bins=100)[0]) for t in (0, 1)]
+    close(result.extra["entropy"], before)
+    close(result.extra["entropy_random"], after, tol=1e-5)
+    close(result.values, [(a - b) / b for a, b in zip(after, before)], tol=1e-5)
+    assert result.higher_is_better is True and result.metric == "efficient-randomisation"
+    assert (result.values > 0).all()  # random weights spread over many bins: more complex
+    # A map that ignores the model does not change: 0; a constant map has no complexity to rise from: NaN.
+    edges = MapExplainer(small_cnn(), sobel)
+    close(metrics.efficient_model_randomisation(edges, smooth_images(2, 16)).values, [0.0, 0.0])
+    flat = MapExplainer(model, lambda images, targets: torch.ones(len(images), 4, 4))
+    assert metrics.efficient_model_randomisation(flat, images).values.isnan().all()
 
 
 def test_random_logit_draws_another_class():
@@ -848,7 +1204,9 @@ def test_topk_equals_one_target_at_a_time(name):
             close(value[:, j], alone.extra[key])
 
 
-@pytest.mark.parametrize("name", ["region-perturbation", "road", "sensitivity", "random-logit"])
+@pytest.mark.parametrize("name", ["region-perturbation", "road", "sensitivity", "random-logit",
+                                  "local-lipschitz-estimate", "continuity", "relative-input-stability",
+                                  "relative-representation-stability"])
 def test_topk_equals_one_target_at_a_time_with_random_draws(name):
     # The random draws (noise, the other class) belong to the image, not to its row among
     # the explained targets. (8 x 8: SSIM's window is 7 x 7.)
@@ -862,6 +1220,13 @@ def test_topk_equals_one_target_at_a_time_with_random_draws(name):
         "road": lambda e, t=None: metrics.road(model, images, e, t, percentages=(25, 50)),
         "sensitivity": lambda e, t=None: metrics.sensitivity(explainer, images, e, t, n_samples=3),
         "random-logit": lambda e, t=None: metrics.random_logit(explainer, images, e, t),
+        "local-lipschitz-estimate": lambda e, t=None: metrics.local_lipschitz_estimate(explainer, images, e, t,
+                                                                                       n_samples=3),
+        "continuity": lambda e, t=None: metrics.continuity(explainer, images, e, t, steps=4),
+        "relative-input-stability": lambda e, t=None: metrics.relative_input_stability(explainer, images, e, t,
+                                                                                       n_samples=3),
+        "relative-representation-stability": lambda e, t=None: metrics.relative_representation_stability(
+            explainer, images, e, t, layer="0", n_samples=3),
     }[name]
     together = run(explanation)
     assert together.values.shape == (2, 2)
@@ -1017,10 +1382,15 @@ def test_every_registered_metric_runs_on_resnet18():
     boxes = torch.tensor([[4, 4, 20, 20], [10, 0, 32, 16]])
     state = ModelState(model)
     assert metrics.metric_names()[:3] == ["deletion", "insertion", "average-drop"]
-    assert len(metrics.metric_names()) == 16
+    assert len(metrics.metric_names()) == 23
+    top = ["fc", "layer4.1.conv2", "layer4.0.conv1"]
     for name in metrics.metric_names():
-        options = {"randomisation": {"layers": ["fc", "layer4.1.conv2", "layer4.0.conv1"]},
-                   "sensitivity": {"n_samples": 2}}.get(name, {})
+        options = {"randomisation": {"layers": top}, "smooth-randomisation": {"layers": top, "n_samples": 2},
+                   "efficient-randomisation": {"layers": top}, "continuity": {"steps": 4}}.get(name, {})
+        if name in ("sensitivity", "local-lipschitz-estimate"):
+            options = {"n_samples": 2}
+        if name.startswith("relative-"):  # noise too small to change a class: no NaN
+            options = {"n_samples": 2, "radius": 1e-3}
         score = metrics.compute(name, cam, images, explanation, regions=boxes, **options)
         assert score.values.shape == (2,), name
         assert torch.isfinite(score.values).all(), name
@@ -1046,8 +1416,12 @@ def test_declared_columns():
         "average-drop": ["average-drop", "increase-in-confidence", "average-gain"],
         "road": ["road", "road-morf", "road-lerf"], "pixel-flipping": ["pixel-flipping"],
         "region-perturbation": ["region-perturbation"], "irof": ["irof"],
-        "sensitivity": ["sensitivity", "avg-sensitivity"], "randomisation": ["randomisation", "randomisation-ssim"],
-        "random-logit": ["random-logit"], "pointing-game": ["pointing-game"], "relevance-mass": ["relevance-mass"],
+        "sensitivity": ["sensitivity", "avg-sensitivity"], "local-lipschitz-estimate": ["local-lipschitz-estimate"],
+        "continuity": ["continuity"], "relative-input-stability": ["relative-input-stability"],
+        "relative-output-stability": ["relative-output-stability"],
+        "relative-representation-stability": ["relative-representation-stability"],
+        "randomisation": ["randomisation", "randomisation-ssim"], "smooth-randomisation": ["smooth-randomisation"],
+        "efficient-randomisation": ["efficient-randomisation"], "random-logit": ["random-logit"], "pointing-game": ["pointing-game"], "relevance-mass": ["relevance-mass"],
         "relevance-rank": ["relevance-rank"], "energy-pointing-game": ["energy-pointing-game"],
         "sparseness": ["sparseness"], "complexity": ["complexity"],
     }

@@ -9,7 +9,9 @@ paper's choice (through Quantus's own options: ``perturb_func``, ``similarity_fu
 (``pip install explain[quantus]``); CI installs it.
 
 Compared here: PixelFlipping, RegionPerturbation, IROF, ROAD, MaxSensitivity and
-AvgSensitivity, MPRT (model parameter randomisation), RandomLogit, PointingGame,
+AvgSensitivity, LocalLipschitzEstimate, Continuity, RelativeInputStability,
+RelativeOutputStability, RelativeRepresentationStability, MPRT (model parameter
+randomisation), SmoothMPRT, EfficientMPRT, RandomLogit, PointingGame,
 RelevanceMassAccuracy, RelevanceRankAccuracy, Sparseness and Complexity.
 
 Not compared, because Quantus 0.6 has no counterpart: deletion and insertion (Petsiuk et
@@ -390,6 +392,119 @@ def test_sensitivity_statistically(numpy_rng):
     assert np.all((low <= theirs["max"]) & (theirs["max"] <= high))
 
 
+def noise_from(noisy: torch.Tensor):
+    """Quantus's ``perturb_func`` that hands out explain's neighbours, draw after draw:
+    ``noisy`` (N, n_samples, C*H*W) as recorded from explain's own call."""
+    step = iter(range(noisy.shape[1]))
+
+    def perturb(arr, indices, **kwargs):
+        return np_(noisy[:, next(step)])
+
+    return perturb
+
+
+def assert_relative(name: str, ours, theirs, rtol: float) -> float:
+    """|ours - theirs| <= rtol * |theirs| everywhere: for values that span many orders of
+    magnitude (the relative stabilities divide by 1e-6 where a map is 0)."""
+    ours, theirs = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+    assert ours.shape == theirs.shape and np.isfinite(ours).all() and np.isfinite(theirs).all(), name
+    difference = float(np.max(np.abs(ours - theirs) / np.abs(theirs)))
+    print(f"{name}: max |explain - quantus| / |quantus| = {difference:.3g} (tolerance {rtol:g})")
+    assert difference <= rtol, f"{name}: {difference:.3g} > {rtol:g}\nours={ours}\nquantus={theirs}"
+    return difference
+
+
+def explained_noise(metric, model, x, explanation, **options):
+    """explain's ``metric`` on saliency maps, with the neighbours it explained (N, S, C*H*W)."""
+    explainer = RecordingExplainer(saliency(model))
+    ours = metric(explainer, x, explanation, **options)
+    return ours, torch.cat(explainer.calls).view(len(x), options["n_samples"], -1)
+
+
+@pytest.mark.parametrize("noise", ["uniform", "normal"])
+def test_local_lipschitz_estimate_same_noise(noise):
+    """Given explain's neighbours as its ``perturb_func``, Quantus's LocalLipschitzEstimate
+    equals explain's max ||Phi(x) - Phi(x')||_2 / ||x - x'||_2. Quantus divides every map
+    by the batch's largest value first (``normalise=True``), which changes the scale of a
+    Lipschitz constant with the batch: given ``normalise=False``, it compares the maps as
+    the explainer scales them, as the paper and explain do. (Its 1e-10 added to the
+    denominator is below float32 resolution here.)"""
+    model, x = tiny_model(), images()
+    explanation = saliency(model)(x)
+    ours, noisy = explained_noise(metrics.local_lipschitz_estimate, model, x, explanation, radius=0.1, noise=noise,
+                                  n_samples=6)
+    lle = quantus.LocalLipschitzEstimate(nr_samples=6, perturb_func=noise_from(noisy), normalise=False,
+                                         disable_warnings=True)
+    theirs = run_quantus(lle, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                         a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(saliency))
+    assert_close(f"LocalLipschitzEstimate ({noise}), the same noise", np_(ours.values), theirs, EXACT)
+
+
+def test_continuity():
+    """Quantus 0.6's Continuity walks the same horizontal shifts (nr_steps of
+    (2W + 1) // nr_steps pixels from -W on, the image's minimum filling in) and takes the
+    largest ||R(x) - R(x')||_1 / ||x - x'||_2. It includes the shift 0 (0 here: its map
+    of x is recomputed in the same batch) and, by default, takes |R| scaled by the batch's
+    largest value: given ``abs=False, normalise=False``, it compares the maps as they are,
+    as Montavon et al. and explain do. 12 px wide: 25 // 6 = 4 pixels a step."""
+    model, x = tiny_model(), images()
+    explanation = saliency(model)(x)
+    ours = metrics.continuity(saliency(model), x, explanation, steps=6)
+    assert ours.steps.tolist() == [-8, -4, 4, 8, 12]
+    continuity = quantus.Continuity(nr_steps=6, abs=False, normalise=False, disable_warnings=True)
+    theirs = run_quantus(continuity, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                         a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(saliency))
+    assert_close("Continuity", np_(ours.values), theirs, EXACT)
+
+
+STABILITIES = {
+    "input": (metrics.relative_input_stability, lambda **kw: quantus.RelativeInputStability(**kw), {}),
+    "output": (metrics.relative_output_stability, lambda **kw: quantus.RelativeOutputStability(**kw), {}),
+    "representation": (metrics.relative_representation_stability,
+                       lambda **kw: quantus.RelativeRepresentationStability(layer_names=["0"], **kw),
+                       {"layer": "0"}),
+}
+
+
+@pytest.mark.parametrize("kind", list(STABILITIES))
+def test_relative_stability_same_noise(kind):
+    """Given explain's neighbours, Quantus's Relative{Input,Output,Representation}Stability
+    equal explain's: max ||(e - e') / e|| / max(||(x - x') / x||, eps) (RIS; ROS: the
+    logits' change, not relative; RRS: the first convolution's output, read by a hook in
+    both), 1e-6 standing in where e, x or L is 0. Saliency maps are min-max scaled, so each
+    has a zero: the values reach 1e5 and more, and are compared relatively (Quantus divides
+    in float64, explain in float32). Noise of 0.01 changes no class here (checked), so
+    that Quantus's NaN for an image with any neighbour of another class does not arise."""
+    ours_metric, theirs_metric, options = STABILITIES[kind]
+    model, x = tiny_model(), images()
+    explanation = saliency(model)(x)
+    ours, noisy = explained_noise(ours_metric, model, x, explanation, radius=0.01, n_samples=5, **options)
+    assert ours.extra["kept"].tolist() == [5.0] * len(x)
+    metric = theirs_metric(nr_samples=5, perturb_func=noise_from(noisy), disable_warnings=True)
+    theirs = run_quantus(metric, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                         a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(saliency))
+    assert_relative(f"Relative{kind.capitalize()}Stability, the same noise", np_(ours.values), theirs, 1e-5)
+
+
+def test_relative_input_stability_leaves_out_the_neighbours_of_another_class():
+    """Agarwal et al. take the maximum over the neighbours that keep the class; Quantus
+    (``return_nan_when_prediction_changes=True``, its default) gives NaN for an image as
+    soon as one of its neighbours changes class. With noise of 1.0, some do: explain scores
+    those images over the others, Quantus gives NaN."""
+    model, x = tiny_model(), images()
+    explanation = saliency(model)(x)
+    ours, noisy = explained_noise(metrics.relative_input_stability, model, x, explanation, radius=1.0, n_samples=5)
+    mixed = (ours.extra["kept"] > 0) & (ours.extra["kept"] < 5)
+    assert mixed.any() and torch.isfinite(ours.values[mixed]).all()
+    ris = quantus.RelativeInputStability(nr_samples=5, perturb_func=noise_from(noisy), disable_warnings=True)
+    theirs = np.asarray(run_quantus(ris, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                                    a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(saliency)))
+    assert np.isnan(theirs[np_(ours.extra["kept"] < 5)]).all()
+    every = np_(ours.extra["kept"] == 5)
+    assert_relative("RelativeInputStability where every neighbour keeps the class", np_(ours.values)[every],
+                    theirs[every], 1e-5)
+
+
 # ---------------------------------------------------------------------------------------
 # Randomisation
 # ---------------------------------------------------------------------------------------
@@ -456,6 +571,64 @@ def test_random_logit(numpy_rng):
     assert np.array_equal(np_(ours.extra["class"]).astype(int), asked[0])
     assert np.all(asked[0] != np_(explanation.targets))
     assert_close("RandomLogit (2-D SSIM)", np_(ours.values), theirs, EXACT)
+
+
+def test_smooth_model_randomisation(monkeypatch):
+    """Smooth MPRT, bottom up, seed 42 in both: each map the mean over 4 copies of the
+    image, 3 with Gaussian noise of 0.1 x the image's range and the last without. Quantus
+    draws its noise with ``np.random.randn`` and explains with ``quantus.explain`` (its
+    ``explain_func`` is not called); the test hands it explain's draws (numpy's ``randn``
+    replaced for the call by explain's draw s, in the order Quantus asks for them) and
+    explain's explainer (``quantus.explain`` replaced). Then explain's Spearman curve per
+    layer equals Quantus's SmoothMPRT per layer name; its "original" entry (a second
+    smoothed map of the intact model against the first) is 1. Quantus sums the samples'
+    maps one by one and explain adds them up in batches, so the means differ in the last
+    float32 bit: within 1e-6, which changes no rank here."""
+    from explain.metrics.base import draws
+
+    model, x = tiny_model(), images()
+    explainer = saliency(model)
+    explanation = explainer(x)
+    n_samples = 4
+    ours = metrics.smooth_model_randomisation(explainer, x, explanation, n_samples=n_samples, seed=42)
+    asked = iter(range(10**6))
+
+    def randn(*shape):
+        drawn = draws(42, [next(asked) % (n_samples - 1)], shape[1:], torch.device("cpu"), normal=True)
+        return np_(drawn.expand(shape[0], *shape[1:]))
+
+    def explain_with_ours(model, inputs, targets, **kwargs):
+        inputs = torch.as_tensor(np.asarray(inputs))
+        return np_(saliency(model)(inputs, torch.as_tensor(np.asarray(targets)).long()).maps[:, None])
+
+    monkeypatch.setattr(np.random, "randn", randn)
+    monkeypatch.setattr(quantus, "explain", explain_with_ours)
+    smprt = quantus.SmoothMPRT(nr_samples=n_samples, noise_magnitude=0.1, seed=42, disable_warnings=True)
+    theirs = run_quantus(smprt, model=model, x_batch=np_(x), y_batch=np_(explanation.targets), a_batch=None,
+                         explain_func=quantus_explain_func(saliency))
+    # Quantus drew 3 noises for each of its 4 smoothed maps (the given a_batch=None, the
+    # "original" and one per layer): all explain's.
+    assert next(asked) == 4 * (n_samples - 1)
+    assert list(theirs) == ["original", *ours.step_labels] and ours.step_labels == ("0", "4")
+    assert_close("SmoothMPRT original", theirs["original"], np.ones(len(x)), 1e-6)
+    for j, layer in enumerate(ours.step_labels):
+        assert_close(f"SmoothMPRT layer {layer}", np_(ours.curves["spearman"][:, j]), theirs[layer], 1e-6)
+
+
+def test_efficient_model_randomisation():
+    """Efficient MPRT, seed 42 in both: the rise of the maps' histogram entropy (100 bins,
+    the paper's and Quantus's default) from the intact model to the fully randomised one,
+    (H_random - H) / H. Quantus explains the intact model once more rather than using the
+    given maps (the same saliency maps here); the fully random model does not depend on the
+    order (each layer is reset after manual_seed(43))."""
+    model, x = tiny_model(), images()
+    explainer = saliency(model)
+    explanation = explainer(x)
+    ours = metrics.efficient_model_randomisation(explainer, x, explanation, seed=42)
+    emprt = quantus.EfficientMPRT(seed=42, disable_warnings=True)
+    theirs = run_quantus(emprt, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                         a_batch=a_batch(explanation.maps), explain_func=quantus_explain_func(saliency))
+    assert_close("EfficientMPRT", np_(ours.values), theirs, EXACT)
 
 
 # ---------------------------------------------------------------------------------------

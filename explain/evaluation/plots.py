@@ -20,6 +20,7 @@ CURVE_AXES = {
     "road": ("% of pixels removed and imputed", "probability of the target"),
     "region-perturbation": ("regions perturbed", "drop of the target's logit"),
     "irof": ("superpixels removed", "score relative to the intact image"),
+    "continuity": ("horizontal shift (pixels)", "map change / input change"),
 }
 
 
@@ -129,10 +130,10 @@ def plot_summary(table: list[dict]) -> Figure:
 
 
 def plot_randomisation(curves: Iterable[Mapping]) -> Figure | None:
-    """The cascading randomisation sanity check: each method's mean Spearman correlation
-    (and SSIM) between the original map and the map after randomising the layers down to
-    each one, the layers (``Score.step_labels``) as rotated tick labels. ``None`` when
-    ``curves`` hold no randomisation."""
+    """The cascading randomisation sanity checks (MPRT, Smooth MPRT): each method's mean
+    Spearman correlation (and SSIM) between the original map and the map after randomising
+    the layers up to each one, the layers (``Score.step_labels``) as rotated tick labels.
+    ``None`` when ``curves`` hold no randomisation."""
     found = mean_curves(record for record in curves if record.get("step_labels"))
     panels = [(metric, name, by_method) for metric, by_curve in found.items() for name, by_method in by_curve.items()]
     if not panels:
@@ -151,5 +152,5 @@ def plot_randomisation(curves: Iterable[Mapping]) -> Figure | None:
         axes.set(ylabel=name, title=f"{metric}: {name} against the original map (lower is better)")
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
-    figure.axes[-1].set_xlabel("randomised down to layer (from the logits)")
+    figure.axes[-1].set_xlabel("layers randomised so far, the last named (from the logits down, or the input up)")
     return figure

@@ -21,9 +21,21 @@ from .base import Score
 from .concentration import complexity, sparseness
 from .faithfulness import average_drop, deletion, insertion, irof, pixel_flipping, region_perturbation, road
 from .localisation import energy_pointing_game, pointing_game, relevance_mass, relevance_rank
-from .randomisation import model_randomisation, random_logit
+from .randomisation import (
+    efficient_model_randomisation,
+    model_randomisation,
+    random_logit,
+    smooth_model_randomisation,
+)
 from .registry import METRICS, Metric, columns, compute, metric, metric_names
-from .robustness import sensitivity
+from .robustness import (
+    continuity,
+    local_lipschitz_estimate,
+    relative_input_stability,
+    relative_output_stability,
+    relative_representation_stability,
+    sensitivity,
+)
 
 __all__ = [
     "METRICS",
@@ -33,10 +45,13 @@ __all__ = [
     "columns",
     "complexity",
     "compute",
+    "continuity",
     "deletion",
+    "efficient_model_randomisation",
     "energy_pointing_game",
     "insertion",
     "irof",
+    "local_lipschitz_estimate",
     "metric",
     "metric_names",
     "model_randomisation",
@@ -45,9 +60,13 @@ __all__ = [
     "random_logit",
     "region_masks",
     "region_perturbation",
+    "relative_input_stability",
+    "relative_output_stability",
+    "relative_representation_stability",
     "relevance_mass",
     "relevance_rank",
     "road",
     "sensitivity",
+    "smooth_model_randomisation",
     "sparseness",
 ]

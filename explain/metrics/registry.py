@@ -75,6 +75,19 @@ METRICS: dict[str, Metric] = {
             False,
             **{"avg-sensitivity": ("average", False)},
         ),
+        _metric("local-lipschitz-estimate", robustness.local_lipschitz_estimate, "explainer", "10 explanations", False),
+        _metric("continuity", robustness.continuity, "explainer", "27 explanations (28 shifts at 224 px)", False),
+        _metric("relative-input-stability", robustness.relative_input_stability, "explainer", "10 explanations", False),
+        _metric(
+            "relative-output-stability", robustness.relative_output_stability, "explainer", "10 explanations", False
+        ),
+        _metric(
+            "relative-representation-stability",
+            robustness.relative_representation_stability,
+            "explainer",
+            "10 explanations + 11 forwards",
+            False,
+        ),
         _metric(
             "randomisation",
             randomisation.model_randomisation,
@@ -82,6 +95,16 @@ METRICS: dict[str, Metric] = {
             "up to 10 explanations",
             False,
             **{"randomisation-ssim": ("ssim", False)},
+        ),
+        _metric(
+            "smooth-randomisation",
+            randomisation.smooth_model_randomisation,
+            "explainer",
+            "up to 10 x 50 + 50 explanations",
+            False,
+        ),
+        _metric(
+            "efficient-randomisation", randomisation.efficient_model_randomisation, "explainer", "1 explanation", True
         ),
         _metric("random-logit", randomisation.random_logit, "explainer", "1 explanation", False),
         _metric("pointing-game", localisation.pointing_game, "regions", "none", True),
