@@ -19,8 +19,24 @@ alone.
 from ..regions import region_masks
 from .base import Score
 from .concentration import complexity, sparseness
-from .faithfulness import average_drop, deletion, insertion, irof, pixel_flipping, region_perturbation, road
-from .localisation import energy_pointing_game, pointing_game, relevance_mass, relevance_rank
+from .faithfulness import (
+    average_drop,
+    deletion,
+    faithfulness_correlation,
+    faithfulness_estimate,
+    infidelity,
+    insertion,
+    irof,
+    monotonicity,
+    monotonicity_correlation,
+    pic,
+    pixel_flipping,
+    region_perturbation,
+    road,
+    selectivity,
+    sensitivity_n,
+)
+from .localisation import energy_pointing_game, pointing_game, relevance_mass, relevance_rank, top_k_intersection
 from .randomisation import model_randomisation, random_logit
 from .registry import METRICS, Metric, columns, compute, metric, metric_names
 from .robustness import sensitivity
@@ -35,11 +51,17 @@ __all__ = [
     "compute",
     "deletion",
     "energy_pointing_game",
+    "faithfulness_correlation",
+    "faithfulness_estimate",
+    "infidelity",
     "insertion",
     "irof",
     "metric",
     "metric_names",
     "model_randomisation",
+    "monotonicity",
+    "monotonicity_correlation",
+    "pic",
     "pixel_flipping",
     "pointing_game",
     "random_logit",
@@ -48,6 +70,9 @@ __all__ = [
     "relevance_mass",
     "relevance_rank",
     "road",
+    "selectivity",
     "sensitivity",
+    "sensitivity_n",
     "sparseness",
+    "top_k_intersection",
 ]

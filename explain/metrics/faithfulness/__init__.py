@@ -9,24 +9,40 @@ memory stays at one inner batch whatever the number of steps.
 Maps order pixels by their value, highest first (a signed map's most positive evidence
 first); ties keep raster order.
 
-- :mod:`~explain.metrics.faithfulness.curves`: deletion, insertion, pixel-flipping, region
-  perturbation, IROF;
-- :mod:`~explain.metrics.faithfulness.road`: ROAD;
-- :mod:`~explain.metrics.faithfulness.drop`: Average Drop, Increase in Confidence, Average Gain;
-- :mod:`~explain.metrics.faithfulness.perturbing`: what they share (baselines, steps, patches).
+- ``curves.py``: deletion, insertion, pixel-flipping, region perturbation, selectivity, IROF;
+- ``remove_and_debias.py``: ROAD;
+- ``drop.py``: Average Drop, Increase in Confidence, Average Gain;
+- ``random_removal.py``: infidelity and sensitivity-n (the map's sum over a random part against
+  the score's drop when it is removed);
+- ``correlation.py``: faithfulness correlation and faithfulness estimate;
+- ``monotonic.py``: monotonicity and monotonicity correlation;
+- ``information_curves.py``: the softmax and accuracy information curves (SIC, AIC);
+- ``perturbing.py``: what they share (baselines, steps, patches, random subsets, groups).
 """
 
-from .curves import blurred, deletion, insertion, irof, pixel_flipping, region_perturbation
+from .correlation import faithfulness_correlation, faithfulness_estimate
+from .curves import blurred, deletion, insertion, irof, pixel_flipping, region_perturbation, selectivity
 from .drop import average_drop
-from .road import road
+from .information_curves import pic
+from .monotonic import monotonicity, monotonicity_correlation
+from .random_removal import infidelity, sensitivity_n
+from .remove_and_debias import road
 
 __all__ = [
     "average_drop",
     "blurred",
     "deletion",
+    "faithfulness_correlation",
+    "faithfulness_estimate",
+    "infidelity",
     "insertion",
     "irof",
+    "monotonicity",
+    "monotonicity_correlation",
+    "pic",
     "pixel_flipping",
     "region_perturbation",
     "road",
+    "selectivity",
+    "sensitivity_n",
 ]

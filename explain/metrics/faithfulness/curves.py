@@ -1,6 +1,6 @@
 """The perturbation curves: the class score as ever more of the image is removed (or restored)
 in the map's order, and the area under (or over) that curve. Deletion and insertion (RISE),
-pixel-flipping, region perturbation and IROF."""
+pixel-flipping, region perturbation, selectivity and IROF."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ...superpixels import superpixels
 from ..base import Score, pairs_of, perturbation_curve, ranks
 from .perturbing import baselines_for, block_keys, step_pixels
 
-__all__ = ["blurred", "deletion", "insertion", "irof", "pixel_flipping", "region_perturbation"]
+__all__ = ["blurred", "deletion", "insertion", "irof", "pixel_flipping", "region_perturbation", "selectivity"]
 
 
 def _petsiuk_curve(model, pairs, *, insert: bool, step, substrate, batch_size, score, name: str) -> Score:
@@ -220,6 +220,56 @@ def region_perturbation(
         higher_is_better=True,
         curves={"region-perturbation": pairs.unflatten(drops)},
         steps=counts.float(),
+    )
+
+
+@with_pass_options
+def selectivity(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    patch_size: int = 16,
+    baseline: str | float | Tensor = "zeros",
+    batch_size: int | None = None,
+    score: str = "logit",
+) -> Score:
+    """Selectivity: the area under the class's score as the image's patches are removed,
+    most relevant first, until none is left (lower is better: a selective map names first
+    what the score needs).
+
+    Montavon, Samek & Mueller, "Methods for Interpreting and Understanding Deep Neural
+    Networks", Digital Signal Processing 2018 (explanation selectivity): features are
+    removed in order of decreasing relevance and the function value f(x) should fall
+    sharply. Features are the squares of a ``patch_size`` grid (centred where the side is
+    not a multiple: 196 patches at 224 px; Quantus's default 8 makes 784), ranked by their
+    summed relevance, all channels set to the
+    ``baseline`` (zeros in the model's input space); f is the class's logit (``score``).
+    ``curves["selectivity"]`` holds the score from the intact image to every patch removed;
+    the area is the trapezoid rule on [0, 1], as :func:`deletion`'s. (Quantus's curve starts
+    after the first removal and its area is in patch units.)
+    """
+    pairs = pairs_of(model, images, explanation, targets)
+    keys, total = block_keys(pairs.maps, positive_int("patch_size", patch_size))
+    counts = torch.arange(total + 1)
+    curve = perturbation_curve(
+        model,
+        pairs.images,
+        pairs.targets,
+        keys,
+        counts,
+        baselines_for(pairs, baseline),
+        batch_size=batch_size,
+        score=score,
+    )
+    area = (curve.sum(1) - (curve[:, 0] + curve[:, -1]) / 2) / total
+    return Score(
+        metric="selectivity",
+        values=pairs.unflatten(area),
+        higher_is_better=False,
+        curves={"selectivity": pairs.unflatten(curve)},
+        steps=counts.float() / total,
     )
 
 

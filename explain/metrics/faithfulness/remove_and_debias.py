@@ -9,14 +9,9 @@ from torch import Tensor, nn
 from ...checks import checked_number
 from ...explanation import Explanation
 from ...passes import with_pass_options
-from ..base import Score, draws, pairs_of, perturbation_curve, ranks
+from ..base import Score, draws, pairs_of, perturbation_curve, probability_and_hit, ranks
 
 __all__ = ["road"]
-
-
-def _probability_and_hit(output: Tensor, targets: Tensor) -> Tensor:
-    probability = output.softmax(1).gather(1, targets[:, None])[:, 0]
-    return torch.stack([probability, (output.argmax(1) == targets).float()], 1)
 
 
 def _road_fractions(percentages) -> Tensor:
@@ -88,7 +83,7 @@ def road(
             counts,
             _road_imputer(order, noise, seed),
             batch_size=batch_size,
-            score=_probability_and_hit,
+            score=probability_and_hit,
         )
         curves[name], curves[f"{name}_accuracy"] = read.unbind(-1)
     extra = {name: pairs.unflatten(curve.mean(1)) for name, curve in curves.items()}
