@@ -43,7 +43,7 @@ def faithfulness_correlation(
     baseline (higher is better).
 
     Bhatt, Weller & Moura, "Evaluating and Aggregating Feature-based Model Explanations",
-    IJCAI 2020, Section 3.1: mu_F = corr_{S in ([d] choose |S|)} (sum_{i in S} g(f, x)_i,
+    IJCAI 2020: mu_F = corr_{S in ([d] choose |S|)} (sum_{i in S} g(f, x)_i,
     f(x) - f(x_[x_S = x_bar_S])). Each of ``n_runs`` subsets holds ``subset`` pixels (a
     number, or a fraction of the image; default 224, Quantus's default count) drawn
     uniformly, all channels set to the ``baseline`` (zeros in the model's input space); f is
@@ -81,7 +81,7 @@ def faithfulness_estimate(
     removed (higher is better).
 
     Alvarez-Melis & Jaakkola, "Towards Robust Interpretability with Self-Explaining Neural
-    Networks", NeurIPS 2018, Section 5: features are removed one at a time and the
+    Networks", NeurIPS 2018: features are removed one at a time and the
     correlation between their relevance and the probability drops they cause estimates
     faithfulness. Here a feature is a group of ``step`` pixels (a number, or a fraction of
     the image: 1 %, 100 groups) of consecutive rank in the map's order, all channels set to

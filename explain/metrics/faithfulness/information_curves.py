@@ -172,8 +172,6 @@ class _Copies:
 
     def copy(self, row: int, column: int) -> np.ndarray:
         image = self.pixels[row // self.pairs.per_image]
-        if row not in self.random:
-            self.random[row] = random_pixels(image, self.fraction, self.seed)
         if column == 0:
             out = image
         elif column == 1:
@@ -186,7 +184,15 @@ class _Copies:
         return out
 
     def batch(self, rows: Tensor, columns: Tensor, normalization) -> Tensor:
-        pixels = np.stack([self.copy(r, c) for r, c in zip(rows.tolist(), columns.tolist(), strict=True)])
+        """A batch of copies in the model's input space. They are made on as many threads as
+        torch uses (the triangulation, the rasterisation and the encoding release the GIL)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        for row in set(rows.tolist()) - set(self.random):  # before the threads, which only read it
+            self.random[row] = random_pixels(self.pixels[row // self.pairs.per_image], self.fraction, self.seed)
+        cells = list(zip(rows.tolist(), columns.tolist(), strict=True))
+        with ThreadPoolExecutor(max_workers=max(1, min(len(cells), torch.get_num_threads()))) as pool:
+            pixels = np.stack(list(pool.map(lambda cell: self.copy(*cell), cells)))
         images = self.pairs.images
         unit = torch.from_numpy(pixels).to(images.device).permute(0, 3, 1, 2).to(images.dtype) / 255
         if normalization is None:
@@ -217,7 +223,7 @@ def pic(
     better for both).
 
     Kapishnikov, Bolukbasi, Viegas & Terry, "XRAI: Better Attributions Through Regions",
-    ICCV 2019, Section 4.2, as used by Kapishnikov et al., "Guided Integrated Gradients",
+    ICCV 2019, as used by Kapishnikov et al., "Guided Integrated Gradients",
     CVPR 2021, and implemented by PAIR's ``saliency.metrics.pic``: a copy keeps the top
     ``thresholds`` share of the map's pixels and a ``random_fraction`` of random ones (drawn
     from ``seed`` and the image's pixels) and interpolates the rest; its information is its

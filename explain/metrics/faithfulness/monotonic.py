@@ -80,8 +80,8 @@ def monotonicity_correlation(
     of pixels and how far the class's score moves when the group is replaced by noise
     (higher is better).
 
-    Nguyen & Martinez, "On quantitative aspects of model interpretability", arXiv 2020,
-    Section 4 (monotonicity): a feature's attribution magnitude should rank as the effect of
+    Nguyen & Martinez, "On quantitative aspects of model interpretability", arXiv 2020
+    (their monotonicity): a feature's attribution magnitude should rank as the effect of
     not knowing it, E[(f(x) - f(x'))^2] over replacements x' of the feature drawn from a
     uniform prior. A feature here is a group of ``step`` pixels (a number, or a fraction of
     the image: 2 %, 50 groups) of consecutive rank by the map's magnitude; its relevance is

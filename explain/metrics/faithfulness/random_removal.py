@@ -72,8 +72,8 @@ def infidelity(
     random square of the image is removed (lower is better).
 
     Yeh, Hsieh, Suggala, Inouye & Ravikumar, "On the (In)fidelity and Sensitivity of
-    Explanations", NeurIPS 2019, Definition 2.3: INFD = E_I[(I^T Phi - (f(x) - f(x - I)))^2],
-    with the paper's square removal (Section 4): I removes one square (all channels) to the
+    Explanations", NeurIPS 2019: INFD = E_I[(I^T Phi - (f(x) - f(x - I)))^2],
+    with the paper's square removal: I removes one square (all channels) to the
     ``baseline`` (zeros in the model's input space), and, the map being an attribution (the
     authors multiply gradients by the input for it), I^T Phi is the map's sum over the square.
     Each of ``n_samples`` squares is drawn uniformly among every square of ``patch_sizes``
@@ -81,7 +81,7 @@ def infidelity(
     to the image: 8, 16, ..., 80 at 224 px). f is the class's logit (``score``). With
     ``normalise`` the map is first scaled by the optimal beta = E[I^T Phi Delta f] / E[(I^T
     Phi)^2], as the authors' code (and captum's ``normalize``) does, so that maps of any scale
-    compare; ``normalise=False`` is Definition 2.3 as written.
+    compare; ``normalise=False`` is the definition as written.
 
     The squares depend only on ``seed``: every image gets the same ones, whatever its batch.
     Quantus's Infidelity removes the squares of a grid one after another, keeping the earlier
@@ -136,7 +136,7 @@ def sensitivity_n(
     better).
 
     Ancona, Ceolini, Oztireli & Gross, "Towards better understanding of gradient-based
-    attribution methods for deep neural networks", ICLR 2018, Section 3.2: a map satisfies
+    attribution methods for deep neural networks", ICLR 2018: a map satisfies
     sensitivity-n when sum_{i in S} R_i = f(x) - f(x_[x_S = 0]) for every subset S of n
     features; the test is the correlation of the two sides over subsets drawn uniformly,
     for n from a few features to about 80 % of them. Here, per image and n, ``n_samples``
