@@ -43,8 +43,8 @@ def faithfulness_correlation(
     baseline (higher is better).
 
     Bhatt, Weller & Moura, "Evaluating and Aggregating Feature-based Model Explanations",
-    IJCAI 2020: mu_F = corr_{S in ([d] choose |S|)} (sum_{i in S} g(f, x)_i,
-    f(x) - f(x_[x_S = x_bar_S])). Each of ``n_runs`` subsets holds ``subset`` pixels (a
+    IJCAI 2020: mu_F = corr_S (sum_{i in S} g(f, x)_i, f(x) - f(x_[x_S = x_bar_S])) over
+    random subsets S of a fixed size. Each of ``n_runs`` subsets holds ``subset`` pixels (a
     number, or a fraction of the image; default 224, Quantus's default count) drawn
     uniformly, all channels set to the ``baseline`` (zeros in the model's input space); f is
     the class's logit (``score``). A constant map correlates 0.
