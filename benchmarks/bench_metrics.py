@@ -3,6 +3,7 @@ Quantus on the same work, in one run.
 
     .venv/bin/python benchmarks/bench_metrics.py [--repeats 3] [--slow-repeats 1] [--step 896]
         [--batch-size N] [--layers 0] [--smooth-samples 50] [--only TEXT,TEXT] [--no-quantus] [--device cpu]
+        [--images 8]
 
 Setting: torchvision resnet18 with random weights (seed 0, eval mode), 8 images at 224x224
 (the 4 photos of data/images, resized to 256, centre-cropped to 224, ImageNet-normalised,
@@ -20,8 +21,9 @@ Per metric, these calls run round-robin and the median is taken:
   ``GradCAM(images, targets)`` on each, for the metrics that explain again).
   ``ours / bare`` is the metric's own overhead; the goal is at most 1.2;
 - Quantus 0.6.0 on the same work, where it has the metric (skipped when quantus is not
-  installed), with the workarounds for numpy 2.4 (``np.trapz``) and 3-channel inputs that
-  the notes of each row give. ``Quantus / ours`` >= 1 means ours is not slower.
+  installed; for the information curves, PAIR's ``saliency.metrics.pic``), with the
+  workarounds for numpy 2.4 (``np.trapz``) and 3-channel inputs that the notes of each row
+  give. ``Quantus / ours`` >= 1 means ours is not slower.
 
 Cheap metrics: one more warm-up each, median of ``--repeats`` rounds. Costly ones (the
 perturbation curves, ROAD, IROF, randomisation): ``--slow-repeats`` rounds. Other work on the
@@ -329,6 +331,8 @@ def build_cases(args, model, x, explanation, cam) -> list[Case]:
                           notes=["random_logit: ours scores 2-D SSIM and Spearman, Quantus 1-D SSIM on the flattened "
                                  "maps; both draw the other class as Quantus does (1000 classes)."]))
 
+    cases += issue30_cases(args, model, x, explanation, q, want, bs)
+
     # --- no model pass ---------------------------------------------------------------------
     has = quantus is not None
     for name, ours, qmetric in (
@@ -340,13 +344,15 @@ def build_cases(args, model, x, explanation, cam) -> list[Case]:
         ("relevance_rank", lambda: metrics.relevance_rank(explanation, regions),
          has and quantus.RelevanceRankAccuracy()),
         ("energy_pointing_game", lambda: metrics.energy_pointing_game(explanation, regions), None),
+        ("top_k_intersection", lambda: metrics.top_k_intersection(explanation, regions),
+         has and quantus.TopKIntersection(k=1000)),
         ("sparseness", lambda: metrics.sparseness(explanation), has and quantus.Sparseness()),
         ("complexity", lambda: metrics.complexity(explanation), has and quantus.Complexity()),
     ):
         if not want(name):
             continue
         call = {"model": None, "a_batch": aq}
-        if "game" in name or "relevance" in name:
+        if "game" in name or "relevance" in name or "intersection" in name:
             call["s_batch"] = sq
         cases.append(Case(name, lambda _, ours=ours: ours(), "none", q(qmetric or None, **call)))
     for case in cases:
@@ -354,6 +360,96 @@ def build_cases(args, model, x, explanation, cam) -> list[Case]:
             case.notes.append("pointing_game: ours with the paper's 15-pixel tolerance (a disc dilation of the "
                               "region); Quantus has none, so it is compared with tolerance=0.")
     return cases
+
+
+def issue30_cases(args, model, x, explanation, q, want, bs) -> list[Case]:
+    """Infidelity, sensitivity-n, faithfulness correlation and estimate, monotonicity and its
+    correlation, selectivity and the information curves (issue 30), with Quantus (PAIR for the
+    information curves) set to the same number of model passes where it can be."""
+    pixels = x.shape[-2] * x.shape[-1]
+    aq = explanation.maps[:, None].cpu().numpy()
+    has = quantus is not None
+    cases = []
+
+    def add(name, run, qmetric=None, note="", **call):
+        if want(name):
+            cases.append(Case(name, run, "model", q(qmetric or None, model=model, a_batch=aq, **call), slow=True,
+                              notes=[f"{name}: {note}"] if note else []))
+
+    add("selectivity", lambda net: metrics.selectivity(net, x, explanation, **bs),
+        has and quantus.Selectivity(patch_size=16, perturb_baseline=0.0),
+        "16 x 16 patches, both (1 + 196 forwards per image at 224 px); baseline 0; logits (Quantus: softmax=False).",
+        softmax=False)
+    add("infidelity", lambda net: metrics.infidelity(net, x, explanation, **bs),
+        has and quantus.Infidelity(perturb_patch_sizes=[x.shape[-1]], n_perturb_samples=100),
+        "100 random squares (1 + 100 forwards per image); Quantus 100 samples of one whole-image patch (its "
+        "default, 10 samples of every 4 x 4 patch removed cumulatively, is 31 360 forwards per image at 224 px).")
+    add("sensitivity_n", lambda net: metrics.sensitivity_n(net, x, explanation, **bs),
+        has and len(x) > 1 and quantus.SensitivityN(features_in_step=3 * pixels // 192, n_max_percentage=1.0),
+        "ours 10 subset sizes x 20 random subsets (1 + 200 forwards per image); Quantus removes the top "
+        "features cumulatively, 192 steps, and correlates across the images (so needs 2 or more): not the same "
+        "test, see the notes of tests/test_metrics_quantus.py.")
+    add("faithfulness_correlation", lambda net: metrics.faithfulness_correlation(net, x, explanation, **bs),
+        has and quantus.FaithfulnessCorrelation(nr_runs=100, subset_size=3 * 224, perturb_baseline=0.0),
+        "100 random subsets of 224 pixels (Quantus: 672 channel values), 1 + 100 forwards per image.")
+    step = math.ceil(pixels / 96)  # 96 groups: Quantus's features_in_step must divide H*W (see pixel_flipping)
+    add("faithfulness_estimate", lambda net: metrics.faithfulness_estimate(net, x, explanation, step=step, **bs),
+        has and quantus.FaithfulnessEstimate(features_in_step=3 * pixels // 96, perturb_baseline=0.0),
+        f"96 groups of {step} pixels, both; probabilities (Quantus: softmax=True).", softmax=True)
+    add("monotonicity", lambda net: metrics.monotonicity(net, x, explanation, step=step, **bs),
+        has and quantus.Monotonicity(features_in_step=3 * pixels // 96, perturb_baseline=0.0, abs=False),
+        "96 steps, both (Quantus 0.6 never puts the image's values back: the same passes, a flat curve).")
+    group = math.ceil(pixels / 48)  # 48 groups, Quantus's 3 * H*W / 48 values dividing H*W
+    add("monotonicity_correlation",
+        lambda net: metrics.monotonicity_correlation(net, x, explanation, step=group, **bs),
+        has and quantus.MonotonicityCorrelation(nr_samples=10, features_in_step=3 * pixels // 48),
+        f"48 groups of {group} pixels x 10 noise draws, both (1 + 480 forwards per image).")
+    if want("sic"):
+        def ours(net):
+            return metrics.pic(net, x, explanation, normalization=NORMALIZATION, **bs)
+
+        cases.append(Case("sic (+ aic)", ours, "model", pair_pic(model, x, explanation), slow=True, notes=[
+                              "sic: ours makes the 15 copies of each image once for both curves (one Delaunay "
+                              "triangulation each, exact barycentric rasterisation, WebP size) and runs them in "
+                              "batches; the PAIR column is the work of one compute_pic_metric call per image "
+                              "(create_blurred_image: griddata per channel, estimate_image_entropy, one model "
+                              "pass per copy), which SIC and AIC each make (so 2x this for both)."]))
+    return cases
+
+
+#: The ImageNet normalisation of load_images.
+NORMALIZATION = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+def pair_pic(model, x, explanation):
+    """The work of PAIR's compute_pic_metric for each image (without its early exits: a random
+    model's images would be skipped before any copy is made)."""
+    try:
+        from saliency.metrics import pic
+    except ImportError:
+        return None
+    from explain.metrics.faithfulness.information_curves import PIC_THRESHOLDS, eight_bit, random_pixels
+
+    pixels = eight_bit(x, NORMALIZATION)
+    maps = explanation.maps.cpu().numpy()
+    mean, std = (torch.tensor(v, device=x.device).view(1, 3, 1, 1) for v in NORMALIZATION)
+
+    def predict(batch):
+        with torch.inference_mode():
+            inputs = (torch.from_numpy(batch).to(x.device).permute(0, 3, 1, 2).float() / 255 - mean) / std
+            return model(inputs).softmax(1)[:, 0].tolist()
+
+    def run():
+        for image, saliency in zip(pixels, maps, strict=True):
+            mask = random_pixels(image, 0.01, 0)
+            copies = [image, pic.create_blurred_image(image, mask)]
+            for threshold in PIC_THRESHOLDS:
+                revealed = saliency >= np.quantile(saliency, 1 - threshold)
+                copies.append(pic.create_blurred_image(image, revealed | mask))
+            for copy in copies:
+                pic.estimate_image_entropy(copy)
+                predict(copy[None])
+    return run
 
 
 def with_bare(case: Case, model, cam):
@@ -400,7 +496,7 @@ def warm_up(model, x, cam, ids):
     cam(x, ids)
     cam(x.repeat(8, 1, 1, 1), ids.repeat(8))
     superpixels(x[:1], 100)
-    noisy_linear_impute(x[:2], torch.rand(2, *x.shape[-2:]) < 0.5, noise=0.0)
+    noisy_linear_impute(x[:2], torch.rand(len(x[:2]), *x.shape[-2:]) < 0.5, noise=0.0)
 
 
 def main() -> None:
@@ -417,6 +513,7 @@ def main() -> None:
     parser.add_argument("--no-quantus", action="store_true")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--size", type=int, default=224, help="image side (smaller only to try the script out)")
+    parser.add_argument("--images", type=int, default=8, help="the first N of the 8 images (fewer for a short run)")
     args = parser.parse_args()
     global quantus
     if args.no_quantus:
@@ -427,7 +524,7 @@ def main() -> None:
     torch.set_num_threads(cores)
     torch.manual_seed(0)
     model = torchvision.models.resnet18().to(args.device).eval()
-    x = load_images(args.device, args.size)
+    x = load_images(args.device, args.size)[: args.images]
     cam = explain.GradCAM(model, "layer4")
     explanation = cam(x)
     warm_up(model, x, cam, explanation.targets)

@@ -35,6 +35,14 @@ METRIC_NAMES = (
     "pixel-flipping",
     "region-perturbation",
     "irof",
+    "selectivity",
+    "infidelity",
+    "sensitivity-n",
+    "faithfulness-correlation",
+    "faithfulness-estimate",
+    "monotonicity",
+    "monotonicity-correlation",
+    "sic",
     "sensitivity",
     "local-lipschitz-estimate",
     "continuity",
@@ -49,12 +57,22 @@ METRIC_NAMES = (
     "relevance-mass",
     "relevance-rank",
     "energy-pointing-game",
+    "top-k-intersection",
     "sparseness",
     "complexity",
 )
 
 #: Metrics that need the objects' regions (``explain evaluate --regions``).
-LOCALISATION_METRICS = ("pointing-game", "relevance-mass", "relevance-rank", "energy-pointing-game")
+LOCALISATION_METRICS = (
+    "pointing-game",
+    "relevance-mass",
+    "relevance-rank",
+    "energy-pointing-game",
+    "top-k-intersection",
+)
+
+#: Metrics that read the images' 8-bit pixels, given the normalisation of the model's preprocessing.
+PIXEL_METRICS = ("sic",)
 
 #: Metrics whose pixels per step ``--step`` sets.
 STEP_METRICS = ("deletion", "insertion", "pixel-flipping")

@@ -703,6 +703,7 @@ def test_the_tables_kept_for_a_fast_start_match_the_registries():
     assert options.METRIC_NAMES == tuple(METRICS)
     assert options.LOCALISATION_METRICS == tuple(name for name, spec in METRICS.items() if spec.needs == "regions")
     assert all(name in METRICS for name in options.STEP_METRICS)
+    assert all(name in METRICS for name in options.PIXEL_METRICS)
     for reduction in options.REDUCTIONS:
         reduce_channels(torch.ones(1, 3, 2, 2), reduction)
     assert options.BUNDLED_MODEL == models.BUNDLED

@@ -156,6 +156,21 @@ def test_localisation_metrics_with_regions(tmp_path, capsys):
     assert [float(r["value"]) for r in read_csv(tmp_path / "masked" / "scores.csv")] == [1.0, 1.0]
 
 
+def test_information_curves_and_top_k_intersection_from_the_command_line(tmp_path):
+    # sic reads the photos' 8-bit pixels: evaluate hands it the bundled model's normalisation
+    # (without it the normalised inputs would fail with "pass normalization=(mean, std)").
+    (tmp_path / "regions.csv").write_text("image,x0,y0,x1,y1\ncoffee.png,56,56,168,168\n")
+    out = tmp_path / "out"
+    code = main(["evaluate", str(PHOTOS / "coffee.png"), "--out", str(out), "--methods", "gradcam",
+                 "--metrics", "sic,top-k-intersection", "--regions", str(tmp_path / "regions.csv"), "-q"])
+    assert code == 0 and not read_csv(out / "failures.csv")
+    values = {r["metric"]: float(r["value"]) for r in read_csv(out / "scores.csv")}
+    assert list(values) == ["sic", "aic", "top-k-intersection"]
+    assert all(0 <= v <= 1 for v in values.values()), values
+    curves = [json.loads(line) for line in (out / "curves.jsonl").read_text().splitlines()]
+    assert {c["curve"] for c in curves} == {"sic", "aic"}
+
+
 @pytest.mark.parametrize(("options", "message"), [
     (["--metrics", "delction"], "unknown metric 'delction'; did you mean deletion"),
     (["--metrics", "nothing"], "known metrics: deletion, insertion, average-drop"),

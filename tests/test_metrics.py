@@ -27,6 +27,8 @@ from explain import Explanation, metrics
 from explain.hooks import preserved_state
 from explain.metrics import registry
 from explain.metrics.base import draws
+from explain.metrics.faithfulness.perturbing import random_subsets
+from explain.metrics.faithfulness.random_removal import square_masks
 from explain.metrics.randomisation import histogram_entropy, spearman, ssim
 from explain.metrics.randomisation.cascade import smoothed_maps
 from explain.metrics.robustness.continuity import translations
@@ -1093,7 +1095,7 @@ def test_pointing_game_ties_and_empty_regions():
     assert metrics.pointing_game(maps, one_pixel(2, 2), tolerance=0).values.item() == 0.0
     empty = torch.zeros(1, 40, 40, dtype=torch.bool)
     for metric in (metrics.pointing_game, metrics.relevance_mass, metrics.relevance_rank,
-                   metrics.energy_pointing_game):
+                   metrics.energy_pointing_game, metrics.top_k_intersection):
         assert math.isnan(metric(maps, empty).values.item())
 
 
@@ -1106,7 +1108,7 @@ def test_boxes_and_masks_give_the_same_results():
     masks[2, 3, 10:20] = True  # only row 3's centre (3.5) lies within [3.4, 3.6]
     assert torch.equal(metrics.region_masks(boxes, (30, 30)), masks)
     for metric in (metrics.pointing_game, metrics.relevance_mass, metrics.relevance_rank,
-                   metrics.energy_pointing_game):
+                   metrics.energy_pointing_game, metrics.top_k_intersection):
         torch.testing.assert_close(metric(maps, boxes).values, metric(maps, masks).values, equal_nan=True)
         torch.testing.assert_close(metric(maps, boxes).values, metric(maps, masks[:, None]).values, equal_nan=True)
 
@@ -1163,6 +1165,315 @@ def test_complexity_entropy_by_hand():
     assert result.higher_is_better is False
 
 
+# --- issue 30: infidelity and sensitivity-n -----------------------------------------------
+
+
+def exact_linear(channels=3, size=6, classes=3, n=3, seed=0):
+    """A bias-free linear model, images, and its exact attribution of class 0 against the zero
+    baseline: each pixel's share of the logit, sum_c w_c x_c, so that removing any set of
+    pixels lowers the logit by the map's sum over them."""
+    generator = torch.Generator().manual_seed(seed)
+    weights = torch.randn(classes, channels, size, size, generator=generator)
+    images = torch.rand(n, channels, size, size, generator=generator)
+    return linear(weights), images, (images * weights[0]).sum(1), torch.zeros(n, dtype=torch.long)
+
+
+def removal_reference(model, images, targets, maps, masks, score="logit"):
+    """A plain loop: for each image and mask, the map's sum over the mask and the drop of the
+    score when the masked pixels are set to 0, one forward pass at a time."""
+    sums, drops = [], []
+    with torch.no_grad():
+        for image, target, saliency in zip(images, targets, maps):
+            out = model(image[None])
+            full = out.softmax(1)[0, target] if score == "probability" else out[0, target]
+            row_sums, row_drops = [], []
+            for mask in masks:
+                out = model(torch.where(mask, 0.0, image)[None])
+                value = out.softmax(1)[0, target] if score == "probability" else out[0, target]
+                row_sums.append(float(saliency[mask].sum()))
+                row_drops.append(float(full - value))
+            sums.append(row_sums)
+            drops.append(row_drops)
+    return np.array(sums), np.array(drops)
+
+
+def test_infidelity_of_the_exact_attribution_is_zero_and_the_scale_is_optimal():
+    model, images, exact, targets = exact_linear()
+    close(metrics.infidelity(model, images, exact, targets, normalise=False).values, [0, 0, 0])
+    tripled = metrics.infidelity(model, images, 3 * exact, targets)
+    close(tripled.values, [0, 0, 0])
+    close(tripled.extra["scale"], [1 / 3] * 3)
+    # Unscaled, each square's error is (3 S - S)^2 = 4 S^2, S the exact map's sum over it.
+    masks = square_masks(0, 100, [1, 2, 3], 6, 6, torch.device("cpu"))
+    sums = (exact.flatten(1) @ masks.flatten(1).float().T).double()
+    unscaled = metrics.infidelity(model, images, 3 * exact, targets, normalise=False, patch_sizes=[1, 2, 3])
+    close(unscaled.values, (4 * sums.square()).mean(1), tol=1e-4)
+    assert unscaled.higher_is_better is False and unscaled.metric == "infidelity"
+
+
+def test_infidelity_by_hand_with_squares_that_cover_the_image():
+    # Every square is the whole image: the logit falls by 14, the map's sum is 10.
+    model, saliency = region_model(R), torch.full((1, 4, 4), 10 / 16)
+    plain = metrics.infidelity(model, X, saliency, torch.tensor([0]), patch_sizes=[4], n_samples=3, normalise=False)
+    close(plain.values, [(10 - 14) ** 2])
+    scaled = metrics.infidelity(model, X, saliency, torch.tensor([0]), patch_sizes=[4], n_samples=3)
+    close(scaled.values, [0.0])
+    close(scaled.extra["scale"], [1.4])
+
+
+def test_infidelity_against_a_loop_reference():
+    torch.manual_seed(0)
+    model, images, maps = small_cnn(width=4), torch.rand(2, 3, 10, 10), torch.randn(2, 10, 10)
+    targets = torch.tensor([3, 7])
+    ours = metrics.infidelity(model, images, maps, targets, n_samples=12, patch_sizes=[2, 5], seed=4)
+    masks = square_masks(4, 12, [2, 5], 10, 10, torch.device("cpu"))
+    sums, drops = removal_reference(model, images, targets, maps, masks)
+    beta = (sums * drops).sum(1) / (sums * sums).sum(1)
+    close(ours.values, ((beta[:, None] * sums - drops) ** 2).mean(1), tol=1e-4)
+
+
+def test_square_masks_are_uniform_over_every_square():
+    masks = square_masks(1, 2000, [1, 2], 4, 4, torch.device("cpu"))
+    sizes = masks.flatten(1).sum(1)
+    assert set(sizes.tolist()) == {1, 4}
+    for mask, size in zip(masks, sizes):
+        rows, cols = mask.any(1).nonzero().flatten(), mask.any(0).nonzero().flatten()
+        side = int(size ** 0.5)
+        assert len(rows) == len(cols) == side and rows.diff().eq(1).all() and cols.diff().eq(1).all()
+    # 16 squares of side 1 and 9 of side 2: a square of side 1 comes 16 / 25 of the time.
+    assert abs(float((sizes == 1).float().mean()) - 16 / 25) < 0.04
+    # Every position of a side-2 square comes up (9 of them).
+    assert len({tuple(m.nonzero()[0].tolist()) for m in masks[sizes == 4]}) == 9
+    with pytest.raises(ValueError, match=r"patch_sizes must lie in 1..4"):
+        square_masks(1, 3, [5], 4, 4, torch.device("cpu"))
+
+
+def test_sensitivity_n_is_1_for_the_exact_map_and_minus_1_for_its_opposite():
+    model, images, exact, targets = exact_linear()
+    result = metrics.sensitivity_n(model, images, exact, targets, n_samples=8)
+    close(result.values, [1, 1, 1])
+    close(result.curves["sensitivity-n"], torch.ones(3, 10))
+    # 36 pixels: a fraction f takes round(36 f) pixels, at least 1 and at most 35.
+    close(result.steps, torch.tensor([1, 1, 1, 1, 1, 2, 4, 7, 18, 29]) / 36)
+    close(metrics.sensitivity_n(model, images, -exact, targets, n_samples=8).values, [-1, -1, -1])
+    flat = metrics.sensitivity_n(model, images, torch.ones(3, 6, 6), targets, n_samples=8)
+    close(flat.values, [0, 0, 0])  # a constant map's sums do not vary: nothing to correlate
+
+
+def test_sensitivity_n_against_a_loop_reference():
+    torch.manual_seed(1)
+    model, images, maps = small_cnn(width=4), torch.rand(2, 3, 8, 8), torch.randn(2, 8, 8)
+    targets = torch.tensor([1, 4])
+    ours = metrics.sensitivity_n(model, images, maps, targets, fractions=(0.1, 0.5), n_samples=6, seed=2)
+    counts = torch.tensor([6, 6, 6, 6, 6, 6, 32, 32, 32, 32, 32, 32])  # round(6.4), round(32)
+    masks = random_subsets(2, list(range(12)), counts, 8, 8, "cpu")
+    sums, drops = removal_reference(model, images, targets, maps, masks)
+    expected = [[np.corrcoef(s[j:j + 6], d[j:j + 6])[0, 1] for j in (0, 6)] for s, d in zip(sums, drops)]
+    close(ours.curves["sensitivity-n"], expected, tol=1e-4)
+    close(ours.values, np.mean(expected, 1), tol=1e-4)
+
+
+# --- faithfulness correlation and estimate -----------------------------------------------
+
+
+def test_faithfulness_correlation_by_hand_and_against_a_loop_reference():
+    model, images, exact, targets = exact_linear()
+    result = metrics.faithfulness_correlation(model, images, exact, targets, subset=5, n_runs=10)
+    close(result.values, [1, 1, 1])
+    assert result.higher_is_better is True and result.metric == "faithfulness-correlation"
+    close(metrics.faithfulness_correlation(model, images, -exact, targets, subset=5, n_runs=10).values, [-1, -1, -1])
+    # A subset given as a fraction of the image: 0.25 of 36 pixels is 9.
+    torch.manual_seed(2)
+    cnn, maps = small_cnn(width=4), torch.randn(3, 6, 6)
+    ours = metrics.faithfulness_correlation(cnn, images, maps, targets, subset=0.25, n_runs=7, seed=9)
+    masks = random_subsets(9, list(range(7)), torch.full((7,), 9), 6, 6, "cpu")
+    sums, drops = removal_reference(cnn, images, targets, maps, masks)
+    close(ours.values, [np.corrcoef(s, d)[0, 1] for s, d in zip(sums, drops)], tol=1e-4)
+
+
+def test_faithfulness_estimate_by_hand():
+    # The logit of a linear model falls by the exact map's sum over each group: Pearson 1.
+    model, images, exact, targets = exact_linear()
+    close(metrics.faithfulness_estimate(model, images, exact, targets, step=4, score="logit").values, [1, 1, 1])
+    close(metrics.faithfulness_estimate(model, images, -exact, targets, step=4, score="logit").values, [-1, -1, -1])
+    # X on the region model, groups of 4 pixels in ORDER's ranking (step 4): {5, 0, 15, 1},
+    # {4, 2, 3, 6}, ... The map's sums over them and the probability drops, by hand.
+    saliency = map_from_order(ORDER)  # values 16 (pixel 5) down to 1
+    sums = [16 + 15 + 14 + 13, 12 + 11 + 10 + 9, 8 + 7 + 6 + 5, 4 + 3 + 2 + 1]
+    logits = [14 - 6 - 1 - 2, 14 - 5, 14, 14]  # removing group g alone
+    drops = [sigmoid(14) - sigmoid(z) for z in logits]
+    result = metrics.faithfulness_estimate(region_model(R), X, saliency, torch.tensor([0]), step=4)
+    close(result.values, [np.corrcoef(sums, drops)[0, 1]])
+
+
+# --- monotonicity and monotonicity correlation -------------------------------------------
+
+
+def test_monotonicity_by_hand():
+    # Class 0's logit is 1 x0 - 1 x1 + 2 x2 + 0.5 x3 on the 2 x 2 image (1, 2, 3, 4): the
+    # pixels add 1, -2, 6 and 2.
+    model = linear([[[[1.0, -1.0], [2.0, 0.5]]], [[[0.0, 0.0], [0.0, 0.0]]]])
+    image = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    # Put back in increasing order of the map: pixel 1 (-2), 0 (1), 3 (2), 2 (6): -2, -1, 1, 7.
+    exact = torch.tensor([[[1.0, -2.0], [6.0, 2.0]]])
+    result = metrics.monotonicity(model, image, exact, torch.tensor([0]), step=1, score="logit")
+    close(result.curves["monotonicity"], [-2, -1, 1, 7])
+    close(result.values, [1.0])
+    close(result.steps, [0.25, 0.5, 0.75, 1.0])
+    # Pixel 3 (2), then 0 (3), 1 (1: falls), 2 (7): not monotonic, 2 of 3 steps rise.
+    other = torch.tensor([[[1.0, 2.0], [3.0, 0.0]]])
+    result = metrics.monotonicity(model, image, other, torch.tensor([0]), step=1, score="logit")
+    close(result.curves["monotonicity"], [2, 3, 1, 7])
+    close(result.values, [0.0])
+    close(result.extra["non_decreasing"], [2 / 3])
+    # The probability (the default) rises and falls with the logit when the other is 0.
+    result = metrics.monotonicity(model, image, other, torch.tensor([0]), step=1)
+    close(result.curves["monotonicity"], [sigmoid(z) for z in (2, 3, 1, 7)])
+    assert result.values.item() == 0.0 and result.higher_is_better is True
+
+
+def test_monotonicity_correlation_by_hand():
+    # Only R matters to class 0. Groups of 4 pixels by increasing magnitude: a map that is 1
+    # on R puts R in the last group, the only one whose noise moves the score: relevance
+    # (0, 0, 0, 4) against variances (0, 0, 0, v): Spearman 1. A map that is 1 off R
+    # reverses it: (0, 4, 4, 4) against (v, 0, 0, 0), -1.
+    model = region_model(R)
+    on_r = torch.zeros(1, 16)
+    on_r[0, R] = 1.0
+    on_r = on_r.view(1, 4, 4)
+    result = metrics.monotonicity_correlation(model, X, on_r, torch.tensor([0]), step=4, n_samples=3)
+    close(result.values, [1.0])
+    assert result.higher_is_better is True and result.metric == "monotonicity-correlation"
+    reversed_ = metrics.monotonicity_correlation(model, X, 1 - on_r, torch.tensor([0]), step=4, n_samples=3)
+    close(reversed_.values, [-1.0])
+    # The sign does not matter: the magnitude ranks.
+    close(metrics.monotonicity_correlation(model, X, -on_r, torch.tensor([0]), step=4, n_samples=3).values, [1.0])
+
+
+# --- selectivity ---------------------------------------------------------------------------
+
+
+def test_selectivity_by_hand():
+    # 2 x 2 patches of the 4 x 4 image: top left {0, 1, 4, 5} = R (the logit, 14), top right,
+    # bottom left, bottom right. A map that ranks the top right first, then R: 14, 14, 0, 0, 0.
+    saliency = torch.tensor([[[2.0, 2.0, 4.0, 4.0], [2.0, 2.0, 4.0, 4.0], [1.0, 1.0, 0.0, 0.0],
+                              [1.0, 1.0, 0.0, 0.0]]])
+    result = metrics.selectivity(region_model(R), X, saliency, torch.tensor([0]), patch_size=2)
+    close(result.curves["selectivity"], [14, 14, 0, 0, 0])
+    close(result.values, [trapezoid([14, 14, 0, 0, 0])])
+    close(result.steps, [0, 0.25, 0.5, 0.75, 1])
+    assert result.higher_is_better is False
+    # R first: 14, 0, 0, 0, 0, a smaller area.
+    first = metrics.selectivity(region_model(R), X, saliency.flip(-1), torch.tensor([0]), patch_size=2)
+    assert first.values.item() < result.values.item()
+
+
+# --- performance information curves (SIC, AIC) ---------------------------------------------
+
+
+def test_pic_curve_by_hand():
+    from explain.metrics.faithfulness.information_curves import pic_curve
+
+    # Sizes: original 100, fully blurred 50, then 60, 75, 90: information 0.2, 0.5, 0.8.
+    # Predictions 0.9 and 0.1, then 0.5, 0.3, 0.9: normalised 0.5, 0.25, 1.0, kept rising:
+    # 0.5, 0.5, 1.0. The curve through (0, 0), (0.2, 0.5), (0.5, 0.5), (0.8, 1), (1, 1) has
+    # the area 0.05 + 0.15 + 0.225 + 0.2 = 0.625.
+    sizes, predictions = np.array([100, 50, 60, 75, 90]), np.array([0.9, 0.1, 0.5, 0.3, 0.9])
+    curve = pic_curve(sizes, predictions, min_prediction=0.8, keep_monotonous=True, points=1000)
+    x = np.append(np.linspace(0, 1, 1000, endpoint=False), 1.0)
+    assert curve.shape == (1001,) and curve[200] == pytest.approx(0.5) and curve[650] == pytest.approx(0.75)
+    assert np.trapezoid(curve, x) == pytest.approx(0.625)
+    falling = pic_curve(sizes, predictions, min_prediction=0.8, keep_monotonous=False, points=1000)
+    assert falling[500] == pytest.approx(0.25)
+    # PAIR skips an image whose original scores below the minimum, or whose fully blurred copy
+    # holds as much information, or scores as high.
+    assert pic_curve(sizes, predictions, min_prediction=0.95, keep_monotonous=True, points=10) is None
+    assert pic_curve(np.array([50, 50, 60]), predictions[:3], min_prediction=0, keep_monotonous=True, points=10) is None
+    assert pic_curve(sizes[:3], np.array([0.9, 0.9, 0.5]), min_prediction=0, keep_monotonous=True, points=10) is None
+
+
+def test_pic_interpolation_and_random_pixels():
+    from explain.metrics.faithfulness.information_curves import interpolated_image, random_pixels
+
+    # Linear interpolation restores a linear ramp exactly, whatever pixels are known.
+    rows, cols = np.mgrid[0:16, 0:16]
+    ramp = np.stack([4 * rows + 8 * cols, 10 + 5 * rows, 200 - 6 * cols], -1).astype(np.uint8)
+    known = random_pixels(ramp, 0.05, 0)
+    assert known.sum() == 12  # int(256 * 0.05)
+    assert np.array_equal(interpolated_image(ramp, known), ramp)
+    # The random pixels depend on the seed and the image, not on anything else.
+    assert np.array_equal(random_pixels(ramp, 0.05, 0), known)
+    assert not np.array_equal(random_pixels(ramp, 0.05, 1), known)
+    assert not np.array_equal(random_pixels(255 - ramp, 0.05, 0), known)
+
+
+def pic_setup():
+    """A model whose class 0 is the image's high-frequency energy (class 1 a constant), noisy
+    images that it scores high, and maps of each pixel's edge strength."""
+
+    class Edges(nn.Module):
+        def forward(self, x):
+            kernel = torch.tensor([[0.0, -1.0, 0.0], [-1.0, 4.0, -1.0], [0.0, -1.0, 0.0]])[None, None]
+            energy = F.conv2d(x.mean(1, keepdim=True), kernel, padding=1).abs().mean((1, 2, 3))
+            return torch.stack([40 * (energy - 0.15), torch.zeros_like(energy)], 1)
+
+    generator = torch.Generator().manual_seed(0)
+    images = (torch.rand(3, 3, 24, 24, generator=generator) * 0.5 + torch.linspace(0, 0.5, 24)).clamp(0, 1)
+    kernel = torch.tensor([[0.0, -1.0, 0.0], [-1.0, 4.0, -1.0], [0.0, -1.0, 0.0]])[None, None]
+    maps = F.conv2d(images.mean(1, keepdim=True), kernel, padding=1).abs()[:, 0]
+    return Edges().eval(), images, maps, torch.zeros(3, dtype=torch.long)
+
+
+def test_pic_reveals_what_the_model_needs():
+    model, images, maps, targets = pic_setup()
+    good = metrics.pic(model, images, maps, targets)
+    bad = metrics.pic(model, images, -maps, targets)
+    assert good.metric == "sic" and good.higher_is_better is True
+    assert good.curves["sic"].shape == (3, 1001) and good.steps.shape == (1001,)
+    assert torch.isfinite(good.values).all() and torch.isfinite(good.extra["aic"]).all()
+    assert (good.values > bad.values).all() and (good.extra["aic"] >= bad.extra["aic"]).all()
+    # Below the minimum probability, an image is skipped (NaN), as PAIR skips it.
+    assert torch.isnan(metrics.pic(model, images, maps, targets, min_probability=1.0).values).all()
+    # Normalised inputs give the same scores once their normalisation is given.
+    mean, std = (0.4, 0.5, 0.6), (0.2, 0.3, 0.25)
+    normalised = (images - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+    model_of_normalised = nn.Sequential(_Unnormalise(mean, std), model)
+    again = metrics.pic(model_of_normalised, normalised, maps, targets, normalization=(mean, std))
+    close(again.values, good.values, tol=1e-4)
+    with pytest.raises(ValueError, match=r"pass normalization=\(mean, std\)"):
+        metrics.pic(model_of_normalised, normalised, maps, targets)
+    with pytest.raises(ValueError, match="thresholds must be shares"):
+        metrics.pic(model, images, maps, targets, thresholds=(0.5, 0.1))
+
+
+class _Unnormalise(nn.Module):
+    def __init__(self, mean, std):
+        super().__init__()
+        self.register_buffer("mean", torch.tensor(mean).view(1, -1, 1, 1))
+        self.register_buffer("std", torch.tensor(std).view(1, -1, 1, 1))
+
+    def forward(self, x):
+        return x * self.std + self.mean
+
+
+# --- top-k intersection --------------------------------------------------------------------
+
+
+def test_top_k_intersection_by_hand():
+    maps = torch.tensor([[[4.0, 3.0], [2.0, 1.0]], [[1.0, 1.0], [1.0, 1.0]], [[0.0, 1.0], [2.0, 3.0]]])
+    region = torch.tensor([[[True, False], [True, False]]] * 2 + [[[False, False], [False, False]]])
+    # Top 2: pixels 0 and 1 (one in the region); ties in raster order: 0 and 1; empty: NaN.
+    result = metrics.top_k_intersection(maps, region, k=2)
+    close(result.values[:2], [0.5, 0.5])
+    assert torch.isnan(result.values[2]) and result.higher_is_better is True
+    # Concept influence divides by the region's share of the image (2 of 4 pixels).
+    close(metrics.top_k_intersection(maps, region, k=3, concept_influence=True).values[:2], [4 / 3, 4 / 3])
+    # k beyond the image takes every pixel: the region's share.
+    close(metrics.top_k_intersection(maps, region, k=100).values[:2], [0.5, 0.5])
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        metrics.top_k_intersection(maps, region, k=0)
+
+
 # --- topk explanations ------------------------------------------------------------------
 
 
@@ -1186,6 +1497,9 @@ MODEL_METRICS = {
     "region-perturbation": lambda *a: metrics.region_perturbation(*a, patch_size=2, baseline=0.5),
     "irof": lambda *a: metrics.irof(*a, segments=SEGMENTS),
     "road": lambda *a: metrics.road(*a, percentages=(25, 50), noise=0.0),
+    "selectivity": lambda *a: metrics.selectivity(*a, patch_size=2),
+    "faithfulness-estimate": lambda *a: metrics.faithfulness_estimate(*a, step=3),
+    "monotonicity": lambda *a: metrics.monotonicity(*a, step=3),
 }
 
 
@@ -1206,7 +1520,8 @@ def test_topk_equals_one_target_at_a_time(name):
 
 @pytest.mark.parametrize("name", ["region-perturbation", "road", "sensitivity", "random-logit",
                                   "local-lipschitz-estimate", "continuity", "relative-input-stability",
-                                  "relative-representation-stability"])
+                                  "relative-representation-stability", "infidelity", "sensitivity-n",
+                                  "faithfulness-correlation", "monotonicity-correlation"])
 def test_topk_equals_one_target_at_a_time_with_random_draws(name):
     # The random draws (noise, the other class) belong to the image, not to its row among
     # the explained targets. (8 x 8: SSIM's window is 7 x 7.)
@@ -1227,6 +1542,13 @@ def test_topk_equals_one_target_at_a_time_with_random_draws(name):
                                                                                        n_samples=3),
         "relative-representation-stability": lambda e, t=None: metrics.relative_representation_stability(
             explainer, images, e, t, layer="0", n_samples=3),
+        "infidelity": lambda e, t=None: metrics.infidelity(model, images, e, t, n_samples=5),
+        "sensitivity-n": lambda e, t=None: metrics.sensitivity_n(model, images, e, t, fractions=(0.1, 0.5),
+                                                                 n_samples=4),
+        "faithfulness-correlation": lambda e, t=None: metrics.faithfulness_correlation(model, images, e, t, subset=8,
+                                                                                       n_runs=5),
+        "monotonicity-correlation": lambda e, t=None: metrics.monotonicity_correlation(model, images, e, t, step=8,
+                                                                                       n_samples=3),
     }[name]
     together = run(explanation)
     assert together.values.shape == (2, 2)
@@ -1240,7 +1562,7 @@ def test_topk_localisation_and_concentration():
     maps = torch.rand(2, 3, 8, 8)
     boxes = torch.tensor([[0, 0, 4, 4], [2, 2, 8, 6]])
     for metric in (metrics.pointing_game, metrics.relevance_mass, metrics.relevance_rank,
-                   metrics.energy_pointing_game):
+                   metrics.energy_pointing_game, metrics.top_k_intersection):
         together = metric(maps, boxes).values
         assert together.shape == (2, 3)
         for j in range(3):
@@ -1325,6 +1647,20 @@ HYGIENE = {
     "region-perturbation": lambda model, images, maps, t, b: metrics.region_perturbation(
         model, images, maps, t, patch_size=4, batch_size=b),
     "irof": lambda model, images, maps, t, b: metrics.irof(model, images, maps, t, n_segments=8, batch_size=b),
+    "selectivity": lambda model, images, maps, t, b: metrics.selectivity(model, images, maps, t, patch_size=4,
+                                                                         batch_size=b),
+    "infidelity": lambda model, images, maps, t, b: metrics.infidelity(model, images, maps, t, n_samples=6,
+                                                                       batch_size=b),
+    "sensitivity-n": lambda model, images, maps, t, b: metrics.sensitivity_n(model, images, maps, t, n_samples=4,
+                                                                             fractions=(0.1, 0.5), batch_size=b),
+    "faithfulness-correlation": lambda model, images, maps, t, b: metrics.faithfulness_correlation(
+        model, images, maps, t, n_runs=6, subset=10, batch_size=b),
+    "faithfulness-estimate": lambda model, images, maps, t, b: metrics.faithfulness_estimate(
+        model, images, maps, t, step=0.1, batch_size=b),
+    "monotonicity": lambda model, images, maps, t, b: metrics.monotonicity(model, images, maps, t, step=0.1,
+                                                                           batch_size=b),
+    "monotonicity-correlation": lambda model, images, maps, t, b: metrics.monotonicity_correlation(
+        model, images, maps, t, step=0.1, n_samples=3, batch_size=b),
 }
 
 
@@ -1349,9 +1685,40 @@ def test_model_metrics_leave_the_model_alone_and_batching_changes_nothing(name, 
     # Equal up to float rounding (a convolution's batch of 1 and of 64 may sum in another
     # order); average drop's 100 (Y - O) / Y magnifies it.
     tol = 1e-4 if name == "average-drop" else 1e-6
+    if name in ("infidelity", "sensitivity-n", "faithfulness-correlation", "faithfulness-estimate"):
+        tol = 1e-4  # squared errors and correlations of score differences magnify the rounding
     torch.testing.assert_close(one.values, many.values, rtol=tol, atol=tol)
     for key in one.curves:
-        torch.testing.assert_close(one.curves[key], many.curves[key], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(one.curves[key], many.curves[key], rtol=max(tol, 1e-6), atol=max(tol, 1e-6))
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_pic_leaves_the_model_alone_and_batching_changes_nothing(training):
+    model = NoGraph().train(training)
+    state = ModelState(model)
+    images, maps, targets = torch.rand(3, 3, 12, 12), torch.rand(3, 12, 12), torch.tensor([0, 2, 1])
+    one = metrics.pic(model, images, maps, targets, min_probability=0.0, batch_size=1)
+    state.assert_unchanged()
+    many = metrics.pic(model, images, maps, targets, min_probability=0.0, batch_size=64)
+    state.assert_unchanged()
+    for key in ("sic", "aic"):
+        torch.testing.assert_close(one.curves[key], many.curves[key], rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_new_faithfulness_metrics_name_the_fix():
+    model, images, maps, targets = region_model(R), X, map_from_order(ORDER), torch.tensor([0])
+    with pytest.raises(ValueError, match="n_samples must be a positive int"):
+        metrics.infidelity(model, images, maps, targets, n_samples=0)
+    with pytest.raises(ValueError, match="fractions must lie strictly between 0 and 1"):
+        metrics.sensitivity_n(model, images, maps, targets, fractions=(0.5, 1.0))
+    with pytest.raises(ValueError, match="n_runs must be a positive int"):
+        metrics.faithfulness_correlation(model, images, maps, targets, n_runs=0)
+    with pytest.raises(ValueError, match=r"step must be a number of pixels"):
+        metrics.faithfulness_estimate(model, images, maps, targets, step=0)
+    with pytest.raises(ValueError, match="patch_size must be a positive int"):
+        metrics.selectivity(model, images, maps, targets, patch_size=0)
+    with pytest.raises(ValueError, match="random_fraction must be a share of the pixels below 1"):
+        metrics.pic(model, images / 16, maps, targets, random_fraction=1.0)
 
 
 def test_explainer_metrics_leave_the_model_alone():
@@ -1382,17 +1749,24 @@ def test_every_registered_metric_runs_on_resnet18():
     boxes = torch.tensor([[4, 4, 20, 20], [10, 0, 32, 16]])
     state = ModelState(model)
     assert metrics.metric_names()[:3] == ["deletion", "insertion", "average-drop"]
-    assert len(metrics.metric_names()) == 23
+    assert len(metrics.metric_names()) == 32
     top = ["fc", "layer4.1.conv2", "layer4.0.conv1"]
     for name in metrics.metric_names():
         options = {"randomisation": {"layers": top}, "smooth-randomisation": {"layers": top, "n_samples": 2},
-                   "efficient-randomisation": {"layers": top}, "continuity": {"steps": 4}}.get(name, {})
+                   "efficient-randomisation": {"layers": top}, "continuity": {"steps": 4},
+                   "infidelity": {"n_samples": 8}, "sensitivity-n": {"fractions": (0.1, 0.5), "n_samples": 4},
+                   "faithfulness-correlation": {"n_runs": 8}, "faithfulness-estimate": {"step": 0.1},
+                   "monotonicity": {"step": 0.1}, "monotonicity-correlation": {"step": 0.1, "n_samples": 2},
+                   "sic": {"min_probability": 0.0}}.get(name, {})
         if name in ("sensitivity", "local-lipschitz-estimate"):
             options = {"n_samples": 2}
         if name.startswith("relative-"):  # noise too small to change a class: no NaN
             options = {"n_samples": 2, "radius": 1e-3}
         score = metrics.compute(name, cam, images, explanation, regions=boxes, **options)
         assert score.values.shape == (2,), name
+        if name == "sic":  # PAIR's curve skips (NaN) an image whose blurred copy scores as high
+            assert score.curves["sic"].shape == (2, 1001)
+            continue
         assert torch.isfinite(score.values).all(), name
         spec = metrics.METRICS[name]
         columns = registry.columns(name, score)
@@ -1423,17 +1797,23 @@ def test_declared_columns():
         "randomisation": ["randomisation", "randomisation-ssim"], "smooth-randomisation": ["smooth-randomisation"],
         "efficient-randomisation": ["efficient-randomisation"], "random-logit": ["random-logit"], "pointing-game": ["pointing-game"], "relevance-mass": ["relevance-mass"],
         "relevance-rank": ["relevance-rank"], "energy-pointing-game": ["energy-pointing-game"],
-        "sparseness": ["sparseness"], "complexity": ["complexity"],
+        "sparseness": ["sparseness"], "complexity": ["complexity"], "selectivity": ["selectivity"],
+        "infidelity": ["infidelity"], "sensitivity-n": ["sensitivity-n"],
+        "faithfulness-correlation": ["faithfulness-correlation"], "faithfulness-estimate": ["faithfulness-estimate"],
+        "monotonicity": ["monotonicity"], "monotonicity-correlation": ["monotonicity-correlation"],
+        "sic": ["sic", "aic"], "top-k-intersection": ["top-k-intersection"],
     }
     assert metrics.METRICS["road"].columns["road-morf"] == ("morf", False)
     assert metrics.METRICS["average-drop"].columns["average-gain"] == ("gain", True)
+    assert metrics.METRICS["sic"].columns["aic"] == ("aic", True)
 
 
 @pytest.mark.parametrize("metric", [metrics.sparseness, metrics.complexity,
                                     lambda maps: metrics.pointing_game(maps, torch.ones(1, 4, 4, dtype=torch.bool)),
                                     lambda maps: metrics.relevance_mass(maps, torch.ones(1, 4, 4, dtype=torch.bool)),
                                     lambda maps: metrics.relevance_rank(maps, torch.ones(1, 4, 4, dtype=torch.bool)),
-                                    lambda maps: metrics.energy_pointing_game(maps, torch.ones(1, 4, 4, dtype=torch.bool))])
+                                    lambda maps: metrics.energy_pointing_game(maps, torch.ones(1, 4, 4, dtype=torch.bool)),
+                                    lambda maps: metrics.top_k_intersection(maps, torch.ones(1, 4, 4, dtype=torch.bool))])
 def test_maps_metrics_refuse_nan_maps_as_the_faithfulness_metrics_do(metric):
     maps = torch.rand(1, 4, 4)
     maps[0, 1, 2] = float("nan")

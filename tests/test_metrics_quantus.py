@@ -12,13 +12,21 @@ Compared here: PixelFlipping, RegionPerturbation, IROF, ROAD, MaxSensitivity and
 AvgSensitivity, LocalLipschitzEstimate, Continuity, RelativeInputStability,
 RelativeOutputStability, RelativeRepresentationStability, MPRT (model parameter
 randomisation), SmoothMPRT, EfficientMPRT, RandomLogit, PointingGame,
-RelevanceMassAccuracy, RelevanceRankAccuracy, Sparseness and Complexity.
+RelevanceMassAccuracy, RelevanceRankAccuracy, Sparseness and Complexity; and (issue 30)
+Infidelity (with captum's ``infidelity`` too), FaithfulnessCorrelation, FaithfulnessEstimate,
+Monotonicity, MonotonicityCorrelation, Selectivity and TopKIntersection.
 
 Not compared, because Quantus 0.6 has no counterpart: deletion and insertion (Petsiuk et
 al.'s RISE curves; Quantus has no insertion curve, and its deletion-like PixelFlipping is
 compared instead), Average Drop / Increase in Confidence / Average Gain, the energy-based
 pointing game (Score-CAM), the pointing game's 15-pixel tolerance, ROAD's LeRF curve and
-the SSIM of model randomisation.
+the SSIM of model randomisation; the softmax and accuracy information curves (PAIR's
+``saliency.metrics.pic`` is their reference: ``tests/test_metrics_pic.py``). Sensitivity-n is
+not compared: Quantus's SensitivityN removes the most relevant features cumulatively rather
+than random subsets (its attribution sums are read at its own ranked indices, which no option
+replaces) and correlates across the images of a batch rather than across the subsets of one
+image, so no configuration computes Ancona et al.'s test; ``tests/test_metrics.py`` checks it
+against a loop reference.
 
 Every map is a tie-free continuous one: explain sorts stably (ties in raster order) and
 Quantus with numpy's default, unstable argsort, so on ties the two may legitimately rank
@@ -724,3 +732,205 @@ def test_complexity(signed):
     ours = metrics.complexity(maps).values
     theirs = concentration(quantus.Complexity(disable_warnings=True), maps)
     assert_close("Complexity", np_(ours), theirs, 1e-5)
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 30: infidelity, sensitivity-n, faithfulness correlation and estimate, monotonicity
+# and monotonicity correlation, selectivity, top-k intersection
+# ---------------------------------------------------------------------------------------
+
+
+class RecordingModel(nn.Module):
+    """The model, keeping a copy of every batch explain's metric gives it: the perturbed
+    images, in the order the metric made them (image by image, then column by column).
+    The metric is given a ``batch_size``, so that no probe pass sizes its batches."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model, self.batches = model, []
+
+    def forward(self, x):
+        self.batches.append(x.detach().clone())
+        return self.model(x)
+
+    def copies(self, n: int) -> torch.Tensor:
+        """The recorded copies as (n images, columns, C, H, W)."""
+        every = torch.cat(self.batches)
+        return every.view(n, len(every) // n, *every.shape[1:])
+
+
+def replay(copies: torch.Tensor, columns):
+    """A Quantus ``perturb_func`` that returns, call after call, explain's perturbed images
+    of the next of ``columns`` (flattened as Quantus passes arrays), whatever Quantus asks."""
+    order = iter(columns)
+
+    def perturb_func(arr, indices=None, **kwargs):
+        return np_(copies[:, next(order)]).reshape(arr.shape).astype(arr.dtype)
+
+    return perturb_func
+
+
+@pytest.mark.parametrize("normalise", [False, True])
+def test_infidelity_with_the_same_squares(normalise):
+    """Yeh et al.'s square removal with the binary perturbation I (the removed square's
+    indicator), as the authors' code runs it for attributions. Quantus's Infidelity removes
+    the squares of a grid cumulatively, multiplies the map by the input change x - x' and
+    does not scale the map: it is given explain's squares through its ``perturb_func`` (one
+    patch covering the image, so one perturbation per sample), a baseline of x - 1 (so that
+    x - x' is the indicator) and the map divided by the channels it is broadcast over; then
+    its value is explain's with ``normalise=False`` (Definition 2.3 as written). captum's
+    ``infidelity`` (given the same squares) checks the optimal scaling, ``normalize=True``."""
+    from captum.metrics import infidelity as captum_infidelity
+
+    model, x, maps = tiny_model(), images(), tie_free_maps()
+    y = predicted(model, x)
+    channels, samples = x.shape[1], 6
+    recorder = RecordingModel(model)
+    ours = metrics.infidelity(recorder, x, maps, y, n_samples=samples, patch_sizes=[2, 3, 5], baseline=x - 1,
+                              normalise=normalise, batch_size=5)
+    copies = recorder.copies(len(x))
+    squares = (copies[0, 1:] != x[0]).all(1)  # (samples, H, W): the same squares for every image
+    assert squares.any((1, 2)).all() and torch.equal(squares, (copies[:, 1:] != x[:, None]).all(2)[1])
+    if not normalise:
+        infid = quantus.Infidelity(perturb_patch_sizes=[SIZE], n_perturb_samples=samples,
+                                   perturb_func=replay(copies, range(1, samples + 1)), disable_warnings=True)
+        theirs = run_quantus(infid, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps / channels))
+        assert_close("Infidelity (the same squares, binary I)", np_(ours.values), theirs, 1e-5)
+
+    def perturb_func(inputs):
+        indicator = squares.repeat(len(x), 1, 1)[:, None].expand_as(inputs).float()
+        return indicator, inputs - indicator
+
+    attributions = (maps / channels)[:, None].expand_as(x).contiguous()
+    theirs = captum_infidelity(model, perturb_func, x, attributions, target=y, n_perturb_samples=samples,
+                               max_examples_per_batch=samples * len(x), normalize=normalise)
+    assert_close("captum infidelity (the same squares)", np_(ours.values), np_(theirs), 1e-5)
+
+
+def test_faithfulness_correlation_with_the_same_subsets(monkeypatch, numpy_rng):
+    """Bhatt et al.'s subsets of pixels; Quantus draws single channel values with
+    ``np.random.choice`` from numpy's global stream. Here its draws are explain's subsets
+    (each pixel's three channel values), so that both remove the same pixels; its baseline
+    is explain's zeros. Pearson over 20 runs."""
+    model, x, maps = tiny_model(), images(), tie_free_maps(signed=True)
+    y = predicted(model, x)
+    runs, count = 20, 30
+    ours = metrics.faithfulness_correlation(model, x, maps, y, subset=count, n_runs=runs, seed=3)
+    from explain.metrics.faithfulness.perturbing import random_subsets
+
+    subsets = random_subsets(3, list(range(runs)), torch.full((runs,), count), SIZE, SIZE, "cpu").flatten(1)
+    pixels = [np.flatnonzero(np_(s)) for s in subsets]
+    calls = iter(range(runs * len(x)))
+
+    def choice(n, size, replace=True):
+        p = pixels[next(calls) // len(x)]  # Quantus draws run by run, image by image
+        return np.concatenate([p + c * SIZE * SIZE for c in range(3)])
+
+    monkeypatch.setattr(np.random, "choice", choice)
+    fc = quantus.FaithfulnessCorrelation(nr_runs=runs, subset_size=3 * count, perturb_baseline=0.0, normalise=False,
+                                         return_aggregate=False, disable_warnings=True)
+    theirs = run_quantus(fc, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps))
+    assert_close("FaithfulnessCorrelation (the same subsets)", np_(ours.values), theirs, 1e-5)
+
+
+def test_faithfulness_estimate():
+    """Groups of k pixels of consecutive rank, each removed alone: Quantus with
+    ``features_in_step`` = k * C (k whole pixels, as in the pixel-flipping test), baseline 0
+    and softmax (Alvarez-Melis & Jaakkola's probability drops; Quantus reads logits by
+    default)."""
+    model, x, maps = tiny_model(), images(), tie_free_maps(signed=True)
+    y = predicted(model, x)
+    k = 12
+    ours = metrics.faithfulness_estimate(model, x, maps, y, step=k)
+    fe = quantus.FaithfulnessEstimate(features_in_step=3 * k, perturb_baseline=0.0, normalise=False,
+                                      disable_warnings=True)
+    theirs = run_quantus(fe, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps), softmax=True)
+    assert_close("FaithfulnessEstimate", np_(ours.values), theirs, 1e-5)
+    logits = metrics.faithfulness_estimate(model, x, maps, y, step=k, score="logit")
+    fe = quantus.FaithfulnessEstimate(features_in_step=3 * k, perturb_baseline=0.0, normalise=False,
+                                      disable_warnings=True)
+    theirs = run_quantus(fe, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps))
+    assert_close("FaithfulnessEstimate (logits)", np_(logits.values), theirs, 1e-5)
+
+
+def test_monotonicity():
+    """Arya et al. (AIX360's ``monotonicity_metric``) put the image's features back onto the
+    baseline, least relevant first. Quantus 0.6's Monotonicity replaces the chosen features
+    of its baseline image with the baseline again, so its image never changes and every
+    curve is flat (always monotonic): it is given a ``perturb_func`` that puts the image's
+    values back instead, ``abs=False`` (the paper orders by the signed relevance) and
+    softmax (AIX360's probabilities). Then the probabilities it reads (recorded from the
+    model) are explain's curve, and its verdicts explain's values."""
+    model, x, maps = tiny_model(), images(n=6), tie_free_maps(n=6, signed=True)
+    y = predicted(model, x)
+    k = 12
+    ours = metrics.monotonicity(model, x, maps, y, step=k)
+    original = np_(x).reshape(len(x), -1)
+
+    def put_back(arr, indices, **kwargs):
+        out = arr.copy()
+        rows = np.arange(len(arr))[:, None]
+        out[rows, indices] = original[rows, indices]
+        return out
+
+    def quantus_monotonicity(perturb_func=None):
+        mono = quantus.Monotonicity(features_in_step=3 * k, perturb_baseline=0.0, perturb_func=perturb_func,
+                                    abs=False, normalise=False, disable_warnings=True)
+        with Recorder(model) as seen:
+            verdicts = run_quantus(mono, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps),
+                                   softmax=True)
+        return np.array(verdicts, dtype=float), torch.stack(seen.outputs)
+
+    as_shipped, outputs = quantus_monotonicity()
+    assert np.all(as_shipped == 1) and torch.equal(outputs[0], outputs[-1])  # the flat curve
+    theirs, outputs = quantus_monotonicity(put_back)
+    probabilities = outputs.softmax(-1)[..., torch.arange(len(x)), y].T
+    assert_close("Monotonicity curve", np_(ours.curves["monotonicity"]), np_(probabilities), 1e-6)
+    assert_close("Monotonicity", np_(ours.values), theirs, 0)
+
+
+def test_monotonicity_correlation_with_the_same_noise():
+    """Nguyen & Martinez's Spearman between a group's relevance magnitude and the mean squared
+    change of the score under noise on it. Quantus fills a group with one uniform value in
+    [0, 1) per image; given explain's noisy copies through its ``perturb_func`` (in its order:
+    group after group, sample after sample), its values equal explain's (its division of
+    the variance by f(x)^2 leaves the ranking as it is). Groups of k pixels by ascending
+    magnitude in both (Quantus's ``abs=True``); probabilities in both."""
+    model, x, maps = tiny_model(), images(), tie_free_maps(signed=True)
+    assert all(len(m.abs().unique()) == m.numel() for m in maps)
+    y = predicted(model, x)
+    k, samples = 12, 4
+    recorder = RecordingModel(model)
+    ours = metrics.monotonicity_correlation(recorder, x, maps, y, step=k, n_samples=samples, seed=5, batch_size=7)
+    copies = recorder.copies(len(x))
+    groups = SIZE * SIZE // k
+    assert copies.shape[1] == 1 + groups * samples
+    mc = quantus.MonotonicityCorrelation(nr_samples=samples, features_in_step=3 * k, normalise=False,
+                                         perturb_func=replay(copies, range(1, 1 + groups * samples)),
+                                         disable_warnings=True)
+    theirs = run_quantus(mc, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps))
+    assert_close("MonotonicityCorrelation (the same noise)", np_(ours.values), theirs, 1e-6)
+
+
+@pytest.mark.parametrize("patch_size", [4, 5])
+def test_selectivity(patch_size):
+    """The same grid (5 does not divide 12: both centre it), order and baseline (0), and the
+    logit (Montavon et al.'s function value; Quantus reads the probability by default).
+    Quantus's curve starts after the first removal, explain's at the intact image."""
+    model, x, maps = tiny_model(), images(), tie_free_maps()
+    y = predicted(model, x)
+    ours = metrics.selectivity(model, x, maps, y, patch_size=patch_size)
+    sel = quantus.Selectivity(patch_size=patch_size, perturb_baseline=0.0, normalise=False, disable_warnings=True)
+    theirs = np.array(run_quantus(sel, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps),
+                                  softmax=False))
+    assert_close(f"Selectivity curve (patch {patch_size})", np_(ours.curves["selectivity"])[:, 1:], theirs, EXACT)
+
+
+@pytest.mark.parametrize("k, concept_influence", [(10, False), (40, True), (143, False)])
+def test_top_k_intersection(k, concept_influence):
+    """Quantus refuses a k of the image's size or more (explain takes the whole map)."""
+    maps = tie_free_maps(n=6, signed=True)
+    masks = regions(maps)
+    ours = metrics.top_k_intersection(maps, masks, k=k, concept_influence=concept_influence).values
+    tki = quantus.TopKIntersection(k=k, concept_influence=concept_influence, normalise=False, disable_warnings=True)
+    assert_close(f"TopKIntersection (k={k})", np_(ours), localisation(tki, maps, masks), 1e-6)

@@ -342,6 +342,7 @@ def run_evaluation(args: EvaluateOptions) -> int:
     if loaded.task != "classify":
         raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "
                          f"`explain run --task {loaded.task}` explains")
+    options = metric_options(metrics, args.step, loaded.preprocess)
     if args.workers is None:
         args = args.replace(workers=default_workers(loaded.device))
     target = parse_target(args.target, loaded.class_names)

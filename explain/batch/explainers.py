@@ -17,11 +17,12 @@ from torch import Tensor
 
 from ..base import Explainer, NotApplicable
 from ..catalogue import method_class, method_names
+from ..drawing import normalization_of
 from ..errors import UsageError, is_out_of_memory
 from ..images import ImageError, load_rgb
 from ..metrics.registry import METRICS, metric
 from ..models import LoadedModel
-from ..options import LOCALISATION_METRICS, STEP_METRICS
+from ..options import LOCALISATION_METRICS, PIXEL_METRICS, STEP_METRICS
 from ..passes import parse_memory
 from ..similarity import SimilarityTarget
 from ..targets import class_index
@@ -267,8 +268,22 @@ def parse_metrics(text: str, with_regions: bool = False, flag: str = "--metrics"
     return list(dict.fromkeys(names))
 
 
-def metric_options(metrics: list[str], step: int | None) -> dict[str, dict]:
-    """Each metric's keyword options from ``--step`` (the pixels per step of the step metrics)."""
+def metric_options(metrics: list[str], step: int | None, preprocess=None) -> dict[str, dict]:
+    """Each metric's keyword options from ``--step`` (the pixels per step of the step metrics)
+    and, for the metrics that read the images' 8-bit pixels (PIC's ``sic``), the
+    normalisation of the model's ``preprocess``, where it has one."""
+    options = _step_options(metrics, step)
+    if preprocess is not None and any(name in PIXEL_METRICS for name in metrics):
+        try:
+            normalization = normalization_of(preprocess)
+        except ValueError:  # the images are taken to be in [0, 1]; the metric says so if not
+            return options
+        for name in (name for name in metrics if name in PIXEL_METRICS):
+            options.setdefault(name, {})["normalization"] = normalization
+    return options
+
+
+def _step_options(metrics: list[str], step: int | None) -> dict[str, dict]:
     if step is None:
         return {}
     if not any(name in STEP_METRICS for name in metrics):

@@ -113,7 +113,7 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         )
     if args.step is not None and not metrics:
         raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
-    settings_of_metrics = metric_options(metrics, args.step)
+    settings_of_metrics = metric_options(metrics, args.step, loaded.preprocess)
     options: dict[str, bool | str] = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
     if args.reduction != "abs-sum":
         options["reduction"] = args.reduction

@@ -19,8 +19,24 @@ alone.
 from ..regions import region_masks
 from .base import Score
 from .concentration import complexity, sparseness
-from .faithfulness import average_drop, deletion, insertion, irof, pixel_flipping, region_perturbation, road
-from .localisation import energy_pointing_game, pointing_game, relevance_mass, relevance_rank
+from .faithfulness import (
+    average_drop,
+    deletion,
+    faithfulness_correlation,
+    faithfulness_estimate,
+    infidelity,
+    insertion,
+    irof,
+    monotonicity,
+    monotonicity_correlation,
+    pic,
+    pixel_flipping,
+    region_perturbation,
+    road,
+    selectivity,
+    sensitivity_n,
+)
+from .localisation import energy_pointing_game, pointing_game, relevance_mass, relevance_rank, top_k_intersection
 from .randomisation import (
     efficient_model_randomisation,
     model_randomisation,
@@ -49,12 +65,18 @@ __all__ = [
     "deletion",
     "efficient_model_randomisation",
     "energy_pointing_game",
+    "faithfulness_correlation",
+    "faithfulness_estimate",
+    "infidelity",
     "insertion",
     "irof",
     "local_lipschitz_estimate",
     "metric",
     "metric_names",
     "model_randomisation",
+    "monotonicity",
+    "monotonicity_correlation",
+    "pic",
     "pixel_flipping",
     "pointing_game",
     "random_logit",
@@ -66,7 +88,10 @@ __all__ = [
     "relevance_mass",
     "relevance_rank",
     "road",
+    "selectivity",
     "sensitivity",
+    "sensitivity_n",
     "smooth_model_randomisation",
     "sparseness",
+    "top_k_intersection",
 ]

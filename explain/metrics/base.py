@@ -23,7 +23,10 @@ __all__ = [
     "draws",
     "explanation_batch",
     "pairs_of",
+    "pearson",
     "perturbation_curve",
+    "perturbed_scores",
+    "probability_and_hit",
     "read_scores",
 ]
 
@@ -181,6 +184,18 @@ def read_scores(output: Tensor, targets: Tensor, score: str | Callable[[Tensor, 
     return output.gather(1, targets[:, None]).squeeze(1)
 
 
+def probability_and_hit(output: Tensor, targets: Tensor) -> Tensor:
+    """A ``score`` for :func:`read_scores` that reads two numbers per row of a (M, classes)
+    output: the target's softmax probability, and 1 where the target is the top class (0
+    elsewhere), (M, 2).
+
+    >>> probability_and_hit(torch.tensor([[0.0, 0.0], [2.0, 0.0]]), torch.tensor([1, 1])).tolist()[1][1]
+    0.0
+    """
+    probability = output.softmax(1).gather(1, targets[:, None])[:, 0]
+    return torch.stack([probability, (output.argmax(1) == targets).float()], 1)
+
+
 def batched_scores(model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]], score, total: int = 0) -> Tensor:
     """Run ``(inputs, targets)`` batches through ``model`` under ``inference_mode``, in eval
     mode as explainers run it (batch norm neither learns from the perturbed batches nor
@@ -252,6 +267,44 @@ def chunks(total: int, size: int) -> Iterator[slice]:
         yield slice(start, min(start + size, total))
 
 
+def perturbed_scores(
+    model: nn.Module,
+    images: Tensor,
+    targets: Tensor,
+    columns: int,
+    perturb: Callable[[Tensor, Tensor], Tensor],
+    *,
+    batch_size: int | None,
+    score: str | Callable[[Tensor, Tensor], Tensor],
+) -> Tensor:
+    """The targets' scores on ``columns`` perturbed copies of each image, (M, columns).
+
+    ``perturb(rows, columns)`` returns the perturbed copies (B, C, H, W) of a batch: copy
+    ``b`` is image ``rows[b]`` perturbed the ``columns[b]``-th way. Each batch is built as it
+    runs, so memory stays at ``batch_size`` images whatever the number of copies (None:
+    sized by :func:`batch_size_for`); ``score`` is read as :func:`read_scores` reads it.
+
+    >>> model = nn.Sequential(nn.Flatten(), nn.Linear(2, 1))
+    >>> images = torch.ones(2, 1, 1, 2)
+    >>> scaled = perturbed_scores(model, images, torch.zeros(2, dtype=torch.long), 3,
+    ...                           lambda rows, cols: images[rows] * cols.view(-1, 1, 1, 1), batch_size=4, score="logit")
+    >>> scaled.shape
+    torch.Size([2, 3])
+    """
+    m = images.shape[0]
+    total = m * columns
+    batch_size = batch_size_for(batch_size, model, images, total)
+    rows = torch.arange(m, device=images.device).repeat_interleave(columns)
+    cols = torch.arange(columns, device=images.device).repeat(m)
+
+    def batches() -> Iterator[tuple[Tensor, Tensor]]:
+        for part in chunks(total, batch_size):
+            yield perturb(rows[part], cols[part]), targets[rows[part]]
+
+    scores = batched_scores(model, batches(), score, total)
+    return scores.view(m, columns, *scores.shape[1:])
+
+
 def perturbation_curve(
     model: nn.Module,
     images: Tensor,
@@ -269,28 +322,33 @@ def perturbation_curve(
     by ``fill``: a tensor (M, C, H, W) of replacement values, or a function
     ``fill(images, replaced, rows, steps)`` of a batch of images (B, C, H, W), their
     replaced pixels (B, H, W), their rows in ``images`` and their steps that returns the
-    perturbed batch. ``score`` is read as :func:`read_scores` reads it. Each
-    perturbed image is built in the batch it runs in, so memory stays at ``batch_size``
-    images whatever the number of steps (None: sized by :func:`batch_size_for`).
+    perturbed batch. ``score`` is read as :func:`read_scores` reads it. Batches are built
+    as :func:`perturbed_scores` builds them.
     """
-    m, steps = images.shape[0], thresholds.numel()
-    batch_size = batch_size_for(batch_size, model, images, m * steps)
     thresholds = thresholds.to(keys.device)
-    rows = torch.arange(m, device=images.device).repeat_interleave(steps)
-    columns = torch.arange(steps, device=images.device).repeat(m)
 
-    def batches() -> Iterator[tuple[Tensor, Tensor]]:
-        for part in chunks(m * steps, batch_size):
-            r, c = rows[part], columns[part]
-            replaced = keys[r] < thresholds[c].view(-1, 1, 1)
-            if callable(fill):
-                perturbed = fill(images[r], replaced, r, c)
-            else:
-                perturbed = torch.where(replaced[:, None], fill[r], images[r])
-            yield perturbed, targets[r]
+    def perturb(r: Tensor, c: Tensor) -> Tensor:
+        replaced = keys[r] < thresholds[c].view(-1, 1, 1)
+        if callable(fill):
+            return fill(images[r], replaced, r, c)
+        return torch.where(replaced[:, None], fill[r], images[r])
 
-    scores = batched_scores(model, batches(), score, m * steps)
-    return scores.view(m, steps, *scores.shape[1:])
+    return perturbed_scores(model, images, targets, thresholds.numel(), perturb, batch_size=batch_size, score=score)
+
+
+def pearson(a: Tensor, b: Tensor) -> Tensor:
+    """Pearson's correlation of each pair of rows of ``a`` and ``b`` (..., K), computed in
+    float64; 0 where either row is constant (it has nothing to correlate).
+
+    >>> pearson(torch.tensor([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]]), torch.tensor([[3.0, 2.0, 0.0], [1.0, 2.0, 3.0]]))
+    tensor([-0.9820,  0.0000])
+    """
+    x = a.double() - a.double().mean(-1, keepdim=True)
+    y = b.double() - b.double().mean(-1, keepdim=True)
+    norms = (x.square().sum(-1) * y.square().sum(-1)).sqrt()
+    varies = (a.amax(-1) > a.amin(-1)) & (b.amax(-1) > b.amin(-1)) & (norms > 0)
+    correlation = torch.where(varies, (x * y).sum(-1) / norms.clamp_min(1e-300), 0.0)
+    return correlation.float()
 
 
 def ranks(values: Tensor, descending: bool = True) -> Tensor:

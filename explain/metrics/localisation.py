@@ -10,13 +10,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..checks import checked_number
+from ..checks import checked_number, positive_int
 from ..explanation import Explanation
 from ..passes import with_pass_options
 from ..regions import region_masks
 from .base import Score, check_finite
 
-__all__ = ["energy_pointing_game", "pointing_game", "relevance_mass", "relevance_rank"]
+__all__ = ["energy_pointing_game", "pointing_game", "relevance_mass", "relevance_rank", "top_k_intersection"]
 
 
 def _maps_and_masks(explanation: Explanation | Tensor, regions: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
@@ -126,3 +126,30 @@ def energy_pointing_game(explanation: Explanation | Tensor, regions: Tensor) -> 
     total = scaled.sum(1)
     share = torch.where(total > 0, (scaled * masks.flatten(1)).sum(1) / total.clamp_min(1e-30), 0.0)
     return Score("energy-pointing-game", _empty_is_nan(share, masks).reshape(shape), higher_is_better=True)
+
+
+@with_pass_options
+def top_k_intersection(
+    explanation: Explanation | Tensor, regions: Tensor, *, k: int = 1000, concept_influence: bool = False
+) -> Score:
+    """Top-k intersection: the share of the map's ``k`` highest-ranked pixels that lie in the
+    region (higher is better).
+
+    Theiner, Mueller-Budack & Ewerth, "Interpretable Semantic Photo Geolocation", WACV 2022
+    (arXiv 2021), as Quantus's TopKIntersection: k = 1000 pixels by default (2 % of a 224 x
+    224 image; at most the whole map), ties broken in raster order. With
+    ``concept_influence`` the share is divided by the region's share of the image, so that
+    1 means "as often as a random pixel would be". An empty region scores NaN.
+
+    >>> maps = torch.tensor([[[3.0, 1.0], [2.0, 0.0]]])
+    >>> top_k_intersection(maps, torch.tensor([[[True, True], [False, False]]]), k=2).values.item()
+    0.5
+    """
+    maps, masks, shape = _maps_and_masks(explanation, regions)
+    flat_masks = masks.flatten(1)
+    top = min(positive_int("k", k), flat_masks.shape[1])
+    order = maps.flatten(1).argsort(dim=1, descending=True, stable=True)[:, :top]
+    share = flat_masks.gather(1, order).float().mean(1)
+    if concept_influence:
+        share = share * flat_masks.shape[1] / flat_masks.sum(1).clamp_min(1)
+    return Score("top-k-intersection", _empty_is_nan(share, masks).reshape(shape), higher_is_better=True)

@@ -1,68 +1,29 @@
-"""Faithfulness: does the model's score fall when what the map points at is taken away?
-
-Every metric here perturbs copies of the images in the order the map gives, runs them
-through the model in batches of ``batch_size`` (default: 8 images on the CPU, where that is
-fastest, 64 on a GPU) under ``torch.inference_mode``, and reads the
-explained class's score. The perturbed images are built batch by batch on the images'
-device, so memory stays at ``batch_size`` images whatever the number of steps.
-
-Maps order pixels by their value, highest first (a signed map's most positive evidence
-first); ties keep raster order.
-"""
+"""The perturbation curves: the class score as ever more of the image is removed (or restored)
+in the map's order, and the area under (or over) that curve. Deletion and insertion (RISE),
+pixel-flipping, region perturbation, selectivity and IROF."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..baselines import make_baselines, seeded
-from ..checks import checked_number, positive_int
-from ..explanation import Explanation
-from ..passes import with_pass_options
-from ..superpixels import superpixels
-from .base import Score, batch_size_for, batched_scores, chunks, draws, pairs_of, perturbation_curve, ranks
+from ...baselines import make_baselines, seeded
+from ...checks import checked_number, positive_int
+from ...explanation import Explanation
+from ...passes import with_pass_options
+from ...superpixels import superpixels
+from ..base import Score, pairs_of, perturbation_curve, ranks
+from .perturbing import baselines_for, block_keys, step_pixels
 
-__all__ = [
-    "average_drop",
-    "deletion",
-    "insertion",
-    "irof",
-    "pixel_flipping",
-    "region_perturbation",
-    "road",
-]
-
-
-def _baselines(pairs, baseline) -> Tensor:
-    """``make_baselines`` for the pairs; a per-image baseline tensor (N, ...) is repeated
-    for each of an image's k targets."""
-    k = pairs.per_image
-    if isinstance(baseline, Tensor) and k > 1 and baseline.dim() == 4 and baseline.shape[0] * k == len(pairs.images):
-        baseline = baseline.repeat_interleave(k, dim=0)
-    return make_baselines(pairs.images, baseline)
-
-
-def _step_pixels(step: int | float | None, height: int, width: int) -> int:
-    """Pixels per step: an int counts pixels, a float in (0, 1] is a fraction of the image,
-    ``None`` is one row's worth (Petsiuk et al.'s 224 pixels at 224 x 224)."""
-    if step is None:
-        return width
-    if isinstance(step, float) and 0 < step <= 1:
-        return max(1, round(step * height * width))
-    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise ValueError(
-            f"step must be a number of pixels (int >= 1) or a fraction of the image in (0, 1], got {step!r}"
-        )
-    return step
+__all__ = ["blurred", "deletion", "insertion", "irof", "pixel_flipping", "region_perturbation", "selectivity"]
 
 
 def _petsiuk_curve(model, pairs, *, insert: bool, step, substrate, batch_size, score, name: str) -> Score:
     height, width = pairs.images.shape[-2:]
     pixels = height * width
-    per_step = _step_pixels(step, height, width)
+    per_step = step_pixels(step, height, width)
     n_steps = math.ceil(pixels / per_step)
     counts = torch.clamp(torch.arange(n_steps + 1) * per_step, max=pixels)
     keys = ranks(pairs.maps)
@@ -121,7 +82,7 @@ def deletion(
         pairs,
         insert=False,
         step=step,
-        substrate=_baselines(pairs, baseline),
+        substrate=baselines_for(pairs, baseline),
         batch_size=batch_size,
         score=score,
         name="deletion",
@@ -170,153 +131,6 @@ def insertion(
 
 
 @with_pass_options
-def average_drop(
-    model: nn.Module,
-    images: Tensor,
-    explanation: Explanation | Tensor,
-    targets: Tensor | None = None,
-    *,
-    baseline: str | float | Tensor = "zeros",
-    batch_size: int | None = None,
-) -> Score:
-    """Average Drop (lower is better), with Increase in Confidence and Average Gain.
-
-    The image is masked by its map, ``x' = b + E * (x - b)`` with ``E`` the map in [0, 1]
-    (a signed map's positive part) and ``b`` the ``baseline`` (zeros in the model's input
-    space, so ``x' = E * x`` as in the papers). With ``Y`` and ``O`` the explained class's
-    softmax probability for ``x`` and ``x'``, per image:
-
-    - Average Drop = 100 * max(0, Y - O) / Y, and
-    - Increase in Confidence = 100 * [Y < O] (Chattopadhay et al., "Grad-CAM++", WACV 2018);
-    - Average Gain = 100 * max(0, O - Y) / (1 - Y) (Zhang et al., "Opti-CAM", 2023).
-
-    ``values`` holds the drop; ``extra`` holds ``"increase"`` and ``"gain"``. Their means
-    over images are the papers' figures.
-
-    >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2, 2, bias=False))
-    >>> with torch.no_grad():
-    ...     _ = model[1].weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 0.0]]))
-    >>> image = torch.full((1, 1, 1, 2), math.log(3.0))   # p(class 0) = 3 / 4
-    >>> result = average_drop(model, image, torch.tensor([[[0.0, 1.0]]]), torch.tensor([0]))
-    >>> round(result.values.item(), 4), result.extra["increase"].item()   # O = 1/2: a third lost
-    (33.3333, 0.0)
-    """
-    pairs = pairs_of(model, images, explanation, targets)
-    weights = pairs.maps.clamp(0, 1)[:, None]
-    base = _baselines(pairs, baseline)
-    masked = base + weights * (pairs.images - base)
-    m = len(pairs.targets)
-    both = torch.cat([pairs.images, masked])
-    labels = torch.cat([pairs.targets, pairs.targets])
-    batches = ((both[s], labels[s]) for s in chunks(2 * m, batch_size_for(batch_size, model, both, 2 * m)))
-    scores = batched_scores(model, batches, "probability", 2 * m)
-    y, o = scores[:m], scores[m:]
-    drop = 100 * (y - o).clamp_min(0) / y.clamp_min(1e-12)
-    increase = 100 * (y < o).float()
-    gain = 100 * (o - y).clamp_min(0) / (1 - y).clamp_min(1e-12)
-    return Score(
-        metric="average-drop",
-        values=pairs.unflatten(drop),
-        higher_is_better=False,
-        extra={
-            "increase": pairs.unflatten(increase),
-            "gain": pairs.unflatten(gain),
-            "probability": pairs.unflatten(y),
-            "masked_probability": pairs.unflatten(o),
-        },
-    )
-
-
-def _probability_and_hit(output: Tensor, targets: Tensor) -> Tensor:
-    probability = output.softmax(1).gather(1, targets[:, None])[:, 0]
-    return torch.stack([probability, (output.argmax(1) == targets).float()], 1)
-
-
-def _road_fractions(percentages) -> Tensor:
-    """ROAD's percentages as a tensor, each strictly between 0 and 100."""
-    fractions = torch.as_tensor([float(p) for p in percentages])
-    if fractions.numel() == 0 or not ((fractions > 0) & (fractions < 100)).all():
-        raise ValueError(f"percentages must lie strictly between 0 and 100, got {list(percentages)}")
-    return fractions
-
-
-def _road_imputer(order: int, noise: float, seed: int | None):
-    """The fill for one ROAD curve (``order`` 0 for MoRF, 1 for LeRF): noisy linear
-    imputation, the noise at each step drawn from ``seed`` alone."""
-    from .imputation import noisy_linear_impute
-
-    def fill(batch: Tensor, removed: Tensor, rows: Tensor, steps: Tensor) -> Tensor:
-        out = noisy_linear_impute(batch, removed, noise=0.0)
-        if noise > 0:
-            indices = [2 * step + order for step in steps.tolist()]
-            out = out + torch.where(
-                removed[:, None], noise * draws(seed, indices, batch.shape[1:], batch.device, normal=True), 0.0
-            )
-        return out
-
-    return fill
-
-
-@with_pass_options
-def road(
-    model: nn.Module,
-    images: Tensor,
-    explanation: Explanation | Tensor,
-    targets: Tensor | None = None,
-    *,
-    percentages: tuple[float, ...] = (10, 20, 30, 40, 50, 60, 70, 80, 90),
-    noise: float = 0.01,
-    batch_size: int | None = None,
-    seed: int | None = 0,
-) -> Score:
-    """ROAD: RemOve And Debias. The explained class's probability once a percentage of the
-    pixels is removed, most relevant first (MoRF, lower is better) and least relevant first
-    (LeRF, higher is better), the removed pixels imputed so that their shape does not leak.
-
-    Rong et al., "A Consistent and Efficient Evaluation Strategy for Attribution Methods",
-    ICML 2022. Removed pixels (all channels) are filled by noisy linear imputation
-    (``explain.metrics.imputation.noisy_linear_impute``: each the weighted mean of its
-    eight neighbours, plus Gaussian noise of std ``noise``), at the paper's 10 % ... 90 %.
-
-    ``values`` is the gap between the curves' means, LeRF minus MoRF (higher is better: the
-    map ranks pixels the model needs first and pixels it ignores last). ``curves`` holds
-    ``"morf"`` and ``"lerf"`` (the probability) and ``"morf_accuracy"`` and
-    ``"lerf_accuracy"`` (1 where the target is still the top class: the paper's
-    accuracy, averaged over images); ``extra`` holds each curve's mean. The noise at each
-    percentage depends only on ``seed``, so an image's result does not depend on its batch.
-    """
-    pairs = pairs_of(model, images, explanation, targets)
-    noise = checked_number("noise", noise, positive=False)
-    fractions = _road_fractions(percentages)
-    height, width = pairs.images.shape[-2:]
-    counts = (fractions / 100 * height * width).long()
-    curves = {}
-    for order, name in enumerate(("morf", "lerf")):
-        keys = ranks(pairs.maps, descending=(name == "morf"))
-        read = perturbation_curve(
-            model,
-            pairs.images,
-            pairs.targets,
-            keys,
-            counts,
-            _road_imputer(order, noise, seed),
-            batch_size=batch_size,
-            score=_probability_and_hit,
-        )
-        curves[name], curves[f"{name}_accuracy"] = read.unbind(-1)
-    extra = {name: pairs.unflatten(curve.mean(1)) for name, curve in curves.items()}
-    gap = curves["lerf"].mean(1) - curves["morf"].mean(1)
-    return Score(
-        metric="road",
-        values=pairs.unflatten(gap),
-        higher_is_better=True,
-        curves={name: pairs.unflatten(curve) for name, curve in curves.items()},
-        steps=fractions,
-        extra=extra,
-    )
-
-
-@with_pass_options
 def pixel_flipping(
     model: nn.Module,
     images: Tensor,
@@ -345,30 +159,11 @@ def pixel_flipping(
         pairs,
         insert=False,
         step=step,
-        substrate=_baselines(pairs, baseline),
+        substrate=baselines_for(pairs, baseline),
         batch_size=batch_size,
         score=score,
         name="pixel-flipping",
     )
-
-
-def _block_keys(maps: Tensor, patch_size: int, descending: bool = True) -> tuple[Tensor, int]:
-    """Each pixel's key: the rank of its patch on a grid of ``patch_size`` squares, patches
-    ranked by their summed relevance. Where a side is not a multiple of ``patch_size`` the
-    grid is centred, the border patches cut (as Quantus lays it out)."""
-    m, height, width = maps.shape
-
-    def padding(side: int) -> tuple[int, int]:
-        extra = -side % patch_size
-        return extra // 2, extra - extra // 2
-
-    (top, bottom), (left, right) = padding(height), padding(width)
-    padded = F.pad(maps, (left, right, top, bottom))
-    rows, columns = padded.shape[1] // patch_size, padded.shape[2] // patch_size
-    sums = padded.view(m, rows, patch_size, columns, patch_size).sum((2, 4)).flatten(1)
-    patch_rank = ranks(sums, descending=descending).view(m, rows, columns)
-    keys = patch_rank.repeat_interleave(patch_size, 1).repeat_interleave(patch_size, 2)
-    return keys[:, top : top + height, left : left + width], rows * columns
 
 
 @with_pass_options
@@ -403,7 +198,7 @@ def region_perturbation(
     """
     pairs = pairs_of(model, images, explanation, targets)
     patch_size, regions = positive_int("patch_size", patch_size), positive_int("regions", regions)
-    keys, total = _block_keys(pairs.maps, patch_size)
+    keys, total = block_keys(pairs.maps, patch_size)
     regions = min(regions, total)
     k = pairs.per_image
     if isinstance(baseline, str) and baseline == "noise":
@@ -413,7 +208,7 @@ def region_perturbation(
                 noisy.append(make_baselines(image[None], baseline))
         substrate = torch.cat(noisy).repeat_interleave(k, dim=0)
     else:
-        substrate = _baselines(pairs, baseline)
+        substrate = baselines_for(pairs, baseline)
     counts = torch.arange(regions + 1)
     curve = perturbation_curve(
         model, pairs.images, pairs.targets, keys, counts, substrate, batch_size=batch_size, score=score
@@ -425,6 +220,56 @@ def region_perturbation(
         higher_is_better=True,
         curves={"region-perturbation": pairs.unflatten(drops)},
         steps=counts.float(),
+    )
+
+
+@with_pass_options
+def selectivity(
+    model: nn.Module,
+    images: Tensor,
+    explanation: Explanation | Tensor,
+    targets: Tensor | None = None,
+    *,
+    patch_size: int = 16,
+    baseline: str | float | Tensor = "zeros",
+    batch_size: int | None = None,
+    score: str = "logit",
+) -> Score:
+    """Selectivity: the area under the class's score as the image's patches are removed,
+    most relevant first, until none is left (lower is better: a selective map names first
+    what the score needs).
+
+    Montavon, Samek & Mueller, "Methods for Interpreting and Understanding Deep Neural
+    Networks", Digital Signal Processing 2018 (explanation selectivity): features are
+    removed in order of decreasing relevance and the function value f(x) should fall
+    sharply. Features are the squares of a ``patch_size`` grid (centred where the side is
+    not a multiple: 196 patches at 224 px; Quantus's default 8 makes 784), ranked by their
+    summed relevance, all channels set to the
+    ``baseline`` (zeros in the model's input space); f is the class's logit (``score``).
+    ``curves["selectivity"]`` holds the score from the intact image to every patch removed;
+    the area is the trapezoid rule on [0, 1], as :func:`deletion`'s. (Quantus's curve starts
+    after the first removal and its area is in patch units.)
+    """
+    pairs = pairs_of(model, images, explanation, targets)
+    keys, total = block_keys(pairs.maps, positive_int("patch_size", patch_size))
+    counts = torch.arange(total + 1)
+    curve = perturbation_curve(
+        model,
+        pairs.images,
+        pairs.targets,
+        keys,
+        counts,
+        baselines_for(pairs, baseline),
+        batch_size=batch_size,
+        score=score,
+    )
+    area = (curve.sum(1) - (curve[:, 0] + curve[:, -1]) / 2) / total
+    return Score(
+        metric="selectivity",
+        values=pairs.unflatten(area),
+        higher_is_better=False,
+        curves={"selectivity": pairs.unflatten(curve)},
+        steps=counts.float() / total,
     )
 
 
