@@ -36,6 +36,22 @@ def _pil_open_restored():
     Image.open = pil_open
 
 
+#: The fewest passes that still exercise each method with many passes (samples, steps, masks,
+#: superpixels), for the tests that run every method on a model; a test file overrides what
+#: its inputs need (a window that fits them, an inner batch to exercise).
+CHEAP = {
+    "sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2},
+    "smoothgrad": {"n_samples": 2}, "vargrad": {"n_samples": 2}, "ig": {"n_steps": 2},
+    "gradientshap": {"n_samples": 2, "n_baselines": 2}, "deepliftshap": {"n_baselines": 2},
+    "occlusion": {"window": 32, "stride": 32}, "lime": {"n_samples": 6, "n_segments": 16},
+    "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16},
+    "shapley-sampling": {"n_samples": 1, "n_segments": 16},
+    "guidedig": {"steps": 2}, "blurig": {"steps": 2}, "xrai": {"steps": 2}, "extremal": {"steps": 2, "areas": 0.1},
+    "rise": {"n_masks": 8}, "drise": {"n_masks": 8},
+    "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2}, "internal-influence": {"n_steps": 2},
+}
+
+
 def hook_count(model: nn.Module) -> int:
     return sum(
         len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)

@@ -19,7 +19,7 @@ from torchvision.models import detection
 from torchvision.ops import box_iou
 
 import explain
-from conftest import DATA, ModelState, hook_count
+from conftest import CHEAP, DATA, ModelState, hook_count
 from explain import DRISE, GradCAM
 from explain.cli import main
 from explain.detectors import DETRDetector, YOLODetector, as_detector, decode_detr, decode_yolo
@@ -137,15 +137,6 @@ FAMILIES = {"yolo": (yolov8n, (128, 160), "model.model.9"),
 # Every CAM and attribution whose definition applies to a box's score. CAM and Finer-CAM read
 # class logits; LRP's rules and the attention methods need other models.
 SKIP = {"cam", "finercam", "lrp", "attention-rollout", "attention-relevance", "legrad"}
-CHEAP = {
-    "sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2},
-    "smoothgrad": {"n_samples": 2}, "vargrad": {"n_samples": 2}, "ig": {"n_steps": 2},
-    "gradientshap": {"n_samples": 2, "n_baselines": 2}, "deepliftshap": {"n_baselines": 2},
-    "occlusion": {"window": 32, "stride": 32}, "lime": {"n_samples": 6, "n_segments": 16},
-    "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16}, "drise": {"n_masks": 8},
-    "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2}, "internal-influence": {"n_steps": 2},
-    "shapley-sampling": {"n_samples": 1, "n_segments": 16},
-}
 # One masked pass per channel of YOLO's 256-channel SPPF: Score-CAM stands for its variants.
 SLOW_ON_YOLO = {"sscam", "iscam", "ablationcam"}
 

@@ -13,7 +13,7 @@ import torchvision
 from torch import nn
 
 import explain
-from conftest import ModelState, hook_count
+from conftest import CHEAP, ModelState, hook_count
 from explain import TokenLayout
 from explain.attention_capture import AttentionCapture, explicit_attention_kernels
 from explain.tokens import infer_layout, model_token_hints
@@ -343,15 +343,9 @@ def test_attention_methods_on_real_architectures(name):
 
 # The fewest passes that still exercise each method; Score-CAM's family runs once per
 # channel (768 on ViT-B and Swin-T), so it runs on the small models only.
-CHEAP = {
-    "smoothgrad": {"n_samples": 2}, "vargrad": {"n_samples": 2}, "ig": {"n_steps": 3},
-    "gradientshap": {"n_samples": 2, "n_baselines": 2}, "deepliftshap": {"n_baselines": 2},
-    "occlusion": {"window": 16, "stride": 16}, "lime": {"n_samples": 4, "n_segments": 4},
-    "kernelshap": {"n_samples": 4, "n_segments": 4}, "ablation": {"n_segments": 4},
-    "sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2},
-    "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2}, "internal-influence": {"n_steps": 2},
-    "shapley-sampling": {"n_samples": 1, "n_segments": 4},
-}
+CHEAP = {**CHEAP, "occlusion": {"window": 16, "stride": 16}, "lime": {"n_samples": 4, "n_segments": 4},
+         "kernelshap": {"n_samples": 4, "n_segments": 4}, "ablation": {"n_segments": 4},
+         "shapley-sampling": {"n_samples": 1, "n_segments": 4}}
 WIDE = {"vit", "swin"}
 # Methods whose definition does not apply, with the reason they give.
 REFUSED = {

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision.models.video as tvv
-from conftest import ModelState
+from conftest import CHEAP, ModelState
 from torch import nn
 from volume_models import UNet3DClassifier, cnn_1d, cnn_3d, planted_signals, planted_volumes, train
 
@@ -19,21 +19,7 @@ from explain.layers import find_target_layer
 
 VIDEO = (1, 3, 4, 32, 32)  # layer4 of the video models: 1 x 2 x 2
 SIGNAL = (2, 2, 64)
-FEWER = {
-    "smoothgradcam++": {"n_samples": 2},
-    "sscam": {"n_samples": 1},
-    "iscam": {"n_samples": 1},
-    "smoothgrad": {"n_samples": 3},
-    "vargrad": {"n_samples": 3},
-    "ig": {"n_steps": 3},
-    "gradientshap": {"n_samples": 3, "n_baselines": 2},
-    "deepliftshap": {"n_baselines": 2},
-    "occlusion": {"window": 4, "stride": 4},
-    "guidedig": {"steps": 3},
-    "layer-ig": {"n_steps": 3},
-    "layer-conductance": {"n_steps": 3},
-    "internal-influence": {"n_steps": 3},
-}
+FEWER = {**CHEAP, "occlusion": {"window": 4, "stride": 4}}
 #: One pass per channel: run on the small models only (r3d_18's layer4 has 512 channels).
 PER_CHANNEL = {"scorecam", "sscam", "iscam", "ablationcam"}
 #: Methods whose definition is that of images (superpixels, attention, 2-D bias terms).

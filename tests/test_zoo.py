@@ -8,7 +8,7 @@ import torch
 import torchvision.models as tvm
 
 import explain
-from conftest import ModelState
+from conftest import CHEAP, ModelState
 
 SIZE = 96
 
@@ -43,14 +43,9 @@ CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m),
 ATTRIBUTIONS = [m for m in explain.method_names() if issubclass(explain.method_class(m), explain.Attribution)]
 # The fewest passes that still exercise each attribution method's batching and hooks.
 CHEAP = {
-    "smoothgrad": {"n_samples": 3, "internal_batch_size": 2}, "vargrad": {"n_samples": 3, "internal_batch_size": 2},
+    **CHEAP, "smoothgrad": {"n_samples": 3, "internal_batch_size": 2}, "vargrad": {"n_samples": 3, "internal_batch_size": 2},
     "ig": {"n_steps": 3, "internal_batch_size": 4}, "gradientshap": {"n_samples": 3, "n_baselines": 2, "internal_batch_size": 2},
     "deepliftshap": {"n_baselines": 3, "internal_batch_size": 4}, "deeplift": {"internal_batch_size": 2},
-    "occlusion": {"window": 32, "stride": 32}, "lime": {"n_samples": 6, "n_segments": 16},
-    "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16},
-    "guidedig": {"steps": 2}, "blurig": {"steps": 2}, "xrai": {"steps": 2}, "extremal": {"steps": 2, "areas": 0.1},
-    "rise": {"n_masks": 8}, "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2},
-    "internal-influence": {"n_steps": 2}, "shapley-sampling": {"n_samples": 1, "n_segments": 16},
 }
 # Methods whose raw result is one map per image (N, 1, H, W), not attributions per channel.
 ONE_MAP = {"xrai", "extremal", "rise"}
