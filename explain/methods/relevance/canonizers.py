@@ -1,0 +1,164 @@
+"""Canonizers: the model put in a form whose every step is a module a rule can read, for
+the call, and put back afterwards.
+
+Each batch norm that receives a layer's output is merged into that layer
+(:class:`TracedMergeBatchNorm`), and residual additions written in ``forward`` become zennit
+``Sum`` modules (:class:`ResidualSumCanonizer`). :func:`restored_modules` puts every module
+back as it was, also after a failure half-way through.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from zennit.canonizers import Canonizer, MergeBatchNorm
+from zennit.layer import Sum
+
+__all__ = ["ResidualSumCanonizer", "TracedMergeBatchNorm", "restored_modules"]
+
+# What a canonizer or a rule may change on a module, put back after each call.
+_MODULE_DICTS = (
+    "_parameters",
+    "_buffers",
+    "_modules",
+    "_forward_hooks",
+    "_forward_pre_hooks",
+    "_backward_hooks",
+    "_backward_pre_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+    "_forward_pre_hooks_with_kwargs",
+)
+
+
+def _register_each(make: Callable[[], Canonizer], targets: Sequence[tuple]) -> list[Canonizer]:
+    """One canonizer registered per target; if one fails, those registered are undone."""
+    instances = []
+    try:
+        for target in targets:
+            instances.append(make())
+            instances[-1].register(*target)
+    except BaseException:
+        for instance in instances:
+            instance.remove()
+        raise
+    return instances
+
+
+# Blocks that add their input to their output where a flag says so: (module prefix, flag,
+# the module that drops the branch in training, an identity at inference).
+_FLAGGED_RESIDUALS = (
+    ("timm.", "has_skip", "drop_path"),
+    ("torchvision.models.", "use_res_connect", "stochastic_depth"),
+)
+
+
+class ResidualSumCanonizer(Canonizer):
+    """Residual blocks that add in ``forward`` (no module, so no rule) add through a zennit
+    ``Sum`` module instead, whose rule shares relevance in proportion to the two terms:
+
+    - blocks whose addition a flag switches on: timm's EfficientNet / MobileNet blocks
+      (``has_skip``) and torchvision's MobileNetV2 / V3 and EfficientNet blocks
+      (``use_res_connect``). Their own forward runs with the flag off, then the branch's
+      stochastic-depth module (an identity at inference) and the addition;
+    - torchvision's RegNet blocks, activation(proj(x) + f(x)).
+    """
+
+    def __init__(self):
+        self.block: nn.Module | None = None
+        self.flag: str | None = None
+
+    def apply(self, root_module: nn.Module) -> list[Canonizer]:
+        blocks: list[tuple[nn.Module, str | None]] = []
+        for module in root_module.modules():
+            kind = type(module)
+            blocks += [
+                (module, flag)
+                for prefix, flag, _ in _FLAGGED_RESIDUALS
+                if kind.__module__.startswith(prefix) and vars(module).get(flag) is True
+            ]
+            if kind.__module__ == "torchvision.models.regnet" and kind.__name__ == "ResBottleneckBlock":
+                blocks.append((module, None))
+        return _register_each(type(self), blocks)
+
+    def register(self, block: nn.Module, flag: str | None) -> None:
+        self.block, self.flag = block, flag
+        if flag is not None:
+            setattr(block, flag, False)
+        block.explain_residual_sum = Sum()
+        block.forward = (self.flagged_forward if flag is not None else self.regnet_forward).__get__(block)
+
+    def remove(self) -> None:
+        if self.block is not None:
+            vars(self.block).pop("forward", None)
+            self.block._modules.pop("explain_residual_sum", None)
+            if self.flag is not None:
+                setattr(self.block, self.flag, True)
+
+    # ``block``: timm's or torchvision's residual block, with attributes of its own class
+    @staticmethod
+    def flagged_forward(block: Any, x: Tensor) -> Tensor:
+        branch = type(block).forward(block, x)
+        for _, _, dropping in _FLAGGED_RESIDUALS:
+            if isinstance(getattr(block, dropping, None), nn.Module):
+                branch = getattr(block, dropping)(branch)
+        return block.explain_residual_sum(torch.stack([branch, x], dim=-1))
+
+    @staticmethod
+    def regnet_forward(block: Any, x: Tensor) -> Tensor:
+        shortcut = x if block.proj is None else block.proj(x)
+        return block.activation(block.explain_residual_sum(torch.stack([block.f(x), shortcut], dim=-1)))
+
+
+class TracedMergeBatchNorm(MergeBatchNorm):
+    """zennit's batch-norm merge for given (layer, batch norm) pairs, leaving the batch norm
+    exactly the identity (zennit's divides by sqrt(1 + eps))."""
+
+    def __init__(self, pairs: Sequence[tuple[nn.Module, nn.Module]] = ()):
+        super().__init__()
+        self.pairs = list(pairs)
+
+    def apply(self, root_module: nn.Module) -> list[Canonizer]:
+        return _register_each(type(self), [((layer,), norm) for layer, norm in self.pairs])
+
+    def remove(self) -> None:
+        if self.batch_norm_params is not None:  # else the merge failed before changing anything
+            super().remove()
+
+    @staticmethod
+    def merge_batch_norm(modules, batch_norm) -> None:
+        MergeBatchNorm.merge_batch_norm(modules, batch_norm)
+        batch_norm.running_var.data = batch_norm.running_var.data - batch_norm.eps
+
+
+@contextmanager
+def restored_modules(model: nn.Module) -> Iterator[None]:
+    """Afterwards, whatever happened, every module has its parameters, buffers, submodules
+    and hooks back, the same tensors with the same storage, and no attribute added or
+    removed. zennit undoes its canonizers and hooks itself, but not those a failure half-way
+    through registering them leaves behind."""
+    saved = []
+    for module in model.modules():
+        dicts = {key: dict(getattr(module, key)) for key in _MODULE_DICTS if hasattr(module, key)}
+        owned = itertools.chain(module._parameters.values(), module._buffers.values())
+        tensors = [(tensor, tensor.data) for tensor in owned if tensor is not None]
+        saved.append((module, dict(vars(module)), dicts, tensors))
+    try:
+        yield
+    finally:
+        for module, attributes, dicts, tensors in saved:
+            for key, entries in dicts.items():
+                getattr(module, key).clear()
+                getattr(module, key).update(entries)
+            for tensor, data in tensors:
+                if tensor.data_ptr() != data.data_ptr() or tensor.shape != data.shape:
+                    tensor.data = data
+            current = vars(module)
+            for key in set(current) - set(attributes):
+                del current[key]
+            current.update((key, attributes[key]) for key in set(attributes) - set(current))

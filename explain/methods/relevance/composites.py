@@ -1,0 +1,101 @@
+"""The composites: which rule each layer of a model gets, and the canonizers applied first.
+
+:func:`lrp_composite` is :class:`~explain.LRP`'s epsilon / gamma / first-layer composite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+from zennit.core import Composite, Hook
+from zennit.layer import Sum
+from zennit.rules import Pass
+from zennit.torchvision import ResNetBasicBlockCanonizer, ResNetBottleneckCanonizer
+from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
+
+from ...imagenet import IMAGENET_MEAN, IMAGENET_STD
+from ..gradient_attribution import is_relu_like
+from .canonizers import ResidualSumCanonizer, TracedMergeBatchNorm
+from .rules import epsilon_rule, gamma_rule, proportional_rule
+from .tracing import traced_batch_norm_pairs
+
+__all__ = ["check_canonical_output", "lrp_composite", "mean_and_std", "registered_composite", "zbox_bounds"]
+
+
+def mean_and_std(model: nn.Module, normalization) -> tuple[Tensor, Tensor]:
+    """(mean, std) as flat float32 tensors: ``normalization``, or by default a timm model's
+    ``pretrained_cfg``, else ImageNet's; ValueError unless one positive std per mean."""
+    if normalization is None:
+        config = getattr(model, "pretrained_cfg", None) or {}
+        normalization = (config.get("mean", IMAGENET_MEAN), config.get("std", IMAGENET_STD))
+    try:
+        mean, std = (torch.as_tensor(values, dtype=torch.float32).flatten() for values in normalization)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(
+            f"normalization must be (mean, std), two sequences of numbers, got {normalization!r}"
+        ) from None
+    if mean.shape != std.shape or not (std > 0).all():
+        raise ValueError(f"normalization needs one positive std per mean, got {normalization!r}")
+    return mean, std
+
+
+def zbox_bounds(images: Tensor, mean: Tensor, std: Tensor) -> tuple[Tensor, Tensor]:
+    """The z-box bounds (N, C, 1, 1): pixels 0 and 1 normalised by ``mean`` and ``std``,
+    widened to each image."""
+    low = (-mean / std).to(images).reshape(1, -1, 1, 1)
+    high = ((1 - mean) / std).to(images).reshape(1, -1, 1, 1)
+    return (
+        torch.minimum(low, images.amin(dim=(2, 3), keepdim=True)),
+        torch.maximum(high, images.amax(dim=(2, 3), keepdim=True)),
+    )
+
+
+def lrp_composite(model: nn.Module, images: Tensor, first: Hook, *, gamma: float, epsilon: float) -> Composite:
+    """:class:`LRP`'s rules and canonizers for ``model`` on ``images``: ``first`` on the first
+    convolution to run, LRP-gamma on the other convolutions, LRP-epsilon on dense layers, the
+    proportional rule on sums and average pools, and batch norms and activations passed."""
+    gamma_hook, epsilon_hook = gamma_rule(gamma), epsilon_rule(epsilon)
+    proportional, passed = proportional_rule(), Pass()
+    pairs, first_convolution = traced_batch_norm_pairs(model, images)
+
+    def rule_for(context: dict, name: str, module: nn.Module) -> Hook | None:
+        if isinstance(module, ConvolutionStandard):
+            return first if module is first_convolution else gamma_hook
+        if isinstance(module, nn.Linear):
+            return epsilon_hook
+        if isinstance(module, (Sum, AvgPool)):
+            return proportional
+        if isinstance(module, (BatchNorm, Activation)) or is_relu_like(module):
+            return passed
+        return None
+
+    canonizers = [
+        TracedMergeBatchNorm(pairs),
+        ResNetBasicBlockCanonizer(),
+        ResNetBottleneckCanonizer(),
+        ResidualSumCanonizer(),
+    ]
+    return Composite(module_map=rule_for, canonizers=canonizers)
+
+
+@contextmanager
+def registered_composite(composite: Composite, model: nn.Module) -> Iterator[None]:
+    """``composite`` on ``model``, removed afterwards, also if registering it failed."""
+    try:
+        composite.register(model)
+        yield
+    finally:
+        composite.remove()
+
+
+def check_canonical_output(output: Tensor, reference: Tensor) -> None:
+    """RuntimeError unless the canonical model's ``output`` matches the model's ``reference``."""
+    if not torch.allclose(output.detach(), reference, rtol=1e-3, atol=1e-4 * float(reference.abs().max())):
+        raise RuntimeError(
+            "LRP's canonical form of the model (batch norms merged into their layers, residual additions "
+            "as modules) computes another output than the model, e.g. where a merged layer's output is "
+            "also used elsewhere; LRP cannot explain this model"
+        )
