@@ -14,7 +14,8 @@
 - :mod:`~explain.methods.path_attribution`: gradients integrated along a path to the image
   (Integrated Gradients, Guided IG, Blur IG);
 - :mod:`~explain.methods.region_attribution`: image regions ranked by their attribution (XRAI);
-- :mod:`~explain.methods.relevance`: Layer-wise Relevance Propagation, through zennit;
+- :mod:`~explain.methods.relevance`: relevance propagated through zennit's rules: Layer-wise
+  Relevance Propagation, Excitation Backprop and its contrastive form;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
   copies, through captum (Occlusion, LIME, KernelSHAP, Feature Ablation over superpixels), and RISE;
 - :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
@@ -65,7 +66,7 @@ from .region_attribution import XRAI  # isort: skip
 from .perturbation_attribution import RISE, FeatureAblation, KernelShap, Lime, Occlusion  # isort: skip
 from .mask_optimisation import ExtremalPerturbation  # isort: skip
 from .drise import DRISE  # isort: skip
-from .relevance import LRP  # isort: skip
+from .relevance import LRP, ContrastiveExcitationBackprop, ExcitationBackprop  # isort: skip
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
 from .attribution_base import Attribution  # isort: skip
 from .cam_base import BaseCAM, Captured, explain_together  # isort: skip
@@ -88,11 +89,13 @@ __all__ = [
     "BaseCAM",
     "BlurIG",
     "Captured",
+    "ContrastiveExcitationBackprop",
     "Deconvolution",
     "DeepLift",
     "DeepLiftShap",
     "EigenCAM",
     "EigenGradCAM",
+    "ExcitationBackprop",
     "ExtremalPerturbation",
     "FeatureAblation",
     "FinerCAM",

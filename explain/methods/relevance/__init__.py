@@ -7,7 +7,9 @@ from the output, layer by layer, with a rule per kind of layer.
 - :mod:`~explain.methods.relevance.tracing`: what one forward pass shows (the batch norms to
   merge, the first convolution, merges no rule covers);
 - :mod:`~explain.methods.relevance.composites`: which rule each layer gets;
-- :mod:`~explain.methods.relevance.lrp`: Layer-wise Relevance Propagation (:class:`~explain.LRP`).
+- :mod:`~explain.methods.relevance.lrp`: Layer-wise Relevance Propagation (:class:`~explain.LRP`);
+- :mod:`~explain.methods.relevance.excitation`: Excitation Backprop and its contrastive form
+  (:class:`~explain.ExcitationBackprop`, :class:`~explain.ContrastiveExcitationBackprop`).
 
 Residual additions and batch norms are not layers a rule can read, so the model is first put
 in a canonical form (zennit's *canonizers*, undone after the call): each batch norm that
@@ -17,6 +19,7 @@ torchvision's ResNet, MobileNetV2 / V3, EfficientNet and RegNet blocks and timm'
 """
 
 from .canonizers import ResidualSumCanonizer, TracedMergeBatchNorm, restored_modules
+from .excitation import ContrastiveExcitationBackprop, ExcitationBackprop, excitation_layer
 from .lrp import FIRST_RULES, LRP
 from .rules import SharingRule
 from .tracing import traced_batch_norm_pairs, unseen_merges
@@ -24,9 +27,12 @@ from .tracing import traced_batch_norm_pairs, unseen_merges
 __all__ = [
     "FIRST_RULES",
     "LRP",
+    "ContrastiveExcitationBackprop",
+    "ExcitationBackprop",
     "ResidualSumCanonizer",
     "SharingRule",
     "TracedMergeBatchNorm",
+    "excitation_layer",
     "restored_modules",
     "traced_batch_norm_pairs",
     "unseen_merges",

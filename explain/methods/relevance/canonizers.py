@@ -58,6 +58,16 @@ _FLAGGED_RESIDUALS = (
 )
 
 
+# Blocks that always add their shortcut in forward: (module, class name).
+_UNFLAGGED_RESIDUALS = frozenset(
+    {
+        ("torchvision.models.regnet", "ResBottleneckBlock"),
+        ("torchvision.models.video.resnet", "BasicBlock"),
+        ("torchvision.models.video.resnet", "Bottleneck"),
+    }
+)
+
+
 class ResidualSumCanonizer(Canonizer):
     """Residual blocks that add in ``forward`` (no module, so no rule) add through a zennit
     ``Sum`` module instead, whose rule shares relevance in proportion to the two terms:
@@ -66,7 +76,8 @@ class ResidualSumCanonizer(Canonizer):
       (``has_skip``) and torchvision's MobileNetV2 / V3 and EfficientNet blocks
       (``use_res_connect``). Their own forward runs with the flag off, then the branch's
       stochastic-depth module (an identity at inference) and the addition;
-    - torchvision's RegNet blocks, activation(proj(x) + f(x)).
+    - torchvision's RegNet blocks, activation(proj(x) + f(x));
+    - torchvision's video ResNet blocks (r3d_18, mc3_18, r2plus1d_18), relu(convs(x) + x).
     """
 
     def __init__(self):
@@ -82,7 +93,7 @@ class ResidualSumCanonizer(Canonizer):
                 for prefix, flag, _ in _FLAGGED_RESIDUALS
                 if kind.__module__.startswith(prefix) and vars(module).get(flag) is True
             ]
-            if kind.__module__ == "torchvision.models.regnet" and kind.__name__ == "ResBottleneckBlock":
+            if (kind.__module__, kind.__name__) in _UNFLAGGED_RESIDUALS:
                 blocks.append((module, None))
         return _register_each(type(self), blocks)
 
@@ -91,7 +102,11 @@ class ResidualSumCanonizer(Canonizer):
         if flag is not None:
             setattr(block, flag, False)
         block.explain_residual_sum = Sum()
-        block.forward = (self.flagged_forward if flag is not None else self.regnet_forward).__get__(block)
+        if flag is not None:
+            forward = self.flagged_forward
+        else:
+            forward = self.regnet_forward if hasattr(block, "proj") else self.video_forward
+        block.forward = forward.__get__(block)
 
     def remove(self) -> None:
         if self.block is not None:
@@ -113,6 +128,14 @@ class ResidualSumCanonizer(Canonizer):
     def regnet_forward(block: Any, x: Tensor) -> Tensor:
         shortcut = x if block.proj is None else block.proj(x)
         return block.activation(block.explain_residual_sum(torch.stack([block.f(x), shortcut], dim=-1)))
+
+    @staticmethod
+    def video_forward(block: Any, x: Tensor) -> Tensor:
+        out = block.conv2(block.conv1(x))
+        if hasattr(block, "conv3"):  # a bottleneck
+            out = block.conv3(out)
+        shortcut = x if block.downsample is None else block.downsample(x)
+        return block.relu(block.explain_residual_sum(torch.stack([out, shortcut], dim=-1)))
 
 
 class TracedMergeBatchNorm(MergeBatchNorm):

@@ -1,28 +1,39 @@
 """The composites: which rule each layer of a model gets, and the canonizers applied first.
 
-:func:`lrp_composite` is :class:`~explain.LRP`'s epsilon / gamma / first-layer composite.
+:func:`lrp_composite` is :class:`~explain.LRP`'s epsilon / gamma / first-layer composite,
+:func:`excitation_composite` Excitation Backprop's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
+from zennit.canonizers import Canonizer
 from zennit.core import Composite, Hook
 from zennit.layer import Sum
-from zennit.rules import Pass
+from zennit.rules import Norm, Pass, ZPlus
 from zennit.torchvision import ResNetBasicBlockCanonizer, ResNetBottleneckCanonizer
 from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
+from zennit.types import Linear as WeightedLayer
 
 from ...imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..gradient_attribution import is_relu_like
 from .canonizers import ResidualSumCanonizer, TracedMergeBatchNorm
-from .rules import epsilon_rule, gamma_rule, proportional_rule
-from .tracing import traced_batch_norm_pairs
+from .rules import epsilon_rule, excitation_rule, gamma_rule, proportional_rule
+from .tracing import TracedLayers, traced_batch_norm_pairs
 
-__all__ = ["check_canonical_output", "lrp_composite", "mean_and_std", "registered_composite", "zbox_bounds"]
+__all__ = [
+    "canonizers",
+    "check_canonical_output",
+    "excitation_composite",
+    "lrp_composite",
+    "mean_and_std",
+    "registered_composite",
+    "zbox_bounds",
+]
 
 
 def mean_and_std(model: nn.Module, normalization) -> tuple[Tensor, Tensor]:
@@ -72,13 +83,43 @@ def lrp_composite(model: nn.Module, images: Tensor, first: Hook, *, gamma: float
             return passed
         return None
 
-    canonizers = [
+    return Composite(module_map=rule_for, canonizers=canonizers(pairs))
+
+
+def canonizers(pairs: list[tuple[nn.Module, nn.Module]]) -> list[Canonizer]:
+    """The canonizers of this package: the batch norms of ``pairs`` merged into their layers
+    (see :func:`~explain.methods.relevance.traced_batch_norm_pairs`), and residual additions as
+    ``Sum`` modules."""
+    return [
         TracedMergeBatchNorm(pairs),
         ResNetBasicBlockCanonizer(),
         ResNetBottleneckCanonizer(),
         ResidualSumCanonizer(),
     ]
-    return Composite(module_map=rule_for, canonizers=canonizers)
+
+
+def excitation_composite(traced: TracedLayers, negated: Callable[[], bool], stabilizer: float = 1e-6) -> Composite:
+    """Excitation Backprop's rules (Zhang et al., ECCV 2016, sec. 3.2) and this package's
+    canonizers: the excitation rule (zennit's ``ZPlus`` with the bias left out) on
+    convolutions and dense layers, the proportional rule (zennit's ``Norm``) on sums and
+    average pools, batch norms that are not merged and element-wise activations passed, and
+    on the last layer to run, the classifier, the excitation rule whose weights are negated
+    while ``negated()`` (the dual unit of contrastive Excitation Backprop)."""
+    plain, dual = ZPlus(stabilizer=stabilizer, zero_params=["bias"]), excitation_rule(negated, stabilizer)
+    proportional, passed = Norm(stabilizer=stabilizer), Pass()
+
+    def rule_for(context: dict, name: str, module: nn.Module) -> Hook | None:
+        if module is traced.last:
+            return dual
+        if isinstance(module, WeightedLayer):
+            return plain
+        if isinstance(module, (Sum, AvgPool)):
+            return proportional
+        if isinstance(module, (BatchNorm, Activation)) or is_relu_like(module):
+            return passed
+        return None
+
+    return Composite(module_map=rule_for, canonizers=canonizers(traced.pairs))
 
 
 @contextmanager
@@ -91,11 +132,11 @@ def registered_composite(composite: Composite, model: nn.Module) -> Iterator[Non
         composite.remove()
 
 
-def check_canonical_output(output: Tensor, reference: Tensor) -> None:
+def check_canonical_output(output: Tensor, reference: Tensor, method: str = "LRP") -> None:
     """RuntimeError unless the canonical model's ``output`` matches the model's ``reference``."""
     if not torch.allclose(output.detach(), reference, rtol=1e-3, atol=1e-4 * float(reference.abs().max())):
         raise RuntimeError(
-            "LRP's canonical form of the model (batch norms merged into their layers, residual additions "
+            f"{method}'s canonical form of the model (batch norms merged into their layers, residual additions "
             "as modules) computes another output than the model, e.g. where a merged layer's output is "
-            "also used elsewhere; LRP cannot explain this model"
+            f"also used elsewhere; {method} cannot explain this model"
         )

@@ -10,7 +10,16 @@ from torch import Tensor
 from zennit.core import BasicHook, ParamMod, Stabilizer
 from zennit.rules import ClampMod, GammaMod, NoMod
 
-__all__ = ["Group", "SharingRule", "Term", "epsilon_rule", "gamma_rule", "proportional_rule", "zbox_rule"]
+__all__ = [
+    "Group",
+    "SharingRule",
+    "Term",
+    "epsilon_rule",
+    "excitation_rule",
+    "gamma_rule",
+    "proportional_rule",
+    "zbox_rule",
+]
 
 #: (input modifier, parameter modifier, sign): the contributions sign * x'_i dz'_j/dx'_i
 #: of the layer run on a modified input x' with modified parameters.
@@ -129,3 +138,23 @@ def zbox_rule(low: Tensor, high: Tensor) -> SharingRule:
 def proportional_rule() -> SharingRule:
     """R_i = x_i dz_j/dx_i / z_j R_j summed over j, for sums and average pools."""
     return SharingRule([(None, [(_identity, NoMod(param_keys=[]), 1.0)], None)])
+
+
+def excitation_rule(negated: Callable[[], bool] = lambda: False, stabilizer: float = 1e-6) -> BasicHook:
+    """Excitation Backprop's rule (Zhang et al., ECCV 2016, sec. 3.2): P(a_i) = sum_j a_i w_ij^+
+    / (sum_i' a_i' w_i'j^+) P(a_j), the bias left out; for signed inputs, as zennit's ``ZPlus``,
+    negative inputs count with w^- (a_i^+ w^+ + a_i^- w^-). While ``negated()`` is true the
+    layer's weights are negated first: the dual unit of contrastive Excitation Backprop, read
+    when the backward pass runs, so that one forward pass serves both."""
+    stabilize = Stabilizer.ensure(stabilizer)
+
+    def weights(keep: Callable[[Tensor], Tensor]) -> ParamMod:
+        return ParamMod(lambda param, name: keep(-param if negated() else param), zero_params=["bias"])
+
+    return BasicHook(
+        input_modifiers=[lambda x: x.clamp(min=0), lambda x: x.clamp(max=0)],
+        param_modifiers=[weights(lambda w: w.clamp(min=0)), weights(lambda w: w.clamp(max=0))],
+        output_modifiers=[_identity, _identity],
+        gradient_mapper=lambda grad, outputs: [grad / stabilize(outputs[0] + outputs[1])] * 2,
+        reducer=lambda inputs, gradients: inputs[0] * gradients[0] + inputs[1] * gradients[1],
+    )
