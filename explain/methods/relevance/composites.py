@@ -12,6 +12,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 from zennit.canonizers import Canonizer
+from zennit.composites import EpsilonAlpha2Beta1, EpsilonGammaBox, EpsilonPlusFlat
+from zennit.composites import ExcitationBackprop as ZennitExcitationBackprop
 from zennit.core import Composite, Hook
 from zennit.layer import Sum
 from zennit.rules import Norm, Pass, ZPlus
@@ -26,6 +28,8 @@ from .rules import epsilon_rule, excitation_rule, gamma_rule, proportional_rule
 from .tracing import TracedLayers, traced_batch_norm_pairs
 
 __all__ = [
+    "LRP_COMPOSITES",
+    "ZENNIT_COMPOSITES",
     "canonizers",
     "check_canonical_output",
     "excitation_composite",
@@ -33,7 +37,14 @@ __all__ = [
     "mean_and_std",
     "registered_composite",
     "zbox_bounds",
+    "zennit_composite",
 ]
+
+#: zennit's composites that :class:`~explain.LRP` takes by name.
+ZENNIT_COMPOSITES = ("epsilon-gamma-box", "epsilon-plus-flat", "epsilon-alpha2-beta1", "excitation-backprop")
+#: The composites of :class:`~explain.LRP`: its own (the default: epsilon / gamma / z-box with
+#: the biases shared, so that relevance is conserved), then zennit's.
+LRP_COMPOSITES = ("epsilon-gamma-box-shared", *ZENNIT_COMPOSITES)
 
 
 def mean_and_std(model: nn.Module, normalization) -> tuple[Tensor, Tensor]:
@@ -120,6 +131,34 @@ def excitation_composite(traced: TracedLayers, negated: Callable[[], bool], stab
         return None
 
     return Composite(module_map=rule_for, canonizers=canonizers(traced.pairs))
+
+
+def zennit_composite(
+    name: str, model: nn.Module, images: Tensor, bounds: tuple[Tensor, Tensor], *, epsilon: float, gamma: float
+) -> Composite:
+    """zennit's composite ``name`` (one of :data:`ZENNIT_COMPOSITES`) as zennit defines it, with
+    this package's canonizers, and batch norms that are not merged and element-wise
+    activations passed (zennit's ``ExcitationBackprop`` leaves them to the gradient, and no
+    zennit map knows timm's activations): ``EpsilonGammaBox`` (z-box on the first convolution registered, within
+    ``bounds`` (N, C, 1, 1), gamma on the other convolutions, epsilon on dense layers),
+    ``EpsilonPlusFlat`` (flat on the first convolution or dense layer registered, z+ on
+    convolutions, epsilon on dense layers), ``EpsilonAlpha2Beta1`` (alpha 2 beta 1 on
+    convolutions, epsilon on dense layers) and ``ExcitationBackprop`` (z+ on both). Their
+    rules keep the biases in the denominators, so the biases absorb relevance."""
+    pairs, _ = traced_batch_norm_pairs(model, images)
+    kept = canonizers(pairs)
+    passed = tuple({BatchNorm, *(type(module) for module in model.modules() if is_relu_like(module))})
+    layer_map = [(passed, Pass())]
+    if name == "epsilon-gamma-box":
+        low, high = (bound.expand_as(images).contiguous() for bound in bounds)
+        return EpsilonGammaBox(low, high, epsilon=epsilon, gamma=gamma, layer_map=layer_map, canonizers=kept)
+    if name == "epsilon-plus-flat":
+        return EpsilonPlusFlat(epsilon=epsilon, layer_map=layer_map, canonizers=kept)
+    if name == "epsilon-alpha2-beta1":
+        return EpsilonAlpha2Beta1(epsilon=epsilon, layer_map=layer_map, canonizers=kept)
+    if name == "excitation-backprop":
+        return ZennitExcitationBackprop(layer_map=layer_map, canonizers=kept)
+    raise ValueError(f"unknown composite {name!r}; use one of {', '.join(LRP_COMPOSITES)}")
 
 
 @contextmanager

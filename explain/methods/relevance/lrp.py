@@ -17,7 +17,15 @@ from ...checks import checked_number
 from ...targets import class_logits
 from ..attribution_base import Attribution, ScoredModel
 from .canonizers import restored_modules
-from .composites import check_canonical_output, lrp_composite, mean_and_std, registered_composite, zbox_bounds
+from .composites import (
+    LRP_COMPOSITES,
+    check_canonical_output,
+    lrp_composite,
+    mean_and_std,
+    registered_composite,
+    zbox_bounds,
+    zennit_composite,
+)
 from .rules import zbox_rule
 from .tracing import unseen_merges
 
@@ -82,6 +90,19 @@ class LRP(Attribution):
     al., arXiv:2106.13200) has canonizers and takes custom rules, so this class runs
     zennit, with the rules above.
 
+    Composites. ``composite`` picks the rules: the default, ``"epsilon-gamma-box-shared"``,
+    is the one above; zennit's ``"epsilon-gamma-box"``, ``"epsilon-plus-flat"``,
+    ``"epsilon-alpha2-beta1"`` and ``"excitation-backprop"`` run as zennit defines them, with
+    this class's canonizers (batch norms that are not merged and element-wise activations
+    pass R, which zennit's ``ExcitationBackprop`` leaves to the gradient). Their rules keep
+    each bias in its neuron's denominator, so the biases (the merged batch norms' shifts
+    among them) absorb relevance by definition: the pixels' relevance sums to the score
+    where the model has no biases (alpha-beta: also where every unit has positive and
+    negative contributions), and the call does not warn about the gap. ``epsilon``,
+    ``gamma`` and ``normalization`` (the z-box bounds) serve the composites with those
+    rules; ``first_rule`` is the default's; zennit's first-layer rules go to the first
+    convolution registered.
+
     Not covered: residual additions and gates that no canonizer here turns into a module
     (torchvision's ConvNeXt blocks; the squeeze-excitation gates of MobileNetV3 and
     EfficientNet) copy relevance, and activations called as functions (``F.relu``:
@@ -110,18 +131,24 @@ class LRP(Attribution):
         self,
         model: nn.Module,
         *,
+        composite: str = LRP_COMPOSITES[0],
         epsilon: float = 1e-6,
         gamma: float = 0.25,
-        first_rule: str = "zbox",
+        first_rule: str | None = None,
         normalization: tuple[Sequence[float], Sequence[float]] | None = None,
         **options,
     ):
         super().__init__(model, **options)
+        if composite not in LRP_COMPOSITES:
+            raise ValueError(f"unknown composite {composite!r}; use one of {', '.join(LRP_COMPOSITES)}")
+        self.composite_name = composite
         self.epsilon = checked_number("epsilon", epsilon, positive=True)
         self.gamma = checked_number("gamma", gamma, positive=False)
-        if first_rule not in FIRST_RULES:
+        if first_rule is not None and composite != LRP_COMPOSITES[0]:
+            raise ValueError(f"first_rule is a choice of the {LRP_COMPOSITES[0]} composite; {composite} has its own")
+        if first_rule not in (None, *FIRST_RULES):
             raise ValueError(f"unknown first_rule {first_rule!r}; use one of {', '.join(FIRST_RULES)}")
-        self.first_rule = first_rule
+        self.first_rule = first_rule or FIRST_RULES[0]
         self.mean, self.std = mean_and_std(model, normalization)
 
     def bounds(self, images: Tensor) -> tuple[Tensor, Tensor]:
@@ -130,6 +157,10 @@ class LRP(Attribution):
 
     def composite(self, model: nn.Module, images: Tensor) -> Composite:
         """The rules and canonizers for ``model`` on ``images``."""
+        if self.composite_name != LRP_COMPOSITES[0]:
+            return zennit_composite(
+                self.composite_name, model, images, self.bounds(images), epsilon=self.epsilon, gamma=self.gamma
+            )
         first: Hook = zbox_rule(*self.bounds(images)) if self.first_rule == "zbox" else Flat()
         return lrp_composite(model, images, first, gamma=self.gamma, epsilon=self.epsilon)
 
@@ -179,7 +210,7 @@ class LRP(Attribution):
                 f"the model adds or multiplies two activations outside any module (found: {merges}; "
                 "residual additions or gates no canonizer covers), which copies relevance"
             )
-        elif gap > 0.01 and self.epsilon <= 1e-4:
+        elif gap > 0.01 and self.epsilon <= 1e-4 and self.composite_name == LRP_COMPOSITES[0]:
             cause = "relevance is lost or copied where no rule applies (e.g. activations called as functions)"
         else:
             return
