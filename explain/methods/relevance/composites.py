@@ -23,12 +23,13 @@ from zennit.types import Linear as WeightedLayer
 
 from ...imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..gradient_attribution import is_relu_like
-from .canonizers import ResidualSumCanonizer, TracedMergeBatchNorm
+from .canonizers import FunctionalHeadCanonizer, GateCanonizer, ResidualSumCanonizer, TracedMergeBatchNorm
 from .rules import epsilon_rule, excitation_rule, gamma_rule, proportional_rule
 from .tracing import TracedLayers, traced_batch_norm_pairs
 
 __all__ = [
     "LRP_COMPOSITES",
+    "PASSED",
     "ZENNIT_COMPOSITES",
     "canonizers",
     "check_canonical_output",
@@ -39,6 +40,10 @@ __all__ = [
     "zbox_bounds",
     "zennit_composite",
 ]
+
+#: Modules whose relevance passes unchanged: element-wise activations, and norms that are not
+#: merged, their statistics taken as constants (so each is an element-wise affine map).
+PASSED = (BatchNorm, Activation, nn.LayerNorm)
 
 #: zennit's composites that :class:`~explain.LRP` takes by name.
 ZENNIT_COMPOSITES = ("epsilon-gamma-box", "epsilon-plus-flat", "epsilon-alpha2-beta1", "excitation-backprop")
@@ -90,7 +95,7 @@ def lrp_composite(model: nn.Module, images: Tensor, first: Hook, *, gamma: float
             return epsilon_hook
         if isinstance(module, (Sum, AvgPool)):
             return proportional
-        if isinstance(module, (BatchNorm, Activation)) or is_relu_like(module):
+        if isinstance(module, PASSED) or is_relu_like(module):
             return passed
         return None
 
@@ -106,6 +111,8 @@ def canonizers(pairs: list[tuple[nn.Module, nn.Module]]) -> list[Canonizer]:
         ResNetBasicBlockCanonizer(),
         ResNetBottleneckCanonizer(),
         ResidualSumCanonizer(),
+        GateCanonizer(),
+        FunctionalHeadCanonizer(),
     ]
 
 
@@ -126,7 +133,7 @@ def excitation_composite(traced: TracedLayers, negated: Callable[[], bool], stab
             return plain
         if isinstance(module, (Sum, AvgPool)):
             return proportional
-        if isinstance(module, (BatchNorm, Activation)) or is_relu_like(module):
+        if isinstance(module, PASSED) or is_relu_like(module):
             return passed
         return None
 
@@ -147,7 +154,7 @@ def zennit_composite(
     rules keep the biases in the denominators, so the biases absorb relevance."""
     pairs, _ = traced_batch_norm_pairs(model, images)
     kept = canonizers(pairs)
-    passed = tuple({BatchNorm, *(type(module) for module in model.modules() if is_relu_like(module))})
+    passed = tuple({*PASSED, *(type(module) for module in model.modules() if is_relu_like(module))})
     layer_map = [(passed, Pass())]
     if name == "epsilon-gamma-box":
         low, high = (bound.expand_as(images).contiguous() for bound in bounds)

@@ -117,16 +117,22 @@ class ExcitationBackprop(BaseCAM):
     (zennit's ``ZPlus``, which for the negative inputs of signed activations counts a_i^-
     with w^-, where the paper's activations are non-negative); average pools and residual
     sums divide in proportion to their inputs, max pools route as the gradient does, batch
-    norms that follow a layer are merged into it, other batch norms and element-wise
-    activations pass P. ``target_layer`` defaults to one stage before the CAMs' layer (see
-    :func:`excitation_layer`; the paper reads its maps at intermediate layers).
+    norms that follow a layer are merged into it, other norms and element-wise activations
+    pass P, and squeeze-excitation gates and ConvNeXt's layer scales are constant weights
+    that pass P (the canonizers of :class:`~explain.LRP`). ``target_layer`` defaults to one
+    stage before the CAMs' layer (see :func:`~explain.methods.relevance.excitation_layer`;
+    the paper reads its maps at intermediate layers).
 
     Refused with :class:`~explain.NotApplicable`: models with attention, and models with a
     step above the layer that no rule covers (an addition or product written in
-    ``forward`` that no canonizer turns into a module, such as a squeeze-excitation gate; a
-    layer norm; a pooling called as a function). Matches TorchRay's ``excitation_backprop``
-    on ReLU networks; TorchRay passes batch norms unchanged (the same where their scale is
-    positive) and applies the gradient at activations other than ReLU.
+    ``forward`` that no canonizer turns into a module; a group norm; a pooling called as a
+    function outside torchvision's DenseNet, MobileNetV2 and ShuffleNetV2). Activations that
+    can be negative (GELU, SiLU, the linear bottlenecks of MobileNets) give probabilities of
+    either sign where the paper's ReLU networks give non-negative ones; the map is their
+    positive part. Matches TorchRay's ``excitation_backprop`` on ReLU networks (to rounding,
+    with its stabiliser); TorchRay passes batch norms unchanged (the same where their scale
+    is positive), applies the gradient at activations other than ReLU, and adds residual
+    sums as modules only in torchvision's ResNets.
     """
 
     name = "excitation-backprop"
@@ -142,14 +148,15 @@ class ExcitationBackprop(BaseCAM):
         self.stabilizer = checked_number("stabilizer", stabilizer, positive=True)
 
     def target_layers(self, images: Tensor) -> dict[str, nn.Module]:
-        """The layers to explain; the automatic choice (:func:`excitation_layer`) is made once."""
+        """The layers to explain; the automatic choice (:func:`~explain.methods.relevance.excitation_layer`)
+        is made once."""
         if self._layers is None:
-            self.refuse_attention()
+            self._refuse_attention()
             name = excitation_layer(self.model, images[:1])
             self._layers = {name: self.model.get_submodule(name)}
         return self._layers
 
-    def refuse_attention(self) -> None:
+    def _refuse_attention(self) -> None:
         if has_attention(self.model):
             raise NotApplicable(
                 f"{self.name} passes probabilities through convolutions, dense layers and pools; no rule covers "
@@ -165,7 +172,7 @@ class ExcitationBackprop(BaseCAM):
         to the layer per target (two for the contrastive form)."""
         images = check_images(images, self.model)
         self.check_applies(images)
-        self.refuse_attention()
+        self._refuse_attention()
         layers = self.target_layers(images)
         custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
         with attribution_context(self.model), channel_hint(images):
@@ -178,7 +185,7 @@ class ExcitationBackprop(BaseCAM):
                     return custom(output)[:, None]
                 return class_logits(output).gather(1, ids.view(len(images), -1))
 
-            outputs, probabilities = self.winning_probabilities(images, layers, reference, scores, custom is None)
+            outputs, probabilities = self._winning_probabilities(images, layers, reference, scores, custom is None)
         layouts = {name: layer_layout(self.reshape, self.model, name, outputs[name], images) for name in layers}
         return Captured(
             {name: layouts[name].to_spatial(outputs[name].detach()).float() for name in layers},
@@ -192,7 +199,7 @@ class ExcitationBackprop(BaseCAM):
             layer_outputs={name: outputs[name].detach() for name in layers},
         )
 
-    def winning_probabilities(
+    def _winning_probabilities(
         self,
         images: Tensor,
         layers: dict[str, nn.Module],
@@ -215,7 +222,7 @@ class ExcitationBackprop(BaseCAM):
             explained, wanted = (class_logits(output), class_logits(reference)) if logits else (output, reference)
             for got, expected in zip(_tensors(explained), _tensors(wanted), strict=True):
                 check_canonical_output(got, expected, "Excitation Backprop")
-            self.check_path(explained, spans, outputs, traced.last, layers)
+            self._check_path(explained, spans, outputs, traced.last, layers)
             selected = scores(output)
             probabilities: dict[str, list[Tensor]] = {name: [] for name in layers}
             for k in range(selected.shape[1]):
@@ -232,7 +239,7 @@ class ExcitationBackprop(BaseCAM):
         """The winning probabilities of target ``k``'s neurons at ``layer``, (N, C, h, w)."""
         return captured.gradients[layer][k]
 
-    def check_path(self, output, spans: RuleSpans, outputs: dict[str, Tensor], classifier, layers) -> None:
+    def _check_path(self, output, spans: RuleSpans, outputs: dict[str, Tensor], classifier, layers) -> None:
         """NotApplicable where a step between the layers and the output has no rule; for the
         contrastive form, also where the output is not the classifier's (the last dense or
         convolutional layer to run), whose weights the dual unit negates."""
@@ -243,8 +250,8 @@ class ExcitationBackprop(BaseCAM):
             raise NotApplicable(
                 f"{self.name} has no rule for steps of this model between the target layer and the output "
                 f"({', '.join(steps)}): additions or products written in forward that no canonizer turns into a "
-                "module (gates), norms other than batch norm, poolings called as functions; pick a later "
-                "target_layer, or explain with gradcam"
+                "module, group norms, poolings called as functions; pick a later target_layer, or explain with "
+                "gradcam"
             )
         if not self.contrastive:
             return

@@ -124,6 +124,7 @@ ROUTING_STEPS = frozenset(
         "CatBackward0",
         "CloneBackward0",
         "ConstantPadNdBackward0",
+        "GatedPathBackward",
         "IdentityBackward",
         "MaxPool1DWithIndicesBackward0",
         "MaxPool2DWithIndicesBackward0",
