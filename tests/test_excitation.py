@@ -231,6 +231,16 @@ def test_model_restored_and_frozen_weights_and_no_grad(method):
     assert not any("forward" in vars(m) or hasattr(m, "canonizer_sum") for m in model.modules())
 
 
+def test_images_made_under_inference_mode():
+    model = vgg_like()
+    expected = ExcitationBackprop(model)(torch.ones(1, 3, 32, 32)).raw
+    with torch.inference_mode():
+        images = torch.ones(1, 3, 32, 32)
+        inside = ExcitationBackprop(model)(images).raw
+    torch.testing.assert_close(ExcitationBackprop(model)(images).raw, expected)
+    torch.testing.assert_close(inside, expected)
+
+
 class Failing(nn.Module):
     """The model, failing from its ``fail_at``-th forward pass on (1: the targets, 2: the
     trace, 3: under the rules)."""

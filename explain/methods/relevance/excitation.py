@@ -176,6 +176,8 @@ class ExcitationBackprop(BaseCAM):
         layers = self.target_layers(images)
         custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
         with attribution_context(self.model), channel_hint(images):
+            if images.is_inference():  # made under inference_mode: autograd cannot use it
+                images = images.clone()
             with torch.no_grad():
                 reference = self.model(images)
             _, ids = select_targets(reference, targets, topk=topk, class_names=self.class_names)

@@ -239,10 +239,10 @@ def on_every_path(model: nn.Module, example: Tensor, names: list[str]) -> list[s
 
         return hook
 
-    image = example[:1].detach().clone().requires_grad_()
     handles = [model.get_submodule(name).register_forward_hook(keep(name)) for name in names]
     try:
         with preserved_state(model), torch.inference_mode(False), torch.enable_grad():
+            image = example[:1].detach().clone().requires_grad_()  # a normal tensor, also from inference mode
             output = model(image)
     finally:
         for handle in handles:
