@@ -1,7 +1,8 @@
 """Threads: what the library does when several threads share one model, and the locks it takes.
 
 An explanation changes the model for the length of a call: eval mode, frozen parameters,
-hooks, LRP's canonizers (merged batch norms, replaced forwards, added attributes), timm's
+hooks, the canonizers of LRP and Excitation Backprop (merged batch norms, replaced
+forwards, added attributes), timm's
 ``fused_attn`` flags, randomised weights in :func:`~explain.metrics.model_randomisation`.
 Two calls that did this at once on one model would see each other's hooks and restore each
 other's flags (and leave the model changed for good). So every call that changes a model's
@@ -20,13 +21,13 @@ What is and is not safe:
   the last one closes; other threads' attention then runs the explicit form too: the same
   values, slower).
 - **Not safe**: training the model in another thread while a call runs (it is in eval mode
-  with frozen parameters meanwhile, and LRP's canonizers and the randomisation metric change
-  its modules or weights for the call's length), or using one of its submodules on its own
-  in another thread (the lock is the model's, not the submodule's). Plain inference in
-  another thread during a CAM or gradient call is fine: the hook engine ignores forward
-  passes that are not its own thread's; during LRP or the randomisation metric it is not.
-  Draws from torch's global generator in another thread during a seeded call change that
-  call's noise.
+  with frozen parameters meanwhile, and the relevance methods' canonizers and the
+  randomisation metric change its modules or weights for the call's length), or using one
+  of its submodules on its own in another thread (the lock is the model's, not the
+  submodule's). Plain inference in another thread during a CAM or gradient call is fine:
+  the hook engine ignores forward passes that are not its own thread's; during LRP,
+  Excitation Backprop or the randomisation metric it is not. Draws from torch's global
+  generator in another thread during a seeded call change that call's noise.
 - **For throughput** across threads, give each thread its own copy of the model
   (``copy.deepcopy(model)``): calls on one model never overlap.
 """

@@ -28,11 +28,12 @@ ATTRIBUTIONS = [
 ]
 LAYER_ATTRIBUTIONS = ["layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"]
 TRANSFORMER = ["attention-rollout", "attention-relevance", "legrad"]
+RELEVANCE = ["excitation-backprop", "c-excitation-backprop"]
 
 
 def test_methods_and_factory():
     assert sorted(explain.method_names()) == sorted(  # D-RISE: detectors
-        METHODS + ATTRIBUTIONS + LAYER_ATTRIBUTIONS + TRANSFORMER + ["drise"])
+        METHODS + ATTRIBUTIONS + LAYER_ATTRIBUTIONS + TRANSFORMER + RELEVANCE + ["drise"])
     model = torchvision.models.resnet18()
     for name in METHODS:
         cam = explain.explainer(name, model, target_layer=None if name == "fullgrad" else "layer4")
@@ -67,6 +68,9 @@ def test_methods_and_factory():
     assert {described[name]["family"] for name in TRANSFORMER} == {"transformer attention"}
     assert {described[name]["family"] for name in LAYER_ATTRIBUTIONS} == {"layer attribution"}
     assert all(described[name]["needs_layer"] for name in LAYER_ATTRIBUTIONS)
+    assert {described[name]["family"] for name in RELEVANCE} == {"relevance"}
+    for name in RELEVANCE:  # maps at a layer, as the CAMs'
+        assert isinstance(explain.explainer(name, model, target_layer="layer3"), explain.BaseCAM)
     assert [name for name in METHODS + ATTRIBUTIONS if described[name]["needs_layer"]] == (
         [name for name in METHODS if name != "fullgrad"] + ["guidedgradcam"])
 
@@ -146,7 +150,8 @@ def test_example_script_draws_every_method(tmp_path):
     lines = done.stdout.splitlines()
     assert [line.split(":")[0].strip() for line in lines[:-1]] == shown
     layers = {"fullgrad": "input+biases", "saliency": "input", "guidedbp": "input", "guidedgradcam": "input",
-              "deeplift": "input", "lrp": "input"}
+              "deeplift": "input", "lrp": "input", "excitation-backprop": "blocks.5.0.bn1",
+              "c-excitation-backprop": "blocks.5.0.bn1"}
     for method, line in zip(shown, lines):
         assert "cat" in line and f"at layer {layers.get(method, 'bn2')}," in line, line
     with Image.open(out) as figure:

@@ -16,7 +16,9 @@ from conftest import ModelState
 import explain
 from explain.concurrency import model_lock
 
-THREADS, CALLS = 4, 3
+# Each explainer is called CALLS times, spread evenly over the threads: CALLS times the
+# number of explainers (9) must divide by THREADS.
+THREADS, CALLS = 4, 4
 
 
 def _cnn():
@@ -36,6 +38,7 @@ def _explainers(cnn, vit) -> dict[str, tuple[explain.Explainer, torch.Tensor]]:
         "ig": (explain.IntegratedGradients(cnn, n_steps=8), images),
         "smoothgrad": (explain.SmoothGrad(cnn, n_samples=4), images),    # seeded: the process's generators
         "lrp": (explain.LRP(cnn), images),                                # canonizers change the modules
+        "excitation-backprop": (explain.ContrastiveExcitationBackprop(cnn), images),  # and the classifier's rule
         "deeplift": (explain.DeepLift(cnn), images),
         "attention-rollout": (explain.AttentionRollout(vit), images),    # swaps the attention kernel
         "vit-gradcam": (explain.GradCAM(vit), images),

@@ -351,6 +351,8 @@ WIDE = {"vit", "swin"}
 REFUSED = {
     "cam": "CAM's premise",                     # no linear head over a pooled grid
     "lrp": "attention",                          # no relevance rule for attention
+    "excitation-backprop": "attention",
+    "c-excitation-backprop": "attention",
     "drise": "explains a detector's boxes",      # a classifier has none
 }
 REFUSED_SWIN = {"attention-rollout": "saw no attention", "attention-relevance": "saw no attention",
@@ -380,7 +382,7 @@ def test_every_method_on_transformers(name):
         assert res.targets.tolist() == logits_of(res.logits).argmax(1).tolist(), (name, method)
         ran.append(method)
     state.assert_unchanged()
-    assert len(ran) >= len(explain.method_names()) - 9
+    assert len(ran) >= len(explain.method_names()) - 11
 
 
 def test_score_cams_on_vit_b16():
@@ -469,8 +471,10 @@ def test_cli_runs_a_hugging_face_folder_and_leaves_out_what_does_not_apply(tmp_p
                  "-q"]) == 0
     err = capsys.readouterr().err
     assert "leaving out cam: " in err and "leaving out lrp: " in err and "leaving out drise: " in err
+    assert "leaving out excitation-backprop: " in err and "leaving out c-excitation-backprop: " in err
     methods = {json.loads(line)["method"] for line in (tmp_path / "all" / "manifest.jsonl").read_text().splitlines()}
-    assert methods == set(explain.method_names()) - {"cam", "lrp", "drise"}
+    assert methods == set(explain.method_names()) - {
+        "cam", "lrp", "drise", "excitation-backprop", "c-excitation-backprop"}
     # Named explicitly, a method that does not apply is a usage error that says why.
     assert main(["run", str(photo), "--out", str(tmp_path / "cam"), "--model", str(folder), "--method", "cam"]) == 2
     assert "CAM's premise" in capsys.readouterr().err

@@ -35,6 +35,10 @@ CASES = [(arch, layer) for arch, layers in ZOO.items() for layer in layers]
 # after pooling) and SqueezeNet (a convolutional head) do not end that way.
 CAM_APPLIES = {"resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "regnet_x_400mf", "shufflenet_v2_x0_5"}
 
+# Where contrastive Excitation Backprop has no classifier for its dual unit: SqueezeNet's last
+# convolution is followed by ReLU and pooling.
+CONTRASTIVE_REFUSED = {"squeezenet1_1"}
+
 # One masked forward pass per channel: these run in test_score_cams on a smaller matrix.
 SCORE_CAMS = ["scorecam", "sscam", "iscam"]
 FEWER_SAMPLES = {"sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2}}
@@ -94,6 +98,10 @@ def test_every_method(arch, layer, grad_mode):
         with context:
             if method == "cam" and (layer is not None or arch not in CAM_APPLIES):
                 with pytest.raises(ValueError, match="CAM|pooled"):
+                    cam(images)
+                continue
+            if method == "c-excitation-backprop" and arch in CONTRASTIVE_REFUSED:
+                with pytest.raises(explain.NotApplicable, match="dual unit"):
                     cam(images)
                 continue
             if method == "shapleycam" and (arch, layer) == ("mobilenet_v3_small", "features.9.block"):
@@ -164,8 +172,10 @@ def test_score_cams(arch):
 # class logits refuse the callable target; the attention methods refuse a model whose attention
 # includes a text tower (or that has none); CLIP's patch convolution has no bias for FullGrad.
 EMBEDDER_REFUSALS = {
-    "clip": {"finercam", "cam", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad", "drise"},
-    "resnet18-embedder": {"finercam", "cam", "attention-rollout", "attention-relevance", "legrad", "drise"},
+    "clip": {"finercam", "cam", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad", "drise",
+             "excitation-backprop", "c-excitation-backprop"},
+    "resnet18-embedder": {"finercam", "cam", "attention-rollout", "attention-relevance", "legrad", "drise",
+                          "c-excitation-backprop"},  # no classifier for its dual unit
 }
 
 

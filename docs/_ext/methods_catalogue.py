@@ -28,11 +28,14 @@ FAMILIES = {
                                 "perturbed copies.",
     "transformer attention": "Vision transformers with global self-attention (ViT, DeiT, Hugging Face ViT); "
                              "not Swin's windowed attention, not CNNs.",
+    "relevance": "CNNs made of convolutions, dense layers, pools, norms and element-wise activations, and "
+                 "the residual blocks and gates the canonizers turn into modules, through a target layer; "
+                 "models with attention, or with a step no rule covers, are refused.",
 }
 HEADINGS = {"gradient CAM": "Gradient CAMs", "gradient-free CAM": "Gradient-free CAMs",
             "perturbation CAM": "Perturbation CAMs", "gradient attribution": "Gradient attributions",
             "perturbation attribution": "Perturbation attributions",
-            "transformer attention": "Transformer attention"}
+            "transformer attention": "Transformer attention", "relevance": "Relevance propagation"}
 #: Where a method applies to less (or other) than its family.
 APPLIES_TO = {
     "cam": "Models that end in global average pooling and one linear layer over the target layer "
