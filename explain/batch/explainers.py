@@ -207,6 +207,8 @@ def build_explainers(
         given = {option: value for option, value in options.items() if applies(cls, option)}
         own = method_options.get(cls, {})
         flags = method_option_flags(cls, own) if own else f"--method {name} --layer {layer}"
+        if own and "target_layer" in given:  # the layer may be what the options do not fit
+            flags = f"--layer {layer} {flags}"
         try:
             cam = cls(loaded.model, class_names=loaded.class_names, **given, **own)
             cam.check(loaded.example, target.targets, topk=target.topk)
@@ -236,7 +238,6 @@ def parse_method_options(entries: Sequence[str]) -> dict[type[Explainer], dict[s
     (``32``, ``0.5``, ``None``, ``'text'``; ``3,2,2`` a tuple; ``true``, ``false``, ``none``
     in any case), else a string. Mistakes are :class:`~explain.errors.UsageError` s.
 
-    >>> from explain.methods import IntegratedGradients
     >>> options = parse_method_options(["IG:n-steps=32", "lrp:composite=epsilon-plus-flat", "layer-ig:neuron=3,2,2"])
     >>> {cls.name: values for cls, values in options.items()}
     {'ig': {'n_steps': 32}, 'lrp': {'composite': 'epsilon-plus-flat'}, 'layer-ig': {'neuron': (3, 2, 2)}}
@@ -244,7 +245,7 @@ def parse_method_options(entries: Sequence[str]) -> dict[type[Explainer], dict[s
     {'n_samples': 10}
     """
     options: dict[type[Explainer], dict[str, Any]] = {}
-    for entry in entries:
+    for entry in [entries] if isinstance(entries, str) else entries:  # one entry, from a Python caller
         head, equals, text = entry.partition("=")
         method, colon, key = head.rpartition(":")
         method, key, text = method.strip(), key.strip().replace("-", "_"), text.strip()
