@@ -25,6 +25,7 @@ __all__ = [
     "Explainer",
     "NotApplicable",
     "check_training_options",
+    "keyword_parameters",
     "method_key",
     "register",
     "registered",
@@ -53,6 +54,31 @@ def check_training_options(cls: type[Explainer], options: dict) -> None:
             "gradient CAMs made of one forward and one backward pass are differentiable maps of the model as it "
             "trains; use gradcam, gradcam++, hirescam, layercam, xgradcam or gradcam-elementwise"
         )
+
+
+def keyword_parameters(cls: type) -> dict[str, inspect.Parameter]:
+    """The keyword options that ``cls(model, ...)`` takes, through its bases' ``**options``: the
+    parameters of its ``__init__`` after ``self`` and ``model``, then, while an ``__init__``
+    passes ``**options`` on, those of the next one along the MRO.
+
+    >>> from explain.methods import IntegratedGradients
+    >>> list(keyword_parameters(IntegratedGradients))[:2]
+    ['n_steps', 'method']
+    """
+    found: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        parameters = list(inspect.signature(init).parameters.values())[2:]  # self, model
+        found.update(
+            (p.name, p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+            for p in parameters
+            if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL) and p.name not in found
+        )
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            break
+    return found
 
 
 def method_key(name: str) -> str:

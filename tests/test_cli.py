@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import unquote
 
 import numpy as np
@@ -19,7 +20,9 @@ from PIL import Image
 from torch import nn
 
 from explain import method_names as methods, models
+from explain.catalogue import method_class
 from explain.cli import main
+from explain.errors import UsageError
 from explain.report import MANIFEST_FIELDS, TEMP_SUFFIX
 from explain.viewer import DATA_FOLDER, read_page
 
@@ -995,3 +998,112 @@ def test_out_of_memory_halves_the_batch_and_is_no_usage_error(tmp_path, capsys, 
     capsys.readouterr()
     assert main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path / "again"), "-q"]) == 3
     assert "out of memory before any image was explained (CUDA out of memory" in capsys.readouterr().err
+
+
+class _CountedModel(nn.Sequential):
+    """The tiny model, pickled for --trust-model-file, counting the rows of its forward passes
+    (a class attribute: the loaded copy is another object)."""
+
+    rows: ClassVar[list[int]] = []
+
+    def forward(self, x):
+        _CountedModel.rows.append(len(x))
+        return super().forward(x)
+
+
+def _counted_model_file(folder: Path) -> Path:
+    path = folder / "counted.pt"
+    torch.save(_CountedModel(*_tiny_model()), path)
+    return path
+
+
+def test_method_options_reach_their_methods_are_recorded_and_redo_them_on_resume(photos, capsys):
+    model = _counted_model_file(photos.parent)
+    images = [str(photos / "p0.png"), str(photos / "p1.png")]
+    common = ["run", *images, "--model", str(model), "--trust-model-file", "--workers", "0", "-q"]
+
+    def forward_rows(out: str, *options: str) -> int:
+        _CountedModel.rows.clear()
+        assert main([*common, "--out", str(photos.parent / out), "--method", "ig", *options]) == 0
+        capsys.readouterr()
+        return sum(_CountedModel.rows)
+
+    # IG's steps are its passes: two steps more, two rows more per image (its start-up check runs none).
+    assert forward_rows("ig3", "-M", "ig:n_steps=3") + 2 * len(images) == forward_rows("ig5", "-M", "IG:n-steps=5")
+    assert read_rows(photos.parent / "ig5" / "manifest.jsonl")[0]["settings"].endswith(" n_steps=5")
+
+    out = photos.parent / "out"
+    options = ["--method", "ig,lrp,layer-ig,gradcam", "--save-maps", "--out", str(out)]
+    lrp_options = ["-M", "lrp:composite=epsilon-plus-flat", "--method-option", "layer-ig:neuron=3,2,2"]
+    assert main([*common, *options, "-M", "ig:n_steps=3", *lrp_options]) == 0
+    assert summary_counts(capsys.readouterr().out) == (8, 0, 0)
+    rows = {(r["input"], r["method"]): r for r in read_rows(out / "manifest.jsonl")}
+    base = f"model={model} weights=- cmap=jet alpha=0.5"
+    assert {m: r["settings"] for (_, m), r in rows.items()} == {
+        "ig": base + " n_steps=3", "lrp": base + " composite=epsilon-plus-flat", "layer-ig": base + " neuron=(3,2,2)",
+        "gradcam": base}
+    assert all(r["status"] == "ok" for r in rows.values())
+    # With neuron=, layer IG explains one neuron of the layer by the input: no class target.
+    assert {(r["layer"], r["target_id"]) for (_, m), r in rows.items() if m == "layer-ig"} == {("input", -1)}
+    assert {r["layer"] for (_, m), r in rows.items() if m == "gradcam"} == {"3"}  # the auto layer
+    with np.load(out / rows[(images[0], "lrp")]["maps"]) as saved:
+        flat = saved["maps"]
+
+    # The same options again: nothing to do. Other options for IG, none for LRP: those two are redone.
+    assert main([*common, *options, "-M", "ig:n_steps=3", *lrp_options]) == 0
+    assert summary_counts(capsys.readouterr().out) == (0, 8, 0)
+    assert main([*common, *options, "-M", "ig:n_steps=4", "-M", "layer-ig:neuron=(3, 2, 2)"]) == 0
+    assert summary_counts(capsys.readouterr().out) == (4, 4, 0)
+    rows = {(r["input"], r["method"]): r for r in read_rows(out / "manifest.jsonl")}
+    assert rows[(images[0], "lrp")]["settings"] == base and rows[(images[0], "ig")]["settings"] == base + " n_steps=4"
+    with np.load(out / rows[(images[0], "lrp")]["maps"]) as saved:
+        assert not np.allclose(saved["maps"], flat, atol=1e-3)  # the default composite draws another map
+
+
+def test_method_all_takes_a_method_option_for_that_method_alone():
+    from explain.batch.explainers import build_explainers, parse_method_options, parse_target
+    from explain.models import LoadedModel
+
+    loaded = LoadedModel(_tiny_model(), None, list("abcde"), torch.device("cpu"), torch.rand(1, 3, 32, 32))
+    options = parse_method_options(["ig:n_steps=3", "smoothgrad:ig:n_samples=2"])
+    with pytest.raises(UsageError, match=r"--method-option smoothgrad:ig:n_samples=2: smoothgrad:ig is not among "
+                                         r"--method all; add it to --method"):
+        build_explainers("all", loaded, "auto", parse_target("top1", loaded.class_names), options)
+    del options[method_class("smoothgrad:ig")]
+    cams = {cam.name: cam for cam in build_explainers("all", loaded, "auto", parse_target("top1", ["a"] * 5), options)}
+    image = loaded.example
+    assert cams["ig"].planned_passes(image) == 1 + 3  # the scoring pass and the 3 steps
+    for name in ("layer-ig", "blurig", "smoothgrad"):  # methods that take n_steps or n_samples: their defaults
+        assert cams[name].planned_passes(image) == method_class(name)(loaded.model).planned_passes(image) > 4
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["-M", "ig:n_steps=3"], "--method-option ig:n_steps=3: ig is not among --method gradcam; add it to --method"),
+        (["-m", "ig", "-M", "ig:n_steps=0"], "--method-option ig:n_steps=0: n_steps must be a positive int, got 0"),
+        (["-m", "ig", "-M", "ig:steps=3"],
+         "--method-option ig:steps=3: ig takes no steps; its options: n_steps, method, baseline, seed, "
+         "internal_batch_size, clip_percentile"),
+        (["-m", "ig", "-M", "ig:reduction=sum"],
+         "reduction is set by --reduction for all the methods; use --reduction"),
+        (["-M", "gradcam:target_layer=bn2"], "target_layer is set by --layer for all the methods; use --layer"),
+        (["-M", "gradcam:eigen_smooth=true"], "eigen_smooth is set by --eigen-smooth"),
+        (["-m", "ig", "-M", "ig:n_steps=3", "-M", "IG:n-steps=4"],
+         "--method-option IG:n-steps=4: ig's n_steps is given twice"),
+        (["-M", "n_steps=3"], "--method-option n_steps=3: give METHOD:KEY=VALUE, such as ig:n_steps=32"),
+        (["-M", "ig:n_steps"], "--method-option ig:n_steps: give METHOD:KEY=VALUE"),
+        (["-M", "igg:n_steps=3"], "--method-option igg:n_steps=3: unknown method 'igg'; did you mean ig"),
+        (["-m", "layer-ig", "-M", "layer-ig:neuron=(3,99,99)"],
+         "--method-option layer-ig:neuron=(3,99,99): neuron=(3, 99, 99) is not in layer 'bn2', whose grid holds 1280 "
+         "channels of 7 x 7"),
+        (["-m", "layer-ig", "-M", "layer-ig:neuron=3", "--target", "topk:2"],
+         "--method-option layer-ig:neuron=3: layer-ig with neuron= explains that neuron's activation, not a class"),
+    ],
+)
+def test_method_option_usage_errors_name_the_fix(photos, capsys, options, message):
+    assert main(["run", str(photos), "--out", str(photos.parent / "out"), "--workers", "0", *options]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("explain: error: ") and message in error, error
+    assert not re.search(r"\w+(Error|Exception):", error), error
+    assert not (photos.parent / "out" / "manifest.jsonl").exists()

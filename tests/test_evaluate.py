@@ -181,6 +181,9 @@ def test_information_curves_and_top_k_intersection_from_the_command_line(tmp_pat
     (["--metrics", "relevance-mass", "--regions", "bad.csv"], "bad.csv, line 2: expected image,x0,y0,x1,y1"),
     (["--methods", "gradcamm"], "unknown method 'gradcamm'"),
     (["--max-memory", "2XB"], "--max-memory 2XB: give a size such as 2GB, 512MiB"),
+    (["-M", "ig:n_steps=3"], "--method-option ig:n_steps=3: ig is not among --method gradcam; add it to --method"),
+    (["--methods", "ig", "-M", "ig:n_steps=0"], "--method-option ig:n_steps=0: n_steps must be a positive int"),
+    (["-M", "gradcam:target_layer=bn2"], "target_layer is set by --layer for all the methods"),
 ])
 def test_usage_errors_exit_2(tmp_path, monkeypatch, capsys, options, message):
     monkeypatch.chdir(tmp_path)
@@ -190,6 +193,21 @@ def test_usage_errors_exit_2(tmp_path, monkeypatch, capsys, options, message):
     error = capsys.readouterr().err
     assert error.startswith("explain: error: ") and message in error
     assert not (tmp_path / "out" / "scores.csv").exists()
+
+
+def test_method_options_reach_evaluate_and_a_changed_one_rescores_its_method(tmp_path, capsys, counted):
+    command = ["evaluate", str(PHOTOS / "coffee.png"), "--out", str(tmp_path / "out"), "--methods", "ig,gradcam",
+               "--metrics", "sparseness", "-q"]
+    assert main([*command, "-M", "ig:n_steps=2"]) == 0
+    rows = {r["method"]: r for r in read_csv(tmp_path / "out" / "scores.csv")}
+    assert rows["ig"]["settings"] == "model=efficientnet_lite0 weights=- layer=input n_steps=2"
+    assert rows["gradcam"]["settings"] == "model=efficientnet_lite0 weights=- layer=bn2"
+    counted.clear()
+    assert main([*command, "--method-option", "ig:n_steps=3"]) == 0  # IG alone is scored again
+    assert counted == ["sparseness"] and "1 scored now, 1 skipped" in capsys.readouterr().out
+    again = {r["method"]: r for r in read_csv(tmp_path / "out" / "scores.csv")}
+    assert again["ig"]["settings"].endswith(" n_steps=3") and again["gradcam"] == rows["gradcam"]
+    assert again["ig"]["value"] != rows["ig"]["value"]  # three steps draw another map than two
 
 
 def test_evaluate_runs_under_max_memory_and_warns_before_costly_methods(tmp_path, capsys, heavy_method):

@@ -326,6 +326,8 @@ def test_bad_settings_raise_errors_that_say_what_to_do():
         explain.LayerGradientXActivation(model, ["1", "2"])
     with pytest.raises(ValueError, match="pass no targets"):
         explain.InternalInfluence(model, "2", neuron=1, n_steps=2)(x, 3)
+    with pytest.raises(ValueError, match="pass no targets"):  # the check says so before any call
+        explain.LayerIntegratedGradients(model, "2", neuron=1).check(x, topk=2)
     with pytest.raises(ValueError, match="grid holds 6 channels of 4 x 4"):
         explain.LayerGradientXActivation(model, "2", neuron=(1, 4, 0))(x)
     with pytest.raises(ValueError, match="grid holds 6 channels"):

@@ -280,3 +280,22 @@ def test_metrics_on_ray_fill_the_rows_and_the_summary(tmp_path, capsys):
     table = [line for line in ray_out.splitlines() if line.startswith("gradcam")]
     assert table and table == [line for line in local_out.splitlines() if line.startswith("gradcam")]
     assert "sparseness" in read_page(tmp_path / "on_ray" / "index.html")["tables"]["metric"]
+
+
+@pytest.mark.slow
+def test_method_options_reach_the_actors_and_a_changed_one_redoes_its_method(tmp_path, capsys):
+    # The driver checks --method-option in its Ray task, the actors make their explainers with
+    # it, and the settings it records decide the resume, as on the local engine.
+    os.chdir(tmp_path)
+    options = ["run", str(PHOTOS[0]), "--out", "out", "--engine", "ray", "--method", "ig,gradcam", "-q"]
+    assert main([*options, "-M", "ig:n_steps=2"]) == 0
+    settings = {row["method"]: row["settings"] for row in read_rows(tmp_path / "out" / "manifest.jsonl")}
+    assert settings == {"ig": "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=2",
+                        "gradcam": "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5"}
+    capsys.readouterr()
+    assert main([*options, "-M", "ig:n_steps=3"]) == 0
+    assert summary_counts(capsys.readouterr().out) == (1, 1, 0)
+    assert {row["settings"] for row in read_rows(tmp_path / "out" / "manifest.jsonl")} >= {
+        "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=3"}
+    assert main([*options, "-M", "ig:n_steps=-1"]) == 2
+    assert "--method-option ig:n_steps=-1: n_steps must be a positive int" in capsys.readouterr().err

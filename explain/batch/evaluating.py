@@ -34,7 +34,9 @@ from .explainers import (
     build_explainers,
     estimated_costs,
     max_memory_option,
+    method_option_text,
     metric_options,
+    parse_method_options,
     parse_metrics,
     parse_target,
 )
@@ -80,10 +82,12 @@ class EvaluationRun:
     """One ``explain evaluate``: plans which (image, method, metric) scores are missing from
     scores.csv, computes them batch by batch, appends them, and rebuilds the summary."""
 
-    def __init__(self, args, out_dir, sources, loaded, target, explainers, metrics, options, regions):
+    def __init__(self, args, out_dir, sources, loaded, target, explainers, metrics, options, regions, method_options):
         self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
         self.target, self.metrics, self.options, self.regions = target, metrics, options, regions
         self.explainers = {cam.name: cam for cam in explainers}
+        #: method -> its --method-option settings, recorded with its scores
+        self.method_settings = {cam.name: method_option_text(method_options.get(type(cam), {})) for cam in explainers}
         with pass_settings(max_memory=args.max_memory, progress=False):  # on one blank image
             self.layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
         #: method -> its estimated cost per image; a warning where some cost far more than the rest
@@ -98,6 +102,7 @@ class EvaluationRun:
 
     def _settings(self, method: str, name: str) -> str:
         text = f"model={self.args.model} weights={self.args.weights or '-'} layer={self.layers[method]}"
+        text += self.method_settings[method]
         if "step" in self.options.get(name, {}):
             text += f" step={self.options[name]['step']}"
         if name in LOCALISATION:
@@ -337,6 +342,7 @@ def run_evaluation(args: EvaluateOptions) -> int:
         if not any(name in LOCALISATION for name in metrics):
             raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
     options = metric_options(metrics, args.step)
+    method_options = parse_method_options(args.method_options)
     sources = collect_inputs(args.inputs, out_dir)
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     if loaded.task != "classify":
@@ -347,7 +353,7 @@ def run_evaluation(args: EvaluateOptions) -> int:
         args = args.replace(workers=default_workers(loaded.device))
     target = parse_target(args.target, loaded.class_names)
     with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
-        explainers = build_explainers(args.methods, loaded, args.layer, target)
+        explainers = build_explainers(args.methods, loaded, args.layer, target, method_options)
     regions: list[Tensor | None] = [None] * len(sources)
     if args.regions is not None:
         try:
@@ -359,4 +365,5 @@ def run_evaluation(args: EvaluateOptions) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     with sole_run(out_dir, "evaluate"), pixel_limit(args.max_pixels):
         remove_temp_files(out_dir)
-        return EvaluationRun(args, out_dir, sources, loaded, target, explainers, metrics, options, regions).execute()
+        return EvaluationRun(args, out_dir, sources, loaded, target, explainers, metrics, options, regions,
+                             method_options).execute()

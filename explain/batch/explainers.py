@@ -1,21 +1,22 @@
 """From options to work (the command line's words, checked against the model): ``--target``
-for each task, ``--method`` into checked explainers, and ``--metrics`` into metric names and
-settings; ``--max-memory``; the warning before a run whose methods cost far more than the rest."""
+for each task, ``--method`` and ``--method-option`` into checked explainers, and ``--metrics``
+into metric names and settings; ``--max-memory``; the warning before a run whose methods cost
+far more than the rest."""
 
 from __future__ import annotations
 
-import inspect
+import ast
 import re
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from PIL import Image
 from torch import Tensor
 
-from ..base import Explainer, NotApplicable
+from ..base import Explainer, NotApplicable, keyword_parameters
 from ..catalogue import method_class, method_names
 from ..drawing import normalization_of
 from ..errors import UsageError, is_out_of_memory
@@ -32,6 +33,14 @@ from ..tasks import DetectionTarget, SegmentationTarget
 COSTLY_RATIO = 10.0
 #: A method that costs over this many forward passes of the model per image is costly on its own.
 COSTLY_PASSES = 2000.0
+#: The options that a flag sets for every method that takes them, which --method-option refuses.
+FLAG_OPTIONS = {
+    "target_layer": "--layer",
+    "eigen_smooth": "--eigen-smooth",
+    "aug_smooth": "--aug-smooth",
+    "reduction": "--reduction",
+    "class_names": "--model",
+}
 
 
 @dataclass(frozen=True)
@@ -157,7 +166,9 @@ def class_name(class_names: list[str], class_id: int) -> str:
     return class_names[class_id] if 0 <= class_id < len(class_names) else str(class_id)
 
 
-def build_explainers(names: str, loaded: LoadedModel, layer: str, target: TargetSpec, **options) -> list:
+def build_explainers(
+    names: str, loaded: LoadedModel, layer: str, target: TargetSpec, method_options: dict | None = None, **options
+) -> list:
     """One explainer per method, each checked once on a blank image so that mistakes in the
     method, layer or target surface now, as usage errors, and the auto layer is fixed.
 
@@ -165,7 +176,9 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
     that takes them (a method that takes one but cannot use it says so); one that no named
     method takes is a usage error. With ``all``, each goes only where it applies, and methods
     whose definition does not apply to the model (:class:`~explain.NotApplicable`: CAM
-    without a pooled linear head, attention methods on a CNN) are left out with a note."""
+    without a pooled linear head, attention methods on a CNN) are left out with a note.
+    ``method_options`` (:func:`parse_method_options`) go to their own method alone, which
+    ``names`` must include."""
     everything = names.strip().lower() == "all"
     wanted = method_names() if everything else [n.strip() for n in names.split(",") if n.strip()]
     if not wanted:
@@ -182,12 +195,22 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
         if not any(accepts_option(cls, option) for cls in classes.values()):
             flag = "--layer" if option == "target_layer" else "--" + option.replace("_", "-")
             raise UsageError(f"{flag} applies to none of the methods {', '.join(wanted)}; see `explain methods`")
+    method_options = method_options or {}
+    for cls, own in method_options.items():
+        if cls not in classes.values():
+            raise UsageError(
+                f"{method_option_flags(cls, own)}: {cls.name} is not among --method {names.strip()}; add it to --method"
+            )
     explainers: list[Explainer] = []
     for name, cls in classes.items():
         applies = option_applies if everything else accepts_option
         given = {option: value for option, value in options.items() if applies(cls, option)}
+        own = method_options.get(cls, {})
+        flags = method_option_flags(cls, own) if own else f"--method {name} --layer {layer}"
+        if own and "target_layer" in given:  # the layer may be what the options do not fit
+            flags = f"--layer {layer} {flags}"
         try:
-            cam = cls(loaded.model, class_names=loaded.class_names, **given)
+            cam = cls(loaded.model, class_names=loaded.class_names, **given, **own)
             cam.check(loaded.example, target.targets, topk=target.topk)
         except NotApplicable as error:
             if not everything:
@@ -195,14 +218,88 @@ def build_explainers(names: str, loaded: LoadedModel, layer: str, target: Target
             print(f"explain: --method all: leaving out {name}: {why_not(error)}", file=sys.stderr)
             continue
         except ValueError as error:  # the library's word for a mistake in what it was given
-            raise UsageError(f"--method {name} --layer {layer}: {error}") from None
+            raise UsageError(f"{flags}: {error}") from None
         except Exception as error:  # on a blank image, any other failure is a setup problem
             if is_out_of_memory(error):
                 raise  # a resource failure, not a mistake in the options: main() says so
-            raise UsageError(f"--method {name} --layer {layer}: {type(error).__name__}: {error}") from None
+            raise UsageError(f"{flags}: {type(error).__name__}: {error}") from None
         if cam.name not in (e.name for e in explainers):
             explainers.append(cam)
     return explainers
+
+
+def parse_method_options(entries: Sequence[str]) -> dict[type[Explainer], dict[str, Any]]:
+    """``--method-option METHOD:KEY=VALUE`` entries as keyword options by method class.
+
+    An entry is cut at its first ``=``, and what comes before at its last ``:``: METHOD may
+    hold a colon (``smoothgrad:ig``), KEY never does. METHOD is matched as ``--method``
+    names are (case, dashes and underscores ignored), KEY is a keyword of its class's
+    ``__init__`` (dashes read as underscores), and VALUE a Python literal where it is one
+    (``32``, ``0.5``, ``None``, ``'text'``; ``3,2,2`` a tuple; ``true``, ``false``, ``none``
+    in any case), else a string. Mistakes are :class:`~explain.errors.UsageError` s.
+
+    >>> options = parse_method_options(["IG:n-steps=32", "lrp:composite=epsilon-plus-flat", "layer-ig:neuron=3,2,2"])
+    >>> {cls.name: values for cls, values in options.items()}
+    {'ig': {'n_steps': 32}, 'lrp': {'composite': 'epsilon-plus-flat'}, 'layer-ig': {'neuron': (3, 2, 2)}}
+    >>> parse_method_options(["smoothgrad:ig:n_samples=10"])[method_class("smoothgrad:ig")]
+    {'n_samples': 10}
+    """
+    options: dict[type[Explainer], dict[str, Any]] = {}
+    for entry in [entries] if isinstance(entries, str) else entries:  # one entry, from a Python caller
+        head, equals, text = entry.partition("=")
+        method, colon, key = head.rpartition(":")
+        method, key, text = method.strip(), key.strip().replace("-", "_"), text.strip()
+        if not (equals and colon and method and key and text):
+            raise UsageError(
+                f"--method-option {entry}: give METHOD:KEY=VALUE, such as ig:n_steps=32, "
+                "lrp:composite=epsilon-plus-flat or layer-ig:neuron=3,2,2"
+            )
+        try:
+            cls = method_class(method)
+        except ValueError as error:
+            raise UsageError(f"--method-option {entry}: {error}") from None
+        if key in FLAG_OPTIONS:
+            raise UsageError(
+                f"--method-option {entry}: {key} is set by {FLAG_OPTIONS[key]} for all the methods; "
+                f"use {FLAG_OPTIONS[key]}, not --method-option"
+            )
+        if not accepts_option(cls, key):
+            takes = [name for name in keyword_parameters(cls) if name not in FLAG_OPTIONS]
+            raise UsageError(f"--method-option {entry}: {cls.name} takes no {key}; its options: {', '.join(takes)}")
+        own = options.setdefault(cls, {})
+        if key in own:
+            raise UsageError(f"--method-option {entry}: {cls.name}'s {key} is given twice; keep one")
+        own[key] = _literal(text)
+    return options
+
+
+def _literal(text: str) -> Any:
+    words = {"true": True, "false": False, "none": None}
+    if text.lower() in words:
+        return words[text.lower()]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+
+
+def method_option_text(options: dict[str, Any]) -> str:
+    """A method's options as its settings record them: `` key=value`` each, the value without
+    spaces.
+
+    >>> method_option_text({"n_steps": 32, "neuron": (3, 2, 2), "composite": "epsilon-plus-flat"})
+    ' n_steps=32 neuron=(3,2,2) composite=epsilon-plus-flat'
+    """
+    return "".join(f" {_setting(key, value)}" for key, value in options.items())
+
+
+def method_option_flags(cls: type[Explainer], options: dict[str, Any]) -> str:
+    """The ``--method-option`` flags that give ``cls`` its ``options``, for messages."""
+    return " ".join(f"--method-option {cls.name}:{_setting(key, value)}" for key, value in options.items())
+
+
+def _setting(key: str, value: Any) -> str:
+    return f"{key}={value if isinstance(value, str) else repr(value).replace(' ', '')}"
 
 
 def why_not(error: NotApplicable) -> str:
@@ -223,16 +320,7 @@ def why_not(error: NotApplicable) -> str:
 
 def accepts_option(cls: type[Explainer], option: str) -> bool:
     """Whether ``cls(model, ...)`` takes the keyword ``option``, through ``**options`` too."""
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        parameters = inspect.signature(init).parameters
-        if option in parameters:
-            return True
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-            return False
-    return False
+    return option in keyword_parameters(cls)
 
 
 def option_applies(cls: type[Explainer], option: str) -> bool:

@@ -32,6 +32,9 @@ class ModelOptions:
     trust_model_file: bool = False
     device: str | None = None
     layer: str = "auto"
+    #: --method-option: ``METHOD:KEY=VALUE`` entries, each a keyword option of one method's class
+    #: (see :func:`explain.batch.explainers.parse_method_options`)
+    method_options: list[str] = field(default_factory=list)
     target: str = "top1"
     batch_size: int = 16
     step: int | None = None

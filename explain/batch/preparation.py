@@ -20,8 +20,10 @@ from .explainers import (
     estimated_costs,
     is_similarity_target,
     max_memory_option,
+    method_option_text,
     metric_options,
     option_applies,
+    parse_method_options,
     parse_metrics,
     parse_similarity_target,
     parse_target,
@@ -85,6 +87,7 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     their layers, the metrics. Mistakes are :class:`UsageError` s that say what to pass. Warns
     (unless quiet) where some methods cost far more than the rest (:func:`cost_warning`)."""
     max_memory_option(args.max_memory)
+    method_options = parse_method_options(args.method_options)
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     if args.max_pixels is not None:
         # Pillow checks its limit on every new image, the model's crops included.
@@ -121,16 +124,19 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     if task != "classify":
         layer = _task_layer(args, loaded, task, metrics)
     with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
-        explainers = build_explainers(args.method, loaded, layer, target, **options)
+        explainers = build_explainers(args.method, loaded, layer, target, method_options, **options)
         layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
     costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
-    settings = _method_settings(args, task, options, explainers)
+    settings = _method_settings(args, task, options, explainers, method_options)
     return PreparedRun(args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics, costs)
 
 
-def _method_settings(args: RunOptions, task: str, options: dict, explainers: list) -> dict[str, str]:
+def _method_settings(
+    args: RunOptions, task: str, options: dict, explainers: list, method_options: dict
+) -> dict[str, str]:
     """Each method's settings that shape its outputs: they are recorded with its outputs, so
-    that changing an option on resume redoes the methods it applies to and no other."""
+    that changing an option (a flag or a --method-option) on resume redoes the methods it
+    applies to and no other."""
     common = f"model={args.model} weights={args.weights or '-'} cmap={args.cmap} alpha={args.alpha:g}"
     if task != "classify":
         common += f" task={task}" + (f" target={args.target}" if task == "detect" else "")
@@ -140,6 +146,7 @@ def _method_settings(args: RunOptions, task: str, options: dict, explainers: lis
         settings[cam.name] = common + "".join(
             f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items()
         )
+        settings[cam.name] += method_option_text(method_options.get(type(cam), {}))
         if applied.get("reduction") == "sum":
             settings[cam.name] += f" signed_cmap={args.signed_cmap}"
     return settings

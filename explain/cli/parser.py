@@ -63,7 +63,7 @@ class DefaultsOnceFormatter(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        shown = action.default not in (None, False, argparse.SUPPRESS) and not action.required
+        shown = action.default not in (None, False, [], argparse.SUPPRESS) and not action.required
         if shown and action.option_strings and "default:" not in text and "%(default)" not in text:
             text += " (default: %(default)s)"
         return text
@@ -96,6 +96,7 @@ def _add_run_command(commands) -> None:
                      "smoothgrad-sq or vargrad) aggregates METHOD's maps of noisy copies, e.g. smoothgrad:ig")
     run.add_argument("--layer", default="auto",
                      help="target layer(s), comma-separated; see `explain layers MODEL`")
+    _add_method_option(run)
     run.add_argument("--target", default="top1",
                      help="what to explain. classify: top1, a class id, a class name, topk:K for the K best, or "
                      "similar:IMAGE (the cosine similarity of each image's embedding, the model's (N, D) output, to "
@@ -176,6 +177,7 @@ def _add_evaluate_command(commands) -> None:
                           "with --regions): " + ", ".join(METRIC_NAMES))
     scoring.add_argument("--layer", default="auto",
                           help="target layer(s), comma-separated; see `explain layers MODEL`")
+    _add_method_option(scoring)
     scoring.add_argument("--target", default="top1",
                           help="class to explain: top1, a class id, a class name, or topk:K for the K best")
     _add_batch_size(scoring)
@@ -223,6 +225,18 @@ def _add_inputs_and_model(parser: argparse.ArgumentParser, evaluate: bool = Fals
                         help="output folder" + ("" if evaluate else "; with --engine ray also a URI of a folder on any "
                                                "filesystem pyarrow reaches (s3://bucket/run, gs://..., file:///...)"))
     _add_model_options(parser)
+
+
+def _add_method_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method-option", "-M", action="append", default=[], dest="method_options",
+                        metavar="METHOD:KEY=VALUE",
+                        help="a keyword option of one method's class, repeatable, e.g. -M ig:n_steps=32 "
+                        "-M lrp:composite=epsilon-plus-flat -M layer-ig:neuron=3,2,2 -M rise:n_masks=2000 "
+                        "-M smoothgrad:ig:n_samples=10. The entry is cut at its first '=' and at the last ':' "
+                        "before it; METHOD is one of --method's; VALUE is a Python literal where it is one (3,2,2 a "
+                        "tuple; true, false, none in any case), else a string. target_layer, eigen_smooth, "
+                        "aug_smooth and reduction are not among them: --layer and explain run's flags of those names "
+                        "set them for all the methods")
 
 
 def _add_batch_size(parser: argparse.ArgumentParser) -> None:

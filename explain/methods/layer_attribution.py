@@ -174,12 +174,15 @@ class _ThroughLayer(Batched):
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         """Explain ``targets`` as :meth:`Attribution.__call__ <explain.Attribution.__call__>`
         does; with ``neuron=`` (but for conductance), the neuron's activation, and no targets."""
+        self._check_no_targets(targets, topk)
+        return super().__call__(images, targets, topk=topk)
+
+    def _check_no_targets(self, targets: Targets, topk: int | None) -> None:
         if not self.explains_class and (targets is not None or topk is not None):
             raise ValueError(
                 f"{self.name} with neuron= explains that neuron's activation, not a class: pass no targets nor topk "
                 "(layer-conductance with neuron= explains a class through the neuron)"
             )
-        return super().__call__(images, targets, topk=topk)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         name, module = self.target_layer(images)
@@ -238,6 +241,7 @@ class _ThroughLayer(Batched):
         layer_layout(None, self.model, name, capture.activations[name], images[:1])  # raises where no grid fits
         if self.neuron is not None:
             NeuronSelector(self.neuron, self.model, name, images).grid(capture.activations[name])
+        self._check_no_targets(targets, topk)
         if self.explains_class:
             super().check(images, targets, topk=topk)
 

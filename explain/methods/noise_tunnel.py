@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from ..base import Explainer, NotApplicable, method_key
+from ..base import Explainer, NotApplicable, keyword_parameters, method_key
 from ..baselines import seeded
 from ..checks import channel_hint, check_images, checked_number, positive_int
 from ..explanation import Explanation, scale_maps
@@ -236,24 +236,6 @@ class NoiseTunnel(Explainer):
         return replace(result, method=self.name, signed=result.signed and self.kind == "smoothgrad")
 
 
-def _parameters(cls: type) -> dict[str, inspect.Parameter]:
-    """The keyword options that ``cls(model, ...)`` takes, through its bases' ``**options``."""
-    found: dict[str, inspect.Parameter] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        parameters = list(inspect.signature(init).parameters.values())[2:]  # self, model
-        found.update(
-            (p.name, p.replace(kind=inspect.Parameter.KEYWORD_ONLY))
-            for p in parameters
-            if p.kind not in (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.VAR_POSITIONAL) and p.name not in found
-        )
-        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
-            break
-    return found
-
-
 #: The classes :func:`tunnel_class` made, one per kind and method.
 _TUNNELS: dict[tuple[str, type[Explainer]], type[NoiseTunnel]] = {}
 
@@ -274,8 +256,8 @@ def tunnel_class(kind: str, method: type[Explainer]) -> type[NoiseTunnel]:
 
 
 def _new_tunnel_class(kind: str, method: type[Explainer]) -> type[NoiseTunnel]:
-    own = _parameters(NoiseTunnel)
-    theirs = _parameters(method)
+    own = keyword_parameters(NoiseTunnel)
+    theirs = keyword_parameters(method)
 
     def __init__(self, model: nn.Module, **options) -> None:
         tunnel = {key: options.pop(key) for key in TUNNEL_OPTIONS if key in options}
