@@ -125,6 +125,22 @@ def detached(output):
     return map_tensors(Tensor.detach, output)
 
 
+def output_tensors(output) -> list[Tensor]:
+    """The tensors of a model output, whatever container holds them, in its order.
+
+    >>> [tuple(t.shape) for t in output_tensors({"logits": torch.zeros(2, 3), "aux": [torch.zeros(1)]})]
+    [(2, 3), (1,)]
+    """
+    found: list[Tensor] = []
+
+    def collect(tensor: Tensor) -> Tensor:
+        found.append(tensor)
+        return tensor
+
+    map_tensors(collect, output)
+    return found
+
+
 @dataclass(frozen=True)
 class Captured:
     """What one pass through the target layers recorded: everything most CAMs need.

@@ -268,7 +268,13 @@ class _AlongPath(_ThroughLayer, WithBaseline):
 
 
 class _Quadrature(_AlongPath):
-    """A path integral by one of captum's quadratures (``method``, Gauss-Legendre by default)."""
+    """A path integral by one of captum's quadratures (``method``, Gauss-Legendre by default):
+    of the layer's units by ``captum_method``, of a neuron by captum's NeuronIntegratedGradients."""
+
+    #: captum's layer attribution that integrates along the path.
+    captum_method: ClassVar[type]
+    #: Whether a neuron's integral is multiplied by (x - x') (Integrated Gradients) or not.
+    multiply_by_inputs: ClassVar[bool]
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, method: str = "gausslegendre", **options):
         super().__init__(model, target_layer, **options)
@@ -276,13 +282,30 @@ class _Quadrature(_AlongPath):
             raise ValueError(f"unknown method {method!r}; use one of {', '.join(QUADRATURES)}")
         self.method = method
 
-    def neuron_integral(
-        self, scored: ScoredModel, images: Tensor, layer: nn.Module, select: NeuronSelector, multiply_by_inputs: bool
-    ) -> Tensor:
-        """captum's NeuronIntegratedGradients of the neuron, times (x - x') or not."""
+    def layer_attribution(self, scored: ScoredModel, images: Tensor, k: int, layer: nn.Module) -> Tensor:
+        rows, groups = self.path_groups(images, self.n_steps)
+        baselines, target = self.baselines(scored, images), scored.target(k)
+        method = self.captum_method(scored, layer)
+        return torch.cat(
+            [
+                method.attribute(
+                    images[group],
+                    baselines=baselines[group],
+                    target=slice_target(target, group),
+                    n_steps=self.n_steps,
+                    method=self.method,
+                    internal_batch_size=rows,
+                )
+                for group in groups
+            ]
+        )
+
+    def neuron_attribution(self, scored, images, k, layer, select) -> Tensor:
+        """captum's NeuronIntegratedGradients of the neuron, times (x - x') where
+        ``multiply_by_inputs``."""
         rows, groups = self.path_groups(images, self.n_steps)
         baselines = self.baselines(scored, images)
-        method = captum_attr.NeuronIntegratedGradients(scored, layer, multiply_by_inputs=multiply_by_inputs)
+        method = captum_attr.NeuronIntegratedGradients(scored, layer, multiply_by_inputs=self.multiply_by_inputs)
         return torch.cat(
             [
                 method.attribute(
@@ -315,31 +338,12 @@ class LayerIntegratedGradients(_Quadrature):
 
     name = "layer-ig"
     cost = "3 forward + n_steps (50) forward + backward"
+    captum_method = captum_attr.LayerIntegratedGradients
+    multiply_by_inputs = True
 
     def planned_passes(self, images: Tensor) -> int:
         # captum's layer IG runs the images and the baselines once more, for their activations
         return len(images) * (1 + self.n_steps + (2 if self.neuron is None else 0))
-
-    def layer_attribution(self, scored: ScoredModel, images: Tensor, k: int, layer: nn.Module) -> Tensor:
-        rows, groups = self.path_groups(images, self.n_steps)
-        baselines, target = self.baselines(scored, images), scored.target(k)
-        method = captum_attr.LayerIntegratedGradients(scored, layer)
-        return torch.cat(
-            [
-                method.attribute(
-                    images[group],
-                    baselines=baselines[group],
-                    target=slice_target(target, group),
-                    n_steps=self.n_steps,
-                    method=self.method,
-                    internal_batch_size=rows,
-                )
-                for group in groups
-            ]
-        )
-
-    def neuron_attribution(self, scored, images, k, layer, select) -> Tensor:
-        return self.neuron_integral(scored, images, layer, select, multiply_by_inputs=True)
 
 
 @register
@@ -362,27 +366,8 @@ class InternalInfluence(_Quadrature):
     """
 
     name = "internal-influence"
-
-    def layer_attribution(self, scored: ScoredModel, images: Tensor, k: int, layer: nn.Module) -> Tensor:
-        rows, groups = self.path_groups(images, self.n_steps)
-        baselines, target = self.baselines(scored, images), scored.target(k)
-        method = captum_attr.InternalInfluence(scored, layer)
-        return torch.cat(
-            [
-                method.attribute(
-                    images[group],
-                    baselines=baselines[group],
-                    target=slice_target(target, group),
-                    n_steps=self.n_steps,
-                    method=self.method,
-                    internal_batch_size=rows,
-                )
-                for group in groups
-            ]
-        )
-
-    def neuron_attribution(self, scored, images, k, layer, select) -> Tensor:
-        return self.neuron_integral(scored, images, layer, select, multiply_by_inputs=False)
+    captum_method = captum_attr.InternalInfluence
+    multiply_by_inputs = False
 
 
 @register

@@ -29,7 +29,7 @@ from ...checks import channel_hint, check_images, checked_number
 from ...layers import LayerSpec, candidate_layers, find_target_layer
 from ...targets import Targets, class_logits, select_targets
 from ..attribution_base import attribution_context
-from ..cam_base import BaseCAM, Captured, detached, layer_layout, map_tensors
+from ..cam_base import BaseCAM, Captured, detached, layer_layout, output_tensors
 from .canonizers import restored_modules
 from .composites import check_canonical_output, excitation_composite, registered_composite
 from .tracing import RuleSpans, on_every_path, reshaped_from, traced_layers, unruled_steps
@@ -80,23 +80,6 @@ def _layer_outputs(layers: dict[str, nn.Module]) -> Iterator[dict[str, Tensor]]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-def _tensors(output) -> list[Tensor]:
-    """The tensors of a model output, whatever container holds them."""
-    found: list[Tensor] = []
-
-    def collect(tensor: Tensor) -> Tensor:
-        found.append(tensor)
-        return tensor
-
-    map_tensors(collect, output)
-    return found
-
-
-def _output_tensors(output) -> list[Tensor]:
-    """The tensors of a model output that the image reaches (that have an autograd graph)."""
-    return [tensor for tensor in _tensors(output) if tensor.grad_fn is not None]
 
 
 @register
@@ -222,7 +205,7 @@ class ExcitationBackprop(BaseCAM):
             if missing:
                 raise ValueError(f"layer(s) {missing} did not run in the forward pass; pick layers the model uses")
             explained, wanted = (class_logits(output), class_logits(reference)) if logits else (output, reference)
-            for got, expected in zip(_tensors(explained), _tensors(wanted), strict=True):
+            for got, expected in zip(output_tensors(explained), output_tensors(wanted), strict=True):
                 check_canonical_output(got, expected, "Excitation Backprop")
             self._check_path(explained, spans, outputs, traced.last, layers)
             selected = scores(output)
@@ -246,7 +229,8 @@ class ExcitationBackprop(BaseCAM):
         contrastive form, also where the output is not the classifier's (the last dense or
         convolutional layer to run), whose weights the dual unit negates."""
         stop = {tensor.grad_fn for tensor in outputs.values()}
-        tensors = _output_tensors(output)
+        # the output's tensors that the image reaches (that have an autograd graph)
+        tensors = [tensor for tensor in output_tensors(output) if tensor.grad_fn is not None]
         steps = sorted({step for tensor in tensors for step in unruled_steps(tensor, spans.spans, stop)})
         if steps:
             raise NotApplicable(

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from zennit.types import BatchNorm, ConvolutionStandard
 
 from ...hooks import preserved_state
+from ..cam_base import output_tensors
 
 __all__ = [
     "RESHAPING_STEPS",
@@ -247,7 +248,7 @@ def on_every_path(model: nn.Module, example: Tensor, names: list[str]) -> list[s
     finally:
         for handle in handles:
             handle.remove()
-    roots = [tensor.grad_fn for tensor in _tensors_of(output) if tensor.grad_fn is not None]
+    roots = [tensor.grad_fn for tensor in output_tensors(output) if tensor.grad_fn is not None]
     return [name for name in names if name in nodes and not _reaches(roots, image, nodes[name])]
 
 
@@ -263,11 +264,3 @@ def _reaches(roots: list, image: Tensor, blocked) -> bool:
             return True
         stack.extend(parent for parent, _ in node.next_functions)
     return False
-
-
-def _tensors_of(output) -> list[Tensor]:
-    """The tensors of a model output: a tensor, or those in a dict, tuple or list (nested)."""
-    if isinstance(output, Tensor):
-        return [output]
-    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
-    return [tensor for value in values for tensor in _tensors_of(value)]
