@@ -4,10 +4,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
-import torch
-from PIL import Image
-from torch import nn
+# Two test workers share the cores, and the CLI runs, notebook kernels and Ray workers they
+# start use torch's threads too: libgomp's threads spin while they wait (its default), which
+# slows torch down several times over when another process holds the cores; sleeping
+# threads do not. Set before torch loads, for this process and every one it starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch import nn  # noqa: E402
 
 torch.set_num_threads(max(1, (os.cpu_count() or 2) // 2))
 
