@@ -61,25 +61,37 @@ def xrai_ranking(
     """
     values = attribution.flatten().double()
     candidates = regions.flatten(1).to(values.device)
+    # Each region's uncovered pixels and their attribution, lowered as regions are added: the
+    # pixels a region adds are read once, not every candidate's whole mask at every step.
+    counts, sums = candidates.sum(dim=1), weighted_sums(candidates, values)
+    alive = torch.ones(len(candidates), dtype=torch.bool, device=values.device)
     covered = torch.zeros_like(values, dtype=torch.bool)
     heatmap = torch.full_like(values, -torch.inf)
-    remaining = torch.arange(len(candidates), device=values.device)
-    while float(covered.double().mean()) <= area_threshold:
-        new = candidates[remaining] & ~covered
-        counts = new.sum(dim=1)
-        keep = counts >= min_pixel_diff
-        remaining, new, counts = remaining[keep], new[keep], counts[keep]
-        if not len(remaining):
+    covered_pixels = 0
+    while covered_pixels / len(values) <= area_threshold:
+        alive &= counts >= max(min_pixel_diff, 1)
+        if not bool(alive.any()):
             break
-        gains = (new.double() @ values) / counts
+        gains = torch.where(alive, sums / counts.clamp_min(1), -torch.inf)
         best = int(gains.argmax())  # the first of equal gains, as PAIR's strict comparison
-        heatmap[new[best]] = gains[best]
-        covered |= candidates[remaining[best]]
-        remaining = torch.cat([remaining[:best], remaining[best + 1 :]])
+        new = candidates[best] & ~covered
+        heatmap[new] = gains[best]
+        covered |= new
+        alive[best] = False
+        added = new.nonzero().squeeze(1)
+        covered_pixels += len(added)
+        counts -= candidates[:, added].sum(dim=1)
+        sums -= weighted_sums(candidates[:, added], values[added])
     left = heatmap == -torch.inf
     if bool(left.any()):
         heatmap[left] = values[left].mean()
     return heatmap.view(attribution.shape)
+
+
+def weighted_sums(masks: Tensor, values: Tensor) -> Tensor:
+    """``masks`` (M, P) bool times ``values`` (P,): each mask's sum of values, a few rows
+    of masks at a time in the values' dtype."""
+    return torch.cat([chunk.to(values.dtype) @ values for chunk in masks.split(128)])
 
 
 @register
