@@ -50,6 +50,8 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_volumes.py
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_attribution.py
+	$(BIN)/python benchmarks/bench_anchors.py
+	$(BIN)/python benchmarks/bench_faithfulness.py
 	$(BIN)/python benchmarks/bench_metrics.py
 	$(BIN)/python benchmarks/bench_viewer.py
 	$(BIN)/python benchmarks/bench_heavy.py

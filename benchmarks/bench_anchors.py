@@ -15,6 +15,12 @@ On the bundled efficientnet_lite0 and the first ``--batch`` photos of data/image
   where the package is installed (the ``anchors`` extra). TorchRay's RISE draws other masks
   and weights by the sigmoid; its cost is what is compared.
 
+PAIR's calls take NHWC numpy arrays; permuted back to NCHW they are channels-last tensors,
+whose convolutions run about 28 % faster on this CPU for the bundled model (forward +
+backward, batch 32), for any method. The gradient function makes them contiguous, as every
+other call's inputs are, so that the methods are compared and not the memory layouts
+(``--channels-last`` leaves them as they come).
+
 Calls run round-robin after a warm-up, the median of ``--repeats`` rounds (bench_gradcam's
 ``interleaved_medians``). The anchors are slow on a CPU: lower ``--masks``/``--steps`` there.
 """
@@ -46,13 +52,20 @@ def bare_rise(model, x, n_masks, rows):
     return run
 
 
-def bare_gradients(model, x, count, rows):
-    """``count`` rows per image forward and backward, ``rows`` at a time."""
+def bare_gradients(model, x, count, rows, path=False):
+    """``count`` rows per image forward and backward, ``rows`` at a time: copies of the image,
+    or (``path``) XRAI's points, ``count / 2`` on each straight line from the image's
+    minimum and maximum to it."""
 
     def run():
         for image in x:
+            if path:
+                alphas = torch.linspace(0, 1, count // 2, device=image.device).view(-1, 1, 1, 1)
+                rows_of = torch.cat([end + alphas * (image - end) for end in (image.min(), image.max())])
             for start in range(0, count, rows):
-                batch = image[None].repeat(min(rows, count - start), 1, 1, 1).requires_grad_(True)
+                size = min(rows, count - start)
+                batch = rows_of[start : start + size] if path else image[None].repeat(size, 1, 1, 1)
+                batch = batch.clone().requires_grad_(True)
                 torch.autograd.grad(model(batch)[:, 0].sum(), batch)
 
     return run
@@ -83,6 +96,8 @@ def anchor_calls(model, x, ids, args) -> dict:
 
         def gradients(batch, call_model_args=None, expected_keys=None):
             t = torch.tensor(np.asarray(batch), dtype=torch.float32, device=x.device).permute(0, 3, 1, 2)
+            if not args.channels_last:
+                t = t.contiguous()
             t.requires_grad_(True)
             (g,) = torch.autograd.grad(model(t)[:, call_model_args].sum(), t)
             return {sc.INPUT_OUTPUT_GRADIENTS: g.permute(0, 2, 3, 1).cpu().numpy()}
@@ -109,6 +124,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32, help="inner batch of every call")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-anchors", action="store_true")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="hand PAIR's NHWC arrays to the model as they come (a channels-last view)")
     args = parser.parse_args()
     torch.manual_seed(0)
     model, preprocess, _ = explain.models.load("efficientnet_lite0")
@@ -121,7 +138,7 @@ def main() -> None:
     methods = {
         "rise": (explain.RISE(model, n_masks=args.masks, internal_batch_size=rows), bare_rise(model, x, args.masks, rows)),
         "xrai": (explain.XRAI(model, steps=args.xrai_steps, internal_batch_size=rows),
-                 bare_gradients(model, x, 2 * args.xrai_steps, rows)),
+                 bare_gradients(model, x, 2 * args.xrai_steps, rows, path=True)),
         "extremal": (explain.ExtremalPerturbation(model, steps=args.steps, internal_batch_size=3),
                      bare_gradients(model, x, 3 * args.steps, 3)),
     }  # fmt: skip
