@@ -44,6 +44,7 @@ __all__ = [
     "Batched",
     "ScoredModel",
     "WithBaseline",
+    "attribute_in_groups",
     "attribution_context",
     "checked_seed",
     "normalize_maps",
@@ -139,6 +140,20 @@ def rows_per_pass(internal_batch_size: int, images: int) -> int:
 def slice_target(target: Tensor | None, rows: slice) -> Tensor | None:
     """captum's ``target`` for ``images[rows]`` (``None`` stays ``None``)."""
     return None if target is None else target[rows]
+
+
+def attribute_in_groups(
+    attribution, images: Tensor, baselines: Tensor, target: Tensor | None, groups, *args, **options
+) -> Tensor:
+    """captum's ``attribution.attribute`` of each group (a slice) of ``images``, with the group's
+    baselines and targets (none passed where ``target`` is None: captum's neuron methods take
+    none), ``args`` and ``options`` the same for every group; the results concatenated."""
+    results = []
+    for group in groups:
+        if target is not None:
+            options["target"] = target[group]
+        results.append(attribution.attribute(images[group], *args, baselines=baselines[group], **options))
+    return torch.cat(results)
 
 
 @contextmanager

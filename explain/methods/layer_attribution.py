@@ -43,7 +43,14 @@ from ..hooks import LayerCapture
 from ..layers import LayerSpec, find_target_layer, resolve_layers
 from ..passes import advance
 from ..targets import CUSTOM_TARGET, Targets
-from .attribution_base import Batched, ScoredModel, WithBaseline, normalize_maps, reduce_channels, slice_target
+from .attribution_base import (
+    Batched,
+    ScoredModel,
+    WithBaseline,
+    attribute_in_groups,
+    normalize_maps,
+    reduce_channels,
+)
 from .cam_base import layer_layout
 from .path_attribution import QUADRATURES
 
@@ -286,18 +293,15 @@ class _Quadrature(_AlongPath):
         rows, groups = self.path_groups(images, self.n_steps)
         baselines, target = self.baselines(scored, images), scored.target(k)
         method = self.captum_method(scored, layer)
-        return torch.cat(
-            [
-                method.attribute(
-                    images[group],
-                    baselines=baselines[group],
-                    target=slice_target(target, group),
-                    n_steps=self.n_steps,
-                    method=self.method,
-                    internal_batch_size=rows,
-                )
-                for group in groups
-            ]
+        return attribute_in_groups(
+            method,
+            images,
+            baselines,
+            target,
+            groups,
+            n_steps=self.n_steps,
+            method=self.method,
+            internal_batch_size=rows,
         )
 
     def neuron_attribution(self, scored, images, k, layer, select) -> Tensor:
@@ -306,18 +310,16 @@ class _Quadrature(_AlongPath):
         rows, groups = self.path_groups(images, self.n_steps)
         baselines = self.baselines(scored, images)
         method = captum_attr.NeuronIntegratedGradients(scored, layer, multiply_by_inputs=self.multiply_by_inputs)
-        return torch.cat(
-            [
-                method.attribute(
-                    images[group],
-                    select,
-                    baselines=baselines[group],
-                    n_steps=self.n_steps,
-                    method=self.method,
-                    internal_batch_size=rows,
-                )
-                for group in groups
-            ]
+        return attribute_in_groups(
+            method,
+            images,
+            baselines,
+            None,
+            groups,
+            select,
+            n_steps=self.n_steps,
+            method=self.method,
+            internal_batch_size=rows,
         )
 
 
@@ -401,18 +403,17 @@ class LayerConductance(_AlongPath):
         rows, groups = self.path_groups(images, self.n_steps + 1)
         baselines, target = self.baselines(scored, images), scored.target(k)
         method = captum_attr.LayerConductance(scored, layer)
-        return torch.cat(
-            [
-                method.attribute(
-                    images[group],
-                    baselines=baselines[group],
-                    target=slice_target(target, group),
-                    n_steps=self.n_steps,
-                    method="riemann_trapezoid",
-                    internal_batch_size=max(rows, 2 * len(images[group])),
-                )
-                for group in groups
-            ]
+        # captum's conductance needs two path points of each image a pass; the groups hold
+        # rows // 2 images, so only a budget of one row needs raising
+        return attribute_in_groups(
+            method,
+            images,
+            baselines,
+            target,
+            groups,
+            n_steps=self.n_steps,
+            method="riemann_trapezoid",
+            internal_batch_size=max(rows, 2),
         )
 
     def neuron_attribution(self, scored, images, k, layer, select) -> Tensor:
@@ -421,19 +422,16 @@ class LayerConductance(_AlongPath):
         rows, groups = self.path_groups(images, self.n_steps)
         baselines, target = self.baselines(scored, images), scored.target(k)
         method = captum_attr.NeuronConductance(scored, layer)
-        return torch.cat(
-            [
-                method.attribute(
-                    images[group],
-                    select,
-                    baselines=baselines[group],
-                    target=slice_target(target, group),
-                    n_steps=self.n_steps,
-                    method="riemann_trapezoid",
-                    internal_batch_size=rows,
-                )
-                for group in groups
-            ]
+        return attribute_in_groups(
+            method,
+            images,
+            baselines,
+            target,
+            groups,
+            select,
+            n_steps=self.n_steps,
+            method="riemann_trapezoid",
+            internal_batch_size=rows,
         )
 
     def channel_conductance(

@@ -25,7 +25,7 @@ from ..base import register
 from ..baselines import gaussian_filter
 from ..checks import checked_number, positive_int
 from ..passes import advance
-from .attribution_base import Batched, ScoredModel, WithBaseline, slice_target
+from .attribution_base import Batched, ScoredModel, WithBaseline, attribute_in_groups
 
 __all__ = ["QUADRATURES", "BlurIG", "GuidedIG", "IntegratedGradients", "score_gradients"]
 
@@ -81,18 +81,16 @@ class IntegratedGradients(WithBaseline):
         integrated = captum_attr.IntegratedGradients(scored)
         # captum runs at least all the images it is given in each pass: fewer rows than
         # images, the images go in groups of ``rows``.
-        return torch.cat(
-            [
-                integrated.attribute(
-                    images[group],
-                    baselines=baselines[group],
-                    target=slice_target(target, group),
-                    n_steps=self.n_steps,
-                    method=self.method,
-                    internal_batch_size=rows,
-                )
-                for group in (slice(i, i + rows) for i in range(0, len(images), rows))
-            ]
+        groups = [slice(i, i + rows) for i in range(0, len(images), rows)]
+        return attribute_in_groups(
+            integrated,
+            images,
+            baselines,
+            target,
+            groups,
+            n_steps=self.n_steps,
+            method=self.method,
+            internal_batch_size=rows,
         )
 
 
