@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from .checks import INPUT_KINDS, spatial_dims
 from .concurrency import model_lock
 from .explanation import Explanation
+from .hooks import unwrapped
 from .passes import call_settings
 from .targets import Targets
 
@@ -94,7 +95,9 @@ class Explainer:
     """Base class: an explainer is made once per model and called on batches of images.
 
     Subclasses set ``name`` (the registered method name) and implement ``__call__``, which
-    returns an :class:`~explain.Explanation`. Each call holds the model's lock
+    returns an :class:`~explain.Explanation`. A model wrapped in ``nn.DataParallel``,
+    ``DistributedDataParallel`` or ``torch.compile`` is explained through the module inside
+    (:func:`~explain.hooks.unwrapped`): ``self.model`` is that module. Each call holds the model's lock
     (:mod:`explain.concurrency`): threads that share a model take turns.
 
     Every call also takes ``max_memory=`` (the budget of the inner batches of a method that
@@ -127,7 +130,7 @@ class Explainer:
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.model = model
+        self.model = unwrapped(model)  # DataParallel, DistributedDataParallel, torch.compile
         self.class_names = list(class_names) if class_names is not None else getattr(model, "class_names", None)
 
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:

@@ -85,6 +85,12 @@ def layer_layout(reshape: Reshape | None, model: nn.Module, name: str, output: T
     :func:`~explain.tokens.infer_layout` finds (spatial, tokens or channels-last), checked to
     leave more than one location."""
     layout: TokenLayout | ReshapeFunction
+    if output.shape[0] != images.shape[0]:
+        raise ValueError(
+            f"layer {name!r} outputs {output.shape[0]} rows for {images.shape[0]} images: the model folds patches "
+            "into the batch there (as MobileViT's and TNT's inner transformers do), so its rows are not the images'; "
+            "pass target_layer= a layer outside it (`explain layers MODEL` lists the layers)"
+        )
     if reshape is None:
         layout = infer_layout(tuple(output.shape), tuple(images.shape[2:]), model, name)
     elif isinstance(reshape, TokenLayout):
