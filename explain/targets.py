@@ -43,13 +43,21 @@ def class_index(name: str, class_names: Sequence[str] | None) -> int:
 
 def class_logits(output):
     """The class logits in a model output: the output itself, or the ``"logits"`` entry of
-    a mapping (a Hugging Face ``ModelOutput`` is one); anything else is returned as it is.
+    a mapping (a Hugging Face ``ModelOutput`` is one), or the one tensor of a mapping that
+    holds a single (N, num_classes) tensor under another name (Hugging Face's PP-LCNet
+    classifier returns its logits as ``last_hidden_state``); anything else is returned as it is.
 
     >>> class_logits({"logits": torch.zeros(1, 3)}).shape
     torch.Size([1, 3])
+    >>> class_logits({"last_hidden_state": torch.zeros(1, 3)}).shape
+    torch.Size([1, 3])
     """
-    if isinstance(output, Mapping) and "logits" in output:
-        return output["logits"]
+    if isinstance(output, Mapping):
+        if "logits" in output:
+            return output["logits"]
+        tensors = [value for value in output.values() if isinstance(value, Tensor)]
+        if len(tensors) == 1 and len(output) == 1 and tensors[0].dim() == 2:
+            return tensors[0]
     return output
 
 
