@@ -162,8 +162,10 @@ class AttentionRollout(TransformerAttention):
     With A_l each layer's attention averaged over heads (``head_fusion``: ``"mean"``,
     ``"max"`` or ``"min"``), Â_l = (A_l + I) / 2 with rows renormalised to sum to 1 (the
     residual path carries half of each token), and the rollout R = Â_L ... Â_2 Â_1, the map
-    is R's class-token row over the patch tokens. It does not depend on the class: rollout
-    shows what the class token attends to. ``discard_ratio`` zeroes that fraction of each
+    is the row of what the head reads over the patch tokens: the class token's, or for a
+    pooled head the mean of the pooled tokens' rows or an attention pool's weights times R
+    (:mod:`~explain.methods.attention_readout`). It does not depend on the class: rollout
+    shows what the head's token attends to. ``discard_ratio`` zeroes that fraction of each
     layer's smallest fused attentions (never the class token's own) before adding I, as
     the widely used implementation by J. Gildenblat does; the paper has no such step
     (default 0).
@@ -216,8 +218,11 @@ class AttentionRelevance(TransformerAttention):
 
     R starts as the identity; for every layer in the order of the forward pass,
     Ā_l = E_h[(∇A_l ⊙ A_l)^+] (the positive part of gradient times attention, averaged over
-    heads) and R ← R + Ā_l R. The map is R's class-token row over the patch tokens. One
-    forward pass and one backward pass per target, down to the first attention layer.
+    heads) and R ← R + Ā_l R. The map is the row of what the head reads (the class token's,
+    or the mean of the pooled tokens' rows, see :mod:`~explain.methods.attention_readout`)
+    over the patch tokens, without the identity's share where that is the same for every
+    patch (it only shifts the map). One forward pass and one backward pass per target, down
+    to the first attention layer.
 
     Chefer, Gur & Wolf, "Generic Attention-model Explainability for Interpreting Bi-Modal
     and Encoder-Decoder Transformers", ICCV 2021, eq. 5-6 (the self-attention rules).
@@ -234,6 +239,12 @@ class AttentionRelevance(TransformerAttention):
         for attention, gradient in zip(weights, gradients, strict=True):
             weighted = (gradient * attention).clamp_min(0).mean(dim=1)
             relevance = relevance + weighted @ relevance
+        # The identity's share of a row that weighs its tokens equally (a class token, or the
+        # mean of pooled tokens) is the same for every patch: left out, so that small
+        # gradient terms are not lost under it (it only shifts the map, which is min-max scaled).
+        read = row > 0
+        equal = ((row - row.amax(dim=1, keepdim=True)).abs() * read).amax(dim=1) == 0
+        relevance = relevance - torch.eye(t, device=relevance.device) * equal[:, None, None]
         return (row[:, None] @ relevance)[:, 0]
 
 
