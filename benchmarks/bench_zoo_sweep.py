@@ -470,7 +470,11 @@ def summary_rows(records: dict) -> list[tuple[str, str]]:
 def report(after_path: str, before_path: str | None) -> None:
     after = load(after_path)
     before = load(before_path) if before_path else None
-    if before is not None:
+    if before is not None:  # the models both runs reached (a run cut short compares on those)
+        common = set(after) & set(before)
+        after = {key: after[key] for key in after if key in common}
+        before = {key: before[key] for key in before if key in common}
+        print(f"{len(common)} models in both runs\n")
         print("| | before | after |\n|---|---|---|")
         for (label, new), (_, old) in zip(summary_rows(after), summary_rows(before), strict=True):
             print(f"| {label} | {old} | {new} |")

@@ -237,7 +237,11 @@ class AttentionCapture:
         self.pooling: list[Tensor] = []
         self.skipped = 0
         self._paused = False
+        #: Whether an attention module formed several attention maps in one call
+        #: (differential attention subtracts two softmaxes).
+        self.several = False
         self._tokens: list[int | None] = []
+        self._counts: list[int] = []
         self._context: ExitStack | None = None
 
     @property
@@ -255,6 +259,9 @@ class AttentionCapture:
         if self.gradients and not weights.requires_grad:
             weights = weights.detach().requires_grad_()
         tokens = self._tokens[-1] if self._tokens else None
+        if self._tokens:
+            self._counts[-1] += 1
+            self.several |= self._counts[-1] > 1
         queries, keys = weights.shape[-2:]
         if tokens is not None and keys != tokens:
             self.skipped += 1
@@ -280,9 +287,11 @@ class AttentionCapture:
 
         def enter(module: nn.Module, args, kwargs) -> None:
             self._tokens.append(_token_count(module, args, kwargs))
+            self._counts.append(0)
 
         def leave(module: nn.Module, args, kwargs, output) -> None:
             self._tokens.pop()
+            self._counts.pop()
 
         for module in self.model.modules():
             if _is_attention_module(module):

@@ -346,8 +346,9 @@ TIMM = {
     "vit_xsmall_patch16_clip_224": (dict(img_size=32, depth=2), (32, 32), True),  # norm_pre + norm at the root
     "vit_tiny_patch16_224": (dict(img_size=32, depth=2, class_token=False, global_pool="avg", reg_tokens=4),
                              (32, 32), True),  # no class token, 4 registers, average pool
-    "vit_small_patch16_224": (dict(img_size=32, depth=2, class_token=False, global_pool="map",
-                                   norm_layer="rmsnorm"), (32, 32), True),  # RMSNorm, attention pool
+    "vit_small_patch16_224": (dict(img_size=32, depth=2, class_token=False, global_pool="map", reg_tokens=4,
+                                   norm_layer="rmsnorm"), (32, 32), True),  # RMSNorm, a pool over the patches
+    "vit_dwee_patch16_reg1_gap_256": (dict(img_size=32, depth=2), (32, 32), False),  # differential attention
     "cait_xxs24_224": (dict(img_size=32, depth=2, depth_token_only=1), (32, 32), False),
     "xcit_nano_12_p16_224": (dict(img_size=32, depth=2), (32, 32), False),
     "levit_128s": (dict(img_size=128), (128, 128), False),  # BatchNorm over tokens
@@ -382,6 +383,9 @@ def test_timm_families_with_no_arguments(name, timm_models):
     assert layer is not None
     if name == "vit_xsmall_patch16_clip_224":
         assert len(transformer_blocks(model, torch.randn(1, 3, *size))) == 2 and layer == "blocks.1.norm1"
+    if name == "vit_dwee_patch16_reg1_gap_256":  # two softmaxes per layer: no one attention flow
+        with pytest.raises(explain.NotApplicable, match="several in one call"):
+            explain.AttentionRollout(model)(torch.randn(1, 3, *size))
     if not attention:
         for method in ATTENTION:  # refused with a reason, never a wrong map
             try:

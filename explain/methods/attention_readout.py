@@ -13,8 +13,9 @@ token contributes to the last layer's token i. The map is the row of what the he
   rows, ``(1/|P|) sum_{i in P} R[i]``;
 - an attention-pooled head (timm's ``global_pool='map'``, SigLIP's multihead attention
   pooling): the pool's latent query mixes the tokens by its attention weights a, so its row
-  is ``a R`` (a averaged over the heads and latent queries), as if the query were one more
-  class token attending once more.
+  is ``a R`` (a averaged over the heads and latent queries; over the patch tokens alone
+  where the pool leaves the register tokens out), as if the query were one more class token
+  attending once more.
 
 LeGrad reads every layer's tokens through the head instead (:func:`find_readout`): the
 model's own final norm, pooling and classifier where they are known (timm's
@@ -77,6 +78,11 @@ def readout_row(
     ``ValueError`` where that attention is not over the T tokens of the layers."""
     if pooling:
         last = pooling[-1]
+        if last.shape[0] == n and last.shape[-1] == t - layout.prefix:  # the pool reads the patches alone
+            weights = last.detach().float().mean(dim=(1, 2)).to(device)
+            row = torch.zeros(n, t, device=device)
+            row[:, layout.prefix :] = weights / weights.sum(dim=1, keepdim=True)
+            return row
         if last.shape[0] != n or last.shape[-1] != t:
             raise ValueError(
                 f"the model's last attention has {last.shape[-2]} queries over {last.shape[-1]} tokens, not over the "

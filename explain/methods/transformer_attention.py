@@ -75,6 +75,12 @@ class TransformerAttention(Explainer):
                 f"{self.name} saw no attention: the model has no attention module that computes softmax(Q K^T) over "
                 "its tokens; use Grad-CAM, which works on any model"
             )
+        if capture.several:
+            raise NotApplicable(
+                f"{self.name} needs one attention matrix per layer, and this model's attention modules form several "
+                "in one call (differential attention subtracts two softmaxes), whose difference is no attention "
+                "flow; use Grad-CAM"
+            )
         n = images.shape[0]
         shapes = {tuple(w.shape) for w in weights}
         t = weights[0].shape[-1]
