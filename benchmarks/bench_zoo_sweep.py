@@ -75,7 +75,7 @@ WINDOWED_TIMM = {"swin_transformer", "swin_transformer_v2", "swin_transformer_v2
 WINDOWED_HF = {"swin", "swinv2", "donut-swin"}
 BACKBONES = ("dinov2", "dinov3_vit", "dinov3_convnext", "siglip_vision_model", "clip_vision_model",
              "aimv2_vision_model", "ijepa", "hiera", "convnext", "swin", "resnet")
-ARGUMENT = re.compile(r"pass (target_layer|reshape=|readout=|layout=)|target_layer=|pass reshape")
+ARGUMENT = re.compile(r"pass (target_layer|reshape=|readout=|layout=|a callable target)|target_layer=|pass reshape")
 
 SIZES = set(
     "atto femto pico nano tiny small base medium large huge giant gigantic enormous xxs xs s m l xl xxl xxxl "
@@ -421,6 +421,9 @@ def load(path: str) -> dict:
         for line in file:
             if line.strip():
                 record = json.loads(line)
+                for result in record.get("methods", {}).values():  # as ARGUMENT reads them now
+                    if result["outcome"] == "error" and result["detail"].startswith("ValueError"):
+                        result["outcome"] = "refused" if ARGUMENT.search(result["detail"]) else "error"
                 records[(record["registry"], record["model"])] = record
     return records
 

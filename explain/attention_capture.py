@@ -141,7 +141,13 @@ def _recorded_softmax(softmax):
     a fused path)."""
 
     def recorded(input, *args, **kwargs):
-        output = softmax(input, *args, **kwargs)
+        if getattr(_active, "softmax", False):  # F.softmax calls Tensor.softmax: record the outer call once
+            return softmax(input, *args, **kwargs)
+        _active.softmax = True
+        try:
+            output = softmax(input, *args, **kwargs)
+        finally:
+            _active.softmax = False
         capture = getattr(_active, "capture", None)
         if capture is None or not capture.inside or getattr(_active, "explicit", False) or output.dim() != 4:
             return output

@@ -203,8 +203,9 @@ def test_prefix_tokens_follow_the_model():
 
 
 class HandAttention(nn.Module):
-    """Single-head attention computed by hand with ``Tensor.softmax``; ``fused`` runs the same
-    through ``F.scaled_dot_product_attention`` instead."""
+    """Single-head attention computed by hand with ``Tensor.softmax`` (``fused=False``) or
+    ``F.softmax`` (``fused=None``, which calls ``Tensor.softmax`` in turn); ``fused=True`` runs
+    the same through ``F.scaled_dot_product_attention`` instead."""
 
     def __init__(self, channels, fused):
         super().__init__()
@@ -214,7 +215,9 @@ class HandAttention(nn.Module):
         q, k, v = self.qkv(x)[:, None].chunk(3, dim=-1)
         if self.fused:
             return F.scaled_dot_product_attention(q, k, v)[:, 0]
-        return ((q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5).softmax(dim=-1).matmul(v)[:, 0]
+        logits = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+        weights = logits.softmax(dim=-1) if self.fused is False else F.softmax(logits, dim=-1)
+        return weights.matmul(v)[:, 0]
 
 
 class PooledViT(nn.Module):
@@ -235,8 +238,9 @@ class PooledViT(nn.Module):
         return self.head(x.mean(dim=1))
 
 
-def test_attention_computed_by_hand_is_seen_as_the_fused_kernel_is():
-    by_hand, fused = PooledViT(fused=False).eval(), PooledViT(fused=True).eval()
+@pytest.mark.parametrize("softmax", [False, None], ids=["Tensor.softmax", "F.softmax"])
+def test_attention_computed_by_hand_is_seen_as_the_fused_kernel_is(softmax):
+    by_hand, fused = PooledViT(fused=softmax).eval(), PooledViT(fused=True).eval()
     fused.load_state_dict(by_hand.state_dict())
     x = torch.randn(2, 3, 16, 24)
     for method in ATTENTION[:2]:
@@ -246,7 +250,9 @@ def test_attention_computed_by_hand_is_seen_as_the_fused_kernel_is():
     with AttentionCapture(by_hand, gradients=True) as capture:
         logits = by_hand(x)
         (gradient,) = torch.autograd.grad(logits[:, 0].sum(), capture.weights[0])
+    # One record per layer (F.softmax calls Tensor.softmax: recorded once).
     assert len(capture.weights) == 2 and capture.weights[0].shape == (2, 1, 6, 6) and gradient.abs().sum() > 0
+    assert not capture.several
     assert hook_count(by_hand) == 0 and torch.Tensor.softmax is torch._C.TensorBase.softmax
     assert F.softmax.__module__ == "torch.nn.functional"
 

@@ -1,6 +1,6 @@
 """Which tokens a vision transformer's head reads, for the transformer attention methods.
 
-Attention rollout and attention relevance (:mod:`explain.methods.transformer_attention`)
+Attention rollout and attention relevance (``explain.methods.transformer_attention``)
 turn the attention of every layer into a matrix R whose row i says how much each input
 token contributes to the last layer's token i. The map is the row of what the head reads:
 
