@@ -310,6 +310,9 @@ def run_method(method: str, model, batches, target_of, depends: bool) -> dict:
         if result.get("outcome") == "ok" and all(maps_blank) and depends:
             if method == "gradcam" and constant_layer(model, batches[0], target_of(batches[0])):
                 result["detail"] = "blank: the layer's activations are the same at every position (random weights)"
+            elif method == "gradcam" and (grid := negative_map(model, batches, target_of)):
+                result["detail"] = (f"blank: the map before Grad-CAM's ReLU is negative at every position of "
+                                    f"the layer's {grid} grid, for every image (random weights)")
             else:
                 result = {"outcome": "wrong", "detail": "blank maps while the output depends on the input",
                           "layer": result.get("layer")}
@@ -334,6 +337,25 @@ def constant_layer(model, images, target) -> bool:
     activations = next(iter(captured.activations.values())).float()
     spread = activations.flatten(2).std(dim=2).amax()
     return bool(spread <= 1e-4 * activations.abs().amax().clamp_min(1e-30))
+
+
+def negative_map(model, batches, target_of) -> str:
+    """The automatic layer's grid (``"h x w"``) where Grad-CAM's map before its ReLU (Selvaraju
+    et al., eq. 2) is below zero at every position for every image of ``batches``, else ``""``:
+    then the blank map is the method's definition (no position adds evidence for the
+    class), not a wrong layer. On a small grid of random weights this happens (timm's
+    nasnetalarge and pit_xs_distilled_224 at 96 px: 3 x 3; both give maps at their own
+    input sizes, 331 and 224 px)."""
+    import explain
+
+    cam = explain.GradCAM(model)
+    for images in batches:
+        captured = cam.capture(images, target_of(images))
+        name = next(iter(captured.activations))
+        before_relu = cam.layer_maps(captured, name)
+        if before_relu.dim() != 4 or not bool((before_relu.flatten(1).amax(dim=1) < 0).all()):
+            return ""
+    return " x ".join(map(str, before_relu.shape[-2:]))
 
 
 def has_attention(model) -> bool:

@@ -10,12 +10,11 @@ import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from conftest import ModelState, hook_count
 from torch import nn
 
 import explain
-from conftest import ModelState, hook_count
 from explain.attention_capture import AttentionCapture
-from explain.blocks import token_blocks, trace_calls
 from explain.layers import find_target_layer, transformer_blocks
 from explain.methods.attention_readout import pooled_tokens
 from explain.tokens import TokenLayout, infer_layout, model_token_hints
@@ -231,7 +230,7 @@ class PooledViT(nn.Module):
 
     def forward(self, x):
         x = self.embed(x).flatten(2).transpose(1, 2)
-        for norm, attention in zip(self.norms, self.attentions):
+        for norm, attention in zip(self.norms, self.attentions, strict=True):
             x = x + attention(norm(x))
         return self.head(x.mean(dim=1))
 
@@ -287,7 +286,7 @@ def test_attention_over_channels_or_other_tokens_is_refused():
     model.attentions[0] = ChannelAttention()
     x = torch.randn(1, 3, 16, 24)
     for method in ATTENTION:
-        with pytest.raises(explain.NotApplicable, match="attend over other tokens.*channels"):
+        with pytest.raises(explain.NotApplicable, match=r"attend over other tokens.*channels"):
             explain.explainer(method, model)(x)
     assert hook_count(model) == 0
 
