@@ -75,7 +75,7 @@ WINDOWED_TIMM = {"swin_transformer", "swin_transformer_v2", "swin_transformer_v2
 WINDOWED_HF = {"swin", "swinv2", "donut-swin"}
 BACKBONES = ("dinov2", "dinov3_vit", "dinov3_convnext", "siglip_vision_model", "clip_vision_model",
              "aimv2_vision_model", "ijepa", "hiera", "convnext", "swin", "resnet")
-ARGUMENT = re.compile(r"pass (target_layer|reshape=|readout=|layout=|a callable target)|target_layer=|pass reshape")
+ARGUMENT = re.compile(r"pass (target_layer|reshape=|readout=|layout=|embedding=|a callable target)|target_layer=|pass reshape")
 
 SIZES = set(
     "atto femto pico nano tiny small base medium large huge giant gigantic enormous xxs xs s m l xl xxl xxxl "
@@ -475,6 +475,9 @@ def summary_rows(records: dict) -> list[tuple[str, str]]:
         depends = [r for r in ran if r.get("depends")]
         ok = [r for r in depends if r["methods"]["gradcam"]["outcome"] == "ok"]
         rows.append((f"{label}: Grad-CAM ok / output depends on input", f"{len(ok)} / {len(depends)}"))
+        blank = [r["methods"]["gradcam"].get("detail", "") for r in ok]
+        rows.append((f"{label}: of those, blank by Grad-CAM's ReLU / constant activations",
+                     f"{sum('before Grad-CAM' in d for d in blank)} / {sum('same at every' in d for d in blank)}"))
         for method in METHODS:
             c = counts(records, registry, method)
             rows.append((f"{label}: {method}", " · ".join(f"{o} {c[o]}" for o in OUTCOMES if c[o])))
