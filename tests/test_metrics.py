@@ -1500,6 +1500,8 @@ MODEL_METRICS = {
     "selectivity": lambda *a: metrics.selectivity(*a, patch_size=2),
     "faithfulness-estimate": lambda *a: metrics.faithfulness_estimate(*a, step=3),
     "monotonicity": lambda *a: metrics.monotonicity(*a, step=3),
+    "completeness": metrics.completeness,
+    "non-sensitivity": lambda *a: metrics.non_sensitivity(*a, step=3),
 }
 
 
@@ -1661,6 +1663,13 @@ HYGIENE = {
                                                                            batch_size=b),
     "monotonicity-correlation": lambda model, images, maps, t, b: metrics.monotonicity_correlation(
         model, images, maps, t, step=0.1, n_samples=3, batch_size=b),
+    "completeness": lambda model, images, maps, t, b: metrics.completeness(model, images, maps, t, batch_size=b),
+    "non-sensitivity": lambda model, images, maps, t, b: metrics.non_sensitivity(model, images, maps, t, step=24,
+                                                                                 score="logit", batch_size=b),
+    "sufficiency": lambda model, images, maps, t, b: metrics.sufficiency(model, images, maps, t, threshold=1.0,
+                                                                         batch_size=b),
+    "consistency": lambda model, images, maps, t, b: metrics.consistency(model, images, maps, t, grid=1,
+                                                                         batch_size=b),
 }
 
 
