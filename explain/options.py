@@ -43,12 +43,18 @@ METRIC_NAMES = (
     "monotonicity",
     "monotonicity-correlation",
     "sic",
+    "sufficiency",
+    "arcc",
+    "completeness",
+    "non-sensitivity",
+    "input-invariance",
     "sensitivity",
     "local-lipschitz-estimate",
     "continuity",
     "relative-input-stability",
     "relative-output-stability",
     "relative-representation-stability",
+    "consistency",
     "randomisation",
     "smooth-randomisation",
     "efficient-randomisation",
@@ -58,8 +64,13 @@ METRIC_NAMES = (
     "relevance-rank",
     "energy-pointing-game",
     "top-k-intersection",
+    "auc",
+    "attribution-localisation",
+    "focus",
     "sparseness",
     "complexity",
+    "effective-complexity",
+    "mst-c",
 )
 
 #: Metrics that need the objects' regions (``explain evaluate --regions``).
@@ -69,10 +80,12 @@ LOCALISATION_METRICS = (
     "relevance-rank",
     "energy-pointing-game",
     "top-k-intersection",
+    "auc",
+    "attribution-localisation",
 )
 
 #: Metrics that read the images' 8-bit pixels, given the normalisation of the model's preprocessing.
 PIXEL_METRICS = ("sic",)
 
 #: Metrics whose pixels per step ``--step`` sets.
-STEP_METRICS = ("deletion", "insertion", "pixel-flipping")
+STEP_METRICS = ("deletion", "insertion", "pixel-flipping", "non-sensitivity")

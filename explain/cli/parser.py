@@ -272,5 +272,5 @@ def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True)
 def _add_step_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=positive_int, default=None,
                         help="pixels removed or inserted per step by " + ", ".join(STEP_METRICS) + " (fewer steps "
-                        "run faster) (default: each metric's own: one row of the image for deletion and insertion, "
-                        "1 %% of it for pixel-flipping)")
+                        "run faster) (default: each metric's own: one row of the image for deletion, insertion and "
+                        "non-sensitivity, 1 %% of it for pixel-flipping)")
