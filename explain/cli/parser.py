@@ -137,11 +137,25 @@ def _add_run_command(commands) -> None:
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
     _add_step_option(run)
+    _add_image_files(run)
+    run.set_defaults(handler="run:run_command")
+    _add_scaling_options(run)
+
+
+def _add_image_files(run: argparse.ArgumentParser) -> None:
+    """The files that come with each image: its segments, its label."""
+    run.add_argument("--segments", default=None, metavar="DIR|model:NAME",
+                     help="score these segments of each image instead of a window or superpixels, with the methods "
+                     "that take segments (occlusion, lime, kernelshap, ablation, shapley-sampling, xrai): DIR holds a "
+                     "mask file per image named by its stem, .npy (a label image (H, W) of integers, or masks "
+                     "(K, H, W) of booleans, which may overlap) or .png (a label image), at the image's size (resized "
+                     "and cropped as the image, nearest-neighbour) or the model input's; model:NAME[=WEIGHTS] takes "
+                     "each class a segmentation model predicts as a segment. The manifest's segments column holds "
+                     "each segment's score (--save-maps: the .npz too); an image without a usable mask file fails "
+                     "those rows with the reason")
     run.add_argument("--labels", type=Path, default=None, metavar="FILE",
                      help="the images' true classes, a CSV of path,label lines (label: a class id or name); "
                      "each row then records whether the prediction is right, and index.html filters the mistakes")
-    run.set_defaults(handler="run:run_command")
-    _add_scaling_options(run)
 
 
 def _add_scaling_options(run: argparse.ArgumentParser) -> None:

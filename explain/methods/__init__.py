@@ -22,6 +22,8 @@
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
   copies, through captum (Occlusion, LIME, KernelSHAP, Shapley value sampling, Feature Ablation
   over superpixels), and RISE;
+- :mod:`~explain.methods.segment_attribution`: the perturbation methods (and XRAI) over the
+  caller's segments (``segments=``: masks, overlapping or not, or a label image);
 - :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
   the score, found by gradient descent (extremal perturbations);
 - :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
@@ -89,6 +91,7 @@ from .relevance import LRP, ContrastiveExcitationBackprop, ExcitationBackprop  #
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
 from .noise_tunnel import NoiseTunnel  # isort: skip
 from .attribution_base import Attribution  # isort: skip
+from .segment_attribution import TakesSegments  # isort: skip
 from .cam_base import BaseCAM, Captured, explain_together  # isort: skip
 from .layer_replay import LayerReplay  # isort: skip
 
@@ -149,6 +152,7 @@ __all__ = [
     "ShapleyValueSampling",
     "SmoothGrad",
     "SmoothGradCAMPlusPlus",
+    "TakesSegments",
     "TransformerAttention",
     "VarGrad",
     "XGradCAM",

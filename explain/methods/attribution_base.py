@@ -362,13 +362,20 @@ class Attribution(Explainer):
         each image's k best classes and gives maps of shape (N, k, H, W); volumes
         (N, C, D, H, W) and signals (N, C, L) give maps (N, D, H, W) and (N, L).
         """
+        return self.explain_call(images, targets, topk)
+
+    def explain_call(self, images: Tensor, targets: Targets, topk: int | None, **given) -> Explanation:
+        """The body of a call: ``given`` are what a subclass's call takes besides the images and
+        targets (the segments of the perturbation methods), made into the call's memo by
+        :meth:`call_memo`."""
         images = check_images(images, self.model)
         self.check_applies(images)
         scored = ScoredModel(
             self.model, targets, topk, self.class_names, len(images), images.dtype, tuple(images.shape[2:])
         )
+        scored.memo.update(self.call_memo(images, **given))
         columns = []
-        planned = self.planned_passes(images) * (topk or 1)
+        planned = self.call_passes(images, scored.memo) * (topk or 1)
         with attribution_context(self.model), channel_hint(images), Passes(self.name, planned):
             if images.is_inference():  # made under inference_mode: autograd cannot use it
                 images = images.clone()
@@ -384,6 +391,18 @@ class Attribution(Explainer):
         columns = [column.detach() if column.dtype == torch.float64 else column.detach().float() for column in columns]
         raw = columns[0] if scored.resolved_ids.dim() == 1 else torch.stack(columns, dim=1)
         return self.explanation(raw, scored)
+
+    def call_memo(self, images: Tensor, **given) -> dict:
+        """What a call's ``given`` options come to, for the call's ``ScoredModel.memo``
+        (checked against ``images``); none by default."""
+        if given:
+            raise TypeError(f"{self.name} takes no {', '.join(given)}")
+        return {}
+
+    def call_passes(self, images: Tensor, memo: dict) -> int:
+        """The rows a call on ``images`` runs (one target each), knowing its ``memo``: by
+        default :meth:`~explain.Explainer.planned_passes`."""
+        return self.planned_passes(images)
 
     def explanation(self, raw: Tensor, scored: ScoredModel) -> Explanation:
         """The Explanation of attributions ``raw``: channels reduced, maps normalised."""
@@ -439,8 +458,9 @@ class Batched(Attribution):
             None if internal_batch_size is None else positive_int("internal_batch_size", internal_batch_size)
         )
 
-    def rows(self, images: Tensor, total: int) -> int:
-        """Rows of one pass for a call that runs ``total`` rows like ``images[0]``:
+    def rows(self, images: Tensor, total: int, call_rows: int | None = None) -> int:
+        """Rows of one pass for a call that runs ``total`` rows like ``images[0]`` (of
+        ``call_rows`` in all, by default :meth:`~explain.Explainer.planned_passes`):
         ``internal_batch_size``, or sized from the memory budget."""
         return inner_rows(
             self.model,
@@ -448,7 +468,7 @@ class Batched(Attribution):
             backward=self.backward,
             total=total,
             given=self.internal_batch_size,
-            call_rows=self.planned_passes(images),
+            call_rows=call_rows or self.planned_passes(images),
         )
 
 
