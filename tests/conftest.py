@@ -58,6 +58,26 @@ CHEAP = {
 }
 
 
+def listening(advanced=None, should_stop=None, between=None):
+    """A :class:`explain.passes.PassListener` made of plain functions (each optional), for
+    ``pass_settings(listener=...)`` in the tests."""
+    from explain.passes import PassListener
+
+    class Listening(PassListener):
+        def advanced(self, method, done, total):
+            if advanced is not None:
+                advanced(method, done, total)
+
+        def should_stop(self):
+            return bool(should_stop()) if should_stop is not None else False
+
+        def between(self):
+            if between is not None:
+                between()
+
+    return Listening()
+
+
 def hook_count(model: nn.Module) -> int:
     return sum(
         len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
