@@ -59,7 +59,8 @@ def check_training_options(cls: type[Explainer], options: dict) -> None:
 def keyword_parameters(cls: type) -> dict[str, inspect.Parameter]:
     """The keyword options that ``cls(model, ...)`` takes, through its bases' ``**options``: the
     parameters of its ``__init__`` after ``self`` and ``model``, then, while an ``__init__``
-    passes ``**options`` on, those of the next one along the MRO.
+    passes ``**options`` on, those of the next one along the MRO. ``train_mode`` and
+    ``create_graph`` count for the methods that ``trains`` only: the others refuse them.
 
     >>> from explain.methods import IntegratedGradients
     >>> list(keyword_parameters(IntegratedGradients))[:2]
@@ -78,6 +79,9 @@ def keyword_parameters(cls: type) -> dict[str, inspect.Parameter]:
         )
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
             break
+    if not getattr(cls, "trains", True):  # passed on to a base that refuses them
+        for name in TRAINING_OPTIONS:
+            found.pop(name, None)
     return found
 
 

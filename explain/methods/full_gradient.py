@@ -18,7 +18,7 @@ from ..checks import channel_hint, check_images
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
 from ..layers import module_calls
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from .cam_base import detached
 
 __all__ = ["FullGrad", "bias_of"]
@@ -152,7 +152,7 @@ class FullGrad(Explainer):
                 maps.append(total)
         raw = torch.stack(maps, dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
-        custom = callable(targets) and not isinstance(targets, Tensor)
+        custom = custom_target(targets) is not None
         logits = detached(output if custom else class_logits(output))
         return Explanation(
             scale_maps(raw, size), {self.layer_names(images)[0]: raw}, logits, ids, self.name, self.class_names

@@ -24,14 +24,11 @@ Backprop and Deconvolution follow the plain gradient and DeepLift the gradient r
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import captum.attr as captum_attr
 import torch
 import torch.nn.functional as F
-from captum._utils.common import _register_backward_hook
-from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR, nonlinear
 from torch import Tensor, nn
 
 from ..base import register
@@ -39,6 +36,7 @@ from ..baselines import make_baselines, seeded
 from ..checks import checked_number, interpolation_mode, positive_int
 from ..layers import LayerSpec
 from .attribution_base import Attribution, Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
+from .captum_adapter import DeconvolutionAt, GuidedBackpropAt, RescaleDeepLift, RescaleDeepLiftShap
 from .gradient_cams import GradCAM
 
 __all__ = [
@@ -115,92 +113,12 @@ def _is_elementwise_activation(module: nn.Module) -> bool:
     )
 
 
-class _GuidedEverywhere:
-    """Mixin for captum's ModifiedReluGradientAttribution: hook every ReLU-like module."""
-
-    # captum's, set by ModifiedReluGradientAttribution
-    backward_hooks: list
-    _backward_hook: Callable[..., Any]
-
-    def _register_hooks(self, module: nn.Module) -> None:
-        if is_relu_like(module):
-            self.backward_hooks.extend(_register_backward_hook(module, self._backward_hook, self))
+def _guided_backprop(model: nn.Module) -> GuidedBackpropAt:
+    return GuidedBackpropAt(model, guided=is_relu_like)
 
 
-class _CaptumGuidedBackprop(_GuidedEverywhere, captum_attr.GuidedBackprop):
-    pass
-
-
-class _CaptumDeconvolution(_GuidedEverywhere, captum_attr.Deconvolution):
-    pass
-
-
-class _RescaleEverywhere:
-    """Mixin for captum's DeepLift: the rescale rule at every element-wise activation, and
-    one record per call of a module, so a module may run several times in a forward pass.
-
-    A module's calls are undone in reverse order in the backward pass when each call feeds
-    the next (the ReLU a ResNet block calls twice). A call whose output does not reach the
-    score leaves its record behind, which is reported; a module applied to parallel
-    branches is not supported (a mismatch of shapes is reported, equal shapes are not seen).
-    """
-
-    # captum's, set by DeepLift
-    model: nn.Module
-    eps: float
-
-    def attribute(self, inputs, *args, **kwargs):
-        modules = [module for module in self.model.modules() if self._is_non_linear(module)]
-        for module in modules:
-            module.__dict__.pop("explain_inputs", None)
-            module.__dict__.pop("explain_outputs", None)
-        attributions = super().attribute(inputs, *args, **kwargs)  # type: ignore[misc]  # a mixin: DeepLift's
-        left = [type(module).__name__ for module in modules if module.__dict__.get("explain_inputs")]
-        if left:
-            raise RuntimeError(
-                f"DeepLift: a {left[0]} module ran in the forward pass on a path that does not reach the "
-                "explained score, so its calls cannot be matched to the backward pass; explain a model "
-                "without unused branches"
-            )
-        return attributions
-
-    def _is_non_linear(self, module: nn.Module) -> bool:
-        return type(module) in SUPPORTED_NON_LINEAR or _is_elementwise_activation(module)
-
-    def _forward_pre_hook(self, module: nn.Module, inputs) -> None:
-        module.__dict__.setdefault("explain_inputs", []).append(inputs[0].clone().detach())
-
-    def _forward_hook(self, module: nn.Module, inputs, outputs) -> None:
-        output = outputs[0] if isinstance(outputs, tuple) else outputs
-        module.__dict__.setdefault("explain_outputs", []).append(output.clone().detach())
-
-    def _backward_hook(self, module: nn.Module, grad_input, grad_output):
-        inputs, outputs = module.__dict__.get("explain_inputs"), module.__dict__.get("explain_outputs")
-        if not inputs or not outputs:
-            raise RuntimeError(
-                f"DeepLift found no recorded forward call of {type(module).__name__} for its backward pass"
-            )
-        recorded_input, recorded_output = inputs.pop(), outputs.pop()
-        gradient = grad_input[0] if isinstance(grad_input, tuple) else grad_input
-        if gradient.shape != recorded_input.shape:
-            raise RuntimeError(
-                f"a {type(module).__name__} module runs on parallel branches, which DeepLift cannot "
-                "follow; give each branch its own module"
-            )
-        rule = SUPPORTED_NON_LINEAR.get(type(module), nonlinear)
-        module.input = recorded_input  # captum's max-pool rule reads it there
-        try:
-            return rule(module, recorded_input, recorded_output, grad_input, grad_output, eps=self.eps)
-        finally:
-            del module.input
-
-
-class _CaptumDeepLift(_RescaleEverywhere, captum_attr.DeepLift):
-    pass
-
-
-class _CaptumDeepLiftShap(_RescaleEverywhere, captum_attr.DeepLiftShap):
-    pass
+def _deconvolution(model: nn.Module) -> DeconvolutionAt:
+    return DeconvolutionAt(model, guided=is_relu_like)
 
 
 class _OnePass(Attribution):
@@ -209,8 +127,9 @@ class _OnePass(Attribution):
     family = "gradient attribution"
     cost = "1 forward + 1 backward"
     single_pass = True
-    #: The captum class that computes it, and the options it is called with.
-    captum_method: ClassVar[type]
+    #: The captum class (or a static function of the model that makes one) that computes it,
+    #: and the options it is called with.
+    captum_method: ClassVar[Any]
     captum_options: ClassVar[dict] = {}
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
@@ -329,7 +248,9 @@ class GuidedBackprop(_OnePass):
     """
 
     name = "guidedbp"
-    captum_method = _CaptumGuidedBackprop
+    formula = "the gradient guided at every ReLU-like module: only positive gradients pass where the input is positive"
+    runs_on = "captum, extended"
+    captum_method = staticmethod(_guided_backprop)
 
 
 @register
@@ -343,7 +264,9 @@ class Deconvolution(_OnePass):
     """
 
     name = "deconv"
-    captum_method = _CaptumDeconvolution
+    formula = "the gradient guided at every ReLU-like module: only positive gradients pass, whatever the input"
+    runs_on = "captum, extended"
+    captum_method = staticmethod(_deconvolution)
 
 
 @register
@@ -369,7 +292,7 @@ class GuidedGradCAM(Attribution):
         self.cam = GradCAM(model, target_layer, class_names=self.class_names)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        guided = _CaptumGuidedBackprop(scored).attribute(images, target=scored.target(k))
+        guided = _guided_backprop(scored).attribute(images, target=scored.target(k))
         targets = scored.custom if scored.custom is not None else scored.ids_of(k)
         cams = list(self.cam(images, targets).raw_layers.values())
         size, mode = tuple(images.shape[2:]), interpolation_mode(images.dim() - 2)
@@ -427,7 +350,7 @@ class DeepLift(WithBaseline):
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         baselines = self.baselines(scored, images)
         step = rows_per_pass(self.rows(images, 2 * len(images)), pair_rows(self.internal_batch_size))
-        deeplift = _CaptumDeepLift(scored)
+        deeplift = RescaleDeepLift(scored, rescaled=_is_elementwise_activation)
         if len(images) <= step:  # one pass, on the images then their baselines: it reads the targets
             return deeplift.attribute(images, baselines=baselines)
         if scored.ids is None:
@@ -504,7 +427,7 @@ class DeepLiftShap(_Shap):
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         target = scored.target(k)
         step = max(2, self.rows(images, 2 * self._distribution_size()) // pair_rows(self.internal_batch_size))
-        deeplift = _CaptumDeepLiftShap(scored)
+        deeplift = RescaleDeepLiftShap(scored, rescaled=_is_elementwise_activation)
         results = []
         for i in range(len(images)):
             baselines = self.distribution(images[i : i + 1])

@@ -20,9 +20,9 @@ from torch import Tensor, nn
 from ..attention_capture import explicit_attention_kernels
 from ..base import register, registered_class
 from ..checks import positive_int, spatial_axes
+from ..hooks import check_layers_ran
 from ..layers import LayerSpec
 from ..targets import Targets, class_logits
-from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 
 __all__ = [
@@ -246,19 +246,9 @@ class SmoothGradCAMPlusPlus(GradientCAM):
         n_samples: int = 4,
         noise: float = 0.3,
         seed: int = 0,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
     def capture(
@@ -322,19 +312,9 @@ class ShapleyCAM(GradientCAM):
         target_layer: LayerSpec = None,
         *,
         rest: bool = True,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.rest = bool(rest)
 
     contributions = staticmethod(GradCAM.contributions)
@@ -356,9 +336,7 @@ class ShapleyCAM(GradientCAM):
 
     def record_gradients(self, capture, scores: Tensor) -> dict[str, Tensor]:
         names = list(capture.layers)
-        missing = [name for name in names if name not in capture.activations]
-        if missing:
-            raise ValueError(f"layer(s) {missing} did not run in the forward pass; pick layers the model uses")
+        check_layers_ran(names, capture.activations)
         activations = [capture.activations[name] for name in names]
         first = torch.autograd.grad(scores.sum(), activations, create_graph=True, retain_graph=True, allow_unused=True)
         unused = [name for name, gradient in zip(names, first, strict=True) if gradient is None]
@@ -413,19 +391,9 @@ class FinerCAM(GradientCAM):
         alpha: float = 1.0,
         comparison: Sequence[int] = (1, 2, 3),
         base: str = "gradcam",
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         base_class = registered_class(base)
         if not issubclass(base_class, GradientCAM) or not base_class.channel_sum or base_class.shares_capture is False:
             raise ValueError(f"Finer-CAM's base must be a plain gradient CAM such as gradcam or layercam, not {base!r}")

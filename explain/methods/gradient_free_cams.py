@@ -8,8 +8,6 @@ finds salient in the image.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -18,7 +16,6 @@ from ..base import NotApplicable, register
 from ..checks import spatial_axes
 from ..layers import LayerSpec, resolve_layers
 from ..targets import class_logits
-from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, agree_in_sign, principal_component
 
 __all__ = ["CAM", "FEM", "KPCACAM", "EigenCAM", "RandomCAM", "kernel_principal_component"]
@@ -52,19 +49,9 @@ class CAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         fc_layer: str | nn.Linear | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self._fc: nn.Linear | None = None
         if fc_layer is not None:
             ((name, fc),) = resolve_layers(model, fc_layer).items()
@@ -212,19 +199,9 @@ class KPCACAM(BaseCAM):
         *,
         kernel: str = "sigmoid",
         gamma: float | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         kernel_principal_component(torch.ones(1, 1, 1, 2), kernel)  # an unknown kernel fails now
         self.kernel, self.gamma = kernel, gamma
 
@@ -255,19 +232,9 @@ class FEM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         k: float = 2.0,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.k = k
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -300,19 +267,9 @@ class RandomCAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         seed: int | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.seed = seed
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:

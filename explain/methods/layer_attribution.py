@@ -33,13 +33,12 @@ from typing import ClassVar
 import captum.attr as captum_attr
 import torch
 import torch.nn.functional as F
-from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import Tensor, nn
 
 from ..base import register
 from ..checks import channel_hint, check_images, interpolation_mode, positive_int
 from ..explanation import Explanation
-from ..hooks import LayerCapture
+from ..hooks import LayerCapture, check_layers_ran
 from ..layers import LayerSpec, find_target_layer, resolve_layers
 from ..passes import advance
 from ..targets import CUSTOM_TARGET, Targets
@@ -52,6 +51,7 @@ from .attribution_base import (
     reduce_channels,
 )
 from .cam_base import layer_layout
+from .captum_adapter import path_points
 from .path_attribution import QUADRATURES
 
 __all__ = [
@@ -243,8 +243,7 @@ class _ThroughLayer(Batched):
         name, module = self.target_layer(images)
         with LayerCapture(self.model, {name: module}, gradients=False) as capture, channel_hint(images):
             self.model(images[:1])
-        if name not in capture.activations:
-            raise ValueError(f"layer {name!r} did not run in the forward pass; pick a layer the model uses")
+        check_layers_ran([name], capture.activations)
         layer_layout(None, self.model, name, capture.activations[name], images[:1])  # raises where no grid fits
         if self.neuron is not None:
             NeuronSelector(self.neuron, self.model, name, images).grid(capture.activations[name])
@@ -440,7 +439,7 @@ class LayerConductance(_AlongPath):
         """(x - x') * sum_t w_t sum_p dS/dy_p dy_p/dx at x' + t (x - x'), y_p the channel's
         neurons: each point's layer gradient dS/dy, held fixed, weights the channel's
         activations, whose gradient with respect to the input is the sum over p."""
-        step_sizes, alphas = (f(self.n_steps) for f in approximation_parameters("riemann_trapezoid"))
+        step_sizes, alphas = path_points("riemann_trapezoid", self.n_steps)
         baselines = self.baselines(scored, images)
         pairs = [(i, s) for i in range(len(images)) for s in range(self.n_steps)]
         rows = self.rows(images, len(pairs))

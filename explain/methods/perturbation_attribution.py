@@ -24,6 +24,7 @@ from ..passes import advance
 from ..superpixels import superpixels
 from ..targets import class_logits
 from .attribution_base import Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
+from .captum_adapter import lasso
 from .drise import mask_grids, upsampled_masks
 
 __all__ = ["RISE", "FeatureAblation", "KernelShap", "Lime", "Occlusion", "ShapleyValueSampling"]
@@ -182,9 +183,7 @@ class Lime(_Sampled):
         self.lasso_alpha = checked_number("lasso_alpha", lasso_alpha, positive=False)
 
     def method(self, scored: ScoredModel):
-        from captum._utils.models.linear_model import SkLearnLasso
-
-        return captum_attr.Lime(scored, interpretable_model=SkLearnLasso(alpha=self.lasso_alpha))
+        return captum_attr.Lime(scored, interpretable_model=lasso(self.lasso_alpha))
 
 
 @register

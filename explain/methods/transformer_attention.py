@@ -25,7 +25,7 @@ from ..base import Explainer, NotApplicable, register
 from ..checks import channel_hint, check_images, checked_number
 from ..explanation import Explanation, scale_maps
 from ..layers import transformer_blocks
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from ..tokens import TokenLayout, infer_layout
 from .cam_base import detached
 
@@ -104,7 +104,7 @@ class TransformerAttention(Explainer):
         h, w = layout.grid
         raw = torch.stack([r[:, layout.prefix : layout.prefix + h * w].reshape(-1, h, w) for r in relevances], dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
-        custom = callable(targets) and not isinstance(targets, Tensor)
+        custom = custom_target(targets) is not None
         return Explanation(
             scale_maps(raw, (images.shape[-2], images.shape[-1])),
             {"attention": raw},
