@@ -7,7 +7,6 @@ makes the methods by name, with the built-in ones registered."""
 from __future__ import annotations
 
 import difflib
-import functools
 import inspect
 from collections.abc import Sequence
 from typing import ClassVar
@@ -97,14 +96,17 @@ def method_key(name: str) -> str:
 class Explainer:
     """Base class: an explainer is made once per model and called on batches of images.
 
-    Subclasses set ``name`` (the registered method name) and implement ``__call__``, which
-    returns an :class:`~explain.Explanation`. Each call holds the model's lock
-    (:mod:`explain.concurrency`): threads that share a model take turns.
+    A call, ``explainer(images, targets=None, *, topk=None, max_memory=None, progress=None)``,
+    returns an :class:`~explain.Explanation`. It holds the model's lock
+    (:mod:`explain.concurrency`): threads that share a model take turns. ``max_memory`` is the
+    budget of the inner batches of a method that runs extra passes (such as ``"2GB"``;
+    default: half the memory available on the device) and ``progress`` shows a progress bar
+    (True), none (False) or one where the call runs more than a few hundred passes (None); see
+    :mod:`explain.passes`.
 
-    Every call also takes ``max_memory=`` (the budget of the inner batches of a method that
-    runs extra passes, such as ``"2GB"``; default: half the memory available on the device)
-    and ``progress=`` (True: a progress bar; False: none; None: a bar where the call runs
-    more than a few hundred passes); see :mod:`explain.passes`.
+    Subclasses set ``name`` (the registered method name), ``family`` and ``cost``, and
+    implement ``_explain(images, targets, *, topk)``, which the call runs; the call itself
+    (``__call__``) is this class's.
     """
 
     name: ClassVar[str] = ""
@@ -122,20 +124,43 @@ class Explainer:
     #: videos (N, C, D, H, W) and signals (N, C, L) too.
     images_only: ClassVar[str] = ""
 
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        if "__call__" in cls.__dict__:
-            # each subclass's own __call__, wrapped once where the class is made
-            cls.__call__ = _holding_model_lock(cls.__dict__["__call__"])  # type: ignore[method-assign]
-
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         self.model = model
         self.class_names = list(class_names) if class_names is not None else getattr(model, "class_names", None)
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def __call__(
+        self,
+        images: Tensor,
+        targets: Targets = None,
+        *,
+        topk: int | None = None,
+        max_memory: int | float | str | None = None,
+        progress: bool | None = None,
+    ) -> Explanation:
+        """Explain ``targets`` (default: each image's top class) for a batch of images.
+
+        ``targets`` is a class id, a class name, a list with one of those per image (or with
+        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
+        each image's k best classes and gives maps of shape (N, k, H, W) ((N, k, D, H, W) for
+        volumes and videos, (N, k, L) for signals).
+
+        ``max_memory`` bounds the inner batches of a method that runs extra passes (a size
+        such as ``"2GB"``, or bytes; default: half the memory available on the device) and
+        ``progress`` shows a progress bar (True), none (False) or one where the call runs more
+        than a few hundred passes (None); see :mod:`explain.passes`. The call holds the
+        model's lock (:mod:`explain.concurrency`): threads that share a model take turns.
+        """
+        with model_lock(self.model), call_settings(max_memory, progress):
+            return self._explain(images, targets, topk=topk)
+
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """What a call computes, under the model's lock and the call's settings: what each
+        method implements. A method that runs another explainer on the same model calls its
+        ``_explain``, inside its own call."""
         raise NotImplementedError
+
 
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
         """Raise now what a call on such images would raise for a mistake in the setup (the
@@ -169,27 +194,6 @@ class Explainer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.model).__name__})"
-
-
-def _holding_model_lock(call):
-    @functools.wraps(call)
-    def locked(self: Explainer, *args, max_memory=None, progress=None, **kwargs):
-        with model_lock(self.model), call_settings(max_memory, progress):
-            return call(self, *args, **kwargs)
-
-    signature = inspect.signature(call)
-    if "max_memory" not in signature.parameters:
-        locked.__signature__ = _with_pass_options(signature)  # type: ignore[attr-defined]  # read by inspect.signature
-    return locked
-
-
-def _with_pass_options(signature: inspect.Signature) -> inspect.Signature:
-    parameters = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    extra = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in ("max_memory", "progress")
-    ]
-    tail = [p for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
-    return signature.replace(parameters=parameters + extra + tail)
 
 
 def register(cls: type[Explainer]) -> type[Explainer]:

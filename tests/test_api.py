@@ -1,5 +1,6 @@
 """The public surface: names, the factory, and errors on bad input that say how to fix it."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -73,6 +74,25 @@ def test_methods_and_factory():
         assert isinstance(explain.explainer(name, model, target_layer="layer3"), explain.BaseCAM)
     assert [name for name in METHODS + ATTRIBUTIONS if described[name]["needs_layer"]] == (
         [name for name in METHODS if name != "fullgrad"] + ["guidedgradcam"])
+
+
+def test_every_call_is_the_base_class_one_typed_with_its_pass_options_and_one_lock(monkeypatch):
+    """``Explainer.__call__`` is the one public call: its signature shows ``max_memory`` and
+    ``progress`` (to type checkers too), and it takes the model's lock once, however many
+    ``_explain`` of the method's bases run under it."""
+    for name in explain.method_names():
+        assert explain.method_class(name).__call__ is explain.Explainer.__call__, name
+    parameters = inspect.signature(explain.GradCAM.__call__).parameters
+    assert [parameters[p].kind for p in ("max_memory", "progress")] == [inspect.Parameter.KEYWORD_ONLY] * 2
+    from explain import base
+
+    taken, lock = [], base.model_lock
+    monkeypatch.setattr(base, "model_lock", lambda model: taken.append(model) or lock(model))
+    model = torchvision.models.resnet18(num_classes=3).eval()
+    x = torch.rand(1, 3, 64, 64)
+    explain.LayerGradientXActivation(model, "layer4")(x, max_memory="1GB", progress=False)  # two _explain
+    explain.GuidedGradCAM(model, "layer4")(x)  # and a Grad-CAM inside
+    assert taken == [model, model]
 
 
 def test_unknown_method():

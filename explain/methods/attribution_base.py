@@ -352,14 +352,10 @@ class Attribution(Explainer):
         methods that can share work between targets override this."""
         return [self.attribute(scored, images, k) for k in range(scored.num_targets)]
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
-        """Explain ``targets`` (default: each image's top class) for a batch of images.
-
-        ``targets`` is a class id, a class name, a list with one of those per image (or with
-        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
-        each image's k best classes and gives maps of shape (N, k, H, W); volumes
-        (N, C, D, H, W) and signals (N, C, L) give maps (N, D, H, W) and (N, L).
-        """
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """The attributions of each target (:meth:`attribute`), their channels reduced
+        (``reduction``) and the maps normalised: volumes (N, C, D, H, W) and signals
+        (N, C, L) give maps (N, D, H, W) and (N, L)."""
         images = check_images(images, self.model)
         self.check_applies(images)
         scored = ScoredModel(

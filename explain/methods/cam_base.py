@@ -290,14 +290,9 @@ class BaseCAM(Explainer):
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         return tuple(self.target_layers(images))
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
-        """Explain ``targets`` (default: each image's top class) for a batch of images.
-
-        ``targets`` is a class id, a class name, a list with one of those per image (or with
-        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
-        each image's k best classes in one pass and gives maps of shape (N, k, H, W)
-        ((N, k, D, H, W) for volumes, (N, k, L) for signals).
-        """
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """One forward pass (and a backward pass per target) through the target layers, the
+        ``topk`` classes in one pass; with ``aug_smooth``, six."""
         if self.aug_smooth:
             return self._augmented(images, targets, topk)
         return self.explain(self.capture(images, targets, topk=topk))

@@ -162,7 +162,7 @@ class DRISE(Explainer):
         with preserved_state(self.model, freeze=False), torch.inference_mode():
             self._references(images, targets, topk)
 
-    def __call__(self, images: Tensor, targets=None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets=None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         size = (images.shape[-2], images.shape[-1])

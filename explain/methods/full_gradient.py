@@ -125,7 +125,7 @@ class FullGrad(Explainer):
             self._layers = layers
         return self._layers
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         layers = self.bias_layers(images)

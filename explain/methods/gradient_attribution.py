@@ -294,7 +294,7 @@ class GuidedGradCAM(Attribution):
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         guided = _guided_backprop(scored).attribute(images, target=scored.target(k))
         targets = scored.custom if scored.custom is not None else scored.ids_of(k)
-        cams = list(self.cam(images, targets).raw_layers.values())
+        cams = list(self.cam._explain(images, targets).raw_layers.values())  # inside this call: its lock held
         size, mode = tuple(images.shape[2:]), interpolation_mode(images.dim() - 2)
         if len(cams) > 1:  # each layer on the same scale, as the CAMs average their scaled maps
             cams = [c / c.flatten(1).amax(1).clamp_min(1e-12).view(-1, *[1] * (c.dim() - 1)) for c in cams]

@@ -178,11 +178,11 @@ class _ThroughLayer(Batched):
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         return ("input",) if self.neuron is not None else (self.target_layer(images)[0],)
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
-        """Explain ``targets`` as :meth:`Attribution.__call__ <explain.Attribution.__call__>`
-        does; with ``neuron=`` (but for conductance), the neuron's activation, and no targets."""
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """Explain ``targets`` as every attribution does; with ``neuron=`` (but for
+        conductance), the neuron's activation, and no targets."""
         self._check_no_targets(targets, topk)
-        return super().__call__(images, targets, topk=topk)
+        return super()._explain(images, targets, topk=topk)
 
     def _check_no_targets(self, targets: Targets, topk: int | None) -> None:
         if not self.explains_class and (targets is not None or topk is not None):

@@ -86,7 +86,7 @@ class TransformerAttention(Explainer):
         (and, for gradient methods, their gradients for one target)."""
         raise NotImplementedError
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         with AttentionCapture(self.model, gradients=self.uses_gradients) as capture:
@@ -265,7 +265,7 @@ class LeGrad(TransformerAttention):
         self._blocks: list[nn.Module] | None = None
         self._tokens: list[Tensor] = []
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         if self._blocks is None:
@@ -278,7 +278,7 @@ class LeGrad(TransformerAttention):
             for block in self._blocks
         ]
         try:
-            return super().__call__(images, targets, topk=topk)
+            return super()._explain(images, targets, topk=topk)
         finally:
             for handle in handles:
                 handle.remove()
