@@ -2,7 +2,10 @@
 and the method registry that :func:`register` fills (:func:`registered` reads it).
 
 The registry holds what has been registered so far; :mod:`explain.catalogue` lists and
-makes the methods by name, with the built-in ones registered."""
+makes the methods by name, with the built-in ones registered. Everything else that names
+the methods (the exports, ``explain methods``, the Methods page and the families guide, the
+tests' lists) reads the registry and the class attributes: a method is its class.
+"""
 
 from __future__ import annotations
 
@@ -20,19 +23,37 @@ from .passes import call_settings
 from .targets import Targets
 
 __all__ = [
+    "FAMILIES",
     "TRAINING_OPTIONS",
     "Explainer",
     "NotApplicable",
+    "OptionDefault",
     "check_training_options",
+    "cost_text",
     "keyword_parameters",
+    "listing_key",
     "method_key",
     "register",
     "registered",
     "registered_class",
+    "with_defaults",
 ]
 
 #: The options of the methods that make maps inside a training loop (``Explainer.trains``).
 TRAINING_OPTIONS = ("train_mode", "create_graph")
+#: The families of methods (``Explainer.family``) in the order everything lists them: the
+#: registry, ``explain methods``, the Methods page. Within a family the methods go by name;
+#: a family not named here comes after these, by name.
+FAMILIES = (
+    "gradient CAM",
+    "gradient-free CAM",
+    "perturbation CAM",
+    "gradient attribution",
+    "layer attribution",
+    "perturbation attribution",
+    "relevance",
+    "transformer attention",
+)
 
 _REGISTRY: dict[str, type[Explainer]] = {}
 
@@ -110,10 +131,18 @@ class Explainer:
     """
 
     name: ClassVar[str] = ""
-    #: The kind of method, as ``explain methods`` groups them.
+    #: The kind of method, as ``explain methods`` groups them (one of :data:`~explain.base.FAMILIES`).
     family: ClassVar[str] = ""
-    #: Passes through the model per image and target, with the default settings.
+    #: Passes through the model per image and target, with the default settings, as
+    #: :meth:`~explain.Explainer.planned_passes` counts them: a template whose ``{option}`` fields
+    #: :func:`~explain.base.cost_text` writes out with the option's default ("``{n_steps}``" reads
+    #: "n_steps (50)"; see :class:`~explain.base.OptionDefault` for the forms), so that the text follows the defaults.
     cost: ClassVar[str] = ""
+    #: The map's formula in one line (Markdown), as the guide's tables of methods show it: a
+    #: template as ``cost`` is (:func:`~explain.base.with_defaults`).
+    formula: ClassVar[str] = ""
+    #: What computes the map (captum's class, zennit, explain), for the guide's tables.
+    runs_on: ClassVar[str] = ""
     #: Whether the method explains through a target layer (``target_layer=``).
     needs_layer: ClassVar[bool] = False
     #: Whether the method's passes run backward as well as forward.
@@ -161,7 +190,6 @@ class Explainer:
         ``_explain``, inside its own call."""
         raise NotImplementedError
 
-
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
         """Raise now what a call on such images would raise for a mistake in the setup (the
         model, layer or targets); methods whose calls are costly check more cheaply."""
@@ -187,6 +215,13 @@ class Explainer:
         estimated from. One pass of the images unless the method runs more."""
         return len(images)
 
+    @classmethod
+    def cost_fields(cls) -> dict[str, object]:
+        """Fields of the ``cost`` and ``formula`` templates that are no option's default: what
+        :meth:`~explain.Explainer.planned_passes` counts from the defaults on a 224 x 224 image, where that
+        depends on the image."""
+        return {}
+
     def pass_cost(self, images: Tensor) -> float:
         """The cost of a call on ``images`` in forward passes of one image: a backward pass
         counts as two forward ones (it computes two products per layer to the forward's one)."""
@@ -194,6 +229,67 @@ class Explainer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({type(self.model).__name__})"
+
+
+class OptionDefault:
+    """An option's default in a template of a method's text (``cost``, ``formula``; see
+    :func:`~explain.base.with_defaults`): ``{name}`` reads "name (value)", ``{name:~}`` "name (~value)" (a
+    value the method approaches), ``{name:+1}`` "name + 1 (value + 1)", ``{name:len}``
+    "len(name) (len(value))", ``{name:code}`` "`name` (value)" (Markdown) and
+    ``{name:value}`` the value alone.
+
+    >>> "{n_steps} x {areas:len}".format(n_steps=OptionDefault("n_steps", 50), areas=OptionDefault("areas", (1, 2)))
+    'n_steps (50) x len(areas) (2)'
+    """
+
+    def __init__(self, name: str, value: object):
+        self.name, self.value = name, value
+
+    def __format__(self, spec: str) -> str:
+        value = self.value
+        if spec == "value":
+            return str(value)
+        if spec == "code":
+            return f"`{self.name}` ({value})"
+        if spec == "~":
+            return f"{self.name} (~{value})"
+        if spec == "len":
+            return f"len({self.name}) ({len(value)})"  # type: ignore[arg-type]  # a sequence's default
+        if spec.startswith("+"):
+            return f"{self.name} + {int(spec[1:])} ({value + int(spec[1:])})"  # type: ignore[operator]  # a number
+        if spec:
+            raise ValueError(f"unknown form {{{self.name}:{spec}}}; use ~, +N, len, code or value")
+        return f"{self.name} ({value})"
+
+
+def with_defaults(cls: type[Explainer], template: str) -> str:
+    """``template`` (a text of ``cls``: its ``cost``, its ``formula``) with its ``{option}``
+    fields written out from the defaults of ``cls``'s options (:func:`~explain.base.keyword_parameters`,
+    see :class:`~explain.base.OptionDefault` for the forms) and the fields its ``cost_fields()`` computes,
+    so that the text follows the defaults.
+
+    >>> from explain.methods import IntegratedGradients
+    >>> with_defaults(IntegratedGradients, "{n_steps:code} steps")
+    '`n_steps` (50) steps'
+    """
+    fields: dict[str, object] = {name: OptionDefault(name, p.default) for name, p in keyword_parameters(cls).items()}
+    fields.update(cls.cost_fields())
+    try:
+        return template.format_map(fields)
+    except KeyError as missing:
+        raise ValueError(f"{cls.__name__}'s text {template!r} names {missing}, which is none of its options") from None
+
+
+def cost_text(cls: type[Explainer]) -> str:
+    """``cls.cost`` written out from ``cls``'s defaults (:func:`~explain.base.with_defaults`).
+
+    >>> from explain.methods import IntegratedGradients, Occlusion
+    >>> cost_text(IntegratedGradients)
+    '1 forward + n_steps (50) forward + backward'
+    >>> cost_text(Occlusion)
+    '2 + 169 forward at 224 x 224 (window 32, stride 16)'
+    """
+    return with_defaults(cls, cls.cost)
 
 
 def register(cls: type[Explainer]) -> type[Explainer]:
@@ -205,10 +301,22 @@ def register(cls: type[Explainer]) -> type[Explainer]:
 
 
 def registered() -> dict[str, type[Explainer]]:
-    """The methods registered so far, by name, in the order they were registered. The
-    built-in ones register when :mod:`explain.methods` is imported (see
-    :mod:`explain.catalogue`, which imports it)."""
-    return {cls.name: cls for cls in _REGISTRY.values()}
+    """The methods registered so far, by name: by family (in the order of :data:`~explain.base.FAMILIES`,
+    others after them), then by name. The built-in ones register when :mod:`explain.methods`
+    is imported (see :mod:`explain.catalogue`, which imports it)."""
+    return {cls.name: cls for cls in sorted(_REGISTRY.values(), key=listing_key)}
+
+
+def listing_key(cls: type[Explainer]) -> tuple[int, str, str]:
+    """Where ``cls`` comes in a listing: its family's place in :data:`~explain.base.FAMILIES` (a family not
+    there after them, by its name), then its name.
+
+    >>> from explain.methods import GradCAM, Saliency
+    >>> sorted([Saliency, GradCAM], key=listing_key)[0].name
+    'gradcam'
+    """
+    rank = FAMILIES.index(cls.family) if cls.family in FAMILIES else len(FAMILIES)
+    return rank, cls.family if rank == len(FAMILIES) else "", cls.name
 
 
 def registered_class(method: str) -> type[Explainer]:

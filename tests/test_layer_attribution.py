@@ -26,7 +26,7 @@ import explain
 from conftest import ModelState, listening
 from explain.passes import pass_settings
 
-NAMES = ["layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"]
+NAMES = [name for name in explain.method_names() if explain.method_class(name).family == "layer attribution"]
 IDS = torch.tensor([1, 3])
 
 

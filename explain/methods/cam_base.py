@@ -247,6 +247,7 @@ class BaseCAM(Explainer):
     """
 
     needs_layer = True
+    runs_on = "explain"
     #: Whether the capture needs one backward pass per target.
     uses_gradients: ClassVar[bool] = True
     #: Whether the map is clipped at zero, as most CAMs are ("ReLU(sum_k ...)").

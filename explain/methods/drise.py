@@ -122,8 +122,13 @@ class DRISE(Explainer):
     """
 
     name = "drise"
+    formula = (
+        "a box's saliency: the masks averaged, each weighted by how well the detector still finds the box "
+        "in the masked image ({n_masks:code}, {p:code})"
+    )
+    runs_on = "explain"
     family = "perturbation attribution"
-    cost = "1 + n_masks (5000) forward"
+    cost = "1 + {n_masks} forward"
     backward = False
     images_only = "it masks an image with a 2-D grid and explains a detector's boxes"
     #: The task whose outputs it explains: the command line runs it with --task detect.

@@ -72,6 +72,8 @@ class FullGrad(Explainer):
     """
 
     name = "fullgrad"
+    formula = "psi(grad_x ⊙ x) + sum over layers of psi(bias-gradients); no target layer"
+    runs_on = "explain"
     family = "gradient CAM"
     cost = "1 forward + 1 backward"
     needs_layer = False

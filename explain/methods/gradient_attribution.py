@@ -146,6 +146,8 @@ class Saliency(_OnePass):
     """
 
     name = "saliency"
+    formula = 'dS/dx (the paper\'s map: `reduction="max-abs"`)'
+    runs_on = "captum `Saliency`"
     captum_method = captum_attr.Saliency
     captum_options: ClassVar[dict] = {"abs": False}  # raw keeps the sign; the reduction takes magnitudes
 
@@ -159,6 +161,8 @@ class InputXGradient(_OnePass):
     """
 
     name = "inputxgrad"
+    formula = "x ⊙ dS/dx"
+    runs_on = "captum `InputXGradient`"
     captum_method = captum_attr.InputXGradient
 
 
@@ -167,7 +171,7 @@ class _NoiseTunnel(Batched):
 
     nt_type: ClassVar[str] = ""
     family = "gradient attribution"
-    cost = "1 forward + n_samples (50) forward + backward"
+    cost = "1 forward + {n_samples} forward + backward"
 
     def __init__(self, model: nn.Module, *, n_samples: int = 50, noise_level: float = 0.15, **options):
         super().__init__(model, **options)
@@ -215,6 +219,8 @@ class SmoothGrad(_NoiseTunnel):
     """
 
     name = "smoothgrad"
+    formula = "mean of dS/dx over {n_samples:code} copies x + N(0, ({noise_level:value}·range)²)"
+    runs_on = "captum `NoiseTunnel`"
     nt_type = "smoothgrad"
 
 
@@ -230,6 +236,8 @@ class VarGrad(_NoiseTunnel):
     """
 
     name = "vargrad"
+    formula = "variance of dS/dx over {n_samples:code} copies x + N(0, ({noise_level:value}·range)²)"
+    runs_on = "captum `NoiseTunnel`"
     nt_type = "vargrad"
     nonnegative = True
 
@@ -282,6 +290,8 @@ class GuidedGradCAM(Attribution):
     """
 
     name = "guidedgradcam"
+    formula = "`guidedbp` ⊙ Grad-CAM upsampled bilinearly"
+    runs_on = "explain + captum"
     family = "gradient attribution"
     cost = "2 forward + 2 backward (one to the layer)"
     needs_layer = True
@@ -339,6 +349,8 @@ class DeepLift(WithBaseline):
     """
 
     name = "deeplift"
+    formula = "rescale rule: contributions summing to S(x) - S(x')"
+    runs_on = "captum, extended"
     family = "gradient attribution"
     cost = "1 forward + backward of 2 rows"
     single_pass = True  # its pass starts with the images (up to internal_batch_size / 2 of them)
@@ -418,7 +430,9 @@ class DeepLiftShap(_Shap):
     """
 
     name = "deepliftshap"
-    cost = "1 forward + 1 forward + backward of 2 x n_baselines (16) rows"
+    formula = "DeepLift averaged over a distribution of {n_baselines:code} baselines"
+    runs_on = "captum, extended"
+    cost = "1 forward + 1 forward + backward of 2 x {n_baselines} rows"
     check_runs = True
 
     def planned_passes(self, images: Tensor) -> int:
@@ -460,7 +474,9 @@ class GradientShap(_Shap):
     """
 
     name = "gradientshap"
-    cost = "1 forward + n_samples (50) forward + backward"
+    formula = "expected gradients over a baseline distribution, {n_samples:code} draws"
+    runs_on = "captum `GradientShap`"
+    cost = "1 forward + {n_samples} forward + backward"
 
     def __init__(self, model: nn.Module, *, n_samples: int = 50, stdevs: float = 0.0, **options):
         super().__init__(model, **options)

@@ -90,6 +90,7 @@ class GradCAM(GradientCAM):
     """
 
     name = "gradcam"
+    formula = "sum_k mean(G^k) A^k"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -111,6 +112,7 @@ class GradCAMPlusPlus(GradientCAM):
     """
 
     name = "gradcam++"
+    formula = "sum_k (sum_ij alpha^k_ij ReLU(G^k_ij)) A^k, alpha = G²/(2G² + sum A·G³)"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -129,6 +131,7 @@ class XGradCAM(GradientCAM):
     """
 
     name = "xgradcam"
+    formula = "sum_k (sum_ij A^k_ij G^k_ij / sum_ij A^k_ij) A^k"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -152,6 +155,7 @@ class HiResCAM(GradientCAM):
     """
 
     name = "hirescam"
+    formula = "sum_k G^k ⊙ A^k"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -169,6 +173,7 @@ class LayerCAM(GradientCAM):
     """
 
     name = "layercam"
+    formula = "sum_k ReLU(G^k) ⊙ A^k"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -187,6 +192,7 @@ class GradCAMElementWise(GradientCAM):
     """
 
     name = "gradcam-elementwise"
+    formula = "sum_k ReLU(G^k ⊙ A^k)"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -208,6 +214,7 @@ class EigenGradCAM(GradientCAM):
     """
 
     name = "eigengradcam"
+    formula = "first principal component of G ⊙ A"
     channel_sum = False
     trains = False  # a singular vector's gradient is unstable where singular values are close
 
@@ -234,7 +241,8 @@ class SmoothGradCAMPlusPlus(GradientCAM):
     """
 
     name = "smoothgradcam++"
-    cost = "1 forward + n_samples (4) forward + backward to the layer"
+    formula = "Grad-CAM++ with G, G², G³ averaged over {n_samples:code} noisy inputs ({noise:code} = std)"
+    cost = "1 forward + {n_samples} forward + backward to the layer"
     shares_capture = False
     trains = False
 
@@ -250,6 +258,10 @@ class SmoothGradCAMPlusPlus(GradientCAM):
     ):
         super().__init__(model, target_layer, **options)
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
+
+    def planned_passes(self, images: Tensor) -> int:
+        """The image as given, then ``n_samples`` noisy copies (forward and backward)."""
+        return len(images) * (1 + self.n_samples)
 
     def capture(
         self, images: Tensor, targets: Targets = None, *, topk: int | None = None, gradients: bool | None = None
@@ -302,6 +314,7 @@ class ShapleyCAM(GradientCAM):
     """
 
     name = "shapleycam"
+    formula = "sum_k mean(G - ½ H·A)^k A^k, H the Hessian; score ReST = y_c + log p_c"
     cost = "1 forward + 1 double backward to the layer"
     shares_capture = False
     trains = False
@@ -379,6 +392,7 @@ class FinerCAM(GradientCAM):
     """
 
     name = "finercam"
+    formula = "Grad-CAM of sum_d p_d (y_c - alpha y_d) / sum_d p_d, d the classes nearest to c"
     cost = "1 forward + 1 backward to the layer"
     shares_capture = False
     trains = False

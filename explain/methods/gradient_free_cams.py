@@ -38,6 +38,7 @@ class CAM(BaseCAM):
     """
 
     name = "cam"
+    formula = "sum_k W_ck A^k, W the linear head after global pooling (no ReLU, as the paper)"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -124,6 +125,7 @@ class EigenCAM(BaseCAM):
     """
 
     name = "eigencam"
+    formula = "first principal component of A"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -187,6 +189,7 @@ class KPCACAM(BaseCAM):
     """
 
     name = "kpcacam"
+    formula = "first kernel principal component of A ({kernel:code})"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -222,6 +225,7 @@ class FEM(BaseCAM):
     """
 
     name = "fem"
+    formula = "sum_k mean_ij[A^k > mu_k + k sigma_k] A^k ({k:code})"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -257,6 +261,7 @@ class RandomCAM(BaseCAM):
     """
 
     name = "randomcam"
+    formula = "sum_k U(-1, 1) A^k: the baseline for sanity checks"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False

@@ -145,6 +145,8 @@ class _ThroughLayer(Batched):
     #: Whether ``neuron=`` explains the class score through the neuron (conductance) rather
     #: than the neuron's activation.
     neuron_explains_class: ClassVar[bool] = False
+    #: What ``neuron=`` attributes, in one line, as the guide's table of layer methods shows it.
+    neuron_formula: ClassVar[str] = ""
 
     def __init__(
         self, model: nn.Module, target_layer: LayerSpec = None, *, neuron=None, resolution: str = "input", **options
@@ -255,7 +257,7 @@ class _ThroughLayer(Batched):
 class _AlongPath(_ThroughLayer, WithBaseline):
     """A layer attribution integrated along the straight path from a baseline to the image."""
 
-    cost = "1 forward + n_steps (50) forward + backward"
+    cost = "1 forward + {n_steps} forward + backward"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_steps: int = 50, **options):
         super().__init__(model, target_layer, **options)
@@ -338,7 +340,10 @@ class LayerIntegratedGradients(_Quadrature):
     """
 
     name = "layer-ig"
-    cost = "3 forward + n_steps (50) forward + backward"
+    formula = "(a - a') ⊙ ∫ dS/da along a' → a, {n_steps:code}"
+    runs_on = "captum `LayerIntegratedGradients`, `NeuronIntegratedGradients`"
+    neuron_formula = "IG of the neuron w.r.t. the input"
+    cost = "3 forward + {n_steps} forward + backward"
     captum_method = captum_attr.LayerIntegratedGradients
     multiply_by_inputs = True
 
@@ -367,6 +372,9 @@ class InternalInfluence(_Quadrature):
     """
 
     name = "internal-influence"
+    formula = "∫ dS/da(x_t) along x' → x"
+    runs_on = "captum `InternalInfluence`, `NeuronIntegratedGradients`"
+    neuron_formula = "IG of the neuron without its (x - x') factor"
     captum_method = captum_attr.InternalInfluence
     multiply_by_inputs = False
 
@@ -392,7 +400,10 @@ class LayerConductance(_AlongPath):
     """
 
     name = "layer-conductance"
-    cost = "1 forward + n_steps + 1 (51) forward + backward"
+    formula = "Σ_t dS/da(x_t) ⊙ (a(x_{{t+1}}) - a(x_t)) along x' → x, {n_steps:code} equal steps"
+    runs_on = "captum `LayerConductance`, `NeuronConductance`; a channel's in explain"
+    neuron_formula = "the class score's conductance through the neuron (a channel's: the sum over its neurons)"
+    cost = "1 forward + {n_steps:+1} forward + backward"
     neuron_explains_class = True
 
     def planned_passes(self, images: Tensor) -> int:
@@ -475,6 +486,9 @@ class LayerGradientXActivation(_ThroughLayer):
     """
 
     name = "layer-gradxact"
+    formula = "a ⊙ dS/da"
+    runs_on = "captum `LayerGradientXActivation`, `NeuronGradient`"
+    neuron_formula = "x ⊙ d(neuron)/dx"
     cost = "1 forward + 1 backward"
     single_pass = True
 

@@ -109,6 +109,7 @@ class ScoreCAM(PerturbationCAM):
     """
 
     name = "scorecam"
+    formula = "sum_k p_c(X ⊙ s(Up(A^k))) A^k"
     weightings = ("probability", "channel-softmax")
 
     def __init__(
@@ -220,7 +221,8 @@ class SSCAM(ScoreCAM):
     """
 
     name = "sscam"
-    cost = "1 + C x n_samples (35) forward"
+    formula = "Score-CAM, scores averaged over {n_samples:code} noisy masks"
+    cost = "1 + C x {n_samples} forward"
 
     def __init__(
         self,
@@ -260,7 +262,8 @@ class ISCAM(ScoreCAM):
     """
 
     name = "iscam"
-    cost = "1 + C x n_samples (10) forward"
+    formula = "Score-CAM, scores integrated over {n_samples:code} growing masks"
+    cost = "1 + C x {n_samples} forward"
 
     def __init__(
         self,
@@ -299,6 +302,7 @@ class AblationCAM(PerturbationCAM):
     """
 
     name = "ablationcam"
+    formula = "sum_k ((y_c - y_c with A^k zeroed) / y_c) A^k"
     cost = "1 forward + C forward of the layers after the target (C channels there)"
 
     def __init__(

@@ -150,6 +150,11 @@ class AttentionRollout(TransformerAttention):
     """
 
     name = "attention-rollout"
+    formula = (
+        "the class token's row of prod_l (A_l + I)/2, A_l averaged over heads ({head_fusion:code}: mean, "
+        "max or min; {discard_ratio:code}); not class-specific"
+    )
+    runs_on = "explain"
     cost = "1 forward"
 
     def __init__(
@@ -202,6 +207,8 @@ class AttentionRelevance(TransformerAttention):
     """
 
     name = "attention-relevance"
+    formula = "R = I, R += E_h[(grad A_l * A_l)^+] R per layer; the class token's row"
+    runs_on = "explain"
     cost = "1 forward + 1 backward to the first attention"
     uses_gradients = True
 
@@ -238,6 +245,11 @@ class LeGrad(TransformerAttention):
     """
 
     name = "legrad"
+    formula = (
+        "mean over layers of E_{{h,i}}[ReLU(d s_l / d A_l)], s_l the class score read out from layer l's "
+        "tokens by the model's head"
+    )
+    runs_on = "explain"
     cost = "1 forward + 1 backward per layer to its attention"
     uses_gradients = True
 

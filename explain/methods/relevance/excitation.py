@@ -120,6 +120,11 @@ class ExcitationBackprop(BaseCAM):
     """
 
     name = "excitation-backprop"
+    formula = (
+        "sum_k P(A^k), the winning probability handed down from P = 1 at the class: P(a_i) = sum_j a_i "
+        "w_ij^+ / (sum_i' a_i' w_i'j^+) P(a_j); by default one stage before the CAMs' layer"
+    )
+    runs_on = "zennit, with canonizers"
     family = "relevance"
     cost = "3 forward + 1 backward to the layer, each layer rerun twice by its rule"
     uses_gradients = True
@@ -275,5 +280,7 @@ class ContrastiveExcitationBackprop(ExcitationBackprop):
     """
 
     name = "c-excitation-backprop"
+    formula = "sum_k P(A^k) - P_dual(A^k), P_dual from the dual unit (the classifier's weights negated)"
+    runs_on = "zennit, with canonizers"
     cost = "3 forward + 2 backward to the layer, each layer rerun twice by its rule"
     contrastive = True
