@@ -69,10 +69,11 @@ def check_training_options(cls: type[Explainer], options: dict) -> None:
     loop (``train_mode=True``, ``create_graph=True``) and the method makes none."""
     asked = [name for name in TRAINING_OPTIONS if options.get(name)]
     if asked and not cls.trains:
+        training = [name for name, method in registered().items() if method.trains]
         raise NotApplicable(
             f"{cls.name or cls.__name__} has no training mode ({', '.join(f'{n}=True' for n in asked)}): only the "
             "gradient CAMs made of one forward and one backward pass are differentiable maps of the model as it "
-            "trains; use gradcam, gradcam++, hirescam, layercam, xgradcam or gradcam-elementwise"
+            f"trains; use {', '.join(training[:-1])} or {training[-1]}"
         )
 
 

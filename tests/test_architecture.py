@@ -284,9 +284,10 @@ def _literal_names(tree: ast.AST) -> list[tuple[str, int, set[str]]]:
 
 def test_the_tests_keep_no_lists_of_methods_by_hand():
     """The tests choose their methods from the registry, by the classes' attributes (``family``,
-    ``images_only``, ``needs_layer``, ``backward``...), never by position in a list nor by a
-    literal list that names every method of a family or most of them: an added method is then
-    tested by every test it belongs in, with no list to update."""
+    ``images_only``, ``needs_layer``, ``backward``, ``trains``...), never by position in a list
+    nor by a literal list that names every method of a family, those an attribute selects, or
+    most methods: an added method is then tested by every test it belongs in, with no list to
+    update."""
     import explain
 
     names = explain.method_names()
@@ -294,6 +295,11 @@ def test_the_tests_keep_no_lists_of_methods_by_hand():
     for name in names:
         families[explain.method_class(name).family].add(name)
     censuses = {family: members for family, members in families.items() if len(members) >= 3}
+    # the methods an attribute selects (or leaves out), which a literal list would copy by hand
+    selections = {}
+    for attribute in ("trains", "needs_layer", "backward", "images_only"):
+        chosen = {name for name in names if getattr(explain.method_class(name), attribute)}
+        selections.update({attribute: chosen, f"not {attribute}": set(names) - chosen})
     found = []
     for path in sorted(TESTS.glob("*.py")):
         text = path.read_text()
@@ -301,10 +307,11 @@ def test_the_tests_keep_no_lists_of_methods_by_hand():
             found.append(f"{path.name}:{text[: match.start()].count(chr(10)) + 1}: {match[0]} (a slice)")
         for variable, line, strings in _literal_names(ast.parse(text, str(path))):
             methods = strings & set(names)
-            whole = [family for family, members in censuses.items() if members <= methods]
+            whole = [f"every {family}" for family, members in censuses.items() if members <= methods]
+            whole += [f"those with {key}" for key, members in selections.items() if len(members) >= 3 and members == methods]
             if (whole or len(methods) > len(names) // 2) and (path.name, variable) not in KEPT_LISTS:
                 found.append(f"{path.name}:{line}: {variable or 'a literal'} names {len(methods)} methods"
-                             f"{' (all of ' + ', '.join(whole) + ')' if whole else ''}")
+                             f"{' (' + '; '.join(whole) + ')' if whole else ''}")
     assert not found, "select the methods by their class attributes instead:\n" + "\n".join(found)
 
 
