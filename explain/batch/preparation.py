@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ..catalogue import method_class
 from ..errors import UsageError
 from ..layers import backbone_layer
-from ..methods import BaseCAM, TakesSegments
+from ..methods import BaseCAM
 from ..metrics.registry import METRICS
 from ..models import LoadedModel, load_model
 from ..options import LOCALISATION_METRICS
@@ -147,7 +147,7 @@ def _segments(
         raise UsageError(
             f"--segments applies to classifiers of images; {args.model} is a {task} model of {loaded.kind}"
         )
-    if not any(isinstance(cam, TakesSegments) for cam in explainers):
+    if not any(cam.takes_segments for cam in explainers):
         raise UsageError(
             f"--segments applies to none of the methods {', '.join(cam.name for cam in explainers)}; it goes with "
             "occlusion, lime, kernelshap, ablation, shapley-sampling and xrai"
@@ -177,7 +177,7 @@ def _method_settings(
             f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items()
         )
         settings[cam.name] += method_option_text(method_options.get(type(cam), {}))
-        if args.segments and isinstance(cam, TakesSegments):
+        if args.segments and cam.takes_segments:
             settings[cam.name] += f" segments={args.segments}"
         if applied.get("reduction") == "sum":
             settings[cam.name] += f" signed_cmap={args.signed_cmap}"

@@ -14,7 +14,6 @@ from torch import Tensor, nn
 
 from ..errors import is_out_of_memory
 from ..hooks import preserved_state
-from ..methods import TakesSegments
 from ..passes import StopRequested
 from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
 from .explainers import class_name
@@ -59,7 +58,7 @@ class ClassifyOutputs:
     def explain(self, host, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray) -> Outcome:
         cams = host.pending(work)
         source = host.prepared.segments
-        segmented = [cam for cam in cams if source is not None and isinstance(cam, TakesSegments)]
+        segmented = [cam for cam in cams if source is not None and cam.takes_segments]
         outcome = self._explain(host, work, model_input, pictures, [cam for cam in cams if cam not in segmented])
         if segmented:
             outcome.extend(self._explain_segments(host, work, model_input, pictures, segmented))

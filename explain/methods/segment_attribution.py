@@ -25,10 +25,11 @@ from torch import Tensor
 
 from ..base import NotApplicable
 from ..baselines import seeded
-from ..checks import spatial_dims
+from ..checks import check_images, spatial_dims
 from ..explanation import Explanation
 from ..passes import advance
 from ..segments import segment_masks
+from ..targets import Targets
 from .attribution_base import Attribution, ScoredModel, WithBaseline
 
 __all__ = ["Coalitions", "SegmentAttribution", "TakesSegments", "seeded_scores"]
@@ -64,31 +65,21 @@ class TakesSegments(Attribution):
     of per-image tensors (K_i,)) and read the segments there (``"segments"``: per image,
     (K_i, H, W) bool)."""
 
-    def __call__(self, images: Tensor, targets=None, *, topk: int | None = None, segments=None) -> Explanation:
-        """Explain ``targets`` (default: each image's top class) for a batch of images (see
-        :meth:`Attribution.__call__ <explain.methods.Attribution.__call__>`).
+    takes_segments = True
 
-        ``segments``: each image's segments, which the method scores instead of its own
-        features: a list with one entry per image, boolean masks (K, H, W) at the images'
-        size, which may overlap, or a label image (H, W) of integers, one segment per value
-        (see :mod:`explain.segments`). ``segment_scores`` of the result holds one score
-        per segment.
-        """
-        return self.explain_call(images, targets, topk, segments=segments)
-
-    def call_memo(self, images: Tensor, **given) -> dict:
-        segments = given.pop("segments", None)
-        if given:
-            return super().call_memo(images, **given)
-        if segments is None:
-            return {}
+    def _explain_segments(self, images: Tensor, targets: Targets, topk: int | None, segments: object) -> Explanation:
+        """A call with ``segments=`` (see :meth:`Explainer.__call__ <explain.Explainer.__call__>`):
+        the segments checked against the images, for the call's memo."""
+        images = check_images(images, self.model)
         if spatial_dims(images) != 2:
             raise NotApplicable(
                 f"segments= are masks of images (N, C, H, W), not of inputs of shape {tuple(images.shape)}; "
                 "leave segments out"
             )
         size = (int(images.shape[2]), int(images.shape[3]))
-        return {"segments": segment_masks(segments, len(images), size, images.device)}
+        return self.explained(
+            images, targets, topk, {"segments": segment_masks(segments, len(images), size, images.device)}
+        )
 
     def explanation(self, raw: Tensor, scored: ScoredModel) -> Explanation:
         result = super().explanation(raw, scored)
