@@ -45,16 +45,18 @@ class Coalitions:
         self.scored, self.image, self.baseline, self.k, self.i = scored, image, baseline, k, i
         #: (K, H x W): a coalition's absent segments over each pixel are one product with it
         self.flat = masks.flatten(1).float()
+        #: The scores' dtype (float64 for float64 images, else float32), captum's coalitions' too.
+        self.dtype = torch.float64 if image.dtype == torch.float64 else torch.float32
 
     def __call__(self, present: Tensor) -> Tensor:
-        absent = (1.0 - present.float()) @ self.flat  # absent segments covering each pixel
+        absent = (1.0 - present.float().to(self.flat.device)) @ self.flat  # absent segments covering each pixel
         kept = (absent == 0).view(len(present), 1, *self.image.shape[2:])
         batch = torch.where(kept, self.image, self.baseline).to(self.image.dtype)
         advance(len(batch))
         with torch.no_grad():
             output = self.scored.model(batch)
         rows = torch.full((len(batch),), self.i, device=batch.device)
-        return self.scored.explained_scores(output, self.k, rows).float()
+        return self.scored.explained_scores(output, self.k, rows).to(self.dtype)
 
 
 class TakesSegments(Attribution):
@@ -141,5 +143,5 @@ def seeded_scores(method, coalitions: Coalitions, segments: int, rows: int, seed
     device = coalitions.image.device
     with seeded(seed, device):
         return method(coalitions).attribute(
-            torch.ones(1, segments, device=device), perturbations_per_eval=rows, **options
+            torch.ones(1, segments, dtype=coalitions.dtype, device=device), perturbations_per_eval=rows, **options
         )
