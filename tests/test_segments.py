@@ -217,7 +217,9 @@ def test_the_memory_budget_bounds_the_coalitions_of_a_pass_and_progress_counts_t
         model.rows.clear()  # which counts every pass (besides the search for the fastest batch)
         explain.explainer(name, model, internal_batch_size=3, **CHEAP.get(name, {}))(
             x, segments=[masks, masks[:4]], progress=False)
-        assert sum(model.rows) == heard[-1][1], name
+        # and the coalitions of all the segments, the images, which are not run again: once per
+        # image (captum's first evaluation), once per permutation of Shapley sampling
+        assert sum(model.rows) == heard[-1][1] - {"shapley-sampling": 2 * 4}.get(name, 2), name
         heard.clear()
         model.rows.clear()
         whole = explainer(x, segments=[masks, masks[:4]], progress=False)

@@ -13,7 +13,9 @@ the scores of the segments that cover it: its segment's score where segments do 
 
 The coalitions run through the model in inner batches from the memory budget (captum's
 ``ImageMaskInput`` runs one per pass), forward only, each a pass the progress counts and
-Ctrl-C stops after.
+Ctrl-C stops after; the coalition of all the segments is the image, whose score the call
+found with its targets, so it is not run again (captum's methods ask for it once per image,
+Shapley value sampling once per permutation).
 """
 
 from __future__ import annotations
@@ -49,14 +51,23 @@ class Coalitions:
         self.dtype = torch.float64 if image.dtype == torch.float64 else torch.float32
 
     def __call__(self, present: Tensor) -> Tensor:
-        absent = (1.0 - present.float().to(self.flat.device)) @ self.flat  # absent segments covering each pixel
-        kept = (absent == 0).view(len(present), 1, *self.image.shape[2:])
-        batch = torch.where(kept, self.image, self.baseline).to(self.image.dtype)
-        advance(len(batch))
-        with torch.no_grad():
-            output = self.scored.model(batch)
-        rows = torch.full((len(batch),), self.i, device=batch.device)
-        return self.scored.explained_scores(output, self.k, rows).to(self.dtype)
+        present = present.to(self.flat.device) != 0
+        scores = torch.empty(len(present), dtype=self.dtype, device=self.flat.device)
+        advance(len(present))
+        whole = present.all(dim=1)  # every segment present: the image, whose score the call has
+        if bool(whole.any()):
+            assert self.scored.output is not None  # recorded with the targets
+            scores[whole] = self.scored.explained_scores(self.scored.output, self.k)[self.i].to(self.dtype)
+            present = present[~whole]
+        if len(present):
+            absent = (~present).float() @ self.flat  # the absent segments over each pixel
+            kept = (absent == 0).view(len(present), 1, *self.image.shape[2:])
+            batch = torch.where(kept, self.image, self.baseline).to(self.image.dtype)
+            with torch.no_grad():
+                output = self.scored.model(batch)
+            rows = torch.full((len(batch),), self.i, device=batch.device)
+            scores[~whole] = self.scored.explained_scores(output, self.k, rows).to(self.dtype)
+        return scores
 
 
 class TakesSegments(Attribution):
