@@ -154,7 +154,7 @@ class Explainer:
     #: videos (N, C, D, H, W) and signals (N, C, L) too.
     images_only: ClassVar[str] = ""
     #: Whether a call takes ``segments=``: the caller's segments, which the method scores
-    #: (:class:`~explain.methods.TakesSegments`).
+    #: (:class:`~explain.methods.segment_attribution.TakesSegments`).
     takes_segments: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):

@@ -381,3 +381,23 @@ def test_cli_segments_usage_errors(tmp_path, capsys, options, message):
     code = main(["run", str(photos), "--out", str(tmp_path / "out"), "--model", str(model), "--workers", "0",
                  "--method", "ablation", *options])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_a_segmentation_models_classes_are_the_segments():
+    """``--segments model:NAME``: each class the segmentation model predicts on the model
+    input's crop is a segment, named by the class; classes it predicts nowhere are none."""
+    from explain.batch.segment_sources import ModelSegments
+    from explain.models import LoadedModel
+
+    class Halves(nn.Module):  # class 2 where the red channel is bright, class 0 elsewhere
+        def forward(self, images):
+            bright = (images[:, :1] > 0.5).float()
+            return {"out": torch.cat([1 - bright, torch.zeros_like(bright), bright], dim=1)}
+
+    segmenter = LoadedModel(Halves().eval(), None, ["background", "cat", "dog"], torch.device("cpu"),
+                            torch.rand(1, 3, 8, 8), task="segment")
+    pictures = np.zeros((2, 8, 8, 3), np.uint8)
+    pictures[0, :, :3, 0] = 255
+    found = ModelSegments(segmenter, (8, 8))([None, None], pictures)
+    assert found[0].names == ["background", "dog"] and found[1].names == ["background"]
+    assert found[0].masks[1].sum() == 8 * 3 and bool(found[0].masks[1][:, :3].all())

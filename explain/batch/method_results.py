@@ -48,7 +48,7 @@ def explain_all(
     in proportion to their estimated ``costs``, method -> forward passes per image; equally
     where not given), and where that fails (or for the other methods) each on its own, so that
     an error lands on the method that fails and not on the others. ``segments`` (each image's
-    masks) go to every method, which all take them (:class:`~explain.methods.TakesSegments`).
+    masks) go to every method, which all take them (``Explainer.takes_segments``).
 
     The first Ctrl-C (:class:`~explain.passes.StopRequested`) ends the group where it comes:
     the method it stopped and those after it get that exception instead of a result, while

@@ -1,5 +1,5 @@
 """``explain run --segments``: each image's segments, for the methods that score the caller's
-segments (:class:`~explain.methods.TakesSegments`: occlusion, lime, kernelshap, ablation,
+segments (``Explainer.takes_segments``: occlusion, lime, kernelshap, ablation,
 shapley-sampling, xrai), read from a folder of mask files or made by a segmentation model.
 
 - ``--segments DIR``: one mask file per image, found by the image's stem: ``DIR/SUB/STEM``
