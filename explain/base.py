@@ -99,8 +99,8 @@ class Explainer:
 
     Every call also takes ``max_memory=`` (the budget of the inner batches of a method that
     runs extra passes, such as ``"2GB"``; default: half the memory available on the device)
-    and ``progress=`` (True: a progress bar; False: none; None: a bar where the call runs
-    more than a few hundred passes); see :mod:`explain.passes`.
+    and ``progress=`` (True: a progress bar; False: none; None: a bar once a call of more
+    than one pass has run a second); see :mod:`explain.passes` and :meth:`__call__`.
     """
 
     name: ClassVar[str] = ""
@@ -131,6 +131,35 @@ class Explainer:
         self.class_names = list(class_names) if class_names is not None else getattr(model, "class_names", None)
 
     def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """Explain ``images``: every method's call (it also takes ``max_memory=`` and
+        ``progress=``, which each subclass's call gains).
+
+        Parameters
+        ----------
+        images:
+            A float tensor, preprocessed as the model takes it: (N, C, H, W) images, or
+            (N, C, D, H, W) volumes and videos and (N, C, L) signals for the methods that
+            apply to them.
+        targets:
+            What to explain: None (each image's top class), a class id or name for every
+            image, one per image (a sequence or a tensor), a callable of the model's output
+            that returns one score per image, or a segmentation, detection or similarity
+            target object.
+        topk:
+            Explain each image's ``topk`` most probable classes in one call (the maps gain
+            a k axis after N); not with ``targets``.
+        max_memory:
+            What the method's extra passes may take at once, such as ``"2GB"`` or a number
+            of bytes (default: half the memory available on the images' device).
+        progress:
+            True: a progress bar at once; False: none; None: a bar once the call has run a
+            second.
+
+        Returns
+        -------
+        Explanation
+            The maps, at the input's size, with what they explain.
+        """
         raise NotImplementedError
 
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
