@@ -495,8 +495,8 @@ def test_score_cam_ablation_cam_fullgrad_and_smoothing_options_end_to_end(tmp_pa
         check_index(out, rows)
 
     # The smoothing options are part of the settings: outputs made without them are redone.
-    smoothed = main(["run", images, "--out", str(tmp_path), "--method", "ablationcam", "--eigen-smooth",
-                     "--aug-smooth", "-q"])
+    smoothed = main(["run", images, "--out", str(tmp_path), "--method", "ablationcam", "--layer", "blocks.3",
+                     "--eigen-smooth", "--aug-smooth", "-q"])
     assert smoothed == 0 and summary_counts(capsys.readouterr().out) == (1, 0, 0)
     rows = [r for r in read_rows(tmp_path / "manifest.jsonl") if r["method"] == "ablationcam"]
     assert {r["settings"] for r in rows} == {SETTINGS + " eigen_smooth=1 aug_smooth=1"}
