@@ -18,12 +18,14 @@ EXAMPLES = ROOT / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 REFRESH = "refresh it with `.venv/bin/python examples/execute_notebooks.py {name}`"
 #: What a test run changes in a tutorial (``execute_notebooks.with_parameters``: a name's first
-#: assignment, set to this expression): one photo instead of two for every method of 02, and
-#: one noise sample per channel for SS-CAM and IS-CAM instead of two; in 04, 5 points per
+#: assignment, set to this expression): one photo instead of two for every method of 02, one
+#: noise sample per channel for SS-CAM and IS-CAM instead of two, 50 RISE masks instead of 300
+#: and 20 Extremal Perturbations steps per area instead of 100 (the two costliest methods there:
+#: 40 % of its passes at full size); in 04, 5 points per
 #: deletion and insertion curve instead of 21, three of ROAD's nine removal percentages and
 #: two checkpoints of the randomisation cascade instead of ten.
 QUICK = {
-    "02_comparing_methods.ipynb": {"names": '["coffee"]', "SAMPLES": "1"},
+    "02_comparing_methods.ipynb": {"names": '["coffee"]', "SAMPLES": "1", "MASKS": "50", "STEPS": "20"},
     "04_is_the_map_faithful.ipynb": {
         "STEP": "0.25",
         "OPTIONS": '{"deletion": {"step": STEP}, "insertion": {"step": STEP}, "road": {"percentages": (30, 60, 90)}, '
