@@ -91,6 +91,9 @@ class RunOptions(ModelOptions):
     labels: Path | None = None
     #: --segments: a folder of mask files, or model:NAME[=WEIGHTS] (see explain.batch.segment_sources)
     segments: str | None = None
+    #: --copy-originals: index.html shows thumbnails copied into the output folder, not links
+    #: to the inputs (see explain.batch.page.OriginalCopies)
+    copy_originals: bool = False
     engine: str = "local"
     address: str | None = None
     actors: int | None = None
