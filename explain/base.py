@@ -118,8 +118,8 @@ def method_key(name: str) -> str:
 class Explainer:
     """Base class: an explainer is made once per model and called on batches of images.
 
-    A call, ``explainer(images, targets=None, *, topk=None, max_memory=None, progress=None)``,
-    returns an :class:`~explain.Explanation`. It holds the model's lock
+    A call, ``explainer(images, targets=None, *, topk=None, segments=None, max_memory=None,
+    progress=None)``, returns an :class:`~explain.Explanation`. It holds the model's lock
     (:mod:`explain.concurrency`): threads that share a model take turns. ``max_memory`` is the
     budget of the inner batches of a method that runs extra passes (such as ``"2GB"``;
     default: half the memory available on the device) and ``progress`` shows a progress bar
@@ -127,8 +127,8 @@ class Explainer:
     see :mod:`explain.passes`.
 
     Subclasses set ``name`` (the registered method name), ``family`` and ``cost``, and
-    implement ``_explain(images, targets, *, topk)``, which the call runs; the call itself
-    (``__call__``) is this class's.
+    implement ``_explain(images, targets, *, topk)``, which the call runs (and, where they
+    take ``segments=``, ``_explain_segments``); the call itself (``__call__``) is this class's.
     """
 
     name: ClassVar[str] = ""
@@ -153,6 +153,9 @@ class Explainer:
     #: Why the method applies to images (N, C, H, W) only; empty where it applies to volumes,
     #: videos (N, C, D, H, W) and signals (N, C, L) too.
     images_only: ClassVar[str] = ""
+    #: Whether a call takes ``segments=``: the caller's segments, which the method scores
+    #: (:class:`~explain.methods.segment_attribution.TakesSegments`).
+    takes_segments: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):
@@ -166,6 +169,7 @@ class Explainer:
         targets: Targets = None,
         *,
         topk: int | None = None,
+        segments: object = None,
         max_memory: int | float | str | None = None,
         progress: bool | None = None,
     ) -> Explanation:
@@ -188,6 +192,13 @@ class Explainer:
         topk:
             Explain each image's ``topk`` most probable classes in one call (the maps gain
             a k axis after N: (N, k, H, W)); not with ``targets``.
+        segments:
+            Each image's segments, which the method scores instead of its own features
+            (the perturbation methods and XRAI, whose ``takes_segments`` is True): a list
+            with one entry per image, boolean masks (K, H, W) at the images' size, which may
+            overlap, or a label image (H, W) of integers, one segment per value (see
+            :mod:`explain.segments`); the result's ``segment_scores`` holds one score per
+            segment.
         max_memory:
             What the method's extra passes may take at once, such as ``"2GB"`` or a number
             of bytes (default: half the memory available on the images' device); see
@@ -201,13 +212,24 @@ class Explainer:
         Explanation
             The maps, at the input's size, with what they explain.
         """
+        if segments is not None and not self.takes_segments:
+            takes = ", ".join(cls.name for cls in _REGISTRY.values() if cls.takes_segments)
+            raise ValueError(
+                f"{self.name} takes no segments=; leave them out, or use a method that scores them: {takes}"
+            )
         with model_lock(self.model), call_settings(max_memory, progress):
-            return self._explain(images, targets, topk=topk)
+            if segments is None:
+                return self._explain(images, targets, topk=topk)
+            return self._explain_segments(images, targets, topk, segments)
 
     def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         """What a call computes, under the model's lock and the call's settings: what each
         method implements. A method that runs another explainer on the same model calls its
         ``_explain``, inside its own call."""
+        raise NotImplementedError
+
+    def _explain_segments(self, images: Tensor, targets: Targets, topk: int | None, segments: object) -> Explanation:
+        """What a call with ``segments=`` computes, in methods that ``takes_segments``."""
         raise NotImplementedError
 
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torchvision import transforms
 
 from ..errors import UsageError, out_of_memory_reason
 from ..evaluation import (
@@ -29,7 +28,7 @@ from ..models import load_model, warn_if_random
 from ..options import LOCALISATION_METRICS as LOCALISATION
 from ..passes import pass_settings
 from ..report import atomic_write, remove_temp_files
-from .decoding import DecodedBatch, ModelInputs, default_workers, is_torchvision_preset
+from .decoding import DecodedBatch, ModelInputs, default_workers, mask_geometry
 from .explainers import (
     build_explainers,
     estimated_costs,
@@ -49,27 +48,6 @@ from .outcome import exit_code, interrupted_summary, report_failure, stopped_sum
 from .page import page_run, write_page
 from .progress import time_taken
 from .storage import OutputDeviceError, OutputFolder, device_errors
-
-
-def _mask_geometry(preprocess):
-    """The resizing and cropping of ``preprocess`` with nearest-neighbour resampling, for
-    masks drawn on the original images; None where the preprocessing is not made of them."""
-    nearest = transforms.InterpolationMode.NEAREST
-    if is_torchvision_preset(preprocess):
-        return transforms.Compose([transforms.Resize(preprocess.resize_size, nearest),
-                                   transforms.CenterCrop(preprocess.crop_size)])
-    if not isinstance(preprocess, transforms.Compose):
-        return None
-    steps = []
-    for step in preprocess.transforms:
-        if type(step) is transforms.Resize:
-            steps.append(transforms.Resize(step.size, nearest, max_size=step.max_size))
-        elif type(step) is transforms.CenterCrop:
-            steps.append(step)
-        elif type(step) not in (transforms.ToTensor, transforms.PILToTensor, transforms.Normalize,
-                                transforms.ConvertImageDtype):
-            return None
-    return transforms.Compose(steps)
 
 
 def _save_figure(path: Path, figure) -> None:
@@ -360,7 +338,7 @@ def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
     if args.regions is not None:
         try:
             size = (loaded.example.shape[-2], loaded.example.shape[-1])
-            regions = read_regions(args.regions, [s.path for s in sources], size, _mask_geometry(loaded.preprocess))
+            regions = read_regions(args.regions, [s.path for s in sources], size, mask_geometry(loaded.preprocess))
         except ValueError as error:
             raise UsageError(f"--regions: {error}") from None
     warn_if_random(loaded, args.model)

@@ -143,6 +143,16 @@ def _add_run_command(commands) -> None:
 
 
 def _add_explorer_options(run: argparse.ArgumentParser) -> None:
+    """The files that come with each image (its segments, its label) and the explorer's options."""
+    run.add_argument("--segments", default=None, metavar="DIR|model:NAME",
+                     help="score these segments of each image instead of a window or superpixels, with the methods "
+                     "that take segments (occlusion, lime, kernelshap, ablation, shapley-sampling, xrai): DIR holds a "
+                     "mask file per image named by its stem, .npy (a label image (H, W) of integers, or masks "
+                     "(K, H, W) of booleans, which may overlap) or .png (a label image), at the image's size (resized "
+                     "and cropped as the image, nearest-neighbour) or the model input's; model:NAME[=WEIGHTS] takes "
+                     "each class a segmentation model predicts as a segment. The manifest's segments column holds "
+                     "each segment's score (--save-maps: the .npz too); an image without a usable mask file fails "
+                     "those rows with the reason")
     run.add_argument("--labels", type=Path, default=None, metavar="FILE",
                      help="the images' true classes, a CSV of path,label lines (label: a class id or name); "
                      "each row then records whether the prediction is right, the summary counts the mistakes, "

@@ -22,6 +22,8 @@
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
   copies, through captum (Occlusion, LIME, KernelSHAP, Shapley value sampling, Feature Ablation
   over superpixels), and RISE;
+- :mod:`~explain.methods.segment_attribution`: the perturbation methods (and XRAI) over the
+  caller's segments (``segments=``: masks, overlapping or not, or a label image);
 - :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
   the score, found by gradient descent (extremal perturbations);
 - :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
@@ -60,12 +62,13 @@ from .perturbation_attribution import *  # noqa: F403
 from .perturbation_cams import *  # noqa: F403
 from .region_attribution import *  # noqa: F403
 from .relevance import *  # noqa: F403
+from .segment_attribution import TakesSegments  # noqa: F401 -- in __all__ (SUPPORT)
 from .transformer_attention import *  # noqa: F403
 
 #: What the methods build on, exported with them by :mod:`explain` too.
 BASES = ("Attribution", "BaseCAM", "GradientCAM", "NoiseTunnel", "explain_together")
 #: What the methods' bases hand a subclass, exported here only.
-SUPPORT = ("Captured", "LayerReplay", "TransformerAttention")
+SUPPORT = ("Captured", "LayerReplay", "TakesSegments", "TransformerAttention")
 #: The built-in methods' classes by class name, in the order they are listed.
 METHOD_CLASSES = {cls.__name__: cls for cls in registered().values() if cls.__module__.startswith(f"{__name__}.")}
 

@@ -3,10 +3,11 @@ replaced by a baseline, computed by captum.
 
 Occlusion slides a square window over the image (a box over a volume, a segment along a
 signal); LIME, KernelSHAP, Shapley value sampling and Feature Ablation switch SLIC
-superpixels (scikit-image) of images on and off, and do not apply to volumes and signals. All
-run their perturbed copies in internal batches of at most ``internal_batch_size`` rows, and
-their random draws on a stream seeded with ``seed`` (the caller's random stream is left as it
-was).
+superpixels (scikit-image) of images on and off, and do not apply to volumes and signals.
+Each of the five also scores segments the caller gives instead (``segments=``: masks, which
+may overlap, or a label image; :mod:`~explain.methods.segment_attribution`). All run their
+perturbed copies in internal batches of at most ``internal_batch_size`` rows, and their random
+draws on a stream seeded with ``seed`` (the caller's random stream is left as it was).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from ..checks import checked_number, positive_int
 from ..passes import advance
 from ..superpixels import superpixels
 from ..targets import class_logits
-from .attribution_base import Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
+from .attribution_base import Batched, ScoredModel, rows_per_pass, slice_target
 from .captum_adapter import lasso
 from .drise import mask_grids, upsampled_masks
+from .segment_attribution import Coalitions, SegmentAttribution, seeded_scores
 
 __all__ = [
     "RISE",
@@ -80,12 +82,14 @@ def occlusion_positions(sides: tuple[int, ...], window: int | None, stride: int 
 
 
 @register
-class Occlusion(WithBaseline):
+class Occlusion(SegmentAttribution):
     """Occlusion: the drop in the score when a sliding square is replaced by the baseline.
 
     The square is ``window`` x ``window``, slid with ``stride``; each pixel gets the mean
     drop over the windows that cover it. On volumes and videos the window is a box,
-    on signals a segment, of ``window`` along every axis.
+    on signals a segment, of ``window`` along every axis. With ``segments=`` the segments
+    are occluded in turn instead of the window (each gets the drop when it alone is
+    replaced: Feature Ablation of the segments).
 
     Zeiler and Fergus, "Visualizing and Understanding Convolutional Networks", ECCV 2014,
     sec. 4.2. Runs captum's Occlusion. The window defaults to a seventh of the shorter
@@ -133,9 +137,15 @@ class Occlusion(WithBaseline):
             perturbations_per_eval=rows_per_pass(rows, len(images)),
         )
 
+    def segment_passes(self, segments: int) -> int:
+        return 2 + segments
 
-class _Superpixels(WithBaseline):
-    """A perturbation method over SLIC superpixels of each image."""
+    def score_segments(self, coalitions: Coalitions, segments: int, rows: int) -> Tensor:
+        return seeded_scores(captum_attr.FeatureAblation, coalitions, segments, rows, None)
+
+
+class _Superpixels(SegmentAttribution):
+    """A perturbation method over SLIC superpixels of each image (or over ``segments=``)."""
 
     family = "perturbation attribution"
     backward = False
@@ -146,11 +156,11 @@ class _Superpixels(WithBaseline):
         self.n_segments = positive_int("n_segments", n_segments)
         self.compactness = float(compactness)
 
-    def segments(self, scored: ScoredModel, images: Tensor) -> Tensor:
+    def superpixel_masks(self, scored: ScoredModel, images: Tensor) -> Tensor:
         """The superpixels of ``images``, made once per call."""
-        if "segments" not in scored.memo:
-            scored.memo["segments"] = superpixels(images, self.n_segments, self.compactness)
-        return scored.memo["segments"]
+        if "superpixels" not in scored.memo:
+            scored.memo["superpixels"] = superpixels(images, self.n_segments, self.compactness)
+        return scored.memo["superpixels"]
 
 
 class _Sampled(_Superpixels):
@@ -160,14 +170,29 @@ class _Sampled(_Superpixels):
         super().__init__(model, **options)
         self.n_samples = positive_int("n_samples", n_samples)
 
-    def method(self, scored: ScoredModel):
+    def method(self, forward):
+        """captum's method on ``forward`` (the scored model, or a segment game)."""
         raise NotImplementedError
 
     def planned_passes(self, images: Tensor) -> int:
         return len(images) * (1 + self.n_samples)
 
+    def segment_passes(self, segments: int) -> int:
+        return 3 if segments == 1 else 1 + self.n_samples
+
+    def score_segments(self, coalitions: Coalitions, segments: int, rows: int) -> Tensor:
+        if segments == 1:  # its value is S(x) - S(baseline); captum's fit needs two features
+            pair = coalitions(torch.tensor([[1.0], [0.0]], device=coalitions.image.device))
+            return (pair[0] - pair[1]).view(1)
+        scores = seeded_scores(self.method, coalitions, segments, rows, self.seed, n_samples=self.n_samples).flatten()
+        scored, k, i = coalitions.scored, coalitions.k, coalitions.i
+        # rounding noise of the fit, as below
+        tolerance = 1e-6 * float(scored.explained_scores(scored.output, k)[i].abs().float().clamp_min(1e-12))
+        return torch.where(scores.abs() < tolerance, 0.0, scores)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        masks, baselines, target = self.segments(scored, images), self.baselines(scored, images), scored.target(k)
+        masks, baselines = self.superpixel_masks(scored, images), self.baselines(scored, images)
+        target = scored.target(k)
         rows_per_eval = self.rows(images, self.n_samples)
         method = self.method(scored)
         per_image = []
@@ -223,8 +248,8 @@ class Lime(_Sampled):
         super().__init__(model, **options)
         self.lasso_alpha = checked_number("lasso_alpha", lasso_alpha, positive=False)
 
-    def method(self, scored: ScoredModel):
-        return captum_attr.Lime(scored, interpretable_model=lasso(self.lasso_alpha))
+    def method(self, forward):
+        return captum_attr.Lime(forward, interpretable_model=lasso(self.lasso_alpha))
 
 
 @register
@@ -243,8 +268,8 @@ class KernelShap(_Sampled):
     runs_on = "captum `KernelShap` + scikit-image"
     cost = "1 + {n_samples} forward"
 
-    def method(self, scored: ScoredModel):
-        return captum_attr.KernelShap(scored)
+    def method(self, forward):
+        return captum_attr.KernelShap(forward)
 
 
 @register
@@ -263,13 +288,19 @@ class FeatureAblation(_Superpixels):
     def planned_passes(self, images: Tensor) -> int:
         return len(images) * (2 + self.n_segments)
 
+    def segment_passes(self, segments: int) -> int:
+        return 2 + segments
+
+    def score_segments(self, coalitions: Coalitions, segments: int, rows: int) -> Tensor:
+        return seeded_scores(captum_attr.FeatureAblation, coalitions, segments, rows, None)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         rows = self.rows(images, self.planned_passes(images))
         return captum_attr.FeatureAblation(scored).attribute(
             images,
             baselines=self.baselines(scored, images),
             target=scored.target(k),
-            feature_mask=self.segments(scored, images),
+            feature_mask=self.superpixel_masks(scored, images),
             perturbations_per_eval=rows_per_pass(rows, len(images)),
         )
 
@@ -308,8 +339,17 @@ class ShapleyValueSampling(_Superpixels):
     def planned_passes(self, images: Tensor) -> int:
         return len(images) * (2 + self.n_samples * self.n_segments)
 
+    def segment_passes(self, segments: int) -> int:
+        return 2 + self.n_samples * segments
+
+    def score_segments(self, coalitions: Coalitions, segments: int, rows: int) -> Tensor:
+        return seeded_scores(
+            captum_attr.ShapleyValueSampling, coalitions, segments, rows, self.seed, n_samples=self.n_samples
+        )
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        masks, baselines, target = self.segments(scored, images), self.baselines(scored, images), scored.target(k)
+        masks, baselines = self.superpixel_masks(scored, images), self.baselines(scored, images)
+        target = scored.target(k)
         rows = self.rows(images, self.planned_passes(images))
         method = captum_attr.ShapleyValueSampling(scored)
         per_image = []
