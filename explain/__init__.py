@@ -56,6 +56,7 @@ _EXPORTS = {
         "KPCACAM",
         "KernelShap",
         "LRP",
+        "AttnLRP",
         "RISE",
         "LayerCAM",
         "LayerConductance",

@@ -18,7 +18,7 @@
   influence, layer Gradient x Activation);
 - :mod:`~explain.methods.region_attribution`: image regions ranked by their attribution (XRAI);
 - :mod:`~explain.methods.relevance`: relevance propagated through zennit's rules: Layer-wise
-  Relevance Propagation, Excitation Backprop and its contrastive form;
+  Relevance Propagation, AttnLRP (transformers), Excitation Backprop and its contrastive form;
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
   copies, through captum (Occlusion, LIME, KernelSHAP, Shapley value sampling, Feature Ablation
   over superpixels), and RISE;
@@ -85,7 +85,7 @@ from .perturbation_attribution import (  # isort: skip
 )
 from .mask_optimisation import ExtremalPerturbation  # isort: skip
 from .drise import DRISE  # isort: skip
-from .relevance import LRP, ContrastiveExcitationBackprop, ExcitationBackprop  # isort: skip
+from .relevance import LRP, AttnLRP, ContrastiveExcitationBackprop, ExcitationBackprop  # isort: skip
 from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
 from .noise_tunnel import NoiseTunnel  # isort: skip
 from .attribution_base import Attribution  # isort: skip
@@ -105,6 +105,7 @@ __all__ = [
     "AblationCAM",
     "AttentionRelevance",
     "AttentionRollout",
+    "AttnLRP",
     "Attribution",
     "BaseCAM",
     "BlurIG",
