@@ -24,6 +24,7 @@ GRADIENT_CAMS = METHODS[:10]
 ATTRIBUTIONS = [
     "saliency", "inputxgrad", "smoothgrad", "vargrad", "ig", "guidedbp", "deconv", "guidedgradcam",
     "deeplift", "deepliftshap", "gradientshap", "occlusion", "lime", "kernelshap", "ablation", "lrp",
+    "attnlrp",
     "guidedig", "blurig", "xrai", "extremal", "rise", "shapley-sampling",
 ]
 LAYER_ATTRIBUTIONS = ["layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"]

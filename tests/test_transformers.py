@@ -356,7 +356,7 @@ REFUSED = {
     "drise": "explains a detector's boxes",      # a classifier has none
 }
 REFUSED_SWIN = {"attention-rollout": "saw no attention", "attention-relevance": "saw no attention",
-                "legrad": "readout="}
+                "legrad": "readout=", "attnlrp": "shifted_window_attention"}
 
 
 @pytest.mark.parametrize("name", list(MODELS))

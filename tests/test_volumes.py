@@ -39,7 +39,9 @@ IMAGES_ONLY = {
     "rise",
     "shapley-sampling",
 }
-APPLICABLE = [name for name in explain.method_names() if name not in IMAGES_ONLY]
+#: Methods for transformers only, which these networks have none of.
+TRANSFORMERS_ONLY = {"attnlrp"}
+APPLICABLE = [name for name in explain.method_names() if name not in IMAGES_ONLY | TRANSFORMERS_ONLY]
 
 
 @lru_cache(maxsize=4)

@@ -20,10 +20,11 @@ from .composites import registered_composite
 from .tracing import nonlinear_steps
 from .transformer_canonizers import RuledForwardCanonizer
 
-__all__ = ["AttnLRP", "attnlrp_rules"]
+__all__ = ["AttnLRP", "attends", "attnlrp_rules"]
 
-#: The autograd steps that carry AttnLRP's rules.
+#: The autograd steps that carry AttnLRP's rules, and those among them that make products.
 _RULE_STEPS = frozenset({f"{IdentityRule.__name__}Backward", f"{UniformRule.__name__}Backward"})
+_PRODUCT_RULES = frozenset({f"{UniformRule.__name__}Backward"})
 # Where the rules do not reach, what a model of a known family computes instead.
 _HINTS = {
     "torchvision.models.swin_transformer": (
@@ -31,7 +32,17 @@ _HINTS = {
         "(q @ k^T, softmax, @ v) that no rule can reach; timm's Swin calls F.scaled_dot_product_attention, "
         "which AttnLRP covers"
     ),
+    "timm.models.maxxvit": (
+        "MaxViT's MBConv blocks gate their channels by squeeze-excitation, x * sigmoid(...), a product of two "
+        "activations that no AttnLRP rule covers"
+    ),
 }
+
+
+def attends(model: nn.Module) -> bool:
+    """Whether ``model`` has attention layers: :func:`~explain.attention_capture.has_attention`'s,
+    or modules whose class name says attention (timm's MaxViT: ``AttentionCl``, ``Attention2d``)."""
+    return has_attention(model) or any("Attention" in type(module).__name__ for module in model.modules())
 
 
 @contextmanager
@@ -123,7 +134,7 @@ class AttnLRP(Attribution):
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         """One forward pass with the rules, the first of the call (it resolves the targets);
         the score's gradient times the images."""
-        if not has_attention(self.model):
+        if not attends(self.model):
             raise NotApplicable(
                 "AttnLRP's rules are LRP's for attention, and this model has no attention layer; for a "
                 "convolutional network use lrp, whose composites are written for convolutions"
@@ -137,7 +148,7 @@ class AttnLRP(Attribution):
             finally:
                 handle.remove()
             # The rules run from the model's output: a callable target is linearised there.
-            uncovered = nonlinear_steps(output_tensors(outputs[0]), inputs, _RULE_STEPS) if k == 0 else []
+            uncovered = nonlinear_steps(output_tensors(outputs[0]), inputs, _RULE_STEPS, _PRODUCT_RULES) if k == 0 else []
             if uncovered:
                 raise NotApplicable(self._uncovered(uncovered))
             (gradient,) = torch.autograd.grad(score.sum(), inputs)

@@ -280,6 +280,7 @@ LINEAR_STEPS = ROUTING_STEPS | frozenset(
         "AddBackward1",
         "AddmmBackward0",
         "AsStridedBackward0",
+        "AsStridedBackward1",
         "AvgPool2DBackward0",
         "AdaptiveAvgPool2DBackward0",
         "ConvolutionBackward0",
@@ -338,12 +339,15 @@ def _through_shapes(node, rules: frozenset[str]) -> bool:
     return node is not None
 
 
-def nonlinear_steps(outputs: list[Tensor], inputs: Tensor, rules: frozenset[str]) -> list[str]:
+def nonlinear_steps(
+    outputs: list[Tensor], inputs: Tensor, rules: frozenset[str], product_rules: frozenset[str]
+) -> list[str]:
     """The steps between ``inputs`` and ``outputs`` that are neither linear in the input
     (:data:`LINEAR_STEPS`; a product or a division whose other factor does not depend on the
     input) nor a step named in ``rules`` (custom autograd functions that carry a rule), nor a
-    product whose every factor that depends on the input comes from such a step: their names,
-    without ``Backward``, once each, sorted; "Mul" etc. for products of two activations."""
+    product whose every factor that depends on the input comes from a step named in
+    ``product_rules`` (a rule for products): their names, without ``Backward``, once each,
+    sorted; "Mul" etc. for products of two activations."""
     roots = [tensor.grad_fn for tensor in outputs if tensor.grad_fn is not None]
     leaf = _input_node(roots, inputs)
     if leaf is None:
@@ -357,7 +361,7 @@ def nonlinear_steps(outputs: list[Tensor], inputs: Tensor, rules: frozenset[str]
             continue
         if name == "DivBackward0" and node.next_functions[1][0] not in reaching:
             continue
-        if name in PRODUCT_STEPS and (len(active) <= 1 or all(_through_shapes(p, rules) for p in active)):
+        if name in PRODUCT_STEPS and (len(active) <= 1 or all(_through_shapes(p, product_rules) for p in active)):
             continue
         found.add(re.sub(r"Backward\d*$", "", name))
     return sorted(found)
