@@ -96,7 +96,8 @@ def explicit_attention(
     """
     rule = getattr(_active, "rule", None)
     if rule is not None:  # a relevance rule of this thread (AttnLRP): it forms the attention itself
-        return rule(query, _grouped(query, key, enable_gqa), _grouped(query, value, enable_gqa), attn_mask, is_causal, scale)
+        key, value = _grouped(query, key, enable_gqa), _grouped(query, value, enable_gqa)
+        return rule(query, key, value, attn_mask, is_causal, scale)
     weights = attention_weights(query, _grouped(query, key, enable_gqa), attn_mask, is_causal, scale)
     capture = getattr(_active, "capture", None)
     if capture is not None:

@@ -16,11 +16,11 @@ long call shows while it runs, and how it stops.
   where a larger one leaves the caches; on a GPU, a large one.
 - **Progress.** :class:`Passes` counts a call's rows: a tqdm bar where the call runs more
   than :data:`PROGRESS_AFTER` of them and for longer than :data:`BAR_DELAY` (or at once
-  where ``progress=True``), and the listener of
-  :func:`pass_settings` (the command line's bar) told of each inner batch.
+  where ``progress=True``), and the :class:`PassListener` of :func:`pass_settings` (a batch
+  job's: the command line's bar) told of each inner batch.
 - **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
-  fraction of a second, and the call restores the model on its way out. A batch job that
-  asks for a stop (``stop=`` of :func:`pass_settings`) gets :class:`StopRequested` there.
+  fraction of a second, and the call restores the model on its way out. A batch job whose
+  listener asks for a stop (:meth:`PassListener.should_stop`) gets :class:`StopRequested` there.
 
 Every explainer's call and every metric take ``max_memory=`` and ``progress=``; a block of
 calls takes them from :func:`pass_settings`::
@@ -51,6 +51,7 @@ from torch import Tensor, nn
 __all__ = [
     "MEMORY_SHARE",
     "PROGRESS_AFTER",
+    "PassListener",
     "Passes",
     "StopRequested",
     "advance",
@@ -122,19 +123,47 @@ class StopRequested(KeyboardInterrupt):
     batches, like the ``KeyboardInterrupt`` it is."""
 
 
+class PassListener:
+    """What a batch job hears of the passes of the calls it makes, and how it stops them:
+    given to :func:`pass_settings` (``listener=``) for a block of calls. The command line's
+    moves its progress bar, asks whether Ctrl-C was pressed and hands memory back to the
+    system (``explain.batch.loop``). Each method here does nothing: a listener overrides
+    what it needs.
+
+    >>> class Counting(PassListener):
+    ...     def __init__(self):
+    ...         self.heard = []
+    ...     def advanced(self, method, done, total):
+    ...         self.heard.append((method, done, total))
+    >>> with pass_settings(listener=Counting()) as settings, Passes("demo", total=3) as passes:
+    ...     passes.advance(2); passes.advance(1)
+    >>> settings.listener.heard
+    [('demo', 2, 3), ('demo', 3, 3)]
+    """
+
+    def advanced(self, method: str, done: int, total: int) -> None:
+        """``done`` of the ``total`` rows of the outermost running call (of ``method``) ran:
+        told after each of its inner batches."""
+
+    def should_stop(self) -> bool:
+        """Whether the running call should stop: asked after each inner batch, True raises
+        :class:`StopRequested` there."""
+        return False
+
+    def between(self) -> None:
+        """Called after each inner batch, each size :func:`fastest_rows` tries and (in a batch
+        job, through :func:`between_passes`) each method: where the command line hands memory
+        the passes freed back to the system."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """What :func:`pass_settings` sets for the calls in its block."""
 
     max_memory: int | None = None
     progress: bool | None = None
-    #: Told ``(method, rows done, rows in all)`` after each inner batch.
-    listener: Callable[[str, int, int], None] | None = None
-    #: Asked after each inner batch whether to stop.
-    stop: Callable[[], bool] | None = None
-    #: Called after each inner batch and each size :func:`fastest_rows` tries (where the
-    #: command line hands memory the passes freed back to the system).
-    between: Callable[[], None] | None = None
+    #: What a batch job hears of the passes (None: nothing hears them).
+    listener: PassListener | None = None
 
 
 _settings: contextvars.ContextVar[Settings] = contextvars.ContextVar("explain_pass_settings", default=Settings())
@@ -168,14 +197,11 @@ def parse_memory(value) -> int | None:
 
 
 @contextmanager
-def pass_settings(
-    *, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_UNSET, between=_UNSET
-) -> Iterator[Settings]:
+def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET) -> Iterator[Settings]:
     """Set, for the calls in the block (in this thread), the memory budget of their inner
     batches (``max_memory``, see :func:`parse_memory`), whether they show a progress bar
-    (``progress``: None for the default), a listener told of each inner batch, a stop
-    test asked after each, and ``between``, called after each inner batch and each size the
-    search for the fastest batch tries; what is not given stays as it was.
+    (``progress``: None for the default) and the :class:`PassListener` that hears of their
+    inner batches and may stop them; what is not given stays as it was.
 
     >>> with pass_settings(max_memory="1GB"):
     ...     memory_budget(torch.device("cpu"))
@@ -189,11 +215,9 @@ def pass_settings(
             raise ValueError(f"progress must be True, False or None (a bar for long calls), got {progress!r}")
         changes["progress"] = progress
     if listener is not _UNSET:
+        if listener is not None and not isinstance(listener, PassListener):
+            raise TypeError(f"listener must be an explain.passes.PassListener or None, got {type(listener).__name__}")
         changes["listener"] = listener
-    if stop is not _UNSET:
-        changes["stop"] = stop
-    if between is not _UNSET:
-        changes["between"] = between
     token = _settings.set(replace(_settings.get(), **changes))
     try:
         yield _settings.get()
@@ -392,11 +416,12 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int, al
 
 
 def between_passes() -> None:
-    """Call the ``between`` of :func:`pass_settings` in force, if any: after an inner batch,
-    a size the search tries, or (in a batch job) a method."""
-    between = _settings.get().between
-    if between is not None:
-        between()
+    """Tell the :class:`PassListener` in force, if any, that the passes are between two
+    inner batches (:meth:`PassListener.between`): after an inner batch, a size the search
+    tries, or (in a batch job) a method."""
+    listener = _settings.get().listener
+    if listener is not None:
+        listener.between()
 
 
 def _timed(model: nn.Module, batch: Tensor, backward: bool) -> float:
@@ -497,8 +522,8 @@ def inner_rows(
 
 class Passes:
     """The rows one call runs through its model: a progress bar where the call is long (or
-    ``progress=True``), the listener of :func:`pass_settings` told of each inner batch, and a
-    stop test between inner batches. A call inside another's (a metric that explains
+    ``progress=True``), the :class:`PassListener` of :func:`pass_settings` told of each inner
+    batch and asked between them whether to stop. A call inside another's (a metric that explains
     again) reports to the outer one's bar, not a bar of its own.
 
     >>> with Passes("demo", total=3) as passes:
@@ -513,7 +538,7 @@ class Passes:
         settings = _settings.get()
         wanted = settings.progress if progress is None else progress
         self.outer = _running.get()
-        self.listener, self.stop = settings.listener, settings.stop
+        self.listener = settings.listener
         show = wanted if wanted is not None else self.total > PROGRESS_AFTER
         self.bar = None
         if show and self.outer is None:
@@ -547,9 +572,9 @@ class Passes:
         if self.bar is not None:
             self.bar.update(rows)
         if self.outer is None and self.listener is not None:
-            self.listener(self.method, self.done, max(self.total, self.done))
+            self.listener.advanced(self.method, self.done, max(self.total, self.done))
         between_passes()
-        if self.stop is not None and self.stop():
+        if self.listener is not None and self.listener.should_stop():
             raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
 
 

@@ -9,7 +9,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CUSTOM_TARGET", "Targets", "class_index", "class_logits", "output_rows", "select_targets"]
+__all__ = [
+    "CUSTOM_TARGET",
+    "Targets",
+    "class_index",
+    "class_logits",
+    "custom_target",
+    "output_rows",
+    "select_targets",
+]
 
 #: The class id recorded when the score comes from a callable rather than a class.
 CUSTOM_TARGET = -1
@@ -39,6 +47,16 @@ def class_index(name: str, class_names: Sequence[str] | None) -> int:
     close = difflib.get_close_matches(name, list(class_names), n=5, cutoff=0.6)
     hint = f"; did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
     raise ValueError(f"unknown class name {name!r}{hint}")
+
+
+def custom_target(targets: Targets) -> Callable[[Tensor], Tensor] | None:
+    """The callable target (a function of the model's output that gives each image's score)
+    that ``targets`` is, or None where ``targets`` names classes.
+
+    >>> custom_target(lambda output: output[:, 0]) is not None, custom_target([1, 2]), custom_target(None)
+    (True, None, None)
+    """
+    return targets if callable(targets) and not isinstance(targets, Tensor) else None
 
 
 def class_logits(output):
@@ -110,8 +128,9 @@ def select_targets(
         targets = int(targets)
     if isinstance(topk, np.integer):
         topk = int(topk)
-    if callable(targets) and not isinstance(targets, Tensor):
-        return _custom_scores(logits, targets, topk)
+    custom = custom_target(targets)
+    if custom is not None:
+        return _custom_scores(logits, custom, topk)
     logits = _checked_logits(logits, class_names)
     n, num_classes = logits.shape
     if topk is not None:

@@ -58,6 +58,26 @@ CHEAP = {
 }
 
 
+def listening(advanced=None, should_stop=None, between=None):
+    """A :class:`explain.passes.PassListener` made of plain functions (each optional), for
+    ``pass_settings(listener=...)`` in the tests."""
+    from explain.passes import PassListener
+
+    class Listening(PassListener):
+        def advanced(self, method, done, total):
+            if advanced is not None:
+                advanced(method, done, total)
+
+        def should_stop(self):
+            return bool(should_stop()) if should_stop is not None else False
+
+        def between(self):
+            if between is not None:
+                between()
+
+    return Listening()
+
+
 def hook_count(model: nn.Module) -> int:
     return sum(
         len(m._forward_hooks) + len(m._forward_pre_hooks) + len(m._backward_hooks)
@@ -167,7 +187,7 @@ def heavy_method(monkeypatch):
         def each_inner_batch(self, images):
             """Told after each inner batch of a call on ``images`` (before the stop test)."""
 
-        def __call__(self, images, targets=None, *, topk=None):
+        def _explain(self, images, targets=None, *, topk=None):
             with Passes(self.name, total=self.rows * len(images)) as passes:
                 for _ in range(0, self.rows * len(images), self.inner):
                     time.sleep(self.pause)
@@ -175,7 +195,7 @@ def heavy_method(monkeypatch):
                     type(self).inner_batches += 1
                     self.each_inner_batch(images)
                     passes.advance(self.inner)
-                return super().__call__(images, targets, topk=topk)  # inside: its own pass is not heard
+                return super()._explain(images, targets, topk=topk)  # inside: its own pass is not heard
 
         def pass_cost(self, images):
             return float(self.rows * len(images))

@@ -66,6 +66,31 @@ def test_methods_page_lists_every_registered_method_with_its_paper(site):
             assert shown in text, f"{row['name']}: {shown!r} missing from its section"
 
 
+def _plain(text: str) -> str:
+    """``text`` with its Markdown code marks and Sphinx's typographic quotes and dashes undone,
+    on one line."""
+    for curly, straight in (("\u2019", "'"), ("\u2018", "'"), ("\u201c", '"'), ("\u201d", '"'), ("\u2013", "--")):
+        text = text.replace(curly, straight)
+    return " ".join(text.replace("`", "").split())
+
+
+def test_every_method_has_a_formula_and_what_runs_it():
+    for name in explain.method_names():
+        cls = explain.method_class(name)
+        assert cls.formula and cls.runs_on, f"{name}: set its class's formula and runs_on (the guide's tables)"
+
+
+def test_the_guides_tables_of_methods_come_from_the_registry(site):
+    """The families guide's tables (the transformers guide's for the attention methods) have a
+    row for every registered method, its formula written out from its defaults, its paper."""
+    catalogue = _catalogue_module().catalogue()
+    pages = {page: _plain(_text(site / "guide" / f"{page}.html")) for page in ("families", "transformers")}
+    for row in catalogue:
+        page = pages["transformers" if row["family"] == "transformer attention" else "families"]
+        for shown in (row["name"], row["formula"], row["paper"]):
+            assert _plain(str(shown)) in page, f"{row['name']}: {shown!r} missing from its guide's table"
+
+
 @pytest.mark.parametrize("module", API_MODULES)
 def test_api_reference_has_every_public_name(site, module):
     """Each name on its module's page; a submodule (``explain.metrics``) anywhere in the reference."""

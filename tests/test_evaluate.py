@@ -289,7 +289,7 @@ def _tiny_model() -> nn.Module:
 class _Broken(explain.Explainer):
     name = "broken"
 
-    def __call__(self, images, targets=None, *, topk=None):
+    def _explain(self, images, targets=None, *, topk=None):
         raise RuntimeError("cannot explain")
 
 

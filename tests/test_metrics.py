@@ -86,7 +86,7 @@ class MapExplainer(explain.Explainer):
         super().__init__(model)
         self.fn, self.fail_on_call, self.calls = fn, fail_on_call, []
 
-    def __call__(self, images, targets=None, *, topk=None):
+    def _explain(self, images, targets=None, *, topk=None):
         with preserved_state(self.model), torch.no_grad():  # as explainers run the model
             logits = self.model(images)
         targets = logits.argmax(1) if targets is None else torch.as_tensor(targets).expand(len(images))

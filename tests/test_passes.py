@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import explain
-from conftest import ModelState
+from conftest import ModelState, listening
 from explain import passes
 from explain.hooks import preserved_state
 from explain.metrics import deletion
@@ -123,7 +123,7 @@ def test_the_weights_autograd_keeps_are_not_a_rows_cost():
 def test_between_is_called_after_each_inner_batch_and_each_size_the_search_tries():
     model, x = small_cnn(), images(1, 16)
     calls = []
-    with preserved_state(model), pass_settings(between=lambda: calls.append("between")):
+    with preserved_state(model), pass_settings(listener=listening(between=lambda: calls.append("between"))):
         fastest_rows(model, x, backward=False, most=32, allowance=None)
         assert calls == ["between"] * 4  # sizes 4, 8, 16 and 32
         calls.clear()
@@ -219,14 +219,14 @@ def test_progress_bars_show_where_documented(capsys):
 def test_the_listener_hears_each_inner_batch_of_the_outermost_call():
     model, x = small_cnn(), images(2, 16)
     heard = []
-    with pass_settings(listener=lambda method, done, total: heard.append((method, done, total))):
+    with pass_settings(listener=listening(lambda method, done, total: heard.append((method, done, total)))):
         explain.IntegratedGradients(model, n_steps=10, internal_batch_size=4)(x)
     assert {method for method, _, _ in heard} == {"ig"}
     done = [d for _, d, _ in heard]
     assert done == sorted(done) and done[-1] == heard[-1][2] == 2 * (1 + 10)  # the images, then 20 rows of steps
     with Passes("outer", 5) as outer:  # a call inside another (a metric that explains again) is not heard
         heard.clear()
-        with pass_settings(listener=lambda *args: heard.append(args)):
+        with pass_settings(listener=listening(lambda *args: heard.append(args))):
             explain.IntegratedGradients(model, n_steps=4)(x)
         outer.advance(5)
     assert heard == []
@@ -248,7 +248,7 @@ def test_a_stop_between_inner_batches_leaves_the_model_as_it_was(method, options
         asked.append(1)
         return len(asked) >= 3
 
-    with pass_settings(stop=stop), pytest.raises(StopRequested):
+    with pass_settings(listener=listening(should_stop=stop)), pytest.raises(StopRequested):
         explain.explainer(method, model, batch_size=2, **options)(x) if "cam" in method else \
             explain.explainer(method, model, internal_batch_size=2, **options)(x)
     assert len(asked) == 3  # it stopped at the first inner batch after the request
@@ -259,7 +259,7 @@ def test_a_metric_stops_between_its_batches_too():
     model, x = small_cnn(), images(2, 16)
     explanation = explain.GradCAM(model)(x)
     state = ModelState(model)
-    with pass_settings(stop=lambda: True), pytest.raises(StopRequested, match="deletion"):
+    with pass_settings(listener=listening(should_stop=lambda: True)), pytest.raises(StopRequested, match="deletion"):
         deletion(model, x, explanation, batch_size=2)
     state.assert_unchanged()
 

@@ -329,7 +329,7 @@ def test_attention_methods_on_real_architectures(name):
     model = MODELS[name]()
     x = torch.randn(2, 3, 32, 32)
     state = ModelState(model)
-    for method in ("attention-rollout", "attention-relevance", "legrad"):
+    for method in [m for m in explain.method_names() if explain.method_class(m).family == "transformer attention"]:
         with torch.no_grad():
             res = explain.explainer(method, model)(x, topk=2)
         grid = (4, 4) if name == "hf" else (2, 2)

@@ -152,7 +152,7 @@ def set_pixel_limit(max_pixels: int | None) -> None:
 
 class StopFlag:
     """First Ctrl-C: the running method stops after its current inner batch (the loop's
-    ``stop=`` test of :func:`~explain.passes.pass_settings` reads :attr:`set`), the writes
+    :class:`~explain.passes.PassListener` reads :attr:`set`), the writes
     under way finish, and the run stops (``after``: what the message says it stops after).
     Second Ctrl-C: stop now."""
 

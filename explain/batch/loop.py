@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ..heap import ReusedHeap
-from ..passes import StopRequested, pass_settings
+from ..passes import PassListener, StopRequested, pass_settings
 from .decoding import DecodedBatch, ModelInputs, collate, init_worker
 from .guards import StopFlag
 from .kinds import FileInputs
@@ -41,6 +41,24 @@ def in_halves(function: Callable, members: list, images: Tensor, device: torch.d
         return in_halves(function, members[:half], images[:half], device) + in_halves(
             function, members[half:], images[half:], device
         )
+
+
+class LoopListener(PassListener):
+    """What the loop hears of the methods' passes: each inner batch moves the bar within the
+    batch (``within``), the first Ctrl-C (``stop``) stops the running method there, and the
+    heap is trimmed between them where they grew it (``heap``)."""
+
+    def __init__(self, within: WithinBatch, stop: StopFlag, heap: ReusedHeap):
+        self.within, self.stop, self.heap = within, stop, heap
+
+    def advanced(self, method: str, done: int, total: int) -> None:
+        self.within(method, done, total)
+
+    def should_stop(self) -> bool:
+        return self.stop.set
+
+    def between(self) -> None:
+        self.heap.after_passes()
 
 
 @dataclass
@@ -89,13 +107,7 @@ def for_each_batch(
         with (
             StopFlag() as stop,
             ReusedHeap() as heap,
-            pass_settings(
-                max_memory=options.max_memory,
-                progress=False,
-                listener=within,
-                stop=lambda: stop.set,
-                between=heap.after_passes,
-            ),
+            pass_settings(max_memory=options.max_memory, progress=False, listener=LoopListener(within, stop, heap)),
         ):
             for batch in loader:
                 count = len(batch.failures) + sum(len(indices) for indices, _ in batch.groups)

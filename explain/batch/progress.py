@@ -116,10 +116,11 @@ def progress_bar(total: int, quiet: bool) -> BarProgress | PlainProgress:
 
 
 class WithinBatch:
-    """The listener of :func:`~explain.passes.pass_settings` while a batch runs (told
-    ``(method, passes done, passes in all)`` after each inner batch of a method's or metric's
-    call): moves ``progress`` by the share of the batch done, from the methods finished (by
-    their estimated ``costs``) and the running call's passes, and names that call."""
+    """The progress within a batch (told ``(method, passes done, passes in all)`` after each
+    inner batch of a method's or metric's call, by the loop's
+    :class:`~explain.passes.PassListener`): moves ``progress`` by the share of the batch done,
+    from the methods finished (by their estimated ``costs``) and the running call's passes,
+    and names that call."""
 
     def __init__(self, progress: BarProgress | PlainProgress, costs: dict[str, float]):
         self.progress, self.costs = progress, costs

@@ -88,7 +88,8 @@ def write_method_table() -> None:
     Path(__file__).with_name("method_table.py").write_text(
         '"""The rows ``explain methods`` prints, kept as text so that the command answers without\n'
         "importing torch and the methods (``tests/test_cli.py`` checks them against the registry).\n"
-        'Regenerate them after adding or changing a method: ``python -m explain.cli.listing``."""\n\n'
+        "Generated from the registry by ``python -m explain.cli.listing``: run it after adding or\n"
+        'changing a method."""\n\n'
         f"METHOD_ROWS = (\n{rows})\n",
         encoding="utf-8",
     )

@@ -35,7 +35,7 @@ from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..options import REDUCTIONS
 from ..passes import Passes, advance, inner_rows
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from .cam_base import detached, map_tensors
 
 __all__ = [
@@ -216,9 +216,7 @@ class ScoredModel(nn.Module):
         self.targets = targets
         self.topk = topk
         self.class_names = class_names
-        self.custom: Callable[[Tensor], Tensor] | None = (
-            targets if callable(targets) and not isinstance(targets, Tensor) else None
-        )
+        self.custom: Callable[[Tensor], Tensor] | None = custom_target(targets)
         #: The model's output for the images (its logits, unless the target is a callable).
         self.output: Tensor | dict | tuple | None = None
         self.ids: Tensor | None = None
@@ -354,14 +352,10 @@ class Attribution(Explainer):
         methods that can share work between targets override this."""
         return [self.attribute(scored, images, k) for k in range(scored.num_targets)]
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
-        """Explain ``targets`` (default: each image's top class) for a batch of images.
-
-        ``targets`` is a class id, a class name, a list with one of those per image (or with
-        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
-        each image's k best classes and gives maps of shape (N, k, H, W); volumes
-        (N, C, D, H, W) and signals (N, C, L) give maps (N, D, H, W) and (N, L).
-        """
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """The attributions of each target (:meth:`attribute`), their channels reduced
+        (``reduction``) and the maps normalised: volumes (N, C, D, H, W) and signals
+        (N, C, L) give maps (N, D, H, W) and (N, L)."""
         images = check_images(images, self.model)
         self.check_applies(images)
         scored = ScoredModel(
@@ -407,7 +401,7 @@ class Attribution(Explainer):
         self.check_applies(images)
         if self.check_runs:
             per_image = (
-                not callable(targets)
+                custom_target(targets) is None
                 and not isinstance(targets, (str, int))
                 and targets is not None
                 and (len(targets) == len(images) if isinstance(targets, Sequence) else getattr(targets, "ndim", 0) >= 1)

@@ -8,8 +8,6 @@ finds salient in the image.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -18,7 +16,6 @@ from ..base import NotApplicable, register
 from ..checks import spatial_axes
 from ..layers import LayerSpec, resolve_layers
 from ..targets import class_logits
-from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, agree_in_sign, principal_component
 
 __all__ = ["CAM", "FEM", "KPCACAM", "EigenCAM", "RandomCAM", "kernel_principal_component"]
@@ -41,6 +38,7 @@ class CAM(BaseCAM):
     """
 
     name = "cam"
+    formula = "sum_k W_ck A^k, W the linear head after global pooling (no ReLU, as the paper)"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -52,19 +50,9 @@ class CAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         fc_layer: str | nn.Linear | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self._fc: nn.Linear | None = None
         if fc_layer is not None:
             ((name, fc),) = resolve_layers(model, fc_layer).items()
@@ -137,6 +125,7 @@ class EigenCAM(BaseCAM):
     """
 
     name = "eigencam"
+    formula = "first principal component of A"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -200,6 +189,7 @@ class KPCACAM(BaseCAM):
     """
 
     name = "kpcacam"
+    formula = "first kernel principal component of A ({kernel:code})"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -212,19 +202,9 @@ class KPCACAM(BaseCAM):
         *,
         kernel: str = "sigmoid",
         gamma: float | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         kernel_principal_component(torch.ones(1, 1, 1, 2), kernel)  # an unknown kernel fails now
         self.kernel, self.gamma = kernel, gamma
 
@@ -245,6 +225,7 @@ class FEM(BaseCAM):
     """
 
     name = "fem"
+    formula = "sum_k mean_ij[A^k > mu_k + k sigma_k] A^k ({k:code})"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -255,19 +236,9 @@ class FEM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         k: float = 2.0,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.k = k
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -290,6 +261,7 @@ class RandomCAM(BaseCAM):
     """
 
     name = "randomcam"
+    formula = "sum_k U(-1, 1) A^k: the baseline for sanity checks"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -300,19 +272,9 @@ class RandomCAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         seed: int | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.seed = seed
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:

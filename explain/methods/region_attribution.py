@@ -113,9 +113,14 @@ class XRAI(Batched):
     """
 
     name = "xrai"
+    formula = (
+        "Felzenszwalb regions (6 scales, dilated) ranked by the IG they gain, black and white baselines; "
+        "`raw` (N, 1, H, W), signed"
+    )
+    runs_on = "explain + scikit-image (PAIR `saliency`'s numbers)"
     family = "gradient attribution"
     images_only = "its regions are Felzenszwalb segments of a 2-D image; use guidedig or ig"
-    cost = "1 forward + 2 x steps (100) forward + backward"
+    cost = "1 forward + 2 x {steps} forward + backward"
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ from ..base import Explainer, NotApplicable, register
 from ..checks import channel_hint, check_images, checked_number
 from ..explanation import Explanation, scale_maps
 from ..layers import transformer_blocks
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from ..tokens import TokenLayout, infer_layout
 from .cam_base import detached
 
@@ -86,7 +86,7 @@ class TransformerAttention(Explainer):
         (and, for gradient methods, their gradients for one target)."""
         raise NotImplementedError
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         with AttentionCapture(self.model, gradients=self.uses_gradients) as capture:
@@ -104,7 +104,7 @@ class TransformerAttention(Explainer):
         h, w = layout.grid
         raw = torch.stack([r[:, layout.prefix : layout.prefix + h * w].reshape(-1, h, w) for r in relevances], dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
-        custom = callable(targets) and not isinstance(targets, Tensor)
+        custom = custom_target(targets) is not None
         return Explanation(
             scale_maps(raw, (images.shape[-2], images.shape[-1])),
             {"attention": raw},
@@ -150,6 +150,11 @@ class AttentionRollout(TransformerAttention):
     """
 
     name = "attention-rollout"
+    formula = (
+        "the class token's row of prod_l (A_l + I)/2, A_l averaged over heads ({head_fusion:code}: mean, "
+        "max or min; {discard_ratio:code}); not class-specific"
+    )
+    runs_on = "explain"
     cost = "1 forward"
 
     def __init__(
@@ -202,6 +207,8 @@ class AttentionRelevance(TransformerAttention):
     """
 
     name = "attention-relevance"
+    formula = "R = I, R += E_h[(grad A_l * A_l)^+] R per layer; the class token's row"
+    runs_on = "explain"
     cost = "1 forward + 1 backward to the first attention"
     uses_gradients = True
 
@@ -238,6 +245,11 @@ class LeGrad(TransformerAttention):
     """
 
     name = "legrad"
+    formula = (
+        "mean over layers of E_{{h,i}}[ReLU(d s_l / d A_l)], s_l the class score read out from layer l's "
+        "tokens by the model's head"
+    )
+    runs_on = "explain"
     cost = "1 forward + 1 backward per layer to its attention"
     uses_gradients = True
 
@@ -265,7 +277,7 @@ class LeGrad(TransformerAttention):
         self._blocks: list[nn.Module] | None = None
         self._tokens: list[Tensor] = []
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         if self._blocks is None:
@@ -278,7 +290,7 @@ class LeGrad(TransformerAttention):
             for block in self._blocks
         ]
         try:
-            return super().__call__(images, targets, topk=topk)
+            return super()._explain(images, targets, topk=topk)
         finally:
             for handle in handles:
                 handle.remove()

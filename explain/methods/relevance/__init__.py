@@ -21,8 +21,8 @@ torchvision's ResNet, MobileNetV2 / V3, EfficientNet and RegNet blocks and timm'
 / MobileNet blocks become zennit ``Sum`` modules.
 """
 
-from .canonizers import ResidualSumCanonizer, TracedMergeBatchNorm, restored_modules
 from .attnlrp import AttnLRP
+from .canonizers import ResidualSumCanonizer, TracedMergeBatchNorm, restored_modules
 from .excitation import ContrastiveExcitationBackprop, ExcitationBackprop, excitation_layer
 from .lrp import FIRST_RULES, LRP
 from .rules import SharingRule

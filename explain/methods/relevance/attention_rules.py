@@ -80,9 +80,7 @@ class IdentityRule(Function):
         return gradient * ratio, None
 
 
-def layer_norm_rule(
-    x: Tensor, dims: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float
-) -> Tensor:
+def layer_norm_rule(x: Tensor, dims: tuple[int, ...], weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
     """Layer norm over the axes ``dims`` of ``x``, (x - mean) / std * weight + bias, with the
     standard deviation taken as a constant (detached): the identity rule on the division by
     it (the paper's Proposition 3.4), LRP-epsilon on the centring (a linear map, which
@@ -129,7 +127,8 @@ def attnlrp_attention(
     plain gradient times the logits (the logits' relevance does not sum to that of the
     weights: the rule's bias term holds the rest)."""
     half = 2.0
-    logits, weights = _weights(UniformRule.apply(query, half), UniformRule.apply(key, half), attn_mask, is_causal, scale)
+    query, key = UniformRule.apply(query, half), UniformRule.apply(key, half)
+    logits, weights = _weights(query, key, attn_mask, is_causal, scale)
     if record is not None:
         record.logits.append(logits)
         record.weights.append(weights)

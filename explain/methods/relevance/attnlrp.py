@@ -120,7 +120,14 @@ class AttnLRP(Attribution):
     """
 
     name = "attnlrp"
+    formula = (
+        "R_x = x * g, g the score's gradient with the paper's rules on its backward steps: LRP-epsilon on "
+        "linear maps, half of a product's relevance to each factor, the softmax's Taylor rule, the layer "
+        "norm's standard deviation and the activations passed through ({attention:code}: attnlrp or cp)"
+    )
+    runs_on = "explain (the rules as lxt applies them)"
     family = "gradient attribution"
+    images_only = "its rules are written for transformers over image patches (tested on ViT, DeiT, BEiT)"
     cost = "1 forward + 1 backward"
     single_pass = True
     check_runs = True  # steps no rule covers show only in a full pass
@@ -148,8 +155,8 @@ class AttnLRP(Attribution):
             finally:
                 handle.remove()
             # The rules run from the model's output: a callable target is linearised there.
-            uncovered = nonlinear_steps(output_tensors(outputs[0]), inputs, _RULE_STEPS, _PRODUCT_RULES) if k == 0 else []
-            if uncovered:
+            roots = output_tensors(outputs[0])
+            if k == 0 and (uncovered := nonlinear_steps(roots, inputs, _RULE_STEPS, _PRODUCT_RULES)):
                 raise NotApplicable(self._uncovered(uncovered))
             (gradient,) = torch.autograd.grad(score.sum(), inputs)
         return inputs.detach() * gradient

@@ -131,6 +131,13 @@ class LRP(Attribution):
     """
 
     name = "lrp"
+    formula = (
+        "relevance propagated with an epsilon / gamma / first-layer composite, the biases shared so that "
+        "it sums to the score; `composite=` also takes zennit's `epsilon-gamma-box`, `epsilon-plus-flat`, "
+        "`epsilon-alpha2-beta1`, `excitation-backprop` (biases absorbed; on the command line `-M "
+        "lrp:composite=epsilon-plus-flat`)"
+    )
+    runs_on = "zennit, with canonizers"
     family = "gradient attribution"
     images_only = "its box rule's bounds and canonizers are written for 2-D convolutions"
     cost = "3 forward + 1 backward, each layer rerun about 8 times by its rule"

@@ -19,8 +19,11 @@ __all__ = ["ACTIVATION_MODULES", "RuledForwardCanonizer", "ruled_forward"]
 
 #: The modules whose classes are element-wise activations, where the identity rule applies:
 #: the classes of these modules but the named ones (which are not element-wise).
-ACTIVATION_MODULES = (
-    ("torch.nn.modules.activation", frozenset({"MultiheadAttention", "Softmax", "Softmin", "LogSoftmax", "Softmax2d", "GLU"})),
+ACTIVATION_MODULES: tuple[tuple[str, frozenset[str]], ...] = (
+    (
+        "torch.nn.modules.activation",
+        frozenset({"MultiheadAttention", "Softmax", "Softmin", "LogSoftmax", "Softmax2d", "GLU"}),
+    ),
     ("timm.layers.activations", frozenset()),
     ("transformers.activations", frozenset({"LinearActivation"})),
 )
@@ -83,7 +86,7 @@ class RuledForwardCanonizer(Canonizer):
     def register(self, module: nn.Module, forward: Callable[[Tensor], Tensor]) -> None:
         self.module = module
         self.saved = {key: vars(module)[key] for key in ("forward",) if key in vars(module)}
-        module.forward = forward  # type: ignore[method-assign]  # an instance's own forward, for the call
+        module.forward = forward  # an instance's own forward, for the call
 
     def remove(self) -> None:
         if self.module is not None:
