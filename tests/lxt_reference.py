@@ -93,21 +93,33 @@ def _lxt_packages() -> None:
         sys.modules[name] = package
 
 
-def lxt_relevances() -> dict[str, np.ndarray]:
+def patch_lxt_torchvision() -> None:
+    """lxt's CP-LRP patches of torchvision's ViT (and of every nn.LayerNorm, nn.GELU)."""
+    _lxt_packages()
+    from lxt.efficient.models.vit_torch import cp_LRP
+
+    for target, patch in cp_LRP.items():  # lxt.efficient.monkey_patch(vision_transformer) does this
+        assert patch(target)
+
+
+def patch_lxt_hf() -> None:
+    """lxt's AttnLRP patches of Hugging Face's ViT: layer norms, GELU, the eager attention."""
     from functools import partial
 
     _lxt_packages()
     import transformers.activations as activations
     import transformers.models.vit.modeling_vit as modeling_vit
-    from lxt.efficient.models.vit_torch import cp_LRP
     from lxt.efficient.patches import layer_norm_forward, non_linear_forward, patch_method, wrap_attention_forward
 
-    for target, patch in cp_LRP.items():  # lxt.efficient.monkey_patch(vision_transformer) does this
-        assert patch(target)
-    results = {"torchvision-cp": _relevance(torchvision_vit())}
-    assert nn.LayerNorm.forward is layer_norm_forward  # patched above, for every layer norm
+    assert patch_method(layer_norm_forward, nn.LayerNorm) or nn.LayerNorm.forward is layer_norm_forward
     assert partial(patch_method, non_linear_forward, keep_original=True)(activations.GELUActivation)
     modeling_vit.eager_attention_forward = wrap_attention_forward(modeling_vit.eager_attention_forward)
+
+
+def lxt_relevances() -> dict[str, np.ndarray]:
+    patch_lxt_torchvision()
+    results = {"torchvision-cp": _relevance(torchvision_vit())}
+    patch_lxt_hf()
     model = hf_vit()
     model.config._attn_implementation = "eager"
     results["hf-attnlrp"] = _relevance(model)

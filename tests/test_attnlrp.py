@@ -149,6 +149,8 @@ def timm_model(name, seed, **config):
 ARCHITECTURES = {
     "torchvision-vit": (reference.torchvision_vit, 32),
     "hf-vit": (reference.hf_vit, 32),
+    "timm-vit": (lambda: timm_model("vit_tiny_patch16_224", 3, depth=2, img_size=32, patch_size=8, embed_dim=16,
+                                    num_heads=2), 32),
     "timm-deit-distilled": (lambda: timm_model("deit_tiny_distilled_patch16_224", 4, depth=1, img_size=32,
                                                patch_size=8, embed_dim=16, num_heads=2), 32),
     "timm-beit": (lambda: timm_model("beit_base_patch16_224", 5, depth=1, img_size=32, patch_size=8, embed_dim=16,
@@ -186,23 +188,34 @@ def test_relevance_accounted_for_to_the_last_share(name):
     assert torch.equal(result.targets, top)
 
 
-def test_cp_lrp_conserves_on_a_transformer_without_additive_terms():
-    # No biases, class token or position embedding: under CP-LRP every rule conserves and
-    # the pixels' relevance is the score (float64: to 1e-9); AttnLRP's softmax keeps a share.
-    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2, img_size=32, patch_size=8,
-                              embed_dim=16, num_heads=2, num_classes=3, class_token=False, global_pool="avg",
-                              pos_embed="none", qkv_bias=False)
-    model = reference.filled(model, 8)
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
+def test_pixels_relevance_is_the_score_without_additive_terms(name):
+    # Every additive term that does not depend on the input zeroed (biases, tokens, position
+    # embeddings and biases): under CP-LRP every rule conserves, and the pixels' relevance
+    # is the score to 1e-9 of it (float64); under AttnLRP the score less what the softmax
+    # rule's bias keeps (which is not zero: the rule does not conserve on its own).
+    make, size = ARCHITECTURES[name]
+    model = make()
     with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
+        for parameter_name, parameter in model.named_parameters():
+            if parameter_name.split(".")[-1].endswith(ADDITIVE):
                 parameter.zero_()
-    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    x = torch.randn(2, 3, size, size, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
     cp = explain.AttnLRP(model, attention="cp")(x)
     scores = cp.logits.gather(1, cp.targets[:, None]).squeeze(1)
-    torch.testing.assert_close(cp.raw.flatten(1).sum(1), scores, rtol=1e-9, atol=0)
+    torch.testing.assert_close(cp.raw.flatten(1).sum(1), scores, rtol=1e-9, atol=1e-12)
     attnlrp = explain.AttnLRP(model)(x)
-    assert (attnlrp.raw.flatten(1).sum(1) - scores).abs().max() > 1e-6
+    record = SoftmaxRecord()
+    inputs = x.clone().requires_grad_()
+    with attnlrp_rules(model, record=record):
+        score = reference._logits(model(inputs)).gather(1, attnlrp.targets[:, None]).sum()
+        grads = torch.autograd.grad(score, [*record.logits, *record.weights])
+    half = len(record.logits)
+    softmax_bias = sum((w * g).sum() - (lo * gl).sum()
+                       for w, g, lo, gl in zip(record.weights, grads[half:], record.logits, grads[:half]))
+    assert abs(softmax_bias.item()) > 1e-6 * scores.abs().sum().item(), name
+    total = attnlrp.raw.sum() + softmax_bias
+    assert math.isclose(total.item(), scores.sum().item(), rel_tol=1e-9), name
 
 
 # --- parity with lxt, the reference implementation ---------------------------------------
