@@ -11,7 +11,7 @@
 import importlib
 
 #: Subpackages that ``explain.NAME`` imports on first use.
-_SUBMODULES = ("detectors", "methods", "metrics", "models", "passes", "tasks")
+_SUBMODULES = ("data", "detectors", "methods", "metrics", "models", "passes", "tasks")
 
 # Each public name, under the module it lives in: the one list of what `explain` exports
 # besides the methods, which `explain.methods` lists from the registry (METHODS_MODULE below).

@@ -123,8 +123,8 @@ class Explainer:
     (:mod:`explain.concurrency`): threads that share a model take turns. ``max_memory`` is the
     budget of the inner batches of a method that runs extra passes (such as ``"2GB"``;
     default: half the memory available on the device) and ``progress`` shows a progress bar
-    (True), none (False) or one where the call runs more than a few hundred passes (None); see
-    :mod:`explain.passes`.
+    (True), none (False) or one once a call of more than one pass has run a second (None);
+    see :mod:`explain.passes`.
 
     Subclasses set ``name`` (the registered method name), ``family`` and ``cost``, and
     implement ``_explain(images, targets, *, topk)``, which the call runs; the call itself
@@ -171,16 +171,35 @@ class Explainer:
     ) -> Explanation:
         """Explain ``targets`` (default: each image's top class) for a batch of images.
 
-        ``targets`` is a class id, a class name, a list with one of those per image (or with
-        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
-        each image's k best classes and gives maps of shape (N, k, H, W) ((N, k, D, H, W) for
-        volumes and videos, (N, k, L) for signals).
+        The call holds the model's lock (:mod:`explain.concurrency`): threads that share a
+        model take turns.
 
-        ``max_memory`` bounds the inner batches of a method that runs extra passes (a size
-        such as ``"2GB"``, or bytes; default: half the memory available on the device) and
-        ``progress`` shows a progress bar (True), none (False) or one where the call runs more
-        than a few hundred passes (None); see :mod:`explain.passes`. The call holds the
-        model's lock (:mod:`explain.concurrency`): threads that share a model take turns.
+        Parameters
+        ----------
+        images:
+            A float tensor, preprocessed as the model takes it: (N, C, H, W) images, or
+            (N, C, D, H, W) volumes and videos and (N, C, L) signals for the methods that
+            apply to them.
+        targets:
+            What to explain: None (each image's top class), a class id or name for every
+            image, one per image (a sequence or a tensor), a callable of the model's output
+            that returns one score per image, or a segmentation, detection or similarity
+            target object.
+        topk:
+            Explain each image's ``topk`` most probable classes in one call (the maps gain
+            a k axis after N: (N, k, H, W)); not with ``targets``.
+        max_memory:
+            What the method's extra passes may take at once, such as ``"2GB"`` or a number
+            of bytes (default: half the memory available on the images' device); see
+            :mod:`explain.passes`.
+        progress:
+            True: a progress bar at once; False: none; None: a bar once a call of more than
+            one pass has run a second.
+
+        Returns
+        -------
+        Explanation
+            The maps, at the input's size, with what they explain.
         """
         with model_lock(self.model), call_settings(max_memory, progress):
             return self._explain(images, targets, topk=topk)

@@ -14,10 +14,11 @@ long call shows while it runs, and how it stops.
   process; the search spends at most :data:`SEARCH_SHARE` of a call's rows, later calls
   going on with it. On a CPU that is a small batch (the bundled EfficientNet-Lite0 at 224 px: 8),
   where a larger one leaves the caches; on a GPU, a large one.
-- **Progress.** :class:`Passes` counts a call's rows: a tqdm bar where the call runs more
-  than :data:`PROGRESS_AFTER` of them and for longer than :data:`BAR_DELAY` (or at once
-  where ``progress=True``), and the :class:`PassListener` of :func:`pass_settings` (a batch
-  job's: the command line's bar) told of each inner batch.
+- **Progress.** :class:`Passes` counts a call's rows: a tqdm bar once the call has run for
+  :data:`BAR_DELAY` (any call of more than :data:`PROGRESS_AFTER` rows: a metric's few
+  hundred passes can take minutes on a CPU; at once where ``progress=True``), and the
+  :class:`PassListener` of :func:`pass_settings` (a batch job's: the command line's bar)
+  told of each inner batch.
 - **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
   fraction of a second, and the call restores the model on its way out. A batch job whose
   listener asks for a stop (:meth:`PassListener.should_stop`) gets :class:`StopRequested` there.
@@ -35,7 +36,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import math
-import re
 import sys
 import threading
 import time
@@ -47,6 +47,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from .options import parse_memory
 
 __all__ = [
     "MEMORY_SHARE",
@@ -71,9 +73,12 @@ __all__ = [
 
 #: The share of the available memory that a call's inner batches may take by default.
 MEMORY_SHARE = 0.5
-#: Calls that run more rows than this through the model show a progress bar by default.
-PROGRESS_AFTER = 256
-#: Seconds a call runs before its default progress bar shows.
+#: Calls that run more rows than this through the model show a progress bar by default, once
+#: they have run :data:`BAR_DELAY`: whether a call is long depends on the model and the device
+#: more than on its rows (deletion and insertion of one photo, 2 x 225 passes of the bundled
+#: model, took 2.5 minutes on a busy 2-core CPU), so every call of more than one row may show one.
+PROGRESS_AFTER = 1
+#: Seconds a call runs before its default progress bar shows: a long call's, not a flash.
 BAR_DELAY = 1.0
 #: On the CPU, inner batches stop at this many bytes (within the budget): the search for the
 #: fastest batch tries no larger one. Past the caches, larger batches cost memory and gain
@@ -99,23 +104,6 @@ PROBE_SECONDS = 0.5
 LONGEST_PASS = 1.0
 #: Bytes of the method's own per-row tensors (masks, scaled inputs, gradients), in inputs.
 INPUT_COPIES = 4
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "tib": 2**40,
-}
 
 
 class StopRequested(KeyboardInterrupt):
@@ -172,36 +160,12 @@ _label: contextvars.ContextVar[str] = contextvars.ContextVar("explain_pass_label
 _UNSET = object()
 
 
-def parse_memory(value) -> int | None:
-    """``value`` in bytes: an int or float of bytes, or text such as ``"2GB"``, ``"1.5 GiB"``
-    or ``"800M"`` (decimal units, and binary ones with an ``i``); None stays None.
-
-    >>> parse_memory("2GB"), parse_memory("512 MiB"), parse_memory(10**6)
-    (2000000000, 536870912, 1000000)
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"max_memory must be a size such as '2GB' or a number of bytes, got {value!r}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"max_memory must be a size such as '2GB', '512MiB' or a number of bytes, got {value!r}")
-        number, unit = float(match.group(1)), match.group(2).lower()
-    size = int(number * _UNITS[unit])
-    if size < 1 or not math.isfinite(number):
-        raise ValueError(f"max_memory must be a positive size such as '2GB', got {value!r}")
-    return size
-
-
 @contextmanager
 def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET) -> Iterator[Settings]:
     """Set, for the calls in the block (in this thread), the memory budget of their inner
-    batches (``max_memory``, see :func:`parse_memory`), whether they show a progress bar
-    (``progress``: None for the default) and the :class:`PassListener` that hears of their
-    inner batches and may stop them; what is not given stays as it was.
+    batches (``max_memory``, see :func:`~explain.options.parse_memory`), whether they show a
+    progress bar (``progress``: None for the default) and the :class:`PassListener` that hears
+    of their inner batches and may stop them; what is not given stays as it was.
 
     >>> with pass_settings(max_memory="1GB"):
     ...     memory_budget(torch.device("cpu"))

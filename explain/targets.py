@@ -15,6 +15,7 @@ __all__ = [
     "class_index",
     "class_logits",
     "custom_target",
+    "did_you_mean",
     "output_rows",
     "select_targets",
 ]
@@ -44,9 +45,21 @@ def class_index(name: str, class_names: Sequence[str] | None) -> int:
         return matches[0]
     if matches:
         raise ValueError(f"class name {name!r} is ambiguous (ids {matches}); pass the class id")
-    close = difflib.get_close_matches(name, list(class_names), n=5, cutoff=0.6)
-    hint = f"; did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(f"unknown class name {name!r}{hint}")
+    raise ValueError(f"unknown class name {name!r}{did_you_mean(name, class_names)}")
+
+
+def did_you_mean(name: str, class_names: Sequence[str]) -> str:
+    """The class names closest to ``name`` (case ignored), as the end of an error message ("" where
+    none is close).
+
+    >>> did_you_mean("Tabbby", ["tabby", "tiger cat", "espresso"])
+    "; did you mean: 'tabby'?"
+    """
+    names: dict[str, str] = {}
+    for known in class_names:
+        names.setdefault(known.lower(), known)
+    close = difflib.get_close_matches(name.lower(), list(names), n=5, cutoff=0.6)
+    return f"; did you mean: {', '.join(repr(names[c]) for c in close)}?" if close else ""
 
 
 def custom_target(targets: Targets) -> Callable[[Tensor], Tensor] | None:

@@ -2,6 +2,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 # Two test workers share the cores, and the CLI runs, notebook kernels and Ray workers they
@@ -25,6 +26,27 @@ os.environ["YOLO_CONFIG_DIR"] = _ULTRALYTICS
 os.environ["YOLO_OFFLINE"] = "1"
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "images"
+
+#: What the whole suite may take on the project's 2-core machine (`make test`,
+#: CONTRIBUTING.md); the run ends by saying how long it took against it.
+SUITE_BUDGET_SECONDS = 600
+_STARTED: list[float] = []
+
+
+def pytest_sessionstart(session):
+    _STARTED.append(time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The suite's own duration against its budget, on the run's last lines (not a worker's)."""
+    if hasattr(config, "workerinput") or not _STARTED or config.option.collectonly:
+        return
+    took = time.monotonic() - _STARTED[0]
+    verdict = "within" if took <= SUITE_BUDGET_SECONDS else "OVER"
+    terminalreporter.write_line(
+        f"suite duration: {took // 60:.0f} min {took % 60:02.0f} s, {verdict} the budget of "
+        f"{SUITE_BUDGET_SECONDS // 60} min on 2 cores (CONTRIBUTING.md); --durations=20 lists the slowest tests"
+    )
 
 
 @pytest.fixture(autouse=True)

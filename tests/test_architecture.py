@@ -26,12 +26,12 @@ CORE = (
     "explain.targets", "explain.explanation", "explain.checks", "explain.baselines", "explain.superpixels",
     "explain.regions", "explain.model_tasks", "explain.imagenet", "explain.drawing", "explain.images",
     "explain.options", "explain.errors", "explain.heap", "explain.concurrency", "explain.passes",
-    "explain.similarity", "explain.image_input",
+    "explain.similarity", "explain.image_input", "explain.data",
 )
 #: The layers, top to bottom. A module may import modules of its own layer or of lower
 #: ones, never of a higher one. A name covers a module and, for a package, all of it.
 LAYERS: list[tuple[str, ...]] = [
-    ("explain.cli",),                                                     # 1 the command line
+    ("explain.cli", "explain.__main__"),                                  # 1 the command line
     ("explain.ray_data",),                                                # 2 Ray Data for pipelines of one's own
     ("explain.batch",),                                                   # 3 the batch engine
     ("explain.evaluation", "explain.report", "explain.viewer", "explain.model_summary"),  # 4 scoring, reports, summaries

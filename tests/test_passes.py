@@ -4,6 +4,7 @@ batches that leaves the model as it was."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,15 +15,24 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ModelState, listening
 from torch import nn
 
 import explain
-from conftest import ModelState, listening
 from explain import passes
 from explain.hooks import preserved_state
 from explain.metrics import deletion
 from explain.passes import (
-    PROGRESS_AFTER, Passes, StopRequested, budget_rows, fastest_rows, inner_rows, parse_memory, pass_settings, row_bytes,
+    BAR_DELAY,
+    PROGRESS_AFTER,
+    Passes,
+    StopRequested,
+    budget_rows,
+    fastest_rows,
+    inner_rows,
+    parse_memory,
+    pass_settings,
+    row_bytes,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,8 +206,14 @@ def test_gradientshap_draws_from_the_same_distribution_whatever_the_budget():
 
 def test_progress_bars_show_where_documented(capsys):
     model, x = small_cnn(), images(1, 16)
-    explain.IntegratedGradients(model, n_steps=8)(x)  # 9 rows: silent by default
+    explain.IntegratedGradients(model, n_steps=8)(x)  # 9 rows in milliseconds: silent by default
     assert capsys.readouterr().err == ""
+    with Passes("slow", 2) as passes:  # a call of a few rows that runs longer than BAR_DELAY (a large model)
+        assert passes.bar is not None and passes.bar.delay == BAR_DELAY
+        passes.bar.start_t -= 2 * BAR_DELAY  # as if the first row had taken that long (tqdm's clocks)
+        passes.bar.last_print_t -= 2 * BAR_DELAY
+        passes.advance(1)
+    assert "slow:  50%" in capsys.readouterr().err
     explain.IntegratedGradients(model, n_steps=8)(x, progress=True)
     assert "ig" in capsys.readouterr().err
     with Passes("long", PROGRESS_AFTER + 1) as passes, Passes("short", PROGRESS_AFTER) as inner:
@@ -214,6 +230,32 @@ def test_progress_bars_show_where_documented(capsys):
     explanation = explain.GradCAM(model)(x)
     deletion(model, x, explanation, progress=True, max_memory="1GB")
     assert "deletion" in capsys.readouterr().err
+
+
+class Slow(nn.Module):
+    """A model whose every pass takes a while, as a large one on a CPU does."""
+
+    def __init__(self, model: nn.Module, seconds: float):
+        super().__init__()
+        self.model, self.seconds = model, seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.model(x)
+
+
+def test_a_metric_of_a_few_dozen_passes_shows_a_bar_once_it_runs_long(capsys):
+    """Deletion of one 16 x 16 image in 17 steps is silent when quick, and shows a bar by
+    default when its passes take longer than BAR_DELAY (2 x 225 passes of the bundled model
+    ran minutes in silence below the old 256-pass threshold)."""
+    model, x = small_cnn(), images(1, 16)
+    explanation = explain.GradCAM(model)(x)
+    deletion(model, x, explanation, step=16)
+    assert capsys.readouterr().err == ""
+    slow = Slow(model, BAR_DELAY / 4).eval()
+    with pass_settings(max_memory=4 * row_bytes(model, x, backward=False)):  # inner batches of a few rows
+        deletion(slow, x, explanation, step=16)
+    assert re.search(r"deletion: +\d+%", capsys.readouterr().err)
 
 
 def test_the_listener_hears_each_inner_batch_of_the_outermost_call():
@@ -303,7 +345,7 @@ SUBPROCESS = textwrap.dedent("""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).eval()
-    x = torch.rand(1, 3, 160, 160)
+    x = torch.rand(1, 3, 128, 128)
     with preserved_state(model):
         per_row = row_bytes(model, x, backward=True)
     explain.IntegratedGradients(model, n_steps=2)(x)   # the first call's own costs, before the baseline
@@ -323,7 +365,7 @@ SUBPROCESS = textwrap.dedent("""
     sampler = threading.Thread(target=sample)
     sampler.start()
     options = json.loads(sys.argv[1])
-    explain.IntegratedGradients(model, n_steps=48, **options["init"])(x, **options["call"])
+    explain.IntegratedGradients(model, n_steps=24, **options["init"])(x, **options["call"])
     done.set()
     sampler.join()
     print(json.dumps({"per_row": per_row, "growth": peak[0] - baseline}))
@@ -339,8 +381,9 @@ def _peak_growth(init: dict, call: dict) -> dict:
 
 
 def test_a_small_budget_bounds_the_peak_memory_of_a_subprocess():
-    # IG's 48 steps on resnet18 at 160 px: all in one pass, then under a budget of two rows.
-    whole = _peak_growth({"internal_batch_size": 48}, {})
+    # IG's 24 steps on resnet18 at 128 px (about 300 MB in one pass; 48 steps at 160 px took
+    # 4 times the compute to show the same): all in one pass, then under a budget of two rows.
+    whole = _peak_growth({"internal_batch_size": 24}, {})
     budget = 2 * whole["per_row"]
     bounded = _peak_growth({}, {"max_memory": budget})
     assert bounded["growth"] <= budget, (bounded, budget)

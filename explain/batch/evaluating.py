@@ -328,9 +328,10 @@ def page_rows(scores: list[dict], failures: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
-def run_evaluation(args: EvaluateOptions) -> int:
+def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
     """``explain evaluate``: check the options against the model, then compute the scores that are
-    missing under ``args.out``; returns the exit status."""
+    missing under ``args.out`` (of ``sources``: by default the images that ``args.inputs``
+    name); returns the exit status."""
     out_dir = Path(args.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
@@ -343,7 +344,8 @@ def run_evaluation(args: EvaluateOptions) -> int:
             raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
     options = metric_options(metrics, args.step)
     method_options = parse_method_options(args.method_options)
-    sources = collect_inputs(args.inputs, out_dir)
+    if sources is None:
+        sources = collect_inputs(args.inputs, out_dir)
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     if loaded.task != "classify":
         raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "

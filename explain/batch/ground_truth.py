@@ -47,10 +47,13 @@ def read_labels(path: Path, class_names: list[str]) -> dict[str, int]:
         image, label = cells[0].strip(), cells[1].strip()
         class_id = _class_id(label, ids, len(class_names))
         if class_id is None:
+            from ..targets import did_you_mean  # torch is loaded by now: the model named the classes
+
             example = class_names[0] if class_names else "0"
+            hint = did_you_mean(label, class_names) or f" (such as {example!r})"
             raise UsageError(
                 f"--labels {path} line {number}: {label!r} is neither a class id (0..{len(class_names) - 1}) "
-                f"nor a class name of the model (such as {example!r})"
+                f"nor a class name of the model{hint}"
             )
         labels[os.path.normpath(image)] = class_id
         labels[os.path.normpath(os.path.join(folder, image))] = class_id

@@ -76,7 +76,10 @@ class InputListing:
                 missing.append(f"{source.input} ({source.error})")
             self.failed += source.error is not None
         if not self.count:
-            raise UsageError(f"no images found in {' '.join(arguments)}")
+            raise UsageError(
+                f"no images found in {' '.join(arguments)}; folders are searched (recursively, hidden files "
+                f"left out) for files ending {extension_list(self.extensions)} (in any case)"
+            )
         self.root = present_root if present_root is not None else root
         if missing:
             shown = ", ".join(missing) + (", ..." if self.failed > len(missing) else "")
@@ -152,6 +155,20 @@ class InputListing:
             yield argument, None, "file not found"
         else:
             raise UsageError(f"{argument}: no such file or folder")
+
+
+#: The extensions a message about what folders are searched for names first.
+COMMON_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".npy")
+
+
+def extension_list(extensions: frozenset[str]) -> str:
+    """``extensions`` for a message: the common ones first, then the rest in order.
+
+    >>> extension_list(frozenset({".qoi", ".png", ".avif", ".jpg"}))
+    '.jpg, .png, .avif, .qoi'
+    """
+    common = [extension for extension in COMMON_EXTENSIONS if extension in extensions]
+    return ", ".join(common + sorted(extensions - set(common)))
 
 
 def utf8_name(name: str) -> str:

@@ -24,10 +24,10 @@ from .loop import for_each_batch
 from .manifest import MANIFEST, metric_table
 from .options import RunOptions
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
-from .page import colour_scales, page_run, write_page
+from .page import OriginalCopies, colour_scales, page_run, write_page
 from .planning import RunPlan
 from .preparation import PreparedRun, prepare_run
-from .progress import run_summary
+from .progress import label_summary, run_summary
 from .storage import OutputDeviceError, OutputFolder, device_errors
 
 
@@ -76,6 +76,8 @@ class LocalRun:
         # what index.html shows of the run's settings
         self.zoom = crop_zoom(prepared.loaded.preprocess)
         self.scales = colour_scales(prepared.settings, self.options.cmap, self.options.signed_cmap)
+        #: --copy-originals: the thumbnails index.html shows (None: links to the inputs)
+        self.originals = OriginalCopies(self.folder) if self.options.copy_originals else None
 
     def _record(self, rows: list[dict]) -> None:
         for row in rows:
@@ -96,7 +98,8 @@ class LocalRun:
                        self.zoom, self.scales)
         with device_errors(self.out_dir):
             write_manifest(self.out_dir / MANIFEST, planned if final else self.plan.all_rows())
-            write_page(self.folder, planned, run, format_summary(table, "html") if table else "")
+            write_page(self.folder, planned, run, format_summary(table, "html") if table else "",
+                       original=self.originals)
         self.reports_written = time.monotonic()
         self.reports_cost = self.reports_written - start
 
@@ -176,5 +179,6 @@ class LocalRun:
         return refused
 
     def _summary(self, images: int, elapsed: float) -> str:
-        return (f"{run_summary(self.plan.stats, images, elapsed, self.seconds)}; "
+        verdicts = label_summary(self.plan.planned_rows()) if self.options.labels is not None else ""
+        return (f"{run_summary(self.plan.stats, images, elapsed, self.seconds)}{verdicts}; "
                 f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")

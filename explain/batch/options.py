@@ -86,6 +86,9 @@ class RunOptions(ModelOptions):
     metrics: str | None = None
     #: --labels: a CSV of path,label (see explain.batch.ground_truth)
     labels: Path | None = None
+    #: --copy-originals: index.html shows thumbnails copied into the output folder, not links
+    #: to the inputs (see explain.batch.page.OriginalCopies)
+    copy_originals: bool = False
     engine: str = "local"
     address: str | None = None
     actors: int | None = None

@@ -104,6 +104,8 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     else:
         target = parse_task_target(args.target, task, loaded.class_names)
     metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
+    if args.metrics and args.metrics.strip().lower() == "all":  # every metric that needs no regions
+        metrics = [name for name in metrics if name not in LOCALISATION_METRICS]
     if any(name in LOCALISATION_METRICS for name in metrics):
         raise UsageError(
             f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "

@@ -37,9 +37,9 @@ from .inputs import InputListing
 from .manifest import MANIFEST, is_well_formed, manifest_row
 from .options import CheckedRun, RunOptions
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
-from .page import colour_scales, page_run, write_page
+from .page import OriginalCopies, colour_scales, page_run, write_page
 from .planning import finished_pairs
-from .progress import progress_bar, run_summary
+from .progress import label_summary, progress_bar, run_summary
 from .storage import OutputDeviceError, OutputFolder, append_whole, device_errors
 
 #: Images per plan file: Ray Data reads the plan file by file, a decode task per file.
@@ -381,7 +381,7 @@ class RayRun:
             run = page_run("explain run", summary, self.stats, seconds, end.images,
                            "complete" if end.completed else "interrupted", self.checked.zoom,
                            colour_scales(self.checked.settings, self.args.cmap, self.args.signed_cmap))
-            write_index(self.folder, self.manifest, run, metrics_html)
+            write_index(self.folder, self.manifest, run, metrics_html, self.args.copy_originals)
         except OutputDeviceError as error:
             end.refused = end.refused or error
         finally:
@@ -398,19 +398,29 @@ class RayRun:
         return remote_metric_summary(ray, self.folder.location if self.folder.filesystem else self.folder.root)
 
     def _summary(self, images: int, elapsed: float) -> str:
-        text = (f"{run_summary(self.stats, images, elapsed, self.seconds, ' on Ray')}; "
+        text = (f"{run_summary(self.stats, images, elapsed, self.seconds, ' on Ray')}{_verdicts(self)}; "
                 f"see {self.folder.shown('index.html')} and {self.folder.shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"
         return text
 
 
-def write_index(folder: OutputFolder, manifest: Path, run: PageRun, metrics_html: str) -> None:
-    """index.html of the manifest's first :data:`INDEX_LIMIT` images."""
+def _verdicts(run: RayRun) -> str:
+    """With --labels, the summary line's count of the mistakes, read from the run's manifest."""
+    if run.args.labels is None or not run.manifest.is_file():
+        return ""
+    with open(run.manifest, encoding="utf-8", errors="replace") as lines:
+        return label_summary(iter_json_records(lines))
+
+
+def write_index(folder: OutputFolder, manifest: Path, run: PageRun, metrics_html: str, copy: bool = False) -> None:
+    """index.html of the manifest's first :data:`INDEX_LIMIT` images (``copy``: with thumbnails
+    of the originals copied into the folder, --copy-originals)."""
     # On an object store every ok row's file was written or found by this run: asking for each
     # again would cost a request per image.
     exists = folder.is_file if folder.filesystem is None else (lambda output: True)
-    write_page(folder, _index_rows(manifest, INDEX_LIMIT), run, metrics_html, exists)
+    write_page(folder, _index_rows(manifest, INDEX_LIMIT), run, metrics_html, exists,
+               OriginalCopies(folder) if copy else None)
 
 
 def _index_rows(path: Path, limit: int) -> list[dict]:

@@ -1,4 +1,4 @@
-"""``explain methods`` and ``explain layers``."""
+"""``explain methods``, ``explain layers`` and ``explain samples``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 from ..batch.outcome import EXIT_OK
+from ..options import SAMPLE_PHOTOS
 
 METHOD_HEADER = ("method", "family", "layer", "cost per image and target", "description")
 #: Spaces between the columns of a table.
@@ -18,6 +19,13 @@ def methods_command(args) -> int:
 
     width = shutil.get_terminal_size().columns  # COLUMNS where set, else the terminal's, else 80
     print(fit_table(METHOD_HEADER, METHOD_ROWS, width - 1, wrapped=(1, 3, 4)), end="")
+    return EXIT_OK
+
+
+def samples_command(args) -> int:
+    """The folder of the sample photos (:func:`explain.data.sample_folder`), found without
+    importing :mod:`explain.data`, whose other data may need torch."""
+    print(Path(__file__).resolve().parents[1].joinpath(*SAMPLE_PHOTOS))
     return EXIT_OK
 
 

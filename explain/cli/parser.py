@@ -137,11 +137,20 @@ def _add_run_command(commands) -> None:
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
     _add_step_option(run)
+    run.set_defaults(handler="run:run_command")
+    _add_explorer_options(run)
+    _add_scaling_options(run)
+
+
+def _add_explorer_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--labels", type=Path, default=None, metavar="FILE",
                      help="the images' true classes, a CSV of path,label lines (label: a class id or name); "
-                     "each row then records whether the prediction is right, and index.html filters the mistakes")
-    run.set_defaults(handler="run:run_command")
-    _add_scaling_options(run)
+                     "each row then records whether the prediction is right, the summary counts the mistakes, "
+                     "and index.html filters them")
+    run.add_argument("--copy-originals", action="store_true",
+                     help="copy a thumbnail of each input image into --out/originals/ for index.html, so that the "
+                     "run folder can be moved or shared with its originals (by default index.html links the "
+                     "input images relatively from --out: they show only where the inputs are found from there)")
 
 
 def _add_scaling_options(run: argparse.ArgumentParser) -> None:
@@ -214,6 +223,14 @@ def _add_listing_commands(commands) -> None:
     layers.add_argument("--all", action="store_true", help="the full per-layer table and every candidate layer")
     _add_model_options(layers, with_model=False)
     layers.set_defaults(handler="listing:layers_command")
+
+    samples = commands.add_parser(
+        "samples", help="the folder of the sample photos installed with explain",
+        description="Print the folder that holds the sample photos installed with the package "
+        "(explain.data.sample_folder()), an input for a first run from any folder: "
+        'explain run "$(explain samples)" --out out',
+    )
+    samples.set_defaults(handler="listing:samples_command")
 
 
 def _add_inputs_and_model(parser: argparse.ArgumentParser, evaluate: bool = False) -> None:

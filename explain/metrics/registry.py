@@ -45,6 +45,7 @@ def _metric(name, function, needs, cost, higher_is_better, **extra_columns) -> M
     return Metric(name, function, needs, {name: (None, higher_is_better), **extra_columns}, cost)
 
 
+#: Every metric by name, each a :class:`Metric`, in the order :func:`metric_names` lists them.
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in [

@@ -22,6 +22,7 @@ from torchvision import transforms
 
 from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..options import BUNDLED_MODEL
+from .devices import checked_device
 from .files import read_state_dict
 
 __all__ = [
@@ -84,7 +85,9 @@ def load(
     *,
     device: torch.device | str = "cpu",
 ) -> tuple[nn.Module, Preprocess, list[str]]:
-    """Load a classifier in eval mode with its preprocessing and class names.
+    """Load a classifier in eval mode with its preprocessing and class names, onto ``device``
+    (one this machine lacks, such as ``"cuda"`` without CUDA, is a ``ValueError`` raised
+    before anything loads).
 
     Parameters
     ----------
@@ -107,7 +110,14 @@ def load(
     tuple
         ``(model, preprocess, class_names)``: ``preprocess`` turns a PIL image into a normalised (3, H, W) tensor;
         ``model.class_names`` is set too, so explainers accept class names as targets.
+
+    Examples
+    --------
+    >>> import explain
+    >>> model, preprocess, class_names = explain.models.load()  # doctest: +SKIP
+    >>> x = preprocess(explain.data.sample_image("coffee")).unsqueeze(0)  # doctest: +SKIP
     """
+    device = checked_device(device)
     if is_bundled(name):
         model, preprocess, classes = _load_bundled(weights)
     elif name.startswith(TIMM_PREFIX):
