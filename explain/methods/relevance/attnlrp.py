@@ -113,7 +113,9 @@ class AttnLRP(Attribution):
     :class:`~explain.NotApplicable` naming them.
 
     >>> import torchvision
-    >>> vit = torchvision.models.VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
+    >>> vit = torchvision.models.VisionTransformer(
+    ...     32, 8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32
+    ... )
     >>> result = AttnLRP(vit.eval())(torch.randn(1, 3, 32, 32))
     >>> result.raw.shape
     torch.Size([1, 3, 32, 32])
