@@ -137,7 +137,7 @@ FAMILIES = {"yolo": (yolov8n, (128, 160), "model.model.9"),
 # Every CAM and attribution whose definition applies to a box's score. CAM and Finer-CAM read
 # class logits; LRP's and Excitation Backprop's rules and the attention methods need other
 # models (YOLO adds and multiplies in forward, DETR attends).
-SKIP = {"cam", "finercam", "lrp", "attention-rollout", "attention-relevance", "legrad", "excitation-backprop",
+SKIP = {"cam", "finercam", "lrp", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "excitation-backprop",
         "c-excitation-backprop"}
 # One masked pass per channel of YOLO's 256-channel SPPF: Score-CAM stands for its variants.
 SLOW_ON_YOLO = {"sscam", "iscam", "ablationcam"}

@@ -43,7 +43,9 @@ CONTRASTIVE_REFUSED = {"squeezenet1_1"}
 SCORE_CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), explain.ScoreCAM)]
 
 CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))]
-ATTRIBUTIONS = [m for m in explain.method_names() if issubclass(explain.method_class(m), explain.Attribution)]
+# AttnLRP applies to transformers only (tests/test_attnlrp.py); it refuses these networks.
+ATTRIBUTIONS = [m for m in explain.method_names()
+                if issubclass(explain.method_class(m), explain.Attribution) and m != "attnlrp"]
 # The fewest passes that still exercise each attribution method's batching and hooks.
 CHEAP = {
     **CHEAP, "smoothgrad": {"n_samples": 3, "internal_batch_size": 2}, "vargrad": {"n_samples": 3, "internal_batch_size": 2},
@@ -173,7 +175,7 @@ def test_score_cams(arch):
 EMBEDDER_REFUSALS = {
     "clip": {"finercam", "cam", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad", "drise",
              "excitation-backprop", "c-excitation-backprop"},
-    "resnet18-embedder": {"finercam", "cam", "attention-rollout", "attention-relevance", "legrad", "drise",
+    "resnet18-embedder": {"finercam", "cam", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "drise",
                           "c-excitation-backprop"},  # no classifier for its dual unit
 }
 

@@ -24,6 +24,7 @@ METHOD_ROWS = (
     ('iscam', 'perturbation CAM', 'yes', '1 + C x n_samples (10) forward', "IS-CAM: Score-CAM with each channel's score integrated along a path of growing masks."),
     ('scorecam', 'perturbation CAM', 'yes', '1 + C forward (C channels at the layer)', 'Score-CAM: channels weighted by the class probability of the image masked by them.'),
     ('sscam', 'perturbation CAM', 'yes', '1 + C x n_samples (35) forward', "SS-CAM: Score-CAM with each channel's score averaged over noisy masks."),
+    ('attnlrp', 'gradient attribution', '-', '1 forward + 1 backward', "AttnLRP: the score handed back to the pixels by Layer-wise Relevance Propagation through a transformer's attention, layer norms and non-linearities."),
     ('blurig', 'gradient attribution', '-', '1 forward + steps (100) forward + backward', 'Blur IG: the gradient integrated along a path from a blurred image to the image.'),
     ('deconv', 'gradient attribution', '-', '1 forward + 1 backward', 'Deconvolution: the gradient passed through a ReLU of itself at every ReLU.'),
     ('deeplift', 'gradient attribution', '-', '1 forward + backward of 2 rows', "DeepLift: contributions to S(x) - S(x') by the rescale rule."),
