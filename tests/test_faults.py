@@ -116,6 +116,32 @@ def test_an_unreadable_subfolder_and_file_are_named_failures_with_their_reason(t
         load_rgb(tmp_path / "photos" / "red.png")
 
 
+def test_an_unreadable_subfolder_is_a_failed_row_and_fails_the_run(tmp_path, monkeypatch, capsys):
+    # stderr said "recorded as failed", but the run dropped the folder: no row, 0 failed, exit 0.
+    import os
+
+    _image(tmp_path / "photos")
+    _image(tmp_path / "photos" / "locked")
+    locked, scandir = str(tmp_path / "photos" / "locked"), os.scandir
+
+    def refusing(path="."):
+        if os.fspath(path) == locked:
+            raise PermissionError(13, "Permission denied", locked)
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+    out = tmp_path / "out"
+    assert main(["run", str(tmp_path / "photos"), "--out", str(out), "--workers", "0", "-q"]) == 1
+    captured = capsys.readouterr()
+    assert "1 input(s) cannot be read and are recorded as failed" in captured.err
+    assert "1 done now, 0 skipped (done before), 1 failed" in captured.out
+    by_input = {row["input"]: row for row in _rows(out)}
+    assert by_input[locked]["status"] == "failed"
+    assert by_input[locked]["error"] == "cannot list this folder: permission denied"
+    assert by_input[str(tmp_path / "photos" / "red.png")]["status"] == "ok"
+    assert read_page(out / "index.html")["run"]["counts"] == {"ok": 1, "skipped": 0, "failed": 1}
+
+
 def test_a_manifest_row_of_other_types_is_made_again_not_a_crash(tmp_path):
     _image(tmp_path / "photos")
     out = tmp_path / "out"

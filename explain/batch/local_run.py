@@ -52,10 +52,11 @@ def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None
 def _of_the_model_kind(sources: list[Source], kind_name: str) -> list[Source]:
     """The sources without the files found in folders that the model does not take (.npy
     arrays beside the images of an image model); files named on the command line stay, to
-    fail with the reason."""
+    fail with the reason, and so do the subfolders that could not be listed (a failed row
+    each, with the reason)."""
     kind = file_kind(kind_name)
     accepts = (lambda path: Path(path).suffix.lower() in IMAGE_EXTENSIONS) if kind is None else kind.accepts
-    return [source for source in sources if not source.listed or accepts(source.path)]
+    return [source for source in sources if not source.listed or source.error or accepts(source.path)]
 
 
 class LocalRun:
