@@ -53,6 +53,8 @@ def _photos(folder: Path) -> list[Path]:
             paths += [folder / photo.name, folder / "nested" / f"{photo.stem}_mirrored.jpg"]
     # A file name that is not UTF-8 (Latin-1 "é"), as archives and shared drives have them.
     noise_image(7, size=(300, 200)).save(folder / "nested" / os.fsdecode(b"nois\xe9.png"), format="PNG")
+    # A name near the file system's limit: its outputs' names are shortened, as locally.
+    noise_image(8).save(folder / "nested" / ("é" * 100 + "x" * 40 + ".png"))
     (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     return paths
 
@@ -95,7 +97,7 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
     local_out = capsys.readouterr().out
     assert main(["run", *options, "--out", "on_ray", "--engine", "ray", "--batch-size", "3"]) == 1
     ray_out = capsys.readouterr().out
-    assert summary_counts(ray_out) == summary_counts(local_out) == (36, 0, 8)
+    assert summary_counts(ray_out) == summary_counts(local_out) == (40, 0, 8)
 
     local, on_ray = tmp_path / "local", tmp_path / "on_ray"
     assert _files(on_ray) == _files(local)
@@ -118,7 +120,8 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
     shown = {m["output"] for m in page["maps"] if m["output"]}
     assert all(quote(row["output"]) in shown for row in ray_rows.values() if row["status"] == "ok")
     assert any(image["name"].endswith("nested/nois\\xe9.png") for image in page["images"])  # not UTF-8: escaped
-    assert page["run"]["counts"] == {"ok": 36, "skipped": 0, "failed": 8}
+    assert page["run"]["counts"] == {"ok": 40, "skipped": 0, "failed": 8}
+    assert sum("~" in name for name in _files(on_ray)) == 6  # two overlays and a .npz of each method
 
 
 def test_outputs_to_a_folder_given_by_uri(tmp_path, capsys):
@@ -226,6 +229,11 @@ def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monke
     (tmp_path / "in").mkdir()
     for i in range(4):
         noise_image(i).save(tmp_path / "in" / f"img{i}.png")
+    # Another run's output folder among the inputs: skipped, not explained
+    (tmp_path / "in" / "earlier").mkdir()
+    noise_image(9).save(tmp_path / "in" / "earlier" / "img0__gradcam__1-x.png")
+    (tmp_path / "in" / "earlier" / "manifest.jsonl").write_text("")
+    (tmp_path / "in" / "earlier" / "index.html").write_text("")
     real = explain.batch.ray_stages.explain_plan
 
     def losing_img2(*args, **kwargs):  # as when an actor dies on img2's batch past Ray's retries
@@ -235,7 +243,9 @@ def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monke
     monkeypatch.setattr(explain.batch.ray_stages, "explain_plan", losing_img2)
     os.chdir(tmp_path)
     assert main(["run", "in", "--out", "out", "--engine", "ray", "--batch-size", "1", "-q"]) == 1
-    assert summary_counts(capsys.readouterr().out) == (3, 0, 1)
+    captured = capsys.readouterr()
+    assert summary_counts(captured.out) == (3, 0, 1)
+    assert "explain: skipped in/earlier: the output folder of another run" in captured.err
     rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
     assert rows[("in/img2.png", "gradcam", "top1")]["error"].startswith("worker failed: Ray lost this image's batch")
     monkeypatch.undo()

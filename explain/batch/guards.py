@@ -20,10 +20,11 @@ from typing import Any
 from PIL import Image
 
 from ..errors import UsageError
+from .inputs import RUN_FOLDER_LEASE
 from .storage import OutputFolder
 
 #: The lease of a run on a folder given by URI, a JSON object in the folder.
-LEASE = ".explain.lock"
+LEASE = RUN_FOLDER_LEASE
 #: How long a lease holds unless renewed; the running driver renews it every third of that.
 LEASE_SECONDS = 60.0
 #: How long a new lease settles before its holder reads it back: of two runs that both found

@@ -33,7 +33,7 @@ from ..report import TEMP_SUFFIX, iter_json_records, manifest_line, remove_temp_
 from ..viewer import PageRun
 from .ground_truth import row_marker
 from .guards import StopFlag, leased_run, sole_run
-from .inputs import InputListing
+from .inputs import PLAN_PREFIX, InputListing
 from .manifest import MANIFEST, is_well_formed, manifest_row
 from .options import CheckedRun, RunOptions
 from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
@@ -52,7 +52,6 @@ BLOCK_BYTES = 1 << 20
 PUBLISH_SECONDS = 30
 #: index.html shows at most this many images (the manifest has them all).
 INDEX_LIMIT = 100_000
-PLAN_PREFIX = ".explain-ray-plan-"
 #: The end of the name of the folder beside a plan where its actors keep their batches' rows.
 ROWS_SUFFIX = "-rows"
 
