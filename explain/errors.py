@@ -27,3 +27,14 @@ def is_out_of_memory(error: BaseException) -> bool:
 def out_of_memory_reason(reason: str) -> bool:
     """Whether a failure recorded as ``"Type: message"`` is memory running out."""
     return reason.startswith(("OutOfMemoryError:", "MemoryError")) or "can't allocate memory" in reason
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type's name where it has none (a bare
+    ``MemoryError()``).
+
+    >>> first_line(RuntimeError("shape mismatch\\nat layer 3")), first_line(MemoryError())
+    ('shape mismatch', 'MemoryError')
+    """
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

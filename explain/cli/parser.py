@@ -15,7 +15,7 @@ from PIL import Image
 
 from .. import __version__
 from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USAGE
-from ..errors import UsageError, is_out_of_memory
+from ..errors import UsageError, first_line, is_out_of_memory
 from ..options import BUNDLED_MODEL, LOCALISATION_METRICS, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
 from .common import non_negative_int, positive_int
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         if not is_out_of_memory(error):
             raise
         # Before the first batch: loading the model, checking the methods.
-        print(f"explain: error: out of memory before any image was explained ({str(error).splitlines()[0]}); "
+        print(f"explain: error: out of memory before any image was explained ({first_line(error)}); "
               "this is the device's limit, not a mistake in the options: free the device's memory, pick a smaller "
               "model or fewer methods, or pass --device cpu", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
