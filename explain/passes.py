@@ -231,14 +231,13 @@ def with_pass_options(function: Callable) -> Callable:
 def available_memory(device: torch.device) -> int:
     """Bytes available on ``device``: free device memory on CUDA; on the CPU, the kernel's
     estimate of what can be allocated without swapping (``MemAvailable``), within the
-    process's cgroup limit where one is set."""
+    process's cgroup limit and its address-space limit (``ulimit -v``) where they are set."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         # What torch's allocator holds but does not use is free for this process too.
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    available = _meminfo_available()
-    limit = _cgroup_room()
-    return min(available, limit) if limit is not None else available
+    limits = [_meminfo_available(), _cgroup_room(), _address_space_room()]
+    return min(limit for limit in limits if limit is not None)
 
 
 def _meminfo_available() -> int:
@@ -255,6 +254,25 @@ def _meminfo_available() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 8 * 2**30  # unknown: as if on an 8 GB machine
+
+
+def _address_space_room() -> int | None:
+    """What the process's address-space limit (``ulimit -v``, ``RLIMIT_AS``) leaves it: the
+    limit less what the process has mapped; None where there is no limit. Under such a limit
+    the CPU allocator fails long before the machine's memory runs out."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return max(0, soft - int(line.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError):
+        pass
+    return None
 
 
 def _cgroup_room() -> int | None:

@@ -118,6 +118,25 @@ def test_out_of_memory_before_the_first_image_is_exit_3_whatever_the_message(tmp
         assert ("(MemoryError)" if isinstance(error, MemoryError) else f"({CPU_ALLOCATION_FAILED})") in message
 
 
+@pytest.mark.parametrize("weights", ["weights.pth", "weights.safetensors", "model.pt"])
+def test_memory_running_out_while_loading_weights_is_no_damaged_file(tmp_path, monkeypatch, capsys, weights):
+    # A failed CPU allocation in torch.load read as "not a state dict ..., or a damaged one" (exit 2).
+    import safetensors.torch
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError(CPU_ALLOCATION_FAILED)
+
+    monkeypatch.setattr(torch, "load", out_of_memory)
+    monkeypatch.setattr(safetensors.torch, "load_file", out_of_memory)
+    (tmp_path / weights).write_bytes(b"weights")
+    model = ["--model", str(tmp_path / weights), "--trust-model-file"] if weights == "model.pt" else [
+        "--model", "resnet18", "--weights", str(tmp_path / weights)]
+    assert main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path / "out"), *model]) == 3
+    error = capsys.readouterr().err
+    assert error.startswith(f"explain: error: out of memory before any image was explained ({CPU_ALLOCATION_FAILED}); ")
+    assert "damaged" not in error
+
+
 def test_a_list_line_of_the_longest_length_is_still_read(tmp_path, capsys):
     from explain.batch.inputs import MAX_LIST_LINE, collect_inputs
 
@@ -313,3 +332,27 @@ def test_a_fifo_and_symlink_loops_are_failed_rows_and_the_run_goes_on(tmp_path):
     assert set(rows) == {"ok.png", "pipe.png", "a.png", "b.png"}
     assert rows["ok.png"]["status"] == "ok" and rows["pipe.png"]["error"] == "not a regular file"
     assert all("symbolic links" in rows[name]["error"] for name in ("a.png", "b.png"))
+
+
+def test_images_that_fail_for_memory_running_out_say_so_and_exit_3(tmp_path, monkeypatch, capsys):
+    # Under an address-space limit every image failed with the allocator's raw text, exit 1.
+    from explain.methods import cam_base
+
+    capture = cam_base.BaseCAM.capture
+
+    def no_memory(self, images, *args, **kwargs):
+        if images.flatten(2).std(dim=2).max() == 0:  # the blank image of the checks
+            return capture(self, images, *args, **kwargs)
+        raise RuntimeError(f"[enforce fail at alloc_cpu.cpp:117] . {CPU_ALLOCATION_FAILED}. Error code 12")
+
+    monkeypatch.setattr(cam_base.BaseCAM, "capture", no_memory)
+    out = tmp_path / "out"
+    assert main(["run", str(REPO / "data" / "images"), "--out", str(out), "--batch-size", "2", "--workers", "0",
+                 "-q"]) == 3
+    rows = _rows(out)
+    assert len(rows) == 4 and {(r["status"], r["error"]) for r in rows} == {
+        ("failed", "out of memory: the CPU allocator could not have 784 MiB more")}
+    error = capsys.readouterr().err
+    assert "gradcam: out of memory: the CPU allocator could not have 784 MiB more" in error
+    assert error.splitlines()[-1].startswith("explain: error: 4 output(s) failed for out of memory: this is the "
+                                             "device's limit, not the images'")

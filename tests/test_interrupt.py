@@ -136,3 +136,49 @@ def test_ctrl_c_before_the_first_batch_exits_130_without_a_traceback(tmp_path, c
     monkeypatch.setattr(preparation, "load_model", interrupted)  # Ctrl-C while the model loads
     assert main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path / "out")]) == 130
     assert capsys.readouterr().err.strip() == "explain: interrupted before any image was explained"
+
+
+def test_sigterm_stops_a_run_as_the_first_ctrl_c_does_with_status_143(tmp_path, capsys, monkeypatch, heavy_method):
+    # SIGTERM (docker stop, kill, a scheduler's timeout) ended the run at once: no summary, the
+    # page left "in progress", the finished rows only in the last periodic write.
+    from explain.viewer import read_page
+
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        noise_image(i).save(tmp_path / "in" / f"p{i}.png")
+    inner_batches = []
+
+    def each_inner_batch(self, images):
+        if images.flatten(2).std(dim=2).max() > 0:  # not the blank image of the checks
+            inner_batches.append(len(images))
+            if len(inner_batches) == 6 + 2:  # the second photo's second inner batch
+                signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(heavy_method, "each_inner_batch", each_inner_batch)
+    monkeypatch.chdir(tmp_path)
+    handler = signal.getsignal(signal.SIGTERM)
+    command = ["run", "in", "--out", "out", "--method", "gradcam,heavypasses", "-b", "1", "--workers", "0"]
+    assert main(command) == 143
+    assert len(inner_batches) == 8 and signal.getsignal(signal.SIGTERM) == handler
+    captured = capsys.readouterr()
+    assert "explain: terminated: stopping after" in captured.err
+    assert "interrupted, run the same command again to finish" in captured.out
+    rows = read_rows(tmp_path / "out" / "manifest.jsonl")
+    assert [(row["input"], row["method"], row["status"]) for row in rows] == [
+        ("in/p0.png", "gradcam", "ok"), ("in/p0.png", "heavypasses", "ok"), ("in/p1.png", "gradcam", "ok")]
+    assert read_page(tmp_path / "out" / "index.html")["run"]["state"] == "interrupted"
+    assert main(command) == 0
+    assert summary_counts(capsys.readouterr().out) == (3, 3, 0)
+
+
+def test_sigterm_before_the_first_batch_exits_143_without_a_traceback(tmp_path, capsys, monkeypatch):
+    from explain.batch import preparation
+
+    def terminated(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)  # while the model loads
+
+    monkeypatch.setattr(preparation, "load_model", terminated)
+    handler = signal.getsignal(signal.SIGTERM)
+    assert main(["run", str(REPO / "data" / "images"), "--out", str(tmp_path / "out")]) == 143
+    assert capsys.readouterr().err.strip() == "explain: terminated before any image was explained"
+    assert signal.getsignal(signal.SIGTERM) == handler

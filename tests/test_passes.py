@@ -345,3 +345,20 @@ def test_a_small_budget_bounds_the_peak_memory_of_a_subprocess():
     bounded = _peak_growth({}, {"max_memory": budget})
     assert bounded["growth"] <= budget, (bounded, budget)
     assert whole["growth"] > 4 * bounded["growth"] + 100 * 2**20, (whole, bounded)
+
+
+def test_the_cpu_budget_keeps_within_the_address_space_limit(monkeypatch):
+    # Under `ulimit -v 4G` the budget came from free RAM alone: every inner batch sized from it
+    # failed in the CPU allocator, and with it every image.
+    import resource
+
+    real = resource.getrlimit
+    with open("/proc/self/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    limit = mapped + 300 * 2**20
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else real(which))
+    assert 200 * 2**20 < passes.available_memory(torch.device("cpu")) <= 300 * 2**20
+    with pass_settings():
+        assert passes.memory_budget(torch.device("cpu")) <= 150 * 2**20

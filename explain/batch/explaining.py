@@ -11,7 +11,7 @@ from functools import partial
 
 from torch import Tensor
 
-from ..errors import is_out_of_memory
+from ..errors import failure_reason, is_out_of_memory
 from ..evaluation import score
 from ..report import TEMP_NAME_BYTES
 from .decoding import ModelInputs
@@ -70,7 +70,7 @@ class GroupExplainer:
             raise_if_out_of_memory([error], len(work))  # several images: explained in halves
             outcome = Outcome()
             for cam in self.pending(work):
-                self.fail(outcome, work, range(1), cam, f"{type(error).__name__}: {error}")
+                self.fail(outcome, work, range(1), cam, failure_reason(error))
             return outcome
         return self.outputs.explain(self, work, model_input, pictures)
 

@@ -28,15 +28,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import UsageError, out_of_memory_reason
 from ..report import TEMP_SUFFIX, iter_json_records, manifest_line, remove_temp_files
 from ..viewer import PageRun
 from .ground_truth import row_marker
-from .guards import StopFlag, leased_run, sole_run
+from .guards import StopFlag, leased_run, sole_run, terminated_as_interrupt
 from .inputs import PLAN_PREFIX, InputListing
 from .manifest import MANIFEST, is_well_formed, manifest_row
 from .options import CheckedRun, RunOptions
-from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
+from .outcome import exit_code, interrupted_summary, out_of_memory_note, report_failure, stopped_summary
 from .page import colour_scales, page_run, write_page
 from .planning import finished_pairs
 from .progress import progress_bar, run_summary
@@ -112,17 +112,20 @@ def run_on_ray(args: RunOptions) -> int:
                 remove_temp_files(folder.root)
             leftovers = folder.names(PLAN_PREFIX)  # read for their rows, then removed (RayRun)
         started = connect(ray, args.address)
-        try:
-            from .ray_stages import actor_resources, remote_prepare
+        # ray.init's SIGTERM handlers (sys.exit, and the core worker's, which prints a native
+        # stack) give way to ours: SIGTERM stops the run as Ctrl-C does.
+        with terminated_as_interrupt():
+            try:
+                from .ray_stages import actor_resources, remote_prepare
 
-            checked = remote_prepare(ray, args)
-            if checked.messages:
-                print(checked.messages, end="", file=sys.stderr)
-            run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked), leftovers)
-            return run.execute(ray)
-        finally:
-            if started:
-                ray.shutdown()
+                checked = remote_prepare(ray, args)
+                if checked.messages:
+                    print(checked.messages, end="", file=sys.stderr)
+                run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked), leftovers)
+                return run.execute(ray)
+            finally:
+                if started:
+                    ray.shutdown()
 
 
 def earlier_lines(folder: OutputFolder, leftovers: list[str]) -> Iterator[str]:
@@ -145,6 +148,8 @@ class DriverEnd:
     interrupted: bool = False
     completed: bool = False
     refused: OutputDeviceError | None = None
+    #: Whether SIGTERM stopped it (exit status 143, not 130).
+    terminated: bool = False
 
 
 class PlanFiles:
@@ -211,6 +216,7 @@ class RayRun:
         self.leftovers = list(leftovers)
         self.methods, self.labels = checked.methods, checked.labels
         self.stats = {"ok": 0, "skipped": 0, "failed": 0}
+        self.out_of_memory = 0  # outputs failed for memory running out
         self.seconds: dict[str, float] = {}  # method -> its time in this run, on the actors
         # The manifest is appended to on this machine: in the folder itself, or for a folder
         # given by URI in a working copy that is uploaded now and then and at the end.
@@ -280,6 +286,7 @@ class RayRun:
         reported = set()
         for row in rows:
             self.stats[row["status"]] += 1
+            self.out_of_memory += row["status"] == "failed" and out_of_memory_reason(row.get("error") or "")
             if row.get("seconds") is not None:
                 self.seconds[row["method"]] = self.seconds.get(row["method"], 0.0) + row["seconds"]
             if report and row["status"] == "failed" and (row["input"], row["error"]) not in reported:
@@ -322,7 +329,10 @@ class RayRun:
             print(f"explain: error: {end.refused}", file=sys.stderr)
             summary = stopped_summary(end.refused, counts)
         print(summary)
-        return exit_code(self.stats["failed"], not end.completed, device_error=end.refused is not None)
+        if self.out_of_memory:
+            print(out_of_memory_note(self.out_of_memory), file=sys.stderr)
+        return exit_code(self.stats["failed"], not end.completed, device_error=end.refused is not None,
+                         out_of_memory=self.out_of_memory > 0, terminated=end.terminated)
 
     def _execute(self, ray, end: DriverEnd) -> None:
         inputs, finished = self._finished_pairs()
@@ -346,6 +356,7 @@ class RayRun:
                 end.interrupted = True
             finally:
                 progress.close()
+                end.terminated = stop.terminated
 
     def _explain(self, ray, out, stop: StopFlag, progress, end: DriverEnd) -> None:
         """The plan's images on Ray, their rows appended as they come."""
@@ -375,7 +386,7 @@ class RayRun:
         metrics_text = ""
         try:
             self._publish()
-            metrics_text, metrics_html = self._metric_summary(ray) if end.completed and self.checked.metrics \
+            metrics_text, metrics_html = metric_summary(ray, self.folder) if end.completed and self.checked.metrics \
                 else ("", "")
             run = page_run("explain run", summary, self.stats, seconds, end.images,
                            "complete" if end.completed else "interrupted", self.checked.zoom,
@@ -388,20 +399,21 @@ class RayRun:
                 shutil.rmtree(self.manifest.parent, ignore_errors=True)
         return metrics_text
 
-    def _metric_summary(self, ray) -> tuple[str, str]:
-        """--metrics: the summary table (text and HTML) of the manifest's values, made in a Ray
-        task (the metrics' directions live beside torch)."""
-        from .ray_stages import remote_metric_summary
-
-        # Absolute: Ray's workers do not share this process's working directory.
-        return remote_metric_summary(ray, self.folder.location if self.folder.filesystem else self.folder.root)
-
     def _summary(self, images: int, elapsed: float) -> str:
         text = (f"{run_summary(self.stats, images, elapsed, self.seconds, ' on Ray')}; "
                 f"see {self.folder.shown('index.html')} and {self.folder.shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"
         return text
+
+
+def metric_summary(ray, folder: OutputFolder) -> tuple[str, str]:
+    """--metrics: the summary table (text and HTML) of the values in the folder's manifest,
+    made in a Ray task (the metrics' directions live beside torch)."""
+    from .ray_stages import remote_metric_summary
+
+    # Absolute: Ray's workers do not share this process's working directory.
+    return remote_metric_summary(ray, folder.location if folder.filesystem else folder.root)
 
 
 def write_index(folder: OutputFolder, manifest: Path, run: PageRun, metrics_html: str) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 from PIL import Image
 
 from .. import __version__
-from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USAGE
+from ..batch.guards import Terminated, terminated_as_interrupt
+from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_TERMINATED, EXIT_USAGE
 from ..errors import UsageError, first_line, is_out_of_memory
 from ..options import BUNDLED_MODEL, LOCALISATION_METRICS, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
 from .common import non_negative_int, positive_int
@@ -26,7 +27,7 @@ def console_main() -> None:
     (about a second): its files are written and closed by then, the Ray engine's cluster shut
     down, and a user who pressed Ctrl-C waits for nothing else."""
     status = main()
-    if status == EXIT_INTERRUPTED:
+    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
@@ -37,13 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module, function = args.handler.split(":")
     try:
-        return getattr(importlib.import_module(f".{module}", __package__), function)(args)
+        with terminated_as_interrupt():  # SIGTERM stops as Ctrl-C does, with status 143
+            return getattr(importlib.import_module(f".{module}", __package__), function)(args)
     except UsageError as error:
         print(f"explain: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # before the first batch (loading the model, checking the methods)
-        print("\nexplain: interrupted before any image was explained", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interrupt:  # before the first batch (loading the model, checking the methods)
+        terminated = isinstance(interrupt, Terminated)
+        print(f"\nexplain: {'terminated' if terminated else 'interrupted'} before any image was explained",
+              file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader left (`explain layers MODEL --all | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs advise
         return EXIT_FAILED
