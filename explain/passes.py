@@ -20,7 +20,9 @@ long call shows while it runs, and how it stops.
   :func:`pass_settings` (the command line's bar) told of each inner batch.
 - **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
   fraction of a second, and the call restores the model on its way out. A batch job that
-  asks for a stop (``stop=`` of :func:`pass_settings`) gets :class:`StopRequested` there.
+  asks for a stop (``stop=`` of :func:`pass_settings`) gets :class:`StopRequested` there, and
+  within an inner batch at the next layer of the model, forward or backward (whatever the
+  inner batch's size: the memory budget's, or a loaded machine's seconds).
 
 Every explainer's call and every metric take ``max_memory=`` and ``progress=``; a block of
 calls takes them from :func:`pass_settings`::
@@ -513,6 +515,64 @@ def inner_rows(
 # -- progress and stops
 
 
+class _LayerStops:
+    """A stop asked for (the ``stop=`` test of :func:`pass_settings`) is answered within a layer
+    of the model, not after a whole inner batch (which takes seconds at a large memory budget,
+    and many more on a loaded machine): while a call that has a stop test runs its passes,
+    every module of the process checks the test before its forward (a global forward
+    pre-hook) and, on autograd's graph, when its output's gradient arrives in the backward
+    pass (a hook on the output tensor), and raises :class:`StopRequested` there. The hooks
+    are the process's while some such call runs (counted, for threads), and act only for the
+    thread whose call it is; without a stop test (the library's calls) there are none."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._users = 0
+        self._handles: list = []
+
+    def acquire(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        with self._guard:
+            self._users += 1
+            if self._users == 1:
+                self._handles = [
+                    register_module_forward_pre_hook(_stop_before_layer),
+                    register_module_forward_hook(_stop_in_backward),
+                ]
+
+    def release(self) -> None:
+        with self._guard:
+            self._users -= 1
+            if self._users == 0:
+                for handle in self._handles:
+                    handle.remove()
+                self._handles = []
+
+
+_layer_stops = _LayerStops()
+
+
+def _stop_before_layer(module: nn.Module, args) -> None:
+    passes = _running.get()
+    if passes is not None:
+        passes.check_stop()
+
+
+def _stop_in_backward(module: nn.Module, args, output) -> None:
+    passes = _running.get()
+    if passes is None or passes.stop is None or not torch.is_grad_enabled():
+        return
+    # The backward pass may run in autograd's own threads (CUDA): the call is held here.
+    for tensor in output if isinstance(output, (tuple, list)) else (output,):
+        if isinstance(tensor, Tensor) and tensor.requires_grad:
+            tensor.register_hook(functools.partial(_stop_on_gradient, passes))
+
+
+def _stop_on_gradient(passes: Passes, gradient: Tensor) -> None:
+    passes.check_stop()
+
+
 class Passes:
     """The rows one call runs through its model: a progress bar where the call is long (or
     ``progress=True``), the listener of :func:`pass_settings` told of each inner batch, and a
@@ -548,16 +608,27 @@ class Passes:
                 delay=0.0 if wanted else BAR_DELAY,
             )
         self._token: contextvars.Token[Passes | None] | None = None
+        self._stops_in_layers = False
 
     def __enter__(self) -> Passes:
         self._token = _running.set(self)
+        self._stops_in_layers = self.stop is not None and self.outer is None
+        if self._stops_in_layers:
+            _layer_stops.acquire()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        if self._stops_in_layers:
+            _layer_stops.release()
         if self._token is not None:
             _running.reset(self._token)
         if self.bar is not None:
             self.bar.close()
+
+    def check_stop(self) -> None:
+        """Raise :class:`StopRequested` where the stop test of :func:`pass_settings` asks for a stop."""
+        if self.stop is not None and self.stop():
+            raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
 
     def advance(self, rows: int) -> None:
         """``rows`` more rows ran; raise :class:`StopRequested` where a stop was asked for."""
@@ -567,8 +638,7 @@ class Passes:
         if self.outer is None and self.listener is not None:
             self.listener(self.method, self.done, max(self.total, self.done))
         between_passes()
-        if self.stop is not None and self.stop():
-            raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
+        self.check_stop()
 
 
 def advance(rows: int) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import explain
-from conftest import ModelState
+from conftest import ModelState, ModelSteps
 from explain import passes
 from explain.hooks import preserved_state
 from explain.metrics import deletion
@@ -253,6 +253,30 @@ def test_a_stop_between_inner_batches_leaves_the_model_as_it_was(method, options
             explain.explainer(method, model, internal_batch_size=2, **options)(x)
     assert len(asked) == 3  # it stopped at the first inner batch after the request
     state.assert_unchanged()
+
+
+@pytest.mark.parametrize("method, points", [
+    ("scorecam", [("forward", 1), ("forward", 1500)]),
+    ("sscam", [("forward", 800)]),
+    ("rise", [("forward", 800)]),
+    ("ig", [("forward", 800), ("backward", 1), ("backward", 600)]),
+])
+def test_a_stop_is_answered_within_a_layer_at_any_point_of_a_heavy_method(bundled, photos, method, points):
+    # The stop was asked only between inner batches: one inner batch at a large memory budget
+    # on a loaded 2-core machine took ~9 s. Default settings on the bundled model (266 module
+    # calls a forward pass): after the stop is asked for, not one more layer runs.
+    model = bundled[0]
+    image = photos[1][:1]
+    explainer = explain.explainer(method, model)
+    state = ModelState(model)
+    for kind, at in points:
+        with ModelSteps(kind, at) as counted, pass_settings(stop=lambda: counted.asked):
+            with pytest.raises(StopRequested, match=f"^{method}: stopped after"):
+                explainer(image)
+        assert counted.asked and counted.after == 0, (kind, at, counted.steps, counted.after)
+        state.assert_unchanged()
+    assert not torch.nn.modules.module._global_forward_pre_hooks  # the stop's hooks are gone
+    assert not torch.nn.modules.module._global_forward_hooks
 
 
 def test_a_metric_stops_between_its_batches_too():

@@ -176,18 +176,18 @@ def terminated_as_interrupt() -> Iterator[None]:
 
 
 class StopFlag:
-    """The first Ctrl-C or SIGTERM: the running method stops within a layer of its model (the
+    """The first Ctrl-C or SIGTERM: the running method stops at the next layer of its model (the
     ``stop=`` test of :func:`~explain.passes.pass_settings` reads :attr:`set`), the writes
-    under way finish, and the run stops (``after``: what the message says it stops after);
+    under way finish, and the run stops (``how``: what the message says of the stop);
     :attr:`signal` says which signal it was (SIGTERM: exit status 143, else 130). A second
     signal of either kind: stop now (``KeyboardInterrupt``)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, after: str = "the current inner batch"):
+    def __init__(self, how: str = "the running method stops at its next layer; what is finished is kept"):
         self.set = False
         self.signal: int | None = None
-        self.after = after
+        self.how = how
         self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
 
     @property
@@ -206,9 +206,9 @@ class StopFlag:
             raise KeyboardInterrupt  # a second signal: stop now
         self.set, self.signal = True, signum
         if signum == signal.SIGTERM:
-            print(f"\nexplain: terminated: stopping after {self.after} (a second signal stops now)", file=sys.stderr)
+            print(f"\nexplain: terminated: stopping: {self.how} (a second signal stops now)", file=sys.stderr)
         else:
-            print(f"\nexplain: stopping after {self.after} (Ctrl-C again to stop now)", file=sys.stderr)
+            print(f"\nexplain: stopping: {self.how} (Ctrl-C again to stop now)", file=sys.stderr)
 
     def __exit__(self, *exc_info):
         for number, previous in self._previous.items():

@@ -91,8 +91,9 @@ def _add_run_command(commands) -> None:
         "run", formatter_class=DefaultsOnceFormatter, help="write heatmap overlays for images, folders and lists",
         description="Write one heatmap overlay per image, method and target under --out, with "
         "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
-        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory before the first image, "
-        "4 the output folder's disk refused a write (full, read-only), 130 interrupted.",
+        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory (before the first image, "
+        "or outputs that failed for it), 4 the output folder's disk refused a write (full, read-only), "
+        "130 interrupted (Ctrl-C), 143 terminated (SIGTERM).",
     )
     _add_inputs_and_model(run)
     run.add_argument("--method", "-m", default="gradcam",
@@ -169,7 +170,8 @@ def _add_evaluate_command(commands) -> None:
         "scores.csv (one row per image, method, target and metric column), failures.csv, curves.jsonl, "
         "summary.csv, summary.md and plots/*.png; prints the summary (mean ± std per method and metric, * marks "
         "the best). Re-running skips the scores already in scores.csv. Exit status: 0 all ok, 1 some images "
-        "or metrics failed, 2 usage error, 3 out of memory before the first image, 130 interrupted.",
+        "or metrics failed, 2 usage error, 3 out of memory before the first image, 130 interrupted (Ctrl-C), "
+        "143 terminated (SIGTERM).",
     )
     _add_inputs_and_model(scoring, evaluate=True)
     scoring.add_argument("--methods", "--method", "-m", default="gradcam",
