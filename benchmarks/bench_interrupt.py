@@ -2,7 +2,7 @@
 checks cost a method that is not stopped.
 
     python benchmarks/bench_interrupt.py [--methods scorecam,sscam,rise,ig] [--after 1,4,8]
-        [--budgets default,4GB] [--baseline OLD_CHECKOUT] [--repeats 3] [--cost-methods scorecam,ig]
+        [--budgets default,4GB] [--baseline OLD_CHECKOUT] [--repeats 3] [--cost-methods scorecam,ig] [--ray]
 
 1. Answer time: for each method (default settings, bundled model, two photos of data/images,
    one batch) and memory budget (``default``: the run's own; a size: ``--max-memory``), runs
@@ -15,6 +15,11 @@ checks cost a method that is not stopped.
    test that never stops (``pass_settings(stop=...)``, as ``explain run`` calls it: the
    per-layer checks on) and without (the library's calls), alternating ``--repeats`` times;
    the ratio of the medians (goal: at most 1.02).
+
+3. With ``--ray``: ``explain run --engine ray`` (Grad-CAM and Saliency on 48 noise images, a
+   local Ray) sent Ctrl-C once rows reach its manifest, or twice 0.3 s apart: the seconds
+   from the (last) signal to the exit, the exit status, and the overlays on disk without a
+   manifest row (goal: none after the first Ctrl-C), ``--repeats`` runs each.
 
 Prints markdown tables. Other processes on the same cores distort the numbers.
 """
@@ -85,6 +90,46 @@ def answer_time(checkout: Path, method: str, budget: str, after: float) -> tuple
         return answered, proc.returncode, whole
 
 
+def ray_answer(checkout: Path, signals: int, images: int = 48) -> tuple[float, int, int, int]:
+    """``explain run --engine ray`` (Grad-CAM and Saliency, batches of 2) on noise images, sent
+    ``signals`` SIGINTs (0.3 s apart) once rows reach its manifest: seconds from the last
+    signal to its exit, its exit status, the overlays on disk and those without a row."""
+    import numpy as np
+    from PIL import Image
+
+    with tempfile.TemporaryDirectory(prefix="bench-interrupt-ray-") as folder:
+        root = Path(folder)
+        (root / "in").mkdir()
+        rng = np.random.default_rng(0)
+        for i in range(images):
+            Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(root / "in" / f"img{i:03d}.png")
+        command = [sys.executable, "-m", "explain.cli", "run", "in", "--out", "out", "--engine", "ray", "--method",
+                   "gradcam,saliency", "--batch-size", "2", "-q"]
+        env = dict(os.environ, PYTHONPATH=str(checkout))
+        proc = subprocess.Popen(command, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        manifest = root / "out" / "manifest.jsonl"
+        try:
+            deadline = time.monotonic() + 600
+            while not (manifest.is_file() and manifest.read_text().count('"status": "ok"') >= 4):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the Ray run ended before it could be interrupted")
+                time.sleep(0.05)
+            for i in range(signals):
+                if i:
+                    time.sleep(0.3)
+                proc.send_signal(signal.SIGINT)
+            sent = time.perf_counter()
+            proc.wait(timeout=300)
+            answered = time.perf_counter() - sent
+        finally:
+            proc.kill()
+            proc.wait()
+        overlays = {p.relative_to(root / "out").as_posix() for p in (root / "out").rglob("*.png")
+                    if p.parent.name != "index-data"}
+        rows = {json.loads(line).get("output") for line in manifest.read_text().splitlines() if line.endswith("}")}
+        return answered, proc.returncode, len(overlays), len(overlays - rows)
+
+
 def check_cost(method: str, repeats: int) -> tuple[float, float]:
     """Median seconds of ``method`` on one photo with the per-layer stop checks on and off."""
     import torch
@@ -115,6 +160,7 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="an older checkout to time the same way")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cost-methods", default="scorecam,ig", help="methods whose checks are timed ('': none)")
+    parser.add_argument("--ray", action="store_true", help="also time Ctrl-C of runs on Ray (the ray extra)")
     args = parser.parse_args()
     methods = args.methods.split(",")
     points = [float(a) for a in args.after.split(",")]
@@ -130,6 +176,17 @@ def main() -> None:
                 clean = all(code == 130 and whole for _, code, whole in found)
                 print(f"| {name} | {method} | {budget} | {' / '.join(seconds)} | **{max(t for t, _, _ in found):.2f}** "
                       f"| {'yes' if clean else [(code, whole) for _, code, whole in found]} |", flush=True)
+    if args.ray:
+        print("\n| code | Ray run, Ctrl-C | seconds from the signal to the exit (runs) | exit | overlays, "
+              "without a row |")
+        print("|---|---|---|---|---|")
+        for name, checkout in checkouts:
+            for signals in (1, 2):
+                found = [ray_answer(checkout, signals) for _ in range(args.repeats)]
+                print(f"| {name} | {'first' if signals == 1 else 'second'} | "
+                      f"{' / '.join(f'{t:.1f}' for t, _, _, _ in found)} | "
+                      f"{', '.join(sorted({str(code) for _, code, _, _ in found}))} | "
+                      f"{' / '.join(f'{n}, {lost}' for _, _, n, lost in found)} |", flush=True)
     cost_methods = [m for m in args.cost_methods.split(",") if m]
     if cost_methods:
         print("\n| method | seconds without the checks | with | ratio |")

@@ -5,6 +5,7 @@ driver, and a driver that plans without torch."""
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -309,3 +310,55 @@ def test_method_options_reach_the_actors_and_a_changed_one_redoes_its_method(tmp
         "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=3"}
     assert main([*options, "-M", "ig:n_steps=-1"]) == 2
     assert "--method-option ig:n_steps=-1: n_steps must be a positive int" in capsys.readouterr().err
+
+
+def test_ctrl_c_and_sigterm_keep_every_row_whose_files_were_written_and_a_rerun_redoes_none(tmp_path, capsys,
+                                                                                          monkeypatch):
+    # Ctrl-C of a Ray run dropped the rows the actors had kept: 64 overlays, 32 rows, and the
+    # rerun wrote the 32 finished overlays again. Interrupted three times at different points
+    # (after the first batch received, after the second, SIGTERM after the first), each rerun
+    # starting from the last: every overlay on disk has its row, none is written twice.
+    from explain.batch import ray_driver
+    from explain.batch.ray_driver import PLAN_PREFIX
+
+    IMAGES = 40  # one a batch: the actors cannot finish them all before the driver's first look
+
+    (tmp_path / "in").mkdir()
+    for i in range(IMAGES):
+        noise_image(i, size=(24, 20)).save(tmp_path / "in" / f"img{i:02d}.png")
+    os.chdir(tmp_path)
+    command = ["run", "in", "--out", "out", "--engine", "ray", "--method", "gradcam,saliency", "--batch-size", "1",
+               "-q"]
+    receive, received = ray_driver.RayRun._receive, []
+
+    def overlays() -> dict[str, int]:
+        return {p.relative_to(tmp_path / "out").as_posix(): p.stat().st_mtime_ns
+                for p in (tmp_path / "out").rglob("*.png") if p.parent.name != DATA_FOLDER}
+
+    written: dict[str, int] = {}
+    for signum, after in ((signal.SIGINT, 1), (signal.SIGINT, 3), (signal.SIGTERM, 2)):
+        def interrupting(self, out, item, *args, signum=signum, after=after):
+            receive(self, out, item, *args)
+            received.append(bool(item and item[0]))
+            if sum(received) == after and received[-1]:
+                signal.raise_signal(signum)
+
+        received.clear()
+        monkeypatch.setattr(ray_driver.RayRun, "_receive", interrupting)
+        assert main(command) == 128 + signum
+        captured = capsys.readouterr()
+        assert "interrupted, run the same command again to finish" in captured.out
+        assert "SIGTERM received" not in captured.err  # Ray's native stack
+        rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
+        now = overlays()
+        assert {row["output"] for row in rows.values()} == set(now)  # no row lost, none without its file
+        assert all(now[name] == mtime for name, mtime in written.items())  # none written again
+        assert len(written) < len(now) < 2 * IMAGES, "the run made nothing, or everything, before it stopped"
+        written = now
+        assert not [p for p in (tmp_path / "out").glob(PLAN_PREFIX + "*")]
+    monkeypatch.setattr(ray_driver.RayRun, "_receive", receive)
+    assert main(command) == 0
+    done, skipped, failed = summary_counts(capsys.readouterr().out)
+    assert (skipped, done + skipped, failed) == (len(written), 2 * IMAGES, 0)
+    assert all(overlays()[name] == mtime for name, mtime in written.items())
+    assert len(_by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))) == 2 * IMAGES

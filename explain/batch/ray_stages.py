@@ -13,13 +13,15 @@ import math
 import os
 import uuid
 import warnings
-from contextlib import contextmanager, redirect_stderr, suppress
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext, redirect_stderr, suppress
 from functools import lru_cache
 
 import numpy as np
 
 from ..errors import UsageError
 from .options import CheckedRun, RunOptions
+from .ray_stream import BUSY_SUFFIX, ROWS_FILE_SUFFIX, STOP_FILE
 
 #: CPUs a decode task reserves (it mostly waits on the disk and Pillow).
 DECODE_CPUS = 0.5
@@ -102,8 +104,8 @@ def explain_plan(
     rows_folder: str | None = None,
 ):
     """The rows (dicts) of the plan's images (parquet files in ``plan_dir``, on ``filesystem``:
-    pyarrow's, or None for a local folder), a batch at a time as the actors finish them; the
-    actors also keep each batch's rows in ``rows_folder`` of the output folder."""
+    pyarrow's, or None for a local folder), a batch at a time as the actors finish them, with
+    the files in ``rows_folder`` of the output folder where the actors also keep them."""
     plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
     decoded = plan.map_batches(
         decode_files,
@@ -130,7 +132,7 @@ def explain_plan(
         for row, refused in zip(rows, batch["refused"], strict=True):
             if refused:  # the output folder's device refused its files: the driver stops the run
                 row["refused"] = True
-        yield rows
+        yield rows, sorted({str(name) for name in batch["kept"] if name})
 
 
 def remote_metric_summary(ray, location: str) -> tuple[str, str]:
@@ -240,6 +242,7 @@ class ExplainingActor:
 
         from .explaining import GroupExplainer
         from .preparation import prepare_run
+        from .storage import OutputFolder
 
         torch.set_num_threads(threads)
         with redirect_stderr(io.StringIO()):  # the driver has printed the notes once
@@ -248,23 +251,96 @@ class ExplainingActor:
         self.model_lock = threading.Lock()
         #: Where each batch's rows go as soon as its files are written (see WriteActor).
         self.rows_folder = rows_folder
+        #: Whether the driver asked the run to stop (its first Ctrl-C), read from the rows folder
+        self.stopping = StopMarker(OutputFolder(options.out), rows_folder) if rows_folder else None
 
     @contextmanager
     def explaining(self):
         """The block in which a call explains: the model's lock held, the run's memory budget
-        (``--max-memory``) for the methods' inner batches, and no progress bars of theirs."""
+        (``--max-memory``) for the methods' inner batches, no progress bars of theirs, and the
+        driver's stop (:class:`StopMarker`) asked within their passes, at each layer."""
         from ..passes import pass_settings
 
-        with self.model_lock, pass_settings(max_memory=self.explainer.options.max_memory, progress=False):
+        with (
+            self.model_lock,
+            pass_settings(max_memory=self.explainer.options.max_memory, progress=False, stop=self.stopping),
+            self.stopping.watched() if self.stopping is not None else nullcontext(),
+        ):
             yield
+
+
+#: How often an actor looks for the stop file while a call explains.
+STOP_LOOK_SECONDS = 0.25
+
+
+class StopMarker:
+    """The stop of a run's actors: whether the driver wrote its stop file
+    (:data:`~explain.batch.ray_stream.STOP_FILE`) in the run's rows folder. :meth:`look` looks
+    at the folder; while a call explains (:meth:`watched`) a thread looks every
+    :data:`STOP_LOOK_SECONDS`, and once it sees the file says the stop is pending
+    (:func:`~explain.passes.stop_pending`), so the running method stops at its next layer.
+    Called, it is the methods' stop test: what was seen, without looking again."""
+
+    def __init__(self, folder, rows_folder: str):
+        import threading
+
+        self.folder, self.name = folder, f"{rows_folder}/{STOP_FILE}"
+        self.seen = False
+        self._guard = threading.Lock()
+        self._end_pending: Callable[[], None] | None = None
+
+    def __call__(self) -> bool:
+        return self.seen
+
+    def look(self) -> bool:
+        """Whether the stop file is there (once seen, it stays seen)."""
+        if not self.seen:
+            with suppress(OSError):
+                found = self.folder.is_file(self.name)
+                if found:
+                    from ..passes import stop_pending
+
+                    with self._guard:
+                        if not self.seen:
+                            self.seen, self._end_pending = True, stop_pending()
+        return self.seen
+
+    @contextmanager
+    def watched(self):
+        """The block of a call that explains, a thread looking for the stop meanwhile."""
+        import threading
+
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(STOP_LOOK_SECONDS) and not self.look():
+                pass
+
+        watcher = threading.Thread(target=watch, daemon=True, name="explain-stop-watch")
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
+            with self._guard:
+                if self._end_pending is not None:
+                    self._end_pending()
+                    self._end_pending = None
 
 
 class WriteActor(ExplainingActor):
     """``explain run --engine ray``'s actor: explains a batch of the plan with the local engine's
     :class:`~explain.batch.explaining.GroupExplainer`, writes the overlays, and returns the
-    manifest rows (as JSON lines). The rows of each batch are also written at once, beside the
-    plan (``rows_folder``), so that a driver killed before they reach it loses no finished
-    output: the next run reads them back (:func:`~explain.batch.ray_driver.run_on_ray`).
+    manifest rows (as JSON lines) with the name of the file that keeps them: the rows of each
+    batch are also written at once, beside the plan (``rows_folder``), so that a driver killed,
+    or stopped, before they reach it loses no finished output (the driver removes the file once
+    the rows are in the manifest; a stopped driver and the next run read the rest back,
+    :mod:`~explain.batch.ray_stream`).
+
+    While a call works it keeps a ``.busy`` file in the rows folder; once the driver asks for a
+    stop (:class:`StopMarker`), the methods stop at their next layer, the call writes what
+    finished and its rows, and later calls explain nothing.
 
     Two calls run at once (:data:`CALLS_PER_ACTOR`): the model explains one batch (under the
     lock) while the other batch's overlays are drawn and written, as the local engine's writer
@@ -272,8 +348,28 @@ class WriteActor(ExplainingActor):
 
     def __call__(self, batch: dict) -> dict:
         from ..report import manifest_line
+        from .storage import OutputFolder
+
+        folder = OutputFolder(self.explainer.options.out)
+        busy = f"{self.rows_folder}/{uuid.uuid4().hex}{BUSY_SUFFIX}" if self.rows_folder else None
+        try:
+            if busy is not None:
+                folder.write(busy, b"")  # before the look at the stop file: the driver waits for it
+            if self.stopping is not None and self.stopping.look():
+                return _returned([], [], "")
+            rows, refused = self._explain_batch(folder, batch)
+            lines = [manifest_line(row) for row in rows]
+            kept = self._keep_rows(folder, lines)
+            return _returned(lines, [manifest_line(row) for row in refused], kept)
+        finally:
+            if busy is not None:
+                with suppress(Exception):
+                    folder.remove(busy)
+
+    def _explain_batch(self, folder, batch: dict) -> tuple[list[dict], list[dict]]:
+        """The rows of a batch's outputs, and those whose files the folder's device refused."""
         from .inputs import Source
-        from .storage import OutputDeviceError, OutputFolder
+        from .storage import OutputDeviceError
 
         explainer = self.explainer
         by_name = {cam.name: cam for cam in explainer.prepared.explainers}
@@ -292,7 +388,6 @@ class WriteActor(ExplainingActor):
         ]
         rows: list[dict] = []
         refused: list[dict] = []  # the rows whose files the output folder's device refused (a full disk)
-        folder = OutputFolder(explainer.options.out)
         try:
             decoded = decoded_groups(batch)
             for i, error in decoded.failures:
@@ -301,6 +396,8 @@ class WriteActor(ExplainingActor):
             jobs = []
             with self.explaining():
                 for positions, images in decoded.groups:
+                    if self.stopping is not None and self.stopping():
+                        break  # the driver stops: the groups left are the next run's
                     outcome = explainer.explain([work[p] for p in positions], images)
                     rows += outcome.failed
                     jobs += outcome.jobs
@@ -320,20 +417,29 @@ class WriteActor(ExplainingActor):
                         rows += explainer.failed_rows(
                             source, cam.name, f"worker failed: {type(error).__name__}: {error}"
                         )
-        lines = [manifest_line(row) for row in rows]
-        self._keep_rows(folder, lines)
-        return {
-            "row": np.array(lines + [manifest_line(row) for row in refused], dtype=object),
-            "refused": np.array([False] * len(rows) + [True] * len(refused)),
-        }
+        return rows, refused
 
-    def _keep_rows(self, folder, lines: list[str]) -> None:
-        if self.rows_folder and lines:
-            # e.g. a full disk: the rows still reach the driver, only a kill loses them
-            with suppress(Exception):
-                folder.write(
-                    f"{self.rows_folder}/{uuid.uuid4().hex}.jsonl", "".join(line + "\n" for line in lines).encode()
-                )
+    def _keep_rows(self, folder, lines: list[str]) -> str:
+        """Write the rows to a file of their own in the rows folder; its name ("" where none)."""
+        if not (self.rows_folder and lines):
+            return ""
+        name = f"{self.rows_folder}/{uuid.uuid4().hex}{ROWS_FILE_SUFFIX}"
+        try:
+            folder.write(name, "".join(line + "\n" for line in lines).encode())
+        except Exception:  # e.g. a full disk: the rows still reach the driver, only a kill loses them
+            return ""
+        return name
+
+
+def _returned(lines: list[str], refused: list[str], kept: str) -> dict:
+    """A call's columns: each row (a JSON line), whether the device refused its files, and the
+    file in the rows folder that keeps the rows (the driver removes it once they are in the
+    manifest)."""
+    return {
+        "row": np.array(lines + refused, dtype=object),
+        "refused": np.array([False] * len(lines) + [True] * len(refused), dtype=bool),
+        "kept": np.array([kept] * (len(lines) + len(refused)), dtype=object),
+    }
 
 
 def metric_summary(location: str) -> tuple[str, str]:
