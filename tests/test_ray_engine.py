@@ -238,8 +238,8 @@ def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monke
     real = explain.batch.ray_stages.explain_plan
 
     def losing_img2(*args, **kwargs):  # as when an actor dies on img2's batch past Ray's retries
-        for rows in real(*args, **kwargs):
-            yield [row for row in rows if row["input"] != "in/img2.png"]
+        for rows, kept in real(*args, **kwargs):
+            yield [row for row in rows if row["input"] != "in/img2.png"], kept
 
     monkeypatch.setattr(explain.batch.ray_stages, "explain_plan", losing_img2)
     os.chdir(tmp_path)
@@ -316,12 +316,13 @@ def test_ctrl_c_and_sigterm_keep_every_row_whose_files_were_written_and_a_rerun_
                                                                                           monkeypatch):
     # Ctrl-C of a Ray run dropped the rows the actors had kept: 64 overlays, 32 rows, and the
     # rerun wrote the 32 finished overlays again. Interrupted three times at different points
-    # (after the first batch received, after the second, SIGTERM after the first), each rerun
-    # starting from the last: every overlay on disk has its row, none is written twice.
+    # (once 2, 6 and, by SIGTERM, 4 more overlays are on disk, whether or not their batch reached
+    # the driver), each rerun starting from the last: every overlay on disk has its row, none is
+    # written twice, and the run's Ray execution ends with it (nothing is written afterwards).
     from explain.batch import ray_driver
     from explain.batch.ray_driver import PLAN_PREFIX
 
-    IMAGES = 40  # one a batch: the actors cannot finish them all before the driver's first look
+    IMAGES = 16  # one a call: the actors cannot finish them all before the driver's look
 
     (tmp_path / "in").mkdir()
     for i in range(IMAGES):
@@ -336,11 +337,11 @@ def test_ctrl_c_and_sigterm_keep_every_row_whose_files_were_written_and_a_rerun_
                 for p in (tmp_path / "out").rglob("*.png") if p.parent.name != DATA_FOLDER}
 
     written: dict[str, int] = {}
-    for signum, after in ((signal.SIGINT, 1), (signal.SIGINT, 3), (signal.SIGTERM, 2)):
-        def interrupting(self, out, item, *args, signum=signum, after=after):
-            receive(self, out, item, *args)
-            received.append(bool(item and item[0]))
-            if sum(received) == after and received[-1]:
+    for signum, after in ((signal.SIGINT, 2), (signal.SIGINT, 6), (signal.SIGTERM, 4)):
+        def interrupting(self, out, item, *args, signum=signum, after=after, before=len(written)):
+            receive(self, out, item, *args)  # called every 0.1 s while the driver waits
+            if not received and len(overlays()) >= before + after:
+                received.append(signum)
                 signal.raise_signal(signum)
 
         received.clear()
@@ -353,7 +354,7 @@ def test_ctrl_c_and_sigterm_keep_every_row_whose_files_were_written_and_a_rerun_
         now = overlays()
         assert {row["output"] for row in rows.values()} == set(now)  # no row lost, none without its file
         assert all(now[name] == mtime for name, mtime in written.items())  # none written again
-        assert len(written) < len(now) < 2 * IMAGES, "the run made nothing, or everything, before it stopped"
+        assert received and len(written) < len(now) < 2 * IMAGES, "nothing made, or everything, before the stop"
         written = now
         assert not [p for p in (tmp_path / "out").glob(PLAN_PREFIX + "*")]
     monkeypatch.setattr(ray_driver.RayRun, "_receive", receive)

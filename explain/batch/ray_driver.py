@@ -39,7 +39,7 @@ from .page import colour_scales, page_run, write_page
 from .planning import finished_pairs
 from .progress import progress_bar, run_summary
 from .ray_files import ROWS_SUFFIX, DriverManifest, PlanFiles
-from .ray_stream import Stream, ask_actors_to_stop, kept_lines, kept_row_files, kept_rows, wait_for_calls
+from .ray_stream import CLOSE_SECONDS, Stream, ask_actors_to_stop, kept_lines, kept_row_files, kept_rows, wait_for_calls
 from .storage import OutputDeviceError, OutputFolder
 
 #: Ray Data's block size for the run: a decoded batch (16 images at 224 px: 2.4 MB) is passed
@@ -147,6 +147,9 @@ class DriverEnd:
     terminated: bool = False
     #: Whether the manifest holds every row the actors kept (their rows folder may go).
     kept_taken: bool = False
+    #: Whether Ray Data's execution may still run (its actors may write rows yet: the rows
+    #: folder, with its stop file, is left to the next run).
+    executing: bool = False
 
 
 class RayRun:
@@ -221,7 +224,7 @@ class RayRun:
             counts = self._summary(end.images, time.perf_counter() - started)
             summary = counts if end.completed else interrupted_summary(counts)
             metrics_text = self._finish(ray, end, summary, time.perf_counter() - started)
-            if end.kept_taken:  # else the next run reads them
+            if end.kept_taken and not end.executing:  # else the next run reads them
                 self.folder.remove_folder(self.plan.rows_name)
         if metrics_text:
             print(metrics_text)
@@ -270,6 +273,7 @@ class RayRun:
         stream = Stream(ray_stages.explain_plan(ray, self.folder.path(self.plan.name), self.folder.filesystem,
                                                 self.args.with_absolute_paths(), self.checked, self.resources,
                                                 rows_folder=self.plan.rows_name))
+        wait = 0.0  # a second Ctrl-C or an error: Ray's execution is ended, not waited for
         try:
             while not stop.set:
                 try:
@@ -281,12 +285,12 @@ class RayRun:
                 ask_actors_to_stop(self.folder, self.plan.rows_name)
                 wait_for_calls(self.folder, self.plan.rows_name,
                                lambda: self._receive(out, stream.get(), progress, end, received))
+            wait = CLOSE_SECONDS
         except StopIteration:  # the stream ended while the actors stopped
-            pass
-        except KeyboardInterrupt:
-            stream.close(wait=0)  # a second Ctrl-C: Ray goes with the driver
-            raise
-        stream.close()
+            wait = CLOSE_SECONDS
+        finally:
+            stream.close(wait)
+            end.executing = not stream.ended
 
     def _receive(self, out, item, progress, end: DriverEnd, received: set[int]) -> None:
         """Append one batch's rows (``item``: the rows and the files the actors kept them in,

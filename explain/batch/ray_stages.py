@@ -102,10 +102,10 @@ def explain_plan(
     checked: CheckedRun,
     resources: dict,
     rows_folder: str | None = None,
-):
-    """The rows (dicts) of the plan's images (parquet files in ``plan_dir``, on ``filesystem``:
-    pyarrow's, or None for a local folder), a batch at a time as the actors finish them, with
-    the files in ``rows_folder`` of the output folder where the actors also keep them."""
+) -> ExplainedPlan:
+    """The execution on Ray Data of the plan's images (parquet files in ``plan_dir``, on
+    ``filesystem``: pyarrow's, or None for a local folder), the actors keeping each batch's
+    rows in ``rows_folder`` of the output folder too."""
     plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
     decoded = plan.map_batches(
         decode_files,
@@ -127,12 +127,36 @@ def explain_plan(
             max_task_retries=ACTOR_TASK_RETRIES,
             **resources,
         )
-    for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
-        rows = [json.loads(line) for line in batch["row"]]
-        for row, refused in zip(rows, batch["refused"], strict=True):
-            if refused:  # the output folder's device refused its files: the driver stops the run
-                row["refused"] = True
-        yield rows, sorted({str(name) for name in batch["kept"] if name})
+    return ExplainedPlan(explained)
+
+
+class ExplainedPlan:
+    """A plan explained on Ray Data: iterated, the rows (dicts) of its images a batch at a time
+    as the actors finish them, with the files of the rows folder that keep them too;
+    :meth:`shutdown` ends the execution from another thread (the thread that iterates then
+    sees its end)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        for batch in self.dataset.iter_batches(batch_size=None, batch_format="numpy"):
+            rows = [json.loads(line) for line in batch["row"]]
+            for row, refused in zip(rows, batch["refused"], strict=True):
+                if refused:  # the output folder's device refused its files: the driver stops the run
+                    row["refused"] = True
+            yield rows, sorted({str(name) for name in batch["kept"] if name})
+
+    def shutdown(self) -> bool:
+        """End the execution: its tasks cancelled and its actors killed (a stopped run has
+        waited for the calls under way). Whether it could: Ray Data (2.60) keeps the
+        execution's executor on the dataset once its first batch has come, and breaking off
+        an iteration, the only public way, must happen in the iterating thread."""
+        executor = getattr(self.dataset, "_current_executor", None)
+        if executor is None:
+            return False
+        executor.shutdown(force=True)
+        return True
 
 
 def remote_metric_summary(ray, location: str) -> tuple[str, str]:

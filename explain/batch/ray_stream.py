@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import suppress
 
 from ..report import iter_json_records
@@ -46,46 +46,49 @@ _END = object()
 
 
 class Stream:
-    """The items of an iterator (Ray Data's stream of rows), read by a daemon thread into a
-    short queue: :meth:`get` waits a bounded time, so the caller answers Ctrl-C at once.
-    :meth:`close` asks the thread to stop; it closes the iterator (Ray Data shuts its execution
-    down) at its next item, waited for at most :data:`CLOSE_SECONDS`."""
+    """The items of an iterable (the rows of :class:`~explain.batch.ray_stages.ExplainedPlan`),
+    read by a daemon thread into a short queue: :meth:`get` waits a bounded time, so the caller
+    answers Ctrl-C at once. :meth:`close` ends the iterable's execution where it can
+    (``shutdown()``: Ray Data's, its actors killed), else the thread stops at its next item,
+    and waits for the thread at most ``wait`` seconds; :attr:`ended` says whether it did."""
 
-    def __init__(self, items: Iterator):
+    def __init__(self, items: Iterable):
         self._items = items
         self._queue: queue.Queue = queue.Queue(maxsize=4)
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._read, daemon=True, name="explain-ray-stream")
         self._thread.start()
 
+    @property
+    def ended(self) -> bool:
+        """Whether the thread has ended (the iterable's execution with it)."""
+        return not self._thread.is_alive()
+
     def _read(self) -> None:
+        items = iter(self._items)
         try:
-            for item in self._items:
-                while not self._closing.is_set():
-                    try:
-                        self._queue.put((item, None), timeout=WAIT_SECONDS)
-                        break
-                    except queue.Full:
-                        continue
-                if self._closing.is_set():
+            for item in items:
+                if not self._put((item, None)):
                     break
         except BaseException as error:  # handed to the reader, which raises it
-            self._put_last((None, error))
+            self._put((None, error))
             return
         finally:
-            close = getattr(self._items, "close", None)
+            close = getattr(items, "close", None)
             if close is not None:
                 with suppress(Exception):  # the execution is going away anyway
                     close()
-        self._put_last((_END, None))
+        self._put((_END, None))
 
-    def _put_last(self, item) -> None:
+    def _put(self, item) -> bool:
+        """Queue ``item`` unless the stream is closing; whether it was queued."""
         while not self._closing.is_set():
             try:
                 self._queue.put(item, timeout=WAIT_SECONDS)
-                return
+                return True
             except queue.Full:
                 continue
+        return False
 
     def get(self, timeout: float = WAIT_SECONDS):
         """The next item; :data:`None` where none came within ``timeout``; raises
@@ -101,8 +104,12 @@ class Stream:
         return item
 
     def close(self, wait: float = CLOSE_SECONDS) -> None:
-        """Ask the thread to stop and close the iterator; wait for it at most ``wait`` seconds."""
+        """End the iterable's execution and the thread; wait for it at most ``wait`` seconds."""
         self._closing.set()
+        shutdown = getattr(self._items, "shutdown", None)
+        if shutdown is not None:
+            with suppress(Exception):  # e.g. Ray already gone
+                shutdown()
         self._thread.join(wait)
 
 
