@@ -21,9 +21,8 @@ long call shows while it runs, and how it stops.
 - **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
   fraction of a second, and the call restores the model on its way out. A batch job that
   asks for a stop (``stop=`` of :func:`pass_settings`) gets :class:`StopRequested` there, and
-  once it says the stop is pending (:func:`stop_pending`) at the next layer of the model,
-  forward or backward, whatever the inner batch's size (the memory budget's, or a loaded
-  machine's seconds).
+  within an inner batch at the next layer of the model, forward or backward (whatever the
+  inner batch's size: the memory budget's, or a loaded machine's seconds).
 
 Every explainer's call and every metric take ``max_memory=`` and ``progress=``; a block of
 calls takes them from :func:`pass_settings`::
@@ -67,7 +66,6 @@ __all__ = [
     "parse_memory",
     "pass_settings",
     "row_bytes",
-    "stop_pending",
     "timed_chunks",
     "with_pass_options",
 ]
@@ -518,14 +516,14 @@ def inner_rows(
 
 
 class _LayerStops:
-    """A pending stop is answered within a layer of the model, not after a whole inner batch
-    (which takes seconds at a large memory budget, and many more on a loaded machine): from
-    :func:`stop_pending` on, every module of the process checks the stop test of the call
-    running in its thread (the ``stop=`` of :func:`pass_settings`) before its forward (a
-    global forward pre-hook) and, on autograd's graph, when its output's gradient arrives in
-    the backward pass (a hook on the output tensor), and raises :class:`StopRequested` there.
-    The hooks exist only while a stop is pending (counted, for threads): a call that is not
-    being stopped runs without them, on any device."""
+    """A stop asked for (the ``stop=`` test of :func:`pass_settings`) is answered within a layer
+    of the model, not after a whole inner batch (which takes seconds at a large memory budget,
+    and many more on a loaded machine): while a call that has a stop test runs its passes,
+    every module of the process checks the test before its forward (a global forward
+    pre-hook) and, on autograd's graph, when its output's gradient arrives in the backward
+    pass (a hook on the output tensor), and raises :class:`StopRequested` there. The hooks
+    are the process's while some such call runs (counted, for threads), and act only for the
+    thread whose call it is; without a stop test (the library's calls) there are none."""
 
     def __init__(self):
         self._guard = threading.Lock()
@@ -553,22 +551,6 @@ class _LayerStops:
 
 
 _layer_stops = _LayerStops()
-
-
-def stop_pending() -> Callable[[], None]:
-    """Say that a stop is pending (a batch job's first Ctrl-C): from now on the calls running
-    with a stop test (``stop=`` of :func:`pass_settings`) ask it at every layer of their model,
-    forward and backward, and so stop within a layer rather than after their inner batch.
-    Returns the function that ends this, to call once the job has stopped (once)."""
-    _layer_stops.acquire()
-    ended = threading.Event()
-
-    def end() -> None:
-        if not ended.is_set():
-            ended.set()
-            _layer_stops.release()
-
-    return end
 
 
 def _stop_before_layer(module: nn.Module, args) -> None:
@@ -626,12 +608,18 @@ class Passes:
                 delay=0.0 if wanted else BAR_DELAY,
             )
         self._token: contextvars.Token[Passes | None] | None = None
+        self._stops_in_layers = False
 
     def __enter__(self) -> Passes:
         self._token = _running.set(self)
+        self._stops_in_layers = self.stop is not None and self.outer is None
+        if self._stops_in_layers:
+            _layer_stops.acquire()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        if self._stops_in_layers:
+            _layer_stops.release()
         if self._token is not None:
             _running.reset(self._token)
         if self.bar is not None:

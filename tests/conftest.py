@@ -188,9 +188,8 @@ class ModelSteps:
     """Counts the model's steps in a heavy method's passes (inside :class:`explain.passes.Passes`:
     each module's forward, and each gradient that reaches a module's output in a backward
     pass) and, at the ``at``-th step of ``kind`` (forward or backward), asks for a stop
-    (:attr:`asked`) and says it is pending (:func:`explain.passes.stop_pending`; with
-    ``signal``, it raises that signal instead, whose handler does); then counts the steps that
-    still run (:attr:`after`). Its hooks are the process's and come before the
+    (:attr:`asked`; with ``signal``, that signal is raised there too); then counts the
+    steps that still run (:attr:`after`). Its hooks are the process's and come before the
     stop's own (registered first, they run first)."""
 
     def __init__(self, kind: str, at: int, signal: int | None = None):
@@ -198,7 +197,6 @@ class ModelSteps:
         self.steps = {"forward": 0, "backward": 0}
         self.after = 0
         self.asked = False
-        self.ended: list = []
 
     def step(self, kind: str) -> None:
         if self.asked:
@@ -207,14 +205,10 @@ class ModelSteps:
         self.steps[kind] += 1
         if kind == self.kind and self.steps[kind] == self.at:
             self.asked = True
-            if self.signal is not None:  # the batch job's handler says the stop is pending
+            if self.signal is not None:
                 import signal
 
                 signal.raise_signal(self.signal)
-            else:
-                from explain.passes import stop_pending
-
-                self.ended.append(stop_pending())
 
     def __enter__(self):
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -235,5 +229,3 @@ class ModelSteps:
     def __exit__(self, *exc_info):
         for handle in self.handles:
             handle.remove()
-        for end in self.ended:
-            end()

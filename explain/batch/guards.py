@@ -189,7 +189,6 @@ class StopFlag:
         self.signal: int | None = None
         self.how = how
         self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
-        self._end_pending: Callable[[], None] | None = None
 
     @property
     def terminated(self) -> bool:
@@ -206,17 +205,12 @@ class StopFlag:
         if self.set:
             raise KeyboardInterrupt  # a second signal: stop now
         self.set, self.signal = True, signum
-        passes = sys.modules.get("explain.passes")  # not loaded in the Ray driver, which runs no model
-        if passes is not None:
-            self._end_pending = passes.stop_pending()  # the running method asks at each layer
         if signum == signal.SIGTERM:
             print(f"\nexplain: terminated: stopping: {self.how} (a second signal stops now)", file=sys.stderr)
         else:
             print(f"\nexplain: stopping: {self.how} (Ctrl-C again to stop now)", file=sys.stderr)
 
     def __exit__(self, *exc_info):
-        if self._end_pending is not None:
-            self._end_pending()
         for number, previous in self._previous.items():
             if previous is not None:
                 signal.signal(number, previous)

@@ -13,7 +13,6 @@ import math
 import os
 import uuid
 import warnings
-from collections.abc import Callable
 from contextlib import contextmanager, nullcontext, redirect_stderr, suppress
 from functools import lru_cache
 
@@ -301,17 +300,13 @@ class StopMarker:
     """The stop of a run's actors: whether the driver wrote its stop file
     (:data:`~explain.batch.ray_stream.STOP_FILE`) in the run's rows folder. :meth:`look` looks
     at the folder; while a call explains (:meth:`watched`) a thread looks every
-    :data:`STOP_LOOK_SECONDS`, and once it sees the file says the stop is pending
-    (:func:`~explain.passes.stop_pending`), so the running method stops at its next layer.
-    Called, it is the methods' stop test: what was seen, without looking again."""
+    :data:`STOP_LOOK_SECONDS`. Called, it is the methods' stop test (``stop=`` of
+    :func:`~explain.passes.pass_settings`, asked at each layer of the model): what was seen,
+    without looking again."""
 
     def __init__(self, folder, rows_folder: str):
-        import threading
-
         self.folder, self.name = folder, f"{rows_folder}/{STOP_FILE}"
         self.seen = False
-        self._guard = threading.Lock()
-        self._end_pending: Callable[[], None] | None = None
 
     def __call__(self) -> bool:
         return self.seen
@@ -320,13 +315,7 @@ class StopMarker:
         """Whether the stop file is there (once seen, it stays seen)."""
         if not self.seen:
             with suppress(OSError):
-                found = self.folder.is_file(self.name)
-                if found:
-                    from ..passes import stop_pending
-
-                    with self._guard:
-                        if not self.seen:
-                            self.seen, self._end_pending = True, stop_pending()
+                self.seen = self.folder.is_file(self.name)
         return self.seen
 
     @contextmanager
@@ -347,10 +336,6 @@ class StopMarker:
         finally:
             done.set()
             watcher.join()
-            with self._guard:
-                if self._end_pending is not None:
-                    self._end_pending()
-                    self._end_pending = None
 
 
 class WriteActor(ExplainingActor):
