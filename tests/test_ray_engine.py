@@ -312,6 +312,7 @@ def test_method_options_reach_the_actors_and_a_changed_one_redoes_its_method(tmp
     assert "--method-option ig:n_steps=-1: n_steps must be a positive int" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ctrl_c_and_sigterm_keep_every_row_whose_files_were_written_and_a_rerun_redoes_none(tmp_path, capsys,
                                                                                           monkeypatch):
     # Ctrl-C of a Ray run dropped the rows the actors had kept: 64 overlays, 32 rows, and the
