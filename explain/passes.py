@@ -21,7 +21,10 @@ long call shows while it runs, and how it stops.
   told of each inner batch.
 - **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
   fraction of a second, and the call restores the model on its way out. A batch job whose
-  listener asks for a stop (:meth:`PassListener.should_stop`) gets :class:`StopRequested` there.
+  listener asks for a stop (:meth:`PassListener.should_stop`) gets :class:`StopRequested` there,
+  and, where the listener says so (:attr:`PassListener.asked_at_layers`), within an inner
+  batch at the next layer of the model, forward or backward (whatever the inner batch's
+  size: the memory budget's, or a loaded machine's seconds).
 
 Every explainer's call and every metric take ``max_memory=`` and ``progress=``; a block of
 calls takes them from :func:`pass_settings`::
@@ -49,6 +52,7 @@ import torch
 from torch import Tensor, nn
 
 from .options import parse_memory
+from .pass_listener import PassListener
 
 __all__ = [
     "MEMORY_SHARE",
@@ -109,39 +113,6 @@ INPUT_COPIES = 4
 class StopRequested(KeyboardInterrupt):
     """A batch job asked the call to stop (its first Ctrl-C): raised between two inner
     batches, like the ``KeyboardInterrupt`` it is."""
-
-
-class PassListener:
-    """What a batch job hears of the passes of the calls it makes, and how it stops them:
-    given to :func:`pass_settings` (``listener=``) for a block of calls. The command line's
-    moves its progress bar, asks whether Ctrl-C was pressed and hands memory back to the
-    system (``explain.batch.loop``). Each method here does nothing: a listener overrides
-    what it needs.
-
-    >>> class Counting(PassListener):
-    ...     def __init__(self):
-    ...         self.heard = []
-    ...     def advanced(self, method, done, total):
-    ...         self.heard.append((method, done, total))
-    >>> with pass_settings(listener=Counting()) as settings, Passes("demo", total=3) as passes:
-    ...     passes.advance(2); passes.advance(1)
-    >>> settings.listener.heard
-    [('demo', 2, 3), ('demo', 3, 3)]
-    """
-
-    def advanced(self, method: str, done: int, total: int) -> None:
-        """``done`` of the ``total`` rows of the outermost running call (of ``method``) ran:
-        told after each of its inner batches."""
-
-    def should_stop(self) -> bool:
-        """Whether the running call should stop: asked after each inner batch, True raises
-        :class:`StopRequested` there."""
-        return False
-
-    def between(self) -> None:
-        """Called after each inner batch, each size :func:`fastest_rows` tries and (in a batch
-        job, through :func:`between_passes`) each method: where the command line hands memory
-        the passes freed back to the system."""
 
 
 @dataclass(frozen=True)
@@ -219,14 +190,13 @@ def with_pass_options(function: Callable) -> Callable:
 def available_memory(device: torch.device) -> int:
     """Bytes available on ``device``: free device memory on CUDA; on the CPU, the kernel's
     estimate of what can be allocated without swapping (``MemAvailable``), within the
-    process's cgroup limit where one is set."""
+    process's cgroup limit and its address-space limit (``ulimit -v``) where they are set."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         # What torch's allocator holds but does not use is free for this process too.
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    available = _meminfo_available()
-    limit = _cgroup_room()
-    return min(available, limit) if limit is not None else available
+    limits = [_meminfo_available(), _cgroup_room(), _address_space_room()]
+    return min(limit for limit in limits if limit is not None)
 
 
 def _meminfo_available() -> int:
@@ -243,6 +213,25 @@ def _meminfo_available() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 8 * 2**30  # unknown: as if on an 8 GB machine
+
+
+def _address_space_room() -> int | None:
+    """What the process's address-space limit (``ulimit -v``, ``RLIMIT_AS``) leaves it: the
+    limit less what the process has mapped; None where there is no limit. Under such a limit
+    the CPU allocator fails long before the machine's memory runs out."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return max(0, soft - int(line.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError):
+        pass
+    return None
 
 
 def _cgroup_room() -> int | None:
@@ -484,6 +473,69 @@ def inner_rows(
 # -- progress and stops
 
 
+class _LayerStops:
+    """A stop asked for (:meth:`PassListener.should_stop`) is answered within a layer of the
+    model, not after a whole inner batch (which takes seconds at a large memory budget, and
+    many more on a loaded machine): while a call whose listener is
+    :attr:`~PassListener.asked_at_layers` runs its passes,
+    every module of the process checks the test before its forward (a global forward
+    pre-hook) and, on autograd's graph, when its output's gradient arrives in the backward
+    pass (a hook on the output tensor), and raises :class:`StopRequested` there. The hooks
+    are the process's while some such call runs (counted, for threads), and act only for the
+    thread whose call it is; without such a listener (the library's calls) there are none."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._users = 0
+        self._handles: list = []
+
+    def acquire(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        with self._guard:
+            self._users += 1
+            if self._users == 1:
+                self._handles = [
+                    register_module_forward_pre_hook(_stop_before_layer),
+                    register_module_forward_hook(_stop_in_backward),
+                ]
+
+    def release(self) -> None:
+        with self._guard:
+            self._users -= 1
+            if self._users == 0:
+                for handle in self._handles:
+                    handle.remove()
+                self._handles = []
+
+
+_layer_stops = _LayerStops()
+
+
+def _asks_at_layers(passes: Passes) -> bool:
+    return passes.listener is not None and passes.listener.asked_at_layers
+
+
+def _stop_before_layer(module: nn.Module, args) -> None:
+    passes = _running.get()
+    if passes is not None and _asks_at_layers(passes):
+        passes.check_stop()
+
+
+def _stop_in_backward(module: nn.Module, args, output) -> None:
+    passes = _running.get()
+    if passes is None or not _asks_at_layers(passes) or not torch.is_grad_enabled():
+        return
+    # The backward pass may run in autograd's own threads (CUDA): the call is held here.
+    for tensor in output if isinstance(output, (tuple, list)) else (output,):
+        if isinstance(tensor, Tensor) and tensor.requires_grad:
+            tensor.register_hook(functools.partial(_stop_on_gradient, passes))
+
+
+def _stop_on_gradient(passes: Passes, gradient: Tensor) -> None:
+    passes.check_stop()
+
+
 class Passes:
     """The rows one call runs through its model: a progress bar where the call is long (or
     ``progress=True``), the :class:`PassListener` of :func:`pass_settings` told of each inner
@@ -519,16 +571,27 @@ class Passes:
                 delay=0.0 if wanted else BAR_DELAY,
             )
         self._token: contextvars.Token[Passes | None] | None = None
+        #: Whether the listener's stop test is asked at every layer (:class:`_LayerStops`).
+        self.stops_in_layers = self.outer is None and self.listener is not None and self.listener.asked_at_layers
 
     def __enter__(self) -> Passes:
         self._token = _running.set(self)
+        if self.stops_in_layers:
+            _layer_stops.acquire()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        if self.stops_in_layers:
+            _layer_stops.release()
         if self._token is not None:
             _running.reset(self._token)
         if self.bar is not None:
             self.bar.close()
+
+    def check_stop(self) -> None:
+        """Raise :class:`StopRequested` where the listener of :func:`pass_settings` asks for a stop."""
+        if self.listener is not None and self.listener.should_stop():
+            raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
 
     def advance(self, rows: int) -> None:
         """``rows`` more rows ran; raise :class:`StopRequested` where a stop was asked for."""
@@ -538,8 +601,7 @@ class Passes:
         if self.outer is None and self.listener is not None:
             self.listener.advanced(self.method, self.done, max(self.total, self.done))
         between_passes()
-        if self.listener is not None and self.listener.should_stop():
-            raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
+        self.check_stop()
 
 
 def advance(rows: int) -> None:

@@ -25,6 +25,7 @@ __all__ = [
     "MANIFEST_FIELDS",
     "SEGMENTS_FIELD",
     "TASK_FIELDS",
+    "TEMP_NAME_BYTES",
     "TEMP_SUFFIX",
     "atomic_write",
     "encode_npz",
@@ -68,6 +69,11 @@ SEGMENTS_FIELD = "segments"
 #: ``task`` (segment or detect) and ``region``, what the output explains: ``{kind, pixels, box}``
 #: of the class's region (kind: predicted, mask or box), or ``{box, score, index}`` of the box.
 TASK_FIELDS = ("task", "region")
+
+
+#: Bytes that the name of :func:`atomic_write`'s temporary file adds to the name it stands for
+#: (``.NAME.1234abcd.explain-tmp``): a name fits the file system only where this much more does.
+TEMP_NAME_BYTES = len(".") + len(".") + 8 + len(TEMP_SUFFIX)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:

@@ -73,14 +73,17 @@ def custom_target(targets: Targets) -> Callable[[Tensor], Tensor] | None:
 
 
 def class_logits(output):
-    """The class logits in a model output: the output itself, or the ``"logits"`` entry of
-    a mapping (a Hugging Face ``ModelOutput`` is one); anything else is returned as it is.
+    """The class logits in a model output: the output itself, the ``"logits"`` entry of a
+    mapping (a Hugging Face ``ModelOutput`` is one) or the ``logits`` field of a named tuple
+    (torchvision's ``GoogLeNetOutputs``, a model's own); anything else is returned as it is.
 
     >>> class_logits({"logits": torch.zeros(1, 3)}).shape
     torch.Size([1, 3])
     """
     if isinstance(output, Mapping) and "logits" in output:
         return output["logits"]
+    if isinstance(output, tuple) and "logits" in getattr(output, "_fields", ()):
+        return output.logits  # type: ignore[attr-defined]  # a named tuple's field
     return output
 
 

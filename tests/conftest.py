@@ -80,12 +80,15 @@ CHEAP = {
 }
 
 
-def listening(advanced=None, should_stop=None, between=None):
+def listening(advanced=None, should_stop=None, between=None, at_layers=False):
     """A :class:`explain.passes.PassListener` made of plain functions (each optional), for
-    ``pass_settings(listener=...)`` in the tests."""
+    ``pass_settings(listener=...)`` in the tests (``at_layers``: its stop test is asked at
+    each layer too, as a batch job's is)."""
     from explain.passes import PassListener
 
     class Listening(PassListener):
+        asked_at_layers = at_layers
+
         def advanced(self, method, done, total):
             if advanced is not None:
                 advanced(method, done, total)
@@ -224,3 +227,50 @@ def heavy_method(monkeypatch):
 
     monkeypatch.setitem(base._REGISTRY, base.method_key(HeavyPasses.name), HeavyPasses)
     return HeavyPasses
+
+
+class ModelSteps:
+    """Counts the model's steps in a heavy method's passes (inside :class:`explain.passes.Passes`:
+    each module's forward, and each gradient that reaches a module's output in a backward
+    pass) and, at the ``at``-th step of ``kind`` (forward or backward), asks for a stop
+    (:attr:`asked`; with ``signal``, that signal is raised there too); then counts the
+    steps that still run (:attr:`after`). Its hooks are the process's and come before the
+    stop's own (registered first, they run first)."""
+
+    def __init__(self, kind: str, at: int, signal: int | None = None):
+        self.kind, self.at, self.signal = kind, at, signal
+        self.steps = {"forward": 0, "backward": 0}
+        self.after = 0
+        self.asked = False
+
+    def step(self, kind: str) -> None:
+        if self.asked:
+            self.after += 1
+            return
+        self.steps[kind] += 1
+        if kind == self.kind and self.steps[kind] == self.at:
+            self.asked = True
+            if self.signal is not None:
+                import signal
+
+                signal.raise_signal(self.signal)
+
+    def __enter__(self):
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        from explain import passes
+
+        def forward(module, args):
+            if passes._running.get() is not None:
+                self.step("forward")
+
+        def backward(module, args, output):
+            if passes._running.get() is not None and isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda gradient: self.step("backward"))
+
+        self.handles = [register_module_forward_pre_hook(forward), register_module_forward_hook(backward)]
+        return self
+
+    def __exit__(self, *exc_info):
+        for handle in self.handles:
+            handle.remove()

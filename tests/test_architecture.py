@@ -25,7 +25,7 @@ CORE = (
     "explain.base", "explain.layers", "explain.tokens", "explain.hooks", "explain.attention_capture",
     "explain.targets", "explain.explanation", "explain.checks", "explain.baselines", "explain.superpixels",
     "explain.regions", "explain.model_tasks", "explain.imagenet", "explain.drawing", "explain.images",
-    "explain.options", "explain.errors", "explain.heap", "explain.concurrency", "explain.passes",
+    "explain.options", "explain.errors", "explain.heap", "explain.concurrency", "explain.passes", "explain.pass_listener",
     "explain.similarity", "explain.image_input", "explain.data",
 )
 #: The layers, top to bottom. A module may import modules of its own layer or of lower

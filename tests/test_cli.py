@@ -984,19 +984,28 @@ def test_outputs_mirror_the_tree_below_the_folder_given(tmp_path, capsys):
     assert row["output"].startswith("sub/only__gradcam__")
 
 
-def test_a_second_run_on_the_same_folder_is_refused_and_globals_are_restored(photos, capsys):
+def test_a_second_run_on_the_same_folder_is_refused_and_globals_are_restored(photos, capsys, monkeypatch):
     import fcntl
+
+    from explain.batch import evaluating, preparation
 
     out = photos.parent / "out"
     out.mkdir()
     limit = Image.MAX_IMAGE_PIXELS
     held = os.open(out, os.O_RDONLY)
-    try:
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `explain run` holds it
-        assert main(["run", str(photos), "--out", str(out), "--workers", "0"]) == 2
-        assert "another `explain run` is writing to" in capsys.readouterr().err
-    finally:
-        os.close(held)
+    loads = []  # refused before the model loads (45 s on a loaded machine), not after
+    with monkeypatch.context() as patch:
+        for module in (preparation, evaluating):
+            patch.setattr(module, "load_model", lambda *args, **kwargs: loads.append(args))
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `explain run` holds it
+            assert main(["run", str(photos), "--out", str(out), "--workers", "0"]) == 2
+            assert "another `explain run` is writing to" in capsys.readouterr().err
+            assert main(["evaluate", str(photos), "--out", str(out), "--workers", "0"]) == 2
+            assert "another `explain evaluate` is writing to" in capsys.readouterr().err
+        finally:
+            os.close(held)
+    assert loads == []
     assert main(["run", str(photos), "--out", str(out), "--workers", "0", "--max-pixels", "0", "-q"]) == 0
     assert Image.MAX_IMAGE_PIXELS == limit
     assert summary_counts(capsys.readouterr().out) == (3, 0, 0)

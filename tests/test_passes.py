@@ -19,6 +19,7 @@ from conftest import ModelState, listening
 from torch import nn
 
 import explain
+from conftest import ModelState, ModelSteps, listening
 from explain import passes
 from explain.hooks import preserved_state
 from explain.metrics import deletion
@@ -297,6 +298,30 @@ def test_a_stop_between_inner_batches_leaves_the_model_as_it_was(method, options
     state.assert_unchanged()
 
 
+@pytest.mark.parametrize("method, points", [
+    ("scorecam", [("forward", 1), ("forward", 1500)]),
+    ("sscam", [("forward", 800)]),
+    ("rise", [("forward", 800)]),
+    ("ig", [("forward", 800), ("backward", 1), ("backward", 600)]),
+])
+def test_a_stop_is_answered_within_a_layer_at_any_point_of_a_heavy_method(bundled, photos, method, points):
+    # The stop was asked only between inner batches: one inner batch at a large memory budget
+    # on a loaded 2-core machine took ~9 s. Default settings on the bundled model (266 module
+    # calls a forward pass): after the stop is asked for, not one more layer runs.
+    model = bundled[0]
+    image = photos[1][:1]
+    explainer = explain.explainer(method, model)
+    state = ModelState(model)
+    for kind, at in points:
+        with ModelSteps(kind, at) as counted, pass_settings(listener=listening(should_stop=lambda: counted.asked, at_layers=True)):
+            with pytest.raises(StopRequested, match=f"^{method}: stopped after"):
+                explainer(image)
+        assert counted.asked and counted.after == 0, (kind, at, counted.steps, counted.after)
+        state.assert_unchanged()
+    assert not torch.nn.modules.module._global_forward_pre_hooks  # the stop's hooks are gone
+    assert not torch.nn.modules.module._global_forward_hooks
+
+
 def test_a_metric_stops_between_its_batches_too():
     model, x = small_cnn(), images(2, 16)
     explanation = explain.GradCAM(model)(x)
@@ -388,3 +413,20 @@ def test_a_small_budget_bounds_the_peak_memory_of_a_subprocess():
     bounded = _peak_growth({}, {"max_memory": budget})
     assert bounded["growth"] <= budget, (bounded, budget)
     assert whole["growth"] > 4 * bounded["growth"] + 100 * 2**20, (whole, bounded)
+
+
+def test_the_cpu_budget_keeps_within_the_address_space_limit(monkeypatch):
+    # Under `ulimit -v 4G` the budget came from free RAM alone: every inner batch sized from it
+    # failed in the CPU allocator, and with it every image.
+    import resource
+
+    real = resource.getrlimit
+    with open("/proc/self/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    limit = mapped + 300 * 2**20
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else real(which))
+    assert 200 * 2**20 < passes.available_memory(torch.device("cpu")) <= 300 * 2**20
+    with pass_settings():
+        assert passes.memory_budget(torch.device("cpu")) <= 150 * 2**20

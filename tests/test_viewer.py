@@ -392,3 +392,30 @@ def test_metric_columns_sort_and_filter_over_a_virtual_grid(browser, tmp_path):
     Select(browser.find_element(By.ID, "target")).select_by_visible_text("top2")  # values 1..2
     assert browser.find_element(By.ID, "shown").text.startswith("0 of 300")
     assert _errors(browser) == []
+
+
+def test_markup_in_any_string_of_the_inline_setup_leaves_the_page_whole(browser, tmp_path):
+    # `<!--<script>` in a folder, class or target name once put the HTML parser in its
+    # double-escaped script state: the page stayed blank (nothing ran, but nothing showed).
+    markup = "<!--<script>"
+    out = tmp_path / markup  # the --out folder, named in the summary line
+    out.mkdir()
+    _noise(0, (16, 16)).save(out / "o.png")
+    rows = [{"input": f"{markup}/p{i}.png", "method": "gradcam", "target": markup, "target_id": 0,
+             "target_name": markup, "target_probability": 0.5, "predicted_id": 0, "predicted_name": markup,
+             "predicted_probability": 0.5, "output": "o.png", "status": "ok"} for i in range(2)]
+    run = PageRun(summary=f"explain: 2 done now; see {out / 'index.html'} and {out / 'manifest.jsonl'}",
+                  counts={"ok": 2, "skipped": 0, "failed": 0})
+    for name, data in page_files(rows, run, original=lambda source: "o.png").items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_bytes(data)
+    assert markup not in (out / "index.html").read_text()
+    assert read_page(out / "index.html")["run"]["summary"] == run.summary  # read back as written
+    _open(browser, out / "index.html")
+    assert _shown(browser) == ["p0.png", "p1.png"]
+    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.common.by import By
+
+    targets = Select(browser.find_element(By.ID, "target")).options  # hidden: one target
+    assert markup in [option.get_attribute("textContent") for option in targets]
+    assert _errors(browser) == []

@@ -214,7 +214,8 @@ class EvaluationRun:
             print(f"explain: error: {refused}", file=sys.stderr)
             summary = stopped_summary(refused, counts)
         print(summary)
-        return exit_code(self.stats["failed"], interrupted, device_error=refused is not None)
+        return exit_code(self.stats["failed"], interrupted, device_error=refused is not None,
+                         terminated=bool(end and end.terminated))
 
     def _evaluate(self, indices: list[int], images: Tensor) -> tuple[str, str]:
         """Score one decoded group; images with the same work to do are scored together."""
@@ -320,10 +321,17 @@ def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
             raise UsageError(f"--regions {args.regions}: no such file or folder")
         if not any(name in LOCALISATION for name in metrics):
             raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
-    options = metric_options(metrics, args.step)
+    metric_options(metrics, args.step)  # --step checked before the model loads
     method_options = parse_method_options(args.method_options)
     if sources is None:
         sources = collect_inputs(args.inputs, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with sole_run(out_dir, "evaluate"):  # a second run on the folder is refused before the model loads
+        return _evaluate_locked(args, out_dir, sources, metrics, method_options)
+
+
+def _evaluate_locked(args: EvaluateOptions, out_dir: Path, sources: list, metrics: list[str], method_options) -> int:
+    """``explain evaluate`` once it holds ``out_dir``: the model loaded and checked, the run."""
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     if loaded.task != "classify":
         raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "
@@ -342,8 +350,7 @@ def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
         except ValueError as error:
             raise UsageError(f"--regions: {error}") from None
     warn_if_random(loaded, args.model)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir, "evaluate"), pixel_limit(args.max_pixels):
+    with pixel_limit(args.max_pixels):
         remove_temp_files(out_dir)
         return EvaluationRun(args, out_dir, sources, loaded, target, explainers, metrics, options, regions,
                              method_options).execute()

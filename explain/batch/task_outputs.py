@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import is_out_of_memory
+from ..errors import failure_reason, is_out_of_memory
 from ..hooks import preserved_state
 from ..passes import StopRequested
 from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
@@ -95,7 +95,9 @@ class ClassifyOutputs:
         outcome = Outcome()
         for cam, result in zip(cams, results, strict=True):
             if isinstance(result, Exception):
-                host.fail(outcome, work, range(len(work)), cam, f"{type(result).__name__}: {result}", str(result))
+                reason = failure_reason(result)
+                reported = reason if is_out_of_memory(result) else str(result)
+                host.fail(outcome, work, range(len(work)), cam, reason, reported)
         # A method that Ctrl-C stopped is neither done nor failed: a resumed run does it.
         done = [
             (cam, result, took)
@@ -212,7 +214,7 @@ class DenseOutputs:
             if is_out_of_memory(error) and len(work) > 1:
                 raise_if_out_of_memory([error], len(work))
             for cam in cams:
-                host.fail(outcome, work, range(len(work)), cam, f"{type(error).__name__}: {error}")
+                host.fail(outcome, work, range(len(work)), cam, failure_reason(error))
             return outcome
         found = self._maps(host, cams, target, owners, model_input)
         raise_if_out_of_memory(found.values(), len(work))  # nothing of this group is kept: its halves start again
@@ -220,7 +222,7 @@ class DenseOutputs:
         for cam in cams:
             host.fail(outcome, work, empty, cam, f"no detected box matches --target {host.prepared.target.labels[0]}")
             if isinstance(found[cam], Exception):
-                host.fail(outcome, work, sorted(set(owners)), cam, f"{type(found[cam]).__name__}: {found[cam]}")
+                host.fail(outcome, work, sorted(set(owners)), cam, failure_reason(found[cam]))
             elif found[cam] and not isinstance(found[cam], StopRequested):
                 self._jobs(host, outcome, work, cam, found[cam], owners, records, marks, predicted, pictures)
         return outcome

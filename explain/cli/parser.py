@@ -14,8 +14,9 @@ from pathlib import Path
 from PIL import Image
 
 from .. import __version__
-from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USAGE
-from ..errors import UsageError, is_out_of_memory
+from ..batch.guards import Terminated, terminated_as_interrupt
+from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_TERMINATED, EXIT_USAGE
+from ..errors import UsageError, first_line, is_out_of_memory
 from ..options import BUNDLED_MODEL, LOCALISATION_METRICS, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
 from .common import non_negative_int, positive_int
 
@@ -26,7 +27,7 @@ def console_main() -> None:
     (about a second): its files are written and closed by then, the Ray engine's cluster shut
     down, and a user who pressed Ctrl-C waits for nothing else."""
     status = main()
-    if status == EXIT_INTERRUPTED:
+    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
@@ -37,13 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module, function = args.handler.split(":")
     try:
-        return getattr(importlib.import_module(f".{module}", __package__), function)(args)
+        with terminated_as_interrupt():  # SIGTERM stops as Ctrl-C does, with status 143
+            return getattr(importlib.import_module(f".{module}", __package__), function)(args)
     except UsageError as error:
         print(f"explain: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # before the first batch (loading the model, checking the methods)
-        print("\nexplain: interrupted before any image was explained", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interrupt:  # before the first batch (loading the model, checking the methods)
+        terminated = isinstance(interrupt, Terminated)
+        print(f"\nexplain: {'terminated' if terminated else 'interrupted'} before any image was explained",
+              file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader left (`explain layers MODEL --all | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs advise
         return EXIT_FAILED
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if not is_out_of_memory(error):
             raise
         # Before the first batch: loading the model, checking the methods.
-        print(f"explain: error: out of memory before any image was explained ({str(error).splitlines()[0]}); "
+        print(f"explain: error: out of memory before any image was explained ({first_line(error)}); "
               "this is the device's limit, not a mistake in the options: free the device's memory, pick a smaller "
               "model or fewer methods, or pass --device cpu", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
@@ -87,8 +91,9 @@ def _add_run_command(commands) -> None:
         "run", formatter_class=DefaultsOnceFormatter, help="write heatmap overlays for images, folders and lists",
         description="Write one heatmap overlay per image, method and target under --out, with "
         "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
-        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory before the first image, "
-        "4 the output folder's disk refused a write (full, read-only), 130 interrupted.",
+        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory (before the first image, "
+        "or outputs that failed for it), 4 the output folder's disk refused a write (full, read-only), "
+        "130 interrupted (Ctrl-C), 143 terminated (SIGTERM).",
     )
     _add_inputs_and_model(run)
     run.add_argument("--method", "-m", default="gradcam",
@@ -184,7 +189,8 @@ def _add_evaluate_command(commands) -> None:
         "scores.csv (one row per image, method, target and metric column), failures.csv, curves.jsonl, "
         "summary.csv, summary.md and plots/*.png; prints the summary (mean ± std per method and metric, * marks "
         "the best). Re-running skips the scores already in scores.csv. Exit status: 0 all ok, 1 some images "
-        "or metrics failed, 2 usage error, 3 out of memory before the first image, 130 interrupted.",
+        "or metrics failed, 2 usage error, 3 out of memory before the first image, 130 interrupted (Ctrl-C), "
+        "143 terminated (SIGTERM).",
     )
     _add_inputs_and_model(scoring, evaluate=True)
     scoring.add_argument("--methods", "--method", "-m", default="gradcam",

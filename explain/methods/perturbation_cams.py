@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import register
-from ..checks import interpolation_mode, positive_int, spatial_axes
+from ..checks import check_finite_output, interpolation_mode, positive_int, spatial_axes
 from ..hooks import preserved_state
 from ..layers import LayerSpec
 from ..passes import Passes, budget_rows, inner_rows, timed_chunks
@@ -328,6 +328,7 @@ class AblationCAM(PerturbationCAM):
         replay = self.replay(layer)
         everyone = torch.arange(n, device=activations.device)
         layer_output = captured.in_layer_layout(layer, activations, everyone)
+        check_finite_output(captured.output, "Ablation-CAM")  # the replay's check compares outputs
         replay.prepare(captured.images, layer_output, captured.output)
         original = captured.scores(replay(layer_output, everyone), everyone)  # (N, num_targets)
         ablated = original[:, None, :].repeat(1, channels, 1)  # (N, C, num_targets)

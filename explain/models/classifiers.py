@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
+from ..errors import first_line
 from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..options import BUNDLED_MODEL
 from .devices import checked_device
@@ -275,9 +276,7 @@ def _load_timm(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
         try:
             model.load_state_dict(state)
         except RuntimeError as error:
-            raise ValueError(
-                f"{weights} does not hold the weights of timm's {name}: {str(error).splitlines()[0]}"
-            ) from None
+            raise ValueError(f"{weights} does not hold the weights of timm's {name}: {first_line(error)}") from None
     preprocess = create_transform(**resolve_data_config({}, model=model))
     classes = imagenet_classes() if num_classes == 1000 else [str(i) for i in range(num_classes)]
     return model, preprocess, classes
