@@ -104,3 +104,86 @@ def test_refinecam_defaults_to_gradcam_plus_plus_and_passes_the_options_on():
     for bad in ("saliency", "refinecam", "smoothgradcam++"):
         with pytest.raises(ValueError, match="base="):
             explain.RefineCAM(model, ["1", "3"], base=bad)
+
+
+# --- Seg-Eigen-CAM --------------------------------------------------------------------------
+
+
+def test_segeigencam_principal_component_by_hand():
+    # |G| * A of one image with C = 2 on a 1 x 3 grid: rows (h*w, C) = (1, 0), (0, 0), (5, 0)
+    # centred: (-1, 0), (-2, 0), (3, 0); v1 = (+-1, 0), so P = +-(-1, -2, 3); |min| = 2 < |max| = 3
+    # keeps the sign that makes 3 positive: P = (-1, -2, 3), ReLU: (0, 0, 3).
+    activations = torch.tensor([[[[1.0, 0.0, 5.0]], [[0.0, 0.0, 0.0]]]])
+    gradients = torch.tensor([[[[-1.0, 7.0, 1.0]], [[2.0, 2.0, 2.0]]]])  # the sign of G is dropped
+    p = explain.SegEigenCAM.cam(activations, gradients)
+    torch.testing.assert_close(p, torch.tensor([[[-1.0, -2.0, 3.0]]]))
+    # A negative peak: |G| * A = (-5, 0, 1), centred (-11/3, 4/3, 7/3): |min| = 11/3 > 7/3, so it
+    # is negated, whatever sign the solver gave v1: (11/3, -4/3, -7/3).
+    q = explain.SegEigenCAM.cam(torch.tensor([[[[-5.0, 0.0, 1.0]], [[0.0, 0.0, 0.0]]]]), -torch.ones(1, 2, 1, 3))
+    torch.testing.assert_close(q, torch.tensor([[[11 / 3, -4 / 3, -7 / 3]]]))
+
+
+def test_segeigencam_matches_the_reference_on_a_segmentation_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 8, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(8, 4, 1)).eval()
+    x = images(2)
+    target = explain.SegmentationTarget(category=2)
+    res = explain.SegEigenCAM(model, "3")(x, target)
+    store = {}
+    handle = model[3].register_forward_hook(lambda m, i, o: store.update(a=o))
+    try:
+        out = model(x)
+        score = (out[:, 2] * (out.argmax(1) == 2)).sum(dim=(1, 2))
+        (grad,) = torch.autograd.grad(score.sum(), store["a"])
+    finally:
+        handle.remove()
+    for n in range(2):
+        matrix = (grad[n].abs() * store["a"][n]).detach().flatten(1).T.double()  # (h*w, C)
+        centred = matrix - matrix.mean(0)
+        projection = centred @ torch.linalg.svd(centred)[2][0]
+        if projection.min().abs() > projection.max().abs():
+            projection = -projection
+        expected = torch.relu(projection).reshape(16, 16).float()
+        torch.testing.assert_close(res.raw_layers["3"][n], expected, atol=1e-4, rtol=1e-4)
+
+
+# --- Ablation-CAM on several layers ---------------------------------------------------------
+
+
+def test_ablationcam_on_several_layers_ablates_each_layer_on_its_own():
+    # Each layer's channels are zeroed one at a time with the other layers left as they are
+    # (pytorch-grad-cam 1.5.7's AblationCAM with several target layers); the layers' maps are
+    # scaled, averaged and scaled again.
+    model, x = tiny_cnn(), images(2)
+    both = explain.AblationCAM(model, ["1", "3"])(x, [0, 3])
+    singles = {layer: explain.AblationCAM(model, layer)(x, [0, 3]) for layer in ("1", "3")}
+    for layer, single in singles.items():
+        torch.testing.assert_close(both.raw_layers[layer], single.raw_layers[layer])
+    mean = (singles["1"].maps + singles["3"].maps) / 2
+    torch.testing.assert_close(both.maps, scale_maps(mean, (16, 16)))
+    # layer "1", channel 0 of image 0 by hand: w = (y - y without it) / y
+    store = {}
+
+    def zero_channel(module, args, output):
+        output = output.clone()
+        output[:, 0] = 0
+        return output
+
+    with torch.no_grad():
+        y = model(x)[0, 0]
+        handle = model[1].register_forward_hook(zero_channel)
+        try:
+            y0 = model(x)[0, 0]
+        finally:
+            handle.remove()
+        handle = model[1].register_forward_hook(lambda m, i, o: store.update(a=o))
+        try:
+            model(x)
+        finally:
+            handle.remove()
+    assert store["a"][0, 0].abs().sum() > 0
+    weights = torch.stack([(y - y0) / y])  # channel 0's weight, the one checked here
+    single = explain.AblationCAM(model, "1")
+    captured = single.capture(x, [0, 3])
+    torch.testing.assert_close(single.channel_weights(captured, "1")[0, 0, 0:1], weights, atol=1e-5, rtol=1e-4)

@@ -66,3 +66,19 @@ def test_refinecam_matches_pytorch_grad_cam_and_torchcam(resnet):
     # torchcam scales the maps at the largest layer's size (layer2's 12 x 12), not the input's.
     theirs = F.interpolate(theirs[:, None], size=(96, 96), mode="bilinear", align_corners=False)[:, 0]
     assert correlation(ours, theirs) >= 0.99
+
+
+def test_segeigencam_matches_pytorch_grad_cam(resnet):
+    model, x, ids = resnet
+    ours = explain.SegEigenCAM(model, "layer3")(x, ids).maps
+    with pytorch_grad_cam.SegEigenCAM(model, [model.layer3]) as peer:
+        theirs = peer(x, targets_of(ids))
+    assert correlation(ours, theirs) >= 0.999
+
+
+def test_ablationcam_on_several_layers_matches_pytorch_grad_cam(resnet):
+    model, x, ids = resnet
+    layers = ["layer3", "layer4"]
+    ours = explain.AblationCAM(model, layers)(x[:1], ids[:1]).maps
+    peer = pytorch_grad_cam.AblationCAM(model, [model.get_submodule(name) for name in layers])
+    assert correlation(ours, peer(x[:1], targets_of(ids[:1]))) >= 0.999
