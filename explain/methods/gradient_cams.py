@@ -226,11 +226,11 @@ class EigenGradCAM(GradientCAM):
 
 @register
 class SegEigenCAM(GradientCAM):
-    """Seg-Eigen-CAM: first principal component of |gradient| times activation, its peak positive.
+    """Seg-Eigen-CAM: first principal component of abs(gradient) times activation, its peak positive.
 
-    With X the (h*w, C) matrix of |G| ⊙ A (eq. 10: the gradient's magnitude, location by
+    With X the (h*w, C) matrix of abs(G) ⊙ A (eq. 10: the gradient's magnitude, location by
     location, so that negative gradients count too), centred per channel, P = X v1, v1 the
-    first right singular vector of X (eq. 11-12); P is negated where |min P| > |max P| (eq. 13,
+    first right singular vector of X (eq. 11-12); P is negated where abs(min P) > max P (eq. 13,
     the sign correction: the salient region is the component's largest magnitude) and
     L = ReLU(P). Made for segmentation models, with a ``SegmentationTarget`` (a class's score
     summed over its pixels); any differentiable score works.

@@ -295,7 +295,7 @@ LUMA = (0.299, 0.587, 0.114)
 
 
 def sobel_edges(images: Tensor) -> Tensor:
-    """0.5 |G_x| + 0.5 |G_y| of the gray image, (N, H, W), from (N, C, H, W) images.
+    """0.5 abs(G_x) + 0.5 abs(G_y) of the gray image, (N, H, W), from (N, C, H, W) images.
 
     Gray is 0.299 R + 0.587 G + 0.114 B for three channels (OpenCV's weights), the mean of
     the channels otherwise; G_x and G_y are the 3 x 3 Sobel derivatives ([1, 2, 1] smoothing
@@ -303,7 +303,7 @@ def sobel_edges(images: Tensor) -> Tensor:
     (OpenCV's default border).
 
     >>> step = torch.tensor([0.0, 0.0, 1.0, 1.0]).expand(1, 1, 3, 4)  # a vertical edge
-    >>> sobel_edges(step)[0, 0].tolist()  # |G_x| = 4 beside the edge, halved
+    >>> sobel_edges(step)[0, 0].tolist()  # G_x = 4 beside the edge, halved
     [0.0, 2.0, 2.0, 0.0]
     """
     x = images.float()
@@ -318,7 +318,7 @@ def sobel_edges(images: Tensor) -> Tensor:
 class SobelCAM(Explainer):
     """Sobel-CAM: the image's edges, a baseline that ignores the model.
 
-    L = 0.5 |G_x| + 0.5 |G_y|, G_x and G_y the 3 x 3 Sobel derivatives of the gray image
+    L = 0.5 abs(G_x) + 0.5 abs(G_y), G_x and G_y the 3 x 3 Sobel derivatives of the gray image
     (0.299 R + 0.587 G + 0.114 B, ``sobel_edges`` in this module), computed on the input
     tensor as given (normalised or not). Like Random-CAM, it is the yardstick of the sanity
     checks: a map that scores no better than the image's edges on a metric tells nothing
