@@ -3,9 +3,11 @@
 - :mod:`~explain.methods.gradient_cams`: maps from a layer's activations and gradients
   (Grad-CAM, Grad-CAM++, XGrad-CAM, HiResCAM, LayerCAM, the element-wise and Eigen variants,
   SmoothGrad-CAM++, Shapley-CAM, Finer-CAM);
+- :mod:`~explain.methods.combined_cams`: CAMs made of another CAM's maps (RefineCAM, a base
+  CAM's maps at several layers multiplied);
 - :mod:`~explain.methods.full_gradient`: FullGrad, through every layer with a bias;
 - :mod:`~explain.methods.gradient_free_cams`: maps from activations alone (CAM, Eigen-CAM,
-  KPCA-CAM, FEM, Random-CAM);
+  KPCA-CAM, FEM, Random-CAM) and the image's edges (Sobel-CAM, a baseline);
 - :mod:`~explain.methods.perturbation_cams`: channel weights from perturbed passes
   (Score-CAM, SS-CAM, IS-CAM, Ablation-CAM);
 - :mod:`~explain.methods.gradient_attribution`: maps of the input from gradients, through
@@ -48,7 +50,8 @@ parts. A new method is one class in its family's module, over
 from ..base import registered
 from .attribution_base import Attribution  # noqa: F401 -- in __all__ (BASES)
 from .cam_base import BaseCAM, Captured, explain_together  # noqa: F401
-from .drise import *  # noqa: F403 -- each family's names, for static type checkers
+from .combined_cams import *  # noqa: F403 -- each family's names, for static type checkers
+from .drise import *  # noqa: F403
 from .full_gradient import *  # noqa: F403
 from .gradient_attribution import *  # noqa: F403
 from .gradient_cams import *  # noqa: F403

@@ -59,13 +59,14 @@ def agree_in_sign(projection: Tensor, evidence: Tensor) -> Tensor:
     return projection * torch.where(agreement < 0, -1.0, 1.0)[:, None]
 
 
-def principal_component(terms: Tensor) -> Tensor:
+def principal_component(terms: Tensor, *, sign: str = "sum") -> Tensor:
     """Projection of each location's channel vector on the first principal component.
 
     ``terms`` is (N, C, h, w) (or (N, C, d, h, w), (N, C, l)). With X the (h*w, C) matrix
     of one image, centred per channel, the map is X v1, v1 the first right singular vector
-    of X, signed to agree with the channel sum of ``terms``. Returns (N, h, w) (the input's
-    spatial shape).
+    of X, signed to agree with the channel sum of ``terms`` (``sign="sum"``), or so that its
+    largest magnitude is positive (``sign="peak"``: negated where |min| > |max|, Seg-Eigen-CAM's
+    eq. 13). Returns (N, h, w) (the input's spatial shape).
 
     >>> terms = torch.tensor([[[[2.0, -2.0]], [[4.0, -3.0]]]])  # C = 2 on a 1 x 2 grid
     >>> principal_component(terms).flatten().tolist()  # +-sqrt(16.25)
@@ -76,6 +77,9 @@ def principal_component(terms: Tensor) -> Tensor:
     centred = matrix - matrix.mean(dim=1, keepdim=True)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
     projection = (centred @ vh[:, 0, :, None]).squeeze(2)
+    if sign == "peak":
+        flip = projection.amin(dim=1).abs() > projection.amax(dim=1).abs()
+        return (projection * torch.where(flip, -1.0, 1.0)[:, None]).reshape(n, *spatial)
     return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, *spatial)
 
 

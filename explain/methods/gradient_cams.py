@@ -34,6 +34,7 @@ __all__ = [
     "GradientCAM",
     "HiResCAM",
     "LayerCAM",
+    "SegEigenCAM",
     "ShapleyCAM",
     "SmoothGradCAMPlusPlus",
     "XGradCAM",
@@ -221,6 +222,31 @@ class EigenGradCAM(GradientCAM):
     @staticmethod
     def cam(activations: Tensor, gradients: Tensor) -> Tensor:
         return principal_component(gradients * activations)
+
+
+@register
+class SegEigenCAM(GradientCAM):
+    """Seg-Eigen-CAM: first principal component of abs(gradient) times activation, its peak positive.
+
+    With X the (h*w, C) matrix of abs(G) ⊙ A (eq. 10: the gradient's magnitude, location by
+    location, so that negative gradients count too), centred per channel, P = X v1, v1 the
+    first right singular vector of X (eq. 11-12); P is negated where abs(min P) > max P (eq. 13,
+    the sign correction: the salient region is the component's largest magnitude) and
+    L = ReLU(P). Made for segmentation models, with a ``SegmentationTarget`` (a class's score
+    summed over its pixels); any differentiable score works.
+
+    Chung & Ying, "Seg-Eigen-CAM: Eigen-Value-Based Visual Explanations for Semantic
+    Segmentation Models", Applied Sciences 15(13), 7562, 2025, eq. 10-13.
+    """
+
+    name = "segeigencam"
+    formula = "first principal component of abs(G) ⊙ A, negated where abs(min) > max"
+    channel_sum = False
+    trains = False  # a singular vector's gradient is unstable where singular values are close
+
+    @staticmethod
+    def cam(activations: Tensor, gradients: Tensor) -> Tensor:
+        return principal_component(gradients.abs() * activations, sign="peak")
 
 
 @register
