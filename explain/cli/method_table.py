@@ -13,7 +13,7 @@ METHOD_ROWS = (
     ('hirescam', 'gradient CAM', 'yes', '1 forward + 1 backward to the layer', 'HiResCAM: element-wise gradient times activation, summed over channels.'),
     ('layercam', 'gradient CAM', 'yes', '1 forward + 1 backward to the layer', 'LayerCAM: activations weighted location by location by their positive gradients.'),
     ('refinecam', 'gradient CAM', 'yes', "the base CAM's: 1 forward + 1 backward to the earliest layer", "RefineCAM: a base CAM's maps at several layers, multiplied."),
-    ('segeigencam', 'gradient CAM', 'yes', '1 forward + 1 backward to the layer', 'Seg-Eigen-CAM: first principal component of |gradient| times activation, its peak positive.'),
+    ('segeigencam', 'gradient CAM', 'yes', '1 forward + 1 backward to the layer', 'Seg-Eigen-CAM: first principal component of abs(gradient) times activation, its peak positive.'),
     ('shapleycam', 'gradient CAM', 'yes', '1 forward + 1 double backward to the layer', 'Shapley-CAM: Grad-CAM with a second-order correction from the Hessian.'),
     ('smoothgradcam++', 'gradient CAM', 'yes', '1 forward + n_samples (4) forward + backward to the layer', 'SmoothGrad-CAM++: Grad-CAM++ with its derivatives averaged over noisy copies of the input.'),
     ('xgradcam', 'gradient CAM', 'yes', '1 forward + 1 backward to the layer', "XGrad-CAM: gradients averaged with the activations' own spatial weights."),
