@@ -7,7 +7,11 @@ class ids (each image's top class):
 - resnet50 (torchvision, random weights, seed 0), batch 4 at 224x224, layer4: the gradient
   and activation CAMs and FullGrad against pytorch-grad-cam, and against torchcam where it
   has them; CAM on resnet18 against torchcam;
-- Ablation-CAM on resnet18 and resnet50, batch 1, layer4; Score-CAM on the bundled
+- the CAMs of pytorch-grad-cam 1.5.7 and torchcam 0.5.0 on resnet50 batch 4: RefineCAM
+  (layer2, layer3, layer4; against both), Seg-Eigen-CAM (layer3), Sobel-CAM (no layer;
+  explain's call includes the model's forward pass, pytorch-grad-cam's is the filter alone);
+- Ablation-CAM on resnet18 and resnet50, batch 1, layer4, and on resnet18 at layer3 and
+  layer4 together; Score-CAM on the bundled
   efficientnet_lite0 with data/images/chelsea.png (layer bn2; explain timed with both
   weightings) and on resnet18 (channel-softmax), batch 1. ``--extra`` adds torchcam's
   Score-CAM, SS-CAM and IS-CAM (2 samples each) on the bundled model: about 10 minutes more.
@@ -66,6 +70,7 @@ PGC, TORCHCAM = "pytorch-grad-cam", "torchcam"
 SOFTMAX = (("weighting", "channel-softmax"),)
 SIGN = "sign of the principal component: explain's agrees with the channel sum, the peer's is arbitrary"
 MASKS = "masks upsampled with align_corners=True by pytorch-grad-cam, False by explain"
+REFINED = ("layer2", "layer3", "layer4")
 TC_MASKS = "torchcam min-max scales the masks at layer size, explain after upsampling"
 
 
@@ -76,7 +81,7 @@ class Case:
     peer_class: str  # the peer's class for that method
     model: str = "resnet50"  # resnet50 / resnet18 (random weights) or efficientnet_lite0 (bundled, the photo)
     batch: int = 4
-    layer: str | None = "layer4"
+    layer: str | tuple | None = "layer4"  # a tuple: several layers (RefineCAM, Ablation-CAM)
     options: tuple = ()  # explain's keyword arguments, as (name, value) pairs
     agree_options: tuple | None = None  # a second explain variant, timed too; its maps are the ones compared
     peer_options: tuple = ()
@@ -113,6 +118,13 @@ def cases(quick: bool, extra: bool) -> list[Case]:
         Case("ablationcam", PGC, "AblationCAM", model="resnet18", batch=1, peer_options=(("batch_size", 64),),
              slow=True),
         Case("ablationcam", PGC, "AblationCAM", batch=1, peer_options=(("batch_size", 64),), slow=True),
+        Case("ablationcam", PGC, "AblationCAM", model="resnet18", batch=1, layer=("layer3", "layer4"),
+             peer_options=(("batch_size", 64),), slow=True),
+        Case("refinecam", PGC, "RefineCAM", layer=REFINED),
+        Case("refinecam", TORCHCAM, "RefineCAM", layer=REFINED, note="torchcam scales the maps at layer2's size"),
+        Case("segeigencam", PGC, "SegEigenCAM", layer="layer3"),
+        Case("sobelcam", PGC, "sobel_cam", layer=None,
+             note="explain's call includes the model's forward pass (the logits and targets of the result)"),
         Case("scorecam", PGC, "ScoreCAM", model="efficientnet_lite0", batch=1, layer="bn2", agree_options=SOFTMAX,
              peer_options=(("batch_size", 32),), slow=True, note=MASKS),
         Case("scorecam", PGC, "ScoreCAM", model="resnet18", batch=1, options=SOFTMAX,
@@ -149,7 +161,8 @@ def build(model_name: str, batch: int, device: str):
 
 
 def explain_call(case: Case, options: tuple, model, x, ids):
-    layer = {} if case.layer is None else {"target_layer": case.layer}
+    named = list(case.layer) if isinstance(case.layer, tuple) else case.layer
+    layer = {} if case.layer is None else {"target_layer": named}
     cam = explain.explainer(case.method, model, **layer, **dict(options))
     return lambda: cam(x, targets=ids).maps
 
@@ -160,15 +173,26 @@ def peer_call(case: Case, model, x, ids):
         import pytorch_grad_cam
         from pytorch_grad_cam.utils.model_targets import ClassifierOutputReST, ClassifierOutputTarget
 
+        if case.peer_class == "sobel_cam":  # a function of a uint8 RGB image
+            from pytorch_grad_cam.sobel_cam import sobel_cam
+
+            def edges():
+                rgb = (x - x.amin()) / (x.amax() - x.amin()) * 255
+                return np.stack([sobel_cam(image.permute(1, 2, 0).round().byte().cpu().numpy()) for image in rgb])
+            return edges
         cls = getattr(pytorch_grad_cam, case.peer_class)
-        layers = [] if case.layer is None else [model.get_submodule(case.layer)]
+        names = case.layer if isinstance(case.layer, tuple) else () if case.layer is None else (case.layer,)
+        layers = [model.get_submodule(name) for name in names]
         target = ClassifierOutputReST if case.method == "shapleycam" else ClassifierOutputTarget
         # FinerCAM without targets: each image's top class (= ids) against its 3 nearest classes.
         targets = None if case.method == "finercam" else [target(c) for c in ids]
         batch_size = options.pop("batch_size") if case.peer_class == "ScoreCAM" else None
 
         def call():
-            with cls(model, layers, **options) as cam:
+            cam = cls(model, layers, **options)
+            if not hasattr(cam, "__enter__"):  # RefineCAM
+                return cam(input_tensor=x, targets=targets)
+            with cam:
                 if batch_size:
                     cam.batch_size = batch_size  # ScoreCAM reads it as an attribute
                 return cam(input_tensor=x, targets=targets)
@@ -176,10 +200,11 @@ def peer_call(case: Case, model, x, ids):
         import torchcam.methods
 
         cls = getattr(torchcam.methods, case.peer_class)
-        uses_scores = case.peer_class in {"GradCAM", "GradCAMpp", "XGradCAM", "LayerCAM"}
+        uses_scores = case.peer_class in {"GradCAM", "GradCAMpp", "XGradCAM", "LayerCAM", "RefineCAM"}
+        layer = list(case.layer) if isinstance(case.layer, tuple) else case.layer
 
         def call():
-            with cls(model, case.layer, **options) as extractor:
+            with cls(model, layer, **options) as extractor:
                 with torch.set_grad_enabled(uses_scores):
                     scores = model(x)
                 return extractor(class_idx=ids, scores=scores if uses_scores else None)[0]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -36,25 +36,39 @@ from torch import Tensor, nn
 from .concurrency import model_lock, process_lock
 from .hooks import preserved_state
 
-__all__ = ["AttentionCapture", "attention_weights", "explicit_attention", "explicit_attention_kernels", "has_attention"]
+__all__ = [
+    "AttentionCapture",
+    "AttentionRule",
+    "attention_weights",
+    "explicit_attention",
+    "explicit_attention_kernels",
+    "has_attention",
+    "ruled_attention",
+]
 
 _active = threading.local()
 
 
 def attention_weights(
-    query: Tensor, key: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False, scale: float | None = None
+    query: Tensor,
+    key: Tensor,
+    attn_mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    logits: bool = False,
 ) -> Tensor:
     """softmax(Q K^T * scale + mask), as ``F.scaled_dot_product_attention`` forms it: scale
     1 / sqrt(d) by default; a boolean mask keeps the True positions, a float mask is added;
-    ``is_causal`` masks the future. (N, heads, T, S)."""
+    ``is_causal`` masks the future. (N, heads, T, S). With ``logits``, what the softmax takes."""
     scale = 1 / math.sqrt(query.shape[-1]) if scale is None else scale
-    logits = (query @ key.transpose(-2, -1)) * scale
+    scores = (query @ key.transpose(-2, -1)) * scale
     if is_causal:
         future = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).triu(1)
-        logits = logits.masked_fill(future, float("-inf"))
+        scores = scores.masked_fill(future, float("-inf"))
     if attn_mask is not None:
-        logits = logits.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else logits + attn_mask
-    return logits.softmax(dim=-1)
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return scores if logits else scores.softmax(dim=-1)
 
 
 def _grouped(query: Tensor, other: Tensor, enable_gqa: bool) -> Tensor:
@@ -81,6 +95,10 @@ def explicit_attention(
     >>> torch.allclose(explicit_attention(q, k, v), F.scaled_dot_product_attention(q, k, v), atol=1e-6)
     True
     """
+    rule = getattr(_active, "rule", None)
+    if rule is not None:  # a relevance rule of this thread (AttnLRP): it forms the attention itself
+        key, value = _grouped(query, key, enable_gqa), _grouped(query, value, enable_gqa)
+        return rule(query, key, value, attn_mask, is_causal, scale)
     _active.explicit = True
     try:
         weights = attention_weights(query, _grouped(query, key, enable_gqa), attn_mask, is_causal, scale)
@@ -178,6 +196,27 @@ def explicit_attention_kernels(model: nn.Module) -> Iterator[None]:
             config._attn_implementation = "sdpa"
             context.callback(setattr, config, "_attn_implementation", implementation)
         yield
+
+
+#: A relevance rule for attention: (query, key, value, attn_mask, is_causal, scale) -> the
+#: attention's output, formed in operations whose gradients carry the rule.
+AttentionRule = Callable[[Tensor, Tensor, Tensor, "Tensor | None", bool, "float | None"], Tensor]
+
+
+@contextmanager
+def ruled_attention(model: nn.Module, rule: AttentionRule) -> Iterator[None]:
+    """Within the block, every attention of ``model`` called on this thread is computed by
+    ``rule`` (with :func:`explicit_attention_kernels`, so that the fused kernels are not
+    used); other threads' attention calls are computed as usual. Blocks do not nest on one
+    thread, nor with an :class:`AttentionCapture`."""
+    if getattr(_active, "rule", None) is not None or getattr(_active, "capture", None) is not None:
+        raise RuntimeError("an attention rule or capture is already active on this thread; they do not nest")
+    with explicit_attention_kernels(model):
+        _active.rule = rule
+        try:
+            yield
+        finally:
+            _active.rule = None
 
 
 def has_attention(model: nn.Module) -> bool:

@@ -75,6 +75,12 @@ class Explanation:
         Whether ``maps`` carry a sign: then they lie in [-1, 1], positive where the evidence
         speaks for the target and negative where it speaks against it (attributions
         reduced with ``reduction="sum"``); shown with a diverging colormap.
+    segment_scores:
+        With ``segments=`` (the perturbation methods, see :mod:`explain.segments`): one score
+        per segment of each image, a tensor (K_i,) per image, (k, K_i) with ``topk=k``, in
+        the order of the image's masks (of a label image's values, ascending); ``maps`` and
+        ``raw`` are then the pixel map the scores make (each pixel the sum of the scores of
+        the segments that cover it). None otherwise.
     """
 
     maps: Tensor
@@ -84,6 +90,7 @@ class Explanation:
     method: str
     class_names: Sequence[str] | None = field(default=None, repr=False)
     signed: bool = False
+    segment_scores: tuple[Tensor, ...] | None = field(default=None, repr=False)
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -140,6 +147,7 @@ class Explanation:
             [
                 ", signed=True" if self.signed else "",
                 f", device='{self.maps.device}'" if self.maps.device.type != "cpu" else "",
+                f", segments={[s.shape[-1] for s in self.segment_scores]}" if self.segment_scores is not None else "",
             ]
         )
         return (
@@ -158,6 +166,7 @@ class Explanation:
             raw_layers={k: v.to(device) for k, v in self.raw_layers.items()},
             logits=self.logits.to(device) if isinstance(self.logits, Tensor) else self.logits,
             targets=self.targets.to(device),
+            segment_scores=None if self.segment_scores is None else tuple(s.to(device) for s in self.segment_scores),
         )
 
     def cpu(self) -> Explanation:

@@ -15,7 +15,7 @@ there: an explanation costs about one forward pass. (A map made for a training l
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import overload
 
@@ -24,7 +24,26 @@ from torch import Tensor, nn
 
 from .concurrency import model_lock
 
-__all__ = ["WRAPPER_PREFIXES", "LayerCapture", "preserved_state", "unwrapped"]
+__all__ = ["WRAPPER_PREFIXES", "LayerCapture", "check_layers_ran", "preserved_state", "unwrapped"]
+
+
+def check_layers_ran(wanted: Iterable[str], ran: Container[str]) -> None:
+    """Raise a ``ValueError`` that names the fix where a layer of ``wanted`` is not in ``ran``
+    (the layers a forward pass went through): a layer the model does not use at inference.
+
+    >>> check_layers_ran(["layer4"], {"layer4": 1})
+    >>> check_layers_ran(["aux"], {})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: layer(s) ['aux'] did not run in the forward pass; pick layers the model uses ...
+    """
+    missing = [name for name in wanted if name not in ran]
+    if missing:
+        raise ValueError(
+            f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
+            "at inference (`explain layers MODEL` lists them)"
+        )
+
 
 #: The attribute names under which wrappers hold the model: ``nn.DataParallel`` and
 #: ``DistributedDataParallel`` (``module``), ``torch.compile`` (``_orig_mod``).
@@ -308,12 +327,7 @@ class LayerCapture:
         """
         if not self.track_gradients:
             raise RuntimeError("this LayerCapture was made with gradients=False")
-        missing = [name for name in self.layers if name not in self.activations]
-        if missing:
-            raise ValueError(
-                f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
-                "at inference (`explain layers MODEL` lists them)"
-            )
+        check_layers_ran(self.layers, self.activations)
         if not scores.requires_grad:
             raise ValueError(
                 "the scores do not depend on the captured layers; check that the target "

@@ -23,7 +23,9 @@ from PIL import Image
 
 __all__ = [
     "MANIFEST_FIELDS",
+    "SEGMENTS_FIELD",
     "TASK_FIELDS",
+    "TEMP_NAME_BYTES",
     "TEMP_SUFFIX",
     "atomic_write",
     "encode_npz",
@@ -60,10 +62,18 @@ MANIFEST_FIELDS = (
 )
 #: Written after those only with ``explain run --metrics``: {metric column: value} for the map.
 METRICS_FIELD = "metrics"
+#: Written last only with ``explain run --segments``, for the methods that score segments:
+#: {segment name: score} of the row's target (see :mod:`explain.batch.segment_sources`).
+SEGMENTS_FIELD = "segments"
 #: Written after the columns only for segmentation and detection rows (``explain run --task``):
 #: ``task`` (segment or detect) and ``region``, what the output explains: ``{kind, pixels, box}``
 #: of the class's region (kind: predicted, mask or box), or ``{box, score, index}`` of the box.
 TASK_FIELDS = ("task", "region")
+
+
+#: Bytes that the name of :func:`atomic_write`'s temporary file adds to the name it stands for
+#: (``.NAME.1234abcd.explain-tmp``): a name fits the file system only where this much more does.
+TEMP_NAME_BYTES = len(".") + len(".") + 8 + len(TEMP_SUFFIX)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
@@ -119,8 +129,8 @@ def _json_value(value):
 
 def write_manifest(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Write rows as JSON Lines with the columns of :data:`MANIFEST_FIELDS` (then
-    :data:`TASK_FIELDS` for segmentation and detection rows, and ``metrics`` where a row has
-    them), atomically."""
+    :data:`TASK_FIELDS` for segmentation and detection rows, and ``metrics`` and ``segments``
+    where a row has them), atomically."""
     lines = [manifest_line(row) for row in rows]
     atomic_write(path, ("\n".join(lines) + "\n" if lines else "").encode("utf-8"))
 
@@ -134,6 +144,8 @@ def manifest_line(row: dict) -> str:
         fields.update({key: _json_value(row.get(key)) for key in TASK_FIELDS})
     if row.get(METRICS_FIELD) is not None:
         fields[METRICS_FIELD] = _json_value(row[METRICS_FIELD])
+    if row.get(SEGMENTS_FIELD) is not None:
+        fields[SEGMENTS_FIELD] = _json_value(row[SEGMENTS_FIELD])
     return json_line(fields)
 
 

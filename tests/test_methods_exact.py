@@ -212,7 +212,7 @@ def test_explain_together_shares_a_pass_only_where_it_can():
     class Constant(explain.Explainer):  # stands for a gradient-free method
         name = "constant"
 
-        def __call__(self, images, targets=None, *, topk=None):
+        def _explain(self, images, targets=None, *, topk=None):
             self.model(images)
             return "called"
 

@@ -5,6 +5,7 @@ driver, and a driver that plans without torch."""
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,8 @@ def _photos(folder: Path) -> list[Path]:
             paths += [folder / photo.name, folder / "nested" / f"{photo.stem}_mirrored.jpg"]
     # A file name that is not UTF-8 (Latin-1 "é"), as archives and shared drives have them.
     noise_image(7, size=(300, 200)).save(folder / "nested" / os.fsdecode(b"nois\xe9.png"), format="PNG")
+    # A name near the file system's limit: its outputs' names are shortened, as locally.
+    noise_image(8).save(folder / "nested" / ("é" * 100 + "x" * 40 + ".png"))
     (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     return paths
 
@@ -95,7 +98,7 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
     local_out = capsys.readouterr().out
     assert main(["run", *options, "--out", "on_ray", "--engine", "ray", "--batch-size", "3"]) == 1
     ray_out = capsys.readouterr().out
-    assert summary_counts(ray_out) == summary_counts(local_out) == (36, 0, 8)
+    assert summary_counts(ray_out) == summary_counts(local_out) == (40, 0, 8)
 
     local, on_ray = tmp_path / "local", tmp_path / "on_ray"
     assert _files(on_ray) == _files(local)
@@ -118,7 +121,8 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
     shown = {m["output"] for m in page["maps"] if m["output"]}
     assert all(quote(row["output"]) in shown for row in ray_rows.values() if row["status"] == "ok")
     assert any(image["name"].endswith("nested/nois\\xe9.png") for image in page["images"])  # not UTF-8: escaped
-    assert page["run"]["counts"] == {"ok": 36, "skipped": 0, "failed": 8}
+    assert page["run"]["counts"] == {"ok": 40, "skipped": 0, "failed": 8}
+    assert sum("~" in name for name in _files(on_ray)) == 6  # two overlays and a .npz of each method
 
 
 def test_outputs_to_a_folder_given_by_uri(tmp_path, capsys):
@@ -226,16 +230,23 @@ def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monke
     (tmp_path / "in").mkdir()
     for i in range(4):
         noise_image(i).save(tmp_path / "in" / f"img{i}.png")
+    # Another run's output folder among the inputs: skipped, not explained
+    (tmp_path / "in" / "earlier").mkdir()
+    noise_image(9).save(tmp_path / "in" / "earlier" / "img0__gradcam__1-x.png")
+    (tmp_path / "in" / "earlier" / "manifest.jsonl").write_text("")
+    (tmp_path / "in" / "earlier" / "index.html").write_text("")
     real = explain.batch.ray_stages.explain_plan
 
     def losing_img2(*args, **kwargs):  # as when an actor dies on img2's batch past Ray's retries
-        for rows in real(*args, **kwargs):
-            yield [row for row in rows if row["input"] != "in/img2.png"]
+        for rows, kept in real(*args, **kwargs):
+            yield [row for row in rows if row["input"] != "in/img2.png"], kept
 
     monkeypatch.setattr(explain.batch.ray_stages, "explain_plan", losing_img2)
     os.chdir(tmp_path)
     assert main(["run", "in", "--out", "out", "--engine", "ray", "--batch-size", "1", "-q"]) == 1
-    assert summary_counts(capsys.readouterr().out) == (3, 0, 1)
+    captured = capsys.readouterr()
+    assert summary_counts(captured.out) == (3, 0, 1)
+    assert "explain: skipped in/earlier: the output folder of another run" in captured.err
     rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
     assert rows[("in/img2.png", "gradcam", "top1")]["error"].startswith("worker failed: Ray lost this image's batch")
     monkeypatch.undo()
@@ -299,3 +310,57 @@ def test_method_options_reach_the_actors_and_a_changed_one_redoes_its_method(tmp
         "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=3"}
     assert main([*options, "-M", "ig:n_steps=-1"]) == 2
     assert "--method-option ig:n_steps=-1: n_steps must be a positive int" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_ctrl_c_and_sigterm_keep_every_row_whose_files_were_written_and_a_rerun_redoes_none(tmp_path, capsys,
+                                                                                          monkeypatch):
+    # Ctrl-C of a Ray run dropped the rows the actors had kept: 64 overlays, 32 rows, and the
+    # rerun wrote the 32 finished overlays again. Interrupted three times at different points
+    # (once 2, 6 and, by SIGTERM, 4 more overlays are on disk, whether or not their batch reached
+    # the driver), each rerun starting from the last: every overlay on disk has its row, none is
+    # written twice, and the run's Ray execution ends with it (nothing is written afterwards).
+    from explain.batch import ray_driver
+    from explain.batch.ray_driver import PLAN_PREFIX
+
+    IMAGES = 16  # one a call: the actors cannot finish them all before the driver's look
+
+    (tmp_path / "in").mkdir()
+    for i in range(IMAGES):
+        noise_image(i, size=(24, 20)).save(tmp_path / "in" / f"img{i:02d}.png")
+    os.chdir(tmp_path)
+    command = ["run", "in", "--out", "out", "--engine", "ray", "--method", "gradcam,saliency", "--batch-size", "1",
+               "-q"]
+    receive, received = ray_driver.RayRun._receive, []
+
+    def overlays() -> dict[str, int]:
+        return {p.relative_to(tmp_path / "out").as_posix(): p.stat().st_mtime_ns
+                for p in (tmp_path / "out").rglob("*.png") if p.parent.name != DATA_FOLDER}
+
+    written: dict[str, int] = {}
+    for signum, after in ((signal.SIGINT, 2), (signal.SIGINT, 6), (signal.SIGTERM, 4)):
+        def interrupting(self, out, item, *args, signum=signum, after=after, before=len(written)):
+            receive(self, out, item, *args)  # called every 0.1 s while the driver waits
+            if not received and len(overlays()) >= before + after:
+                received.append(signum)
+                signal.raise_signal(signum)
+
+        received.clear()
+        monkeypatch.setattr(ray_driver.RayRun, "_receive", interrupting)
+        assert main(command) == 128 + signum
+        captured = capsys.readouterr()
+        assert "interrupted, run the same command again to finish" in captured.out
+        assert "SIGTERM received" not in captured.err  # Ray's native stack
+        rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
+        now = overlays()
+        assert {row["output"] for row in rows.values()} == set(now)  # no row lost, none without its file
+        assert all(now[name] == mtime for name, mtime in written.items())  # none written again
+        assert received and len(written) < len(now) < 2 * IMAGES, "nothing made, or everything, before the stop"
+        written = now
+        assert not [p for p in (tmp_path / "out").glob(PLAN_PREFIX + "*")]
+    monkeypatch.setattr(ray_driver.RayRun, "_receive", receive)
+    assert main(command) == 0
+    done, skipped, failed = summary_counts(capsys.readouterr().out)
+    assert (skipped, done + skipped, failed) == (len(written), 2 * IMAGES, 0)
+    assert all(overlays()[name] == mtime for name, mtime in written.items())
+    assert len(_by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))) == 2 * IMAGES

@@ -214,3 +214,33 @@ def test_a_killed_driver_leaves_a_manifest_the_rerun_completes(cluster, tmp_path
     assert skipped >= overlays - 8
     assert {row["status"] for row in _one_row_per_image(tmp_path).values()} <= {"ok", "skipped"}
     assert not list((tmp_path / "out").glob(PLAN_PREFIX + "*")) and not list((tmp_path / "out").rglob(".*tmp"))
+
+
+def test_sigterm_of_the_driver_keeps_every_finished_row_without_ray_s_native_stack(cluster, tmp_path, monkeypatch,
+                                                                                   capsys):
+    # SIGTERM (as `kill`, a scheduler or `docker stop` send it) of a driver in its own process,
+    # with Ray's own signal handlers installed: it stops as Ctrl-C does (exit 143), every
+    # overlay on disk has its row, and the rerun writes none of them again.
+    _make_run(tmp_path)
+    manifest = tmp_path / "out" / "manifest.jsonl"
+    driver = _start(tmp_path, cluster)
+    try:
+        _wait_for_rows(manifest, driver, 4)
+        driver.send_signal(signal.SIGTERM)
+        assert driver.wait(timeout=120) == 143, (tmp_path / "driver.log").read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    log = (tmp_path / "driver.log").read_text()
+    assert "explain: terminated: stopping: the actors finish the batches they hold" in log
+    assert "SIGTERM received" not in log and "*** " not in log, log[-3000:]  # Ray's native stack
+    overlays = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").rglob("*.png")
+                if p.parent.name != "index-data"}
+    rows = {Path(row["output"]).name for row in read_rows(manifest)}
+    assert rows == set(overlays) and 4 <= len(rows) < IMAGES
+
+    monkeypatch.chdir(tmp_path)
+    assert main(RUN + ["--address", cluster.address, "-q"]) == 0
+    assert summary_counts(capsys.readouterr().out) == (IMAGES - len(rows), len(rows), 0)
+    assert all((tmp_path / "out" / name).stat().st_mtime_ns == mtime for name, mtime in overlays.items())
+    _one_row_per_image(tmp_path)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torchvision import transforms
 
 from ..errors import UsageError, out_of_memory_reason
 from ..evaluation import (
@@ -29,7 +28,7 @@ from ..models import load_model, warn_if_random
 from ..options import LOCALISATION_METRICS as LOCALISATION
 from ..passes import pass_settings
 from ..report import atomic_write, remove_temp_files
-from .decoding import DecodedBatch, ModelInputs, default_workers, is_torchvision_preset
+from .decoding import DecodedBatch, ModelInputs, default_workers, mask_geometry
 from .explainers import (
     build_explainers,
     estimated_costs,
@@ -49,27 +48,6 @@ from .outcome import exit_code, interrupted_summary, report_failure, stopped_sum
 from .page import page_run, write_page
 from .progress import time_taken
 from .storage import OutputDeviceError, OutputFolder, device_errors
-
-
-def _mask_geometry(preprocess):
-    """The resizing and cropping of ``preprocess`` with nearest-neighbour resampling, for
-    masks drawn on the original images; None where the preprocessing is not made of them."""
-    nearest = transforms.InterpolationMode.NEAREST
-    if is_torchvision_preset(preprocess):
-        return transforms.Compose([transforms.Resize(preprocess.resize_size, nearest),
-                                   transforms.CenterCrop(preprocess.crop_size)])
-    if not isinstance(preprocess, transforms.Compose):
-        return None
-    steps = []
-    for step in preprocess.transforms:
-        if type(step) is transforms.Resize:
-            steps.append(transforms.Resize(step.size, nearest, max_size=step.max_size))
-        elif type(step) is transforms.CenterCrop:
-            steps.append(step)
-        elif type(step) not in (transforms.ToTensor, transforms.PILToTensor, transforms.Normalize,
-                                transforms.ConvertImageDtype):
-            return None
-    return transforms.Compose(steps)
 
 
 def _save_figure(path: Path, figure) -> None:
@@ -236,7 +214,8 @@ class EvaluationRun:
             print(f"explain: error: {refused}", file=sys.stderr)
             summary = stopped_summary(refused, counts)
         print(summary)
-        return exit_code(self.stats["failed"], interrupted, device_error=refused is not None)
+        return exit_code(self.stats["failed"], interrupted, device_error=refused is not None,
+                         terminated=bool(end and end.terminated))
 
     def _evaluate(self, indices: list[int], images: Tensor) -> tuple[str, str]:
         """Score one decoded group; images with the same work to do are scored together."""
@@ -328,9 +307,10 @@ def page_rows(scores: list[dict], failures: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
-def run_evaluation(args: EvaluateOptions) -> int:
+def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
     """``explain evaluate``: check the options against the model, then compute the scores that are
-    missing under ``args.out``; returns the exit status."""
+    missing under ``args.out`` (of ``sources``: by default the images that ``args.inputs``
+    name); returns the exit status."""
     out_dir = Path(args.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
@@ -341,9 +321,17 @@ def run_evaluation(args: EvaluateOptions) -> int:
             raise UsageError(f"--regions {args.regions}: no such file or folder")
         if not any(name in LOCALISATION for name in metrics):
             raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
-    options = metric_options(metrics, args.step)
+    metric_options(metrics, args.step)  # --step checked before the model loads
     method_options = parse_method_options(args.method_options)
-    sources = collect_inputs(args.inputs, out_dir)
+    if sources is None:
+        sources = collect_inputs(args.inputs, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with sole_run(out_dir, "evaluate"):  # a second run on the folder is refused before the model loads
+        return _evaluate_locked(args, out_dir, sources, metrics, method_options)
+
+
+def _evaluate_locked(args: EvaluateOptions, out_dir: Path, sources: list, metrics: list[str], method_options) -> int:
+    """``explain evaluate`` once it holds ``out_dir``: the model loaded and checked, the run."""
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     if loaded.task != "classify":
         raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "
@@ -358,12 +346,11 @@ def run_evaluation(args: EvaluateOptions) -> int:
     if args.regions is not None:
         try:
             size = (loaded.example.shape[-2], loaded.example.shape[-1])
-            regions = read_regions(args.regions, [s.path for s in sources], size, _mask_geometry(loaded.preprocess))
+            regions = read_regions(args.regions, [s.path for s in sources], size, mask_geometry(loaded.preprocess))
         except ValueError as error:
             raise UsageError(f"--regions: {error}") from None
     warn_if_random(loaded, args.model)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir, "evaluate"), pixel_limit(args.max_pixels):
+    with pixel_limit(args.max_pixels):
         remove_temp_files(out_dir)
         return EvaluationRun(args, out_dir, sources, loaded, target, explainers, metrics, options, regions,
                              method_options).execute()

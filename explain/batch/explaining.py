@@ -11,15 +11,17 @@ from functools import partial
 
 from torch import Tensor
 
-from ..errors import is_out_of_memory
+from ..errors import failure_reason, is_out_of_memory
 from ..evaluation import score
+from ..report import TEMP_NAME_BYTES
 from .decoding import ModelInputs
 from .inputs import Source
 from .kinds import FileInputs, file_kind
 from .loop import in_halves
-from .manifest import manifest_row, safe_name
+from .manifest import NAME_MAX, fitted_path, manifest_row, safe_name
 from .method_results import Outcome, raise_if_out_of_memory
 from .preparation import PreparedRun
+from .storage import OutputFolder
 from .task_outputs import outputs_for
 
 
@@ -44,6 +46,9 @@ class GroupExplainer:
         self.report = report
         self.reported: set[str] = set()  # metric failures are reported once each
         self.outputs = outputs_for(prepared.task)
+        #: The longest output file name, in bytes: the output folder's limit, less what the
+        #: name of the temporary file that writes it adds.
+        self.name_limit = OutputFolder(self.options.out).name_max(NAME_MAX) - TEMP_NAME_BYTES
 
     def explain(self, work: list[tuple[Source, list]], images: Tensor) -> Outcome:
         """Explain ``images`` (one decoded group, as the decode step gives it) with, per image,
@@ -65,7 +70,7 @@ class GroupExplainer:
             raise_if_out_of_memory([error], len(work))  # several images: explained in halves
             outcome = Outcome()
             for cam in self.pending(work):
-                self.fail(outcome, work, range(1), cam, f"{type(error).__name__}: {error}")
+                self.fail(outcome, work, range(1), cam, failure_reason(error))
             return outcome
         return self.outputs.explain(self, work, model_input, pictures)
 
@@ -100,11 +105,16 @@ class GroupExplainer:
 
     def output_names(self, source: Source, method: str, what: str) -> tuple[str, str | None]:
         """The overlay's file name for one target (``what``: its id and name, or the box) and the
-        image's .npz (with --save-maps)."""
-        prefix = f"{source.folder}/{source.stem}" if source.folder else source.stem
-        maps = f"{prefix}__{safe_name(method)}.npz" if self.options.save_maps else None
+        image's .npz (with --save-maps). A name past the file system's limit (with the
+        temporary file's name that writes it) is shortened by :func:`~explain.batch.manifest.fitted_path`:
+        the same on every run, so that a rerun finds it."""
+        maps = (
+            fitted_path(source.folder, source.stem, f"__{safe_name(method)}.npz", self.name_limit)
+            if self.options.save_maps
+            else None
+        )
         suffix = ".png" if self.kind is None else self.kind.suffix(source.path)
-        return f"{prefix}__{safe_name(method)}__{what}{suffix}", maps
+        return fitted_path(source.folder, source.stem, f"__{safe_name(method)}__{what}{suffix}", self.name_limit), maps
 
     def drawing(self, source: Source):
         """How the maps of ``source`` are drawn, for :class:`~explain.batch.writing.Job`: None

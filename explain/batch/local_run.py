@@ -10,6 +10,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from ..errors import out_of_memory_reason
 from ..evaluation import format_summary
 from ..images import IMAGE_EXTENSIONS
 from ..models import warn_if_random
@@ -23,11 +24,11 @@ from .kinds import file_kind
 from .loop import for_each_batch
 from .manifest import MANIFEST, metric_table
 from .options import RunOptions
-from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
-from .page import colour_scales, page_run, write_page
+from .outcome import exit_code, interrupted_summary, out_of_memory_note, report_failure, stopped_summary
+from .page import OriginalCopies, colour_scales, page_run, write_page
 from .planning import RunPlan
 from .preparation import PreparedRun, prepare_run
-from .progress import run_summary
+from .progress import label_summary, run_summary
 from .storage import OutputDeviceError, OutputFolder, device_errors
 
 
@@ -37,25 +38,27 @@ def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None
     ``options.inputs`` name); returns the exit status."""
     if sources is None:
         sources = collect_inputs(options.inputs, out_dir, input_extensions(options.model))
-    prepared = prepare_run(options)
-    sources = _of_the_model_kind(sources, prepared.loaded.kind)
-    if options.workers is None:
-        options = options.replace(workers=default_workers(prepared.loaded.device))
-        prepared.options = options
-    warn_if_random(prepared.loaded, options.model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir), pixel_limit(options.max_pixels):
-        remove_temp_files(out_dir)
-        return LocalRun(prepared, out_dir, sources).execute()
+    with sole_run(out_dir):  # a second run on the folder is refused before the model loads
+        prepared = prepare_run(options)
+        sources = _of_the_model_kind(sources, prepared.loaded.kind)
+        if options.workers is None:
+            options = options.replace(workers=default_workers(prepared.loaded.device))
+            prepared.options = options
+        warn_if_random(prepared.loaded, options.model)
+        with pixel_limit(options.max_pixels):
+            remove_temp_files(out_dir)
+            return LocalRun(prepared, out_dir, sources).execute()
 
 
 def _of_the_model_kind(sources: list[Source], kind_name: str) -> list[Source]:
     """The sources without the files found in folders that the model does not take (.npy
     arrays beside the images of an image model); files named on the command line stay, to
-    fail with the reason."""
+    fail with the reason, and so do the subfolders that could not be listed (a failed row
+    each, with the reason)."""
     kind = file_kind(kind_name)
     accepts = (lambda path: Path(path).suffix.lower() in IMAGE_EXTENSIONS) if kind is None else kind.accepts
-    return [source for source in sources if not source.listed or accepts(source.path)]
+    return [source for source in sources if not source.listed or source.error or accepts(source.path)]
 
 
 class LocalRun:
@@ -73,9 +76,12 @@ class LocalRun:
         self.marked = row_marker(self.options.labels, prepared.task, sources, prepared.loaded.class_names)
         self.started = time.perf_counter()
         self.images = 0  # explained by this run
+        self.out_of_memory = 0  # outputs failed for memory running out
         # what index.html shows of the run's settings
         self.zoom = crop_zoom(prepared.loaded.preprocess)
         self.scales = colour_scales(prepared.settings, self.options.cmap, self.options.signed_cmap)
+        #: --copy-originals: the thumbnails index.html shows (None: links to the inputs)
+        self.originals = OriginalCopies(self.folder) if self.options.copy_originals else None
 
     def _record(self, rows: list[dict]) -> None:
         for row in rows:
@@ -85,6 +91,7 @@ class LocalRun:
                 self.seconds[row["method"]] = self.seconds.get(row["method"], 0.0) + row["seconds"]
             if row["status"] == "failed" and row.get("output"):
                 report_failure(row["input"], f"{row['method']}: {row['error']}")
+            self.out_of_memory += row["status"] == "failed" and out_of_memory_reason(row.get("error") or "")
 
     def _save_reports(self, final: bool = False, summary: str = "", state: str = "in progress") -> None:
         """Rewrite manifest.jsonl and index.html. Until the run completes, the manifest also
@@ -96,7 +103,8 @@ class LocalRun:
                        self.zoom, self.scales)
         with device_errors(self.out_dir):
             write_manifest(self.out_dir / MANIFEST, planned if final else self.plan.all_rows())
-            write_page(self.folder, planned, run, format_summary(table, "html") if table else "")
+            write_page(self.folder, planned, run, format_summary(table, "html") if table else "",
+                       original=self.originals)
         self.reports_written = time.monotonic()
         self.reports_cost = self.reports_written - start
 
@@ -160,7 +168,10 @@ class LocalRun:
             print(f"explain: error: {refused}", file=sys.stderr)
             summary = stopped_summary(refused, counts)
         print(summary)
-        return exit_code(self.plan.stats["failed"], not completed, device_error=refused is not None)
+        if self.out_of_memory:
+            print(out_of_memory_note(self.out_of_memory), file=sys.stderr)
+        return exit_code(self.plan.stats["failed"], not completed, device_error=refused is not None,
+                         out_of_memory=self.out_of_memory > 0, terminated=bool(end and end.terminated))
 
     def _record_finished(self, in_flight: deque[Future]) -> OutputDeviceError | None:
         """Record the writes that finished before the run stopped; the device's error if one
@@ -176,5 +187,6 @@ class LocalRun:
         return refused
 
     def _summary(self, images: int, elapsed: float) -> str:
-        return (f"{run_summary(self.plan.stats, images, elapsed, self.seconds)}; "
+        verdicts = label_summary(self.plan.planned_rows()) if self.options.labels is not None else ""
+        return (f"{run_summary(self.plan.stats, images, elapsed, self.seconds)}{verdicts}; "
                 f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")

@@ -67,6 +67,9 @@ class ModelOptions:
             changes["weights"] = os.path.abspath(self.weights)
         if os.path.exists(self.model):
             changes["model"] = os.path.abspath(self.model)
+        segments = getattr(self, "segments", None)
+        if segments and os.path.exists(segments):
+            changes["segments"] = os.path.abspath(segments)
         return self.replace(**changes)
 
 
@@ -86,6 +89,11 @@ class RunOptions(ModelOptions):
     metrics: str | None = None
     #: --labels: a CSV of path,label (see explain.batch.ground_truth)
     labels: Path | None = None
+    #: --segments: a folder of mask files, or model:NAME[=WEIGHTS] (see explain.batch.segment_sources)
+    segments: str | None = None
+    #: --copy-originals: index.html shows thumbnails copied into the output folder, not links
+    #: to the inputs (see explain.batch.page.OriginalCopies)
+    copy_originals: bool = False
     engine: str = "local"
     address: str | None = None
     actors: int | None = None

@@ -30,6 +30,7 @@ from .explainers import (
     parse_task_target,
 )
 from .options import CheckedRun, RunOptions
+from .segment_sources import FolderSegments, ModelSegments, segment_source
 
 
 @dataclass
@@ -48,6 +49,8 @@ class PreparedRun:
     metric_options: dict
     #: method -> its estimated cost per image, in forward passes of the model
     costs: dict[str, float] = field(default_factory=dict)
+    #: --segments: each image's segments, for the methods that take them (None: no --segments)
+    segments: FolderSegments | ModelSegments | None = None
 
     @property
     def metric_columns(self) -> list[str]:
@@ -104,6 +107,8 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     else:
         target = parse_task_target(args.target, task, loaded.class_names)
     metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
+    if args.metrics and args.metrics.strip().lower() == "all":  # every metric that needs no regions
+        metrics = [name for name in metrics if name not in LOCALISATION_METRICS]
     if any(name in LOCALISATION_METRICS for name in metrics):
         raise UsageError(
             f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "
@@ -126,9 +131,36 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
         explainers = build_explainers(args.method, loaded, layer, target, method_options, **options)
         layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+    segments = _segments(args, loaded, task, explainers, metrics)
     costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
     settings = _method_settings(args, task, options, explainers, method_options)
-    return PreparedRun(args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics, costs)
+    return PreparedRun(
+        args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics, costs, segments
+    )
+
+
+def _segments(
+    args: RunOptions, loaded: LoadedModel, task: str, explainers: list, metrics: list[str]
+) -> FolderSegments | ModelSegments | None:
+    """--segments, checked against the task, the methods and the metrics."""
+    if not args.segments:
+        return None
+    if task != "classify" or loaded.kind != "images":
+        raise UsageError(
+            f"--segments applies to classifiers of images; {args.model} is a {task} model of {loaded.kind}"
+        )
+    if not any(cam.takes_segments for cam in explainers):
+        raise UsageError(
+            f"--segments applies to none of the methods {', '.join(cam.name for cam in explainers)}; it goes with "
+            "occlusion, lime, kernelshap, ablation, shapley-sampling and xrai"
+        )
+    again = [name for name in metrics if METRICS[name].needs == "explainer"]
+    if again:
+        raise UsageError(
+            f"--metrics {','.join(again)} explain perturbed copies of the images again, which the --segments do not "
+            "follow; leave them out with --segments (the metrics that rescore the map apply: deletion, insertion, ...)"
+        )
+    return segment_source(args.segments, loaded, args.trust_model_file)
 
 
 def _method_settings(
@@ -147,6 +179,8 @@ def _method_settings(
             f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items()
         )
         settings[cam.name] += method_option_text(method_options.get(type(cam), {}))
+        if args.segments and cam.takes_segments:
+            settings[cam.name] += f" segments={args.segments}"
         if applied.get("reduction") == "sum":
             settings[cam.name] += f" signed_cmap={args.signed_cmap}"
     return settings

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import is_out_of_memory
+from ..errors import failure_reason, is_out_of_memory
 from ..hooks import preserved_state
 from ..passes import StopRequested
 from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
@@ -20,6 +20,7 @@ from .explainers import class_name
 from .inputs import Source
 from .manifest import is_detection_row, safe_name
 from .method_results import Outcome, explain_all, raise_if_out_of_memory
+from .segment_sources import ImageSegments
 from .writing import Job
 
 
@@ -29,6 +30,19 @@ def outputs_for(task: str) -> ClassifyOutputs | DenseOutputs:
 
 def _rounded(value: float | None) -> float | None:
     return None if value is None or value != value else round(float(value), 6)
+
+
+def with_segment_scores(jobs: list[Job], images: list[int], result, segments: list[ImageSegments]) -> None:
+    """Each job's rows (one per target of image ``images[i]``) with the manifest's ``segments``,
+    {segment name: score} (None for a NaN: a segment XRAI never added), and its .npz (with
+    --save-maps) with ``segment_scores`` ((K,), or (k, K) for topk) and ``segment_names``."""
+    for job, j in zip(jobs, images, strict=True):
+        scores, names = result.segment_scores[j].cpu(), segments[j].names
+        by_rank = scores[None] if scores.dim() == 1 else scores
+        for row, values in zip(job.rows, by_rank.tolist(), strict=True):
+            row["segments"] = dict(zip(names, map(_rounded, values), strict=True))
+        if job.npz is not None:
+            job.npz.update(segment_scores=scores.numpy(), segment_names=np.asarray(names))
 
 
 class ClassifyOutputs:
@@ -42,14 +56,48 @@ class ClassifyOutputs:
         return [(source.input, method, label) for label in labels]
 
     def explain(self, host, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray) -> Outcome:
-        target = host.prepared.target
         cams = host.pending(work)
-        results, seconds = explain_all(cams, model_input, target.targets, target.topk, host.prepared.costs)
+        source = host.prepared.segments
+        segmented = [cam for cam in cams if source is not None and cam.takes_segments]
+        outcome = self._explain(host, work, model_input, pictures, [cam for cam in cams if cam not in segmented])
+        if segmented:
+            outcome.extend(self._explain_segments(host, work, model_input, pictures, segmented))
+        return outcome
+
+    def _explain_segments(self, host, work, model_input: Tensor, pictures: np.ndarray, cams: list) -> Outcome:
+        """--segments: the methods that score each image's segments, on the images that have
+        some; the others' rows fail with the reason (no mask file, a bad one)."""
+        outcome = Outcome()
+        try:
+            found = host.prepared.segments([source for source, _ in work], pictures)
+        except Exception as error:  # the segmentation model fails on this group
+            raise_if_out_of_memory([error], len(work))
+            found = [f"--segments: {type(error).__name__}: {error}"] * len(work)
+        for j, item in enumerate(found):
+            if isinstance(item, str):
+                for cam in cams:
+                    host.fail(outcome, work, [j], cam, item)
+        ok = [j for j, item in enumerate(found) if not isinstance(item, str)]
+        if ok:
+            rows = torch.tensor(ok, device=model_input.device)
+            part = [work[j] for j in ok], model_input[rows], pictures[ok]
+            outcome.extend(self._explain(host, *part, cams, [found[j] for j in ok]))
+        return outcome
+
+    def _explain(self, host, work, model_input: Tensor, pictures: np.ndarray, cams: list, segments=None) -> Outcome:
+        """The outputs of ``cams`` on the group (with ``segments``: each image's, which they score)."""
+        if not cams:
+            return Outcome()
+        target = host.prepared.target
+        masks = None if segments is None else [found.masks for found in segments]
+        results, seconds = explain_all(cams, model_input, target.targets, target.topk, host.prepared.costs, masks)
         raise_if_out_of_memory(results, len(work))
         outcome = Outcome()
         for cam, result in zip(cams, results, strict=True):
             if isinstance(result, Exception):
-                host.fail(outcome, work, range(len(work)), cam, f"{type(result).__name__}: {result}", str(result))
+                reason = failure_reason(result)
+                reported = reason if is_out_of_memory(result) else str(result)
+                host.fail(outcome, work, range(len(work)), cam, reason, reported)
         # A method that Ctrl-C stopped is neither done nor failed: a resumed run does it.
         done = [
             (cam, result, took)
@@ -66,7 +114,11 @@ class ClassifyOutputs:
             started = time.perf_counter()
             scores = host.scores(cam, model_input, result)
             took += time.perf_counter() - started  # --metrics: the method's time includes its scoring
+            first = len(outcome.jobs)
             self._jobs(host, outcome, work, cam, result, scores, predicted, pictures, took / len(work))
+            if segments is not None:
+                images = [j for j, (_, needed) in enumerate(work) if cam in needed]
+                with_segment_scores(outcome.jobs[first:], images, result, segments)
         return outcome
 
     def _jobs(
@@ -162,7 +214,7 @@ class DenseOutputs:
             if is_out_of_memory(error) and len(work) > 1:
                 raise_if_out_of_memory([error], len(work))
             for cam in cams:
-                host.fail(outcome, work, range(len(work)), cam, f"{type(error).__name__}: {error}")
+                host.fail(outcome, work, range(len(work)), cam, failure_reason(error))
             return outcome
         found = self._maps(host, cams, target, owners, model_input)
         raise_if_out_of_memory(found.values(), len(work))  # nothing of this group is kept: its halves start again
@@ -170,7 +222,7 @@ class DenseOutputs:
         for cam in cams:
             host.fail(outcome, work, empty, cam, f"no detected box matches --target {host.prepared.target.labels[0]}")
             if isinstance(found[cam], Exception):
-                host.fail(outcome, work, sorted(set(owners)), cam, f"{type(found[cam]).__name__}: {found[cam]}")
+                host.fail(outcome, work, sorted(set(owners)), cam, failure_reason(found[cam]))
             elif found[cam] and not isinstance(found[cam], StopRequested):
                 self._jobs(host, outcome, work, cam, found[cam], owners, records, marks, predicted, pictures)
         return outcome

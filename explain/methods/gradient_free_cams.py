@@ -8,20 +8,19 @@ finds salient in the image.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import NotApplicable, register
-from ..checks import spatial_axes
+from ..base import Explainer, NotApplicable, register
+from ..checks import channel_hint, check_images, spatial_axes
+from ..explanation import Explanation, scale_maps
+from ..hooks import preserved_state
 from ..layers import LayerSpec, resolve_layers
-from ..targets import class_logits
-from ..tokens import Reshape
-from .cam_base import BaseCAM, Captured, agree_in_sign, principal_component
+from ..targets import Targets, class_logits, custom_target, select_targets
+from .cam_base import BaseCAM, Captured, agree_in_sign, detached, principal_component
 
-__all__ = ["CAM", "FEM", "KPCACAM", "EigenCAM", "RandomCAM", "kernel_principal_component"]
+__all__ = ["CAM", "FEM", "KPCACAM", "EigenCAM", "RandomCAM", "SobelCAM", "kernel_principal_component", "sobel_edges"]
 
 
 @register
@@ -41,6 +40,7 @@ class CAM(BaseCAM):
     """
 
     name = "cam"
+    formula = "sum_k W_ck A^k, W the linear head after global pooling (no ReLU, as the paper)"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -52,19 +52,9 @@ class CAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         fc_layer: str | nn.Linear | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self._fc: nn.Linear | None = None
         if fc_layer is not None:
             ((name, fc),) = resolve_layers(model, fc_layer).items()
@@ -137,6 +127,7 @@ class EigenCAM(BaseCAM):
     """
 
     name = "eigencam"
+    formula = "first principal component of A"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -200,6 +191,7 @@ class KPCACAM(BaseCAM):
     """
 
     name = "kpcacam"
+    formula = "first kernel principal component of A ({kernel:code})"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -212,19 +204,9 @@ class KPCACAM(BaseCAM):
         *,
         kernel: str = "sigmoid",
         gamma: float | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         kernel_principal_component(torch.ones(1, 1, 1, 2), kernel)  # an unknown kernel fails now
         self.kernel, self.gamma = kernel, gamma
 
@@ -245,6 +227,7 @@ class FEM(BaseCAM):
     """
 
     name = "fem"
+    formula = "sum_k mean_ij[A^k > mu_k + k sigma_k] A^k ({k:code})"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -255,19 +238,9 @@ class FEM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         k: float = 2.0,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.k = k
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -290,6 +263,7 @@ class RandomCAM(BaseCAM):
     """
 
     name = "randomcam"
+    formula = "sum_k U(-1, 1) A^k: the baseline for sanity checks"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -300,19 +274,9 @@ class RandomCAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         seed: int | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.seed = seed
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -324,3 +288,73 @@ class RandomCAM(BaseCAM):
             weights = torch.rand((k + 1, *activations.shape[:2]), generator=generator, device=activations.device)[k]
         weights = weights * 2 - 1
         return _per_channel(weights, activations) * activations
+
+
+#: ITU-R BT.601 luma weights of R, G and B, as OpenCV's RGB-to-gray conversion.
+LUMA = (0.299, 0.587, 0.114)
+
+
+def sobel_edges(images: Tensor) -> Tensor:
+    """0.5 abs(G_x) + 0.5 abs(G_y) of the gray image, (N, H, W), from (N, C, H, W) images.
+
+    Gray is 0.299 R + 0.587 G + 0.114 B for three channels (OpenCV's weights), the mean of
+    the channels otherwise; G_x and G_y are the 3 x 3 Sobel derivatives ([1, 2, 1] smoothing
+    times [-1, 0, 1] differences), with the border reflected without repeating the edge pixel
+    (OpenCV's default border).
+
+    >>> step = torch.tensor([0.0, 0.0, 1.0, 1.0]).expand(1, 1, 3, 4)  # a vertical edge
+    >>> sobel_edges(step)[0, 0].tolist()  # G_x = 4 beside the edge, halved
+    [0.0, 2.0, 2.0, 0.0]
+    """
+    x = images.float()
+    gray = (x * x.new_tensor(LUMA)[:, None, None]).sum(1, keepdim=True) if x.shape[1] == 3 else x.mean(1, True)
+    smooth, diff = x.new_tensor([1.0, 2.0, 1.0]), x.new_tensor([-1.0, 0.0, 1.0])
+    kernels = torch.stack([torch.outer(smooth, diff), torch.outer(diff, smooth)])[:, None]  # (2, 1, 3, 3)
+    gradients = F.conv2d(F.pad(gray, (1, 1, 1, 1), mode="reflect"), kernels)
+    return 0.5 * gradients.abs().sum(dim=1)
+
+
+@register
+class SobelCAM(Explainer):
+    """Sobel-CAM: the image's edges, a baseline that ignores the model.
+
+    L = 0.5 abs(G_x) + 0.5 abs(G_y), G_x and G_y the 3 x 3 Sobel derivatives of the gray image
+    (0.299 R + 0.587 G + 0.114 B, ``sobel_edges`` in this module), computed on the input
+    tensor as given (normalised or not). Like Random-CAM, it is the yardstick of the sanity
+    checks: a map that scores no better than the image's edges on a metric tells nothing
+    about the model (Adebayo et al. found several saliency methods to act as edge
+    detectors). The model runs once, for the logits and the targets; the map is the same
+    for every target. pytorch-grad-cam 1.5.7's ``sobel_cam`` computes the same on the uint8
+    image and saturates at 255 (``cv2.convertScaleAbs``); here nothing saturates.
+
+    Sobel & Feldman, "A 3x3 isotropic gradient operator for image processing", 1968;
+    Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018.
+    """
+
+    name = "sobelcam"
+    formula = "0.5 abs(Sobel_x(gray)) + 0.5 abs(Sobel_y(gray)) of the image: the edge baseline"
+    family = "gradient-free CAM"
+    cost = "1 forward"
+    runs_on = "explain"
+    backward = False
+    images_only = "its Sobel kernels are 2-D"
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, class_names=None):
+        super().__init__(model, class_names=class_names)
+        if target_layer is not None:
+            raise ValueError("Sobel-CAM maps the image's edges through no layer; it takes no target_layer (pass None)")
+
+    def layer_names(self, images: Tensor) -> tuple[str, ...]:
+        return ("input",)
+
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        images = check_images(images, self.model)
+        self.check_applies(images)
+        with preserved_state(self.model, freeze=False), torch.no_grad(), channel_hint(images):
+            output = self.model(images)
+            _, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
+        edges = sobel_edges(images)
+        raw = edges if ids.dim() == 1 else edges[:, None].expand(*ids.shape, *edges.shape[1:])
+        logits = detached(output if custom_target(targets) is not None else class_logits(output))
+        size = tuple(images.shape[2:])
+        return Explanation(scale_maps(raw, size), {"input": raw}, logits, ids, self.name, self.class_names)

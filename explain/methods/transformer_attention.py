@@ -28,7 +28,7 @@ from ..base import Explainer, NotApplicable, register
 from ..blocks import token_blocks, trace_calls
 from ..checks import channel_hint, check_images, checked_number
 from ..explanation import Explanation, scale_maps
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from ..tokens import TokenLayout, infer_layout
 from .attention_readout import find_readout, readout_row, replay_readout
 from .cam_base import detached
@@ -109,7 +109,7 @@ class TransformerAttention(Explainer):
         weights (and, for gradient methods, their gradients for one target)."""
         raise NotImplementedError
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         with AttentionCapture(self.model, gradients=self.uses_gradients) as capture:
@@ -132,7 +132,7 @@ class TransformerAttention(Explainer):
         h, w = layout.grid
         raw = torch.stack([r[:, layout.prefix : layout.prefix + h * w].reshape(-1, h, w) for r in relevances], dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
-        custom = callable(targets) and not isinstance(targets, Tensor)
+        custom = custom_target(targets) is not None
         return Explanation(
             scale_maps(raw, (images.shape[-2], images.shape[-1])),
             {"attention": raw},
@@ -180,6 +180,11 @@ class AttentionRollout(TransformerAttention):
     """
 
     name = "attention-rollout"
+    formula = (
+        "the row of what the head reads in prod_l (A_l + I)/2, A_l averaged over heads ({head_fusion:code}: mean, "
+        "max or min; {discard_ratio:code}); not class-specific"
+    )
+    runs_on = "explain"
     cost = "1 forward"
 
     def __init__(
@@ -235,6 +240,8 @@ class AttentionRelevance(TransformerAttention):
     """
 
     name = "attention-relevance"
+    formula = "R = I, R += E_h[(grad A_l * A_l)^+] R per layer; the row of what the head reads"
+    runs_on = "explain"
     cost = "1 forward + 1 backward to the first attention"
     uses_gradients = True
 
@@ -281,6 +288,11 @@ class LeGrad(TransformerAttention):
     """
 
     name = "legrad"
+    formula = (
+        "mean over layers of E_{{h,i}}[ReLU(d s_l / d A_l)], s_l the class score read out from layer l's "
+        "tokens by the model's head"
+    )
+    runs_on = "explain"
     cost = "1 forward + 1 backward per layer to its attention"
     uses_gradients = True
 
@@ -305,7 +317,7 @@ class LeGrad(TransformerAttention):
         self._images: Tensor | None = None
         self._replaying = False
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         if self._blocks is None:
@@ -327,7 +339,7 @@ class LeGrad(TransformerAttention):
 
         handles = [block.register_forward_hook(keep(index)) for block, index in self._blocks]
         try:
-            return super().__call__(images, targets, topk=topk)
+            return super()._explain(images, targets, topk=topk)
         finally:
             for handle in handles:
                 handle.remove()

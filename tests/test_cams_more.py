@@ -1,0 +1,189 @@
+"""The CAMs of pytorch-grad-cam 1.5.7 that came after the first catalogue, against values
+worked out by hand and against references written here from their papers (RefineCAM,
+Sobel-CAM, multi-layer Ablation-CAM, Seg-Eigen-CAM, SESS). The peers' own code is compared
+in ``test_cams_peers.py``."""
+
+import pytest
+import torch
+from torch import nn
+
+import explain
+from explain.explanation import scale_maps
+from explain.methods.gradient_free_cams import sobel_edges
+
+
+def tiny_cnn(seed=0, channels=6, classes=5):
+    """conv -> ReLU -> conv(stride 2) -> ReLU -> global average pooling -> linear."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(4, channels, 3, stride=2, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes),
+    ).eval()
+
+
+def images(n=2, size=16, seed=1):
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+def gradcam_by_hand(model, layer, x, ids):
+    """ReLU(sum_k mean_ij(dy_c/dA^k) A^k), by plain autograd through a forward hook."""
+    store = {}
+    handle = model.get_submodule(layer).register_forward_hook(lambda m, i, o: store.update(a=o))
+    try:
+        with torch.enable_grad():
+            out = model(x)
+            (grad,) = torch.autograd.grad(out[torch.arange(len(ids)), ids].sum(), store["a"])
+    finally:
+        handle.remove()
+    return torch.relu((grad.mean(dim=(2, 3), keepdim=True) * store["a"]).sum(1)).detach()
+
+
+# --- Sobel-CAM ------------------------------------------------------------------------------
+
+
+def test_sobel_edges_by_hand():
+    # gray(i, j) = i + j on 4 x 4: inside, G_x = G_y = (1 + 2 + 1) * 2 = 8, so 0.5 * 16 = 8; on
+    # a border the reflected neighbour equals the other one (OpenCV's reflect-101), so the
+    # derivative across that border is 0: 4 on the edges, 0 at the corners.
+    ramp = torch.arange(4.0)[:, None] + torch.arange(4.0)[None, :]
+    expected = torch.tensor([[0.0, 4, 4, 0], [4, 8, 8, 4], [4, 8, 8, 4], [0, 4, 4, 0]])
+    gray = ramp.expand(1, 3, 4, 4)  # three equal channels: gray = 0.299 + 0.587 + 0.114 = 1 times each
+    torch.testing.assert_close(sobel_edges(gray)[0], expected)
+    red_only = torch.zeros(1, 3, 4, 4)
+    red_only[0, 0] = ramp
+    torch.testing.assert_close(sobel_edges(red_only)[0], 0.299 * expected)
+    torch.testing.assert_close(sobel_edges(ramp[None, None])[0], expected)  # one channel: itself
+
+
+def test_sobelcam_maps_the_edges_for_every_target_and_runs_the_model_once():
+    model, x = tiny_cnn(), images(2)
+    calls = []
+    handle = model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        res = explain.SobelCAM(model)(x, topk=2)
+    finally:
+        handle.remove()
+    assert calls == [1] and res.targets.shape == (2, 2) and res.layers == ("input",)
+    torch.testing.assert_close(res.logits, model(x).detach())
+    edges = sobel_edges(x)
+    torch.testing.assert_close(res.maps, scale_maps(edges, (16, 16))[:, None].expand(2, 2, 16, 16))
+    with pytest.raises(ValueError, match="no target_layer"):
+        explain.SobelCAM(model, "3")
+
+
+def test_sobelcam_refuses_volumes():
+    model = nn.Sequential(nn.Conv3d(1, 2, 3), nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(2, 3)).eval()
+    with pytest.raises(explain.NotApplicable, match="2-D"):
+        explain.SobelCAM(model)(torch.rand(1, 1, 4, 8, 8))
+
+
+# --- RefineCAM ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topk", [None, 2])
+def test_refinecam_is_the_product_of_the_scaled_maps_of_its_base(topk):
+    model, x = tiny_cnn(), images(2)
+    res = explain.RefineCAM(model, ["1", "3"], base="gradcam")(x, topk=topk)
+    ids = res.targets if topk is None else res.targets[:, 1]
+    early, late = (gradcam_by_hand(model, layer, x, ids) for layer in ("1", "3"))
+    expected = scale_maps(scale_maps(early, (16, 16)) * scale_maps(late, (16, 16)), (16, 16))
+    torch.testing.assert_close(res.maps if topk is None else res.maps[:, 1], expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(res.raw_layers["3"] if topk is None else res.raw_layers["3"][:, 1], late)
+    assert res.method == "refinecam" and res.layers == ("1", "3")
+
+
+def test_refinecam_defaults_to_gradcam_plus_plus_and_passes_the_options_on():
+    model, x = tiny_cnn(), images(2)
+    one = explain.RefineCAM(model, "3")(x)  # one layer: the base's map
+    torch.testing.assert_close(one.maps, explain.GradCAMPlusPlus(model, "3")(x).maps)
+    smooth = explain.RefineCAM(model, ["1", "3"], base="layercam", eigen_smooth=True)(x)
+    layercam = explain.LayerCAM(model, ["1", "3"], eigen_smooth=True)(x)
+    product = scale_maps(layercam.raw_layers["1"], (16, 16)) * scale_maps(layercam.raw_layers["3"], (16, 16))
+    torch.testing.assert_close(smooth.maps, scale_maps(product, (16, 16)))
+    for bad in ("saliency", "refinecam", "smoothgradcam++"):
+        with pytest.raises(ValueError, match="base="):
+            explain.RefineCAM(model, ["1", "3"], base=bad)
+
+
+# --- Seg-Eigen-CAM --------------------------------------------------------------------------
+
+
+def test_segeigencam_principal_component_by_hand():
+    # |G| * A of one image with C = 2 on a 1 x 3 grid: rows (h*w, C) = (1, 0), (0, 0), (5, 0)
+    # centred: (-1, 0), (-2, 0), (3, 0); v1 = (+-1, 0), so P = +-(-1, -2, 3); |min| = 2 < |max| = 3
+    # keeps the sign that makes 3 positive: P = (-1, -2, 3), ReLU: (0, 0, 3).
+    activations = torch.tensor([[[[1.0, 0.0, 5.0]], [[0.0, 0.0, 0.0]]]])
+    gradients = torch.tensor([[[[-1.0, 7.0, 1.0]], [[2.0, 2.0, 2.0]]]])  # the sign of G is dropped
+    p = explain.SegEigenCAM.cam(activations, gradients)
+    torch.testing.assert_close(p, torch.tensor([[[-1.0, -2.0, 3.0]]]))
+    # A negative peak: |G| * A = (-5, 0, 1), centred (-11/3, 4/3, 7/3): |min| = 11/3 > 7/3, so it
+    # is negated, whatever sign the solver gave v1: (11/3, -4/3, -7/3).
+    q = explain.SegEigenCAM.cam(torch.tensor([[[[-5.0, 0.0, 1.0]], [[0.0, 0.0, 0.0]]]]), -torch.ones(1, 2, 1, 3))
+    torch.testing.assert_close(q, torch.tensor([[[11 / 3, -4 / 3, -7 / 3]]]))
+
+
+def test_segeigencam_matches_the_reference_on_a_segmentation_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 8, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(8, 4, 1)).eval()
+    x = images(2)
+    target = explain.SegmentationTarget(category=2)
+    res = explain.SegEigenCAM(model, "3")(x, target)
+    store = {}
+    handle = model[3].register_forward_hook(lambda m, i, o: store.update(a=o))
+    try:
+        out = model(x)
+        score = (out[:, 2] * (out.argmax(1) == 2)).sum(dim=(1, 2))
+        (grad,) = torch.autograd.grad(score.sum(), store["a"])
+    finally:
+        handle.remove()
+    for n in range(2):
+        matrix = (grad[n].abs() * store["a"][n]).detach().flatten(1).T.double()  # (h*w, C)
+        centred = matrix - matrix.mean(0)
+        projection = centred @ torch.linalg.svd(centred)[2][0]
+        if projection.min().abs() > projection.max().abs():
+            projection = -projection
+        expected = torch.relu(projection).reshape(16, 16).float()
+        torch.testing.assert_close(res.raw_layers["3"][n], expected, atol=1e-4, rtol=1e-4)
+
+
+# --- Ablation-CAM on several layers ---------------------------------------------------------
+
+
+def test_ablationcam_on_several_layers_ablates_each_layer_on_its_own():
+    # Each layer's channels are zeroed one at a time with the other layers left as they are
+    # (pytorch-grad-cam 1.5.7's AblationCAM with several target layers); the layers' maps are
+    # scaled, averaged and scaled again.
+    model, x = tiny_cnn(), images(2)
+    both = explain.AblationCAM(model, ["1", "3"])(x, [0, 3])
+    singles = {layer: explain.AblationCAM(model, layer)(x, [0, 3]) for layer in ("1", "3")}
+    for layer, single in singles.items():
+        torch.testing.assert_close(both.raw_layers[layer], single.raw_layers[layer])
+    mean = (singles["1"].maps + singles["3"].maps) / 2
+    torch.testing.assert_close(both.maps, scale_maps(mean, (16, 16)))
+    # layer "1", channel 0 of image 0 by hand: w = (y - y without it) / y
+    store = {}
+
+    def zero_channel(module, args, output):
+        output = output.clone()
+        output[:, 0] = 0
+        return output
+
+    with torch.no_grad():
+        y = model(x)[0, 0]
+        handle = model[1].register_forward_hook(zero_channel)
+        try:
+            y0 = model(x)[0, 0]
+        finally:
+            handle.remove()
+        handle = model[1].register_forward_hook(lambda m, i, o: store.update(a=o))
+        try:
+            model(x)
+        finally:
+            handle.remove()
+    assert store["a"][0, 0].abs().sum() > 0
+    weights = torch.stack([(y - y0) / y])  # channel 0's weight, the one checked here
+    single = explain.AblationCAM(model, "1")
+    captured = single.capture(x, [0, 3])
+    torch.testing.assert_close(single.channel_weights(captured, "1")[0, 0, 0:1], weights, atol=1e-5, rtol=1e-4)
