@@ -82,3 +82,12 @@ def test_ablationcam_on_several_layers_matches_pytorch_grad_cam(resnet):
     ours = explain.AblationCAM(model, layers)(x[:1], ids[:1]).maps
     peer = pytorch_grad_cam.AblationCAM(model, [model.get_submodule(name) for name in layers])
     assert correlation(ours, peer(x[:1], targets_of(ids[:1]))) >= 0.999
+
+
+def test_sess_matches_pytorch_grad_cam(resnet):
+    model, x, ids = resnet
+    options = {"num_scales": 2, "step_size": 64, "pre_filter_ratio": 0.3}  # 1 + 4 patches, 4 kept
+    x = x[:1, :, :64, :64]
+    ours = explain.SESS(model, "layer3", **options)(x, ids[:1]).maps
+    theirs = pytorch_grad_cam.SESS(model, [model.layer3], **options)(x, targets_of(ids[:1]))
+    assert correlation(ours, theirs) >= 0.999
