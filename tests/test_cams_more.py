@@ -255,3 +255,53 @@ def test_sess_scales_prefilter_topk_and_bad_options():
             explain.SESS(model, "3", **bad)(x)
     with pytest.raises(ValueError, match="callable"):
         explain.SESS(model, "3", num_scales=1)(x, lambda out: out[:, 0])
+
+
+# --- Deep Feature Factorization -------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Maximum number of iterations")  # run to the end on purpose
+def test_factorize_recovers_an_exact_non_negative_product():
+    from explain.methods.gradient_free_cams import factorize
+
+    # A = W H with W (4 channels x 2 concepts), H (2 concepts x 2 images * 3 * 3 positions)
+    gen = torch.Generator().manual_seed(0)
+    w = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 3.0]])
+    h = torch.rand(2, 18, generator=gen) + 0.1
+    h[0, 0] = h[1, 1] = 0.0  # each channel's minimum is 0, so no offset is taken off
+    activations = (w @ h).reshape(4, 2, 3, 3).transpose(0, 1)  # (N, C, h, w)
+    concepts, maps = factorize(activations, 2, max_iter=5000, tol=1e-12)
+    assert concepts.shape == (4, 2) and maps.shape == (2, 2, 3, 3)
+    rebuilt = (concepts.float() @ maps.transpose(0, 1).reshape(2, -1).float()).reshape(4, 2, 3, 3).transpose(0, 1)
+    torch.testing.assert_close(rebuilt, activations, atol=1e-3, rtol=1e-3)
+    expected = h.reshape(2, 2, 3, 3).transpose(0, 1)
+    order = [0 if concepts[:2, j].sum() > concepts[2:, j].sum() else 1 for j in range(2)]  # in any order
+    assert sorted(order) == [0, 1]
+    for j, truth in enumerate(order):  # and at any scale: compare the maps scaled to a maximum of 1
+        got = maps[:, j] / maps[:, j].amax()
+        torch.testing.assert_close(got.float(), expected[:, truth] / expected[:, truth].amax(), atol=1e-3, rtol=1e-3)
+
+
+def test_dff_maps_concepts_and_their_classes_forward_only_without_hooks_left():
+    from conftest import hook_count
+
+    model, x = tiny_cnn(), images(2)
+    model.train()
+    before = [p.requires_grad for p in model.parameters()]
+    res = explain.DeepFeatureFactorization(model, "3", n_components=3)(x)
+    assert model.training and [p.requires_grad for p in model.parameters()] == before and hook_count(model) == 0
+    assert all(p.grad is None for p in model.parameters())
+    assert isinstance(res, explain.explanation.ConceptExplanation) and res.maps.shape == (2, 3, 16, 16)
+    assert res.concepts.shape == (6, 3) and res.raw.shape == (2, 3, 8, 8) and res.method == "dff"
+    # the concept scores are the head (auto: the Linear that takes the layer's 6 channels) of the embeddings
+    torch.testing.assert_close(res.concept_scores, model[6](res.concepts.T).detach())
+    assert res.targets.tolist() == [res.concept_scores.argmax(1).tolist()] * 2
+    headless = explain.DeepFeatureFactorization(model, "3", n_components=3, classifier=None)(x)
+    assert headless.concept_scores is None and (headless.targets == -1).all()
+    torch.testing.assert_close(headless.maps, res.maps)
+    with torch.no_grad():
+        torch.testing.assert_close(explain.DeepFeatureFactorization(model, "3", n_components=3)(x).maps, res.maps)
+    with pytest.raises(ValueError, match="per concept"):
+        explain.DeepFeatureFactorization(model, "3")(x, topk=2)
+    with pytest.raises(ValueError, match="one target_layer"):
+        explain.DeepFeatureFactorization(model, ["1", "3"])(x)
