@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Explainer, check_training_options, register, registered_class
+from ..base import check_training_options, register, registered_class
 from ..checks import check_images
 from ..explanation import Explanation, scale_maps
 from ..layers import LayerSpec
@@ -122,7 +122,7 @@ def gaussian_blur(maps: Tensor, size: int = 11, sigma: float = 5.0) -> Tensor:
 
 
 @register
-class SESS(Explainer):
+class SESS(BaseCAM):
     """SESS, Saliency Enhancing with Scaling and Sliding: a base CAM over scaled, sliding
     patches of the image, fused.
 
@@ -147,9 +147,8 @@ class SESS(Explainer):
     formula = "mean over patches p of (s_p / max s) CAM(p), pasted back ({base:code})"
     family = "gradient CAM"
     cost = "per scale ({num_scales}) and patch: 1 forward + the base CAM's passes"
-    needs_layer = True
-    runs_on = "explain"
     images_only = "it slides square windows over an image's height and width"
+    shares_capture = False
 
     def __init__(
         self,
@@ -181,7 +180,7 @@ class SESS(Explainer):
         if num_scales < 1 or batch_size < 1:
             raise ValueError(f"num_scales and batch_size must be at least 1, got {num_scales} and {batch_size}")
         self.base_cam = cls(model, target_layer, **options)
-        super().__init__(model, class_names=self.base_cam.class_names)
+        super().__init__(model, target_layer, class_names=self.base_cam.class_names, reshape=self.base_cam.reshape)
         self.base, self.num_scales, self.scale_step_ratio = base, num_scales, scale_step_ratio
         self.scales = None if scales is None else tuple(int(s) for s in scales)
         self.window_size, self.step_size, self.batch_size = window_size, step_size, batch_size
@@ -210,8 +209,8 @@ class SESS(Explainer):
         per_patch = self.base_cam.planned_passes(images[:1, :, :window, :window])
         return len(images) * (len(patches) + kept * per_patch)
 
-    def layer_names(self, images: Tensor) -> tuple[str, ...]:
-        return self.base_cam.layer_names(images)
+    def target_layers(self, images: Tensor) -> dict[str, nn.Module]:
+        return self.base_cam.target_layers(images)
 
     def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)

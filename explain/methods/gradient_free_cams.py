@@ -420,6 +420,7 @@ class DeepFeatureFactorization(BaseCAM):
     channel_sum = False
     final_relu = False
     shares_capture = False
+    per_concept = True
 
     def __init__(
         self,
@@ -443,7 +444,7 @@ class DeepFeatureFactorization(BaseCAM):
 
     def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         if targets is not None or topk is not None:
-            raise ValueError(
+            raise NotApplicable(
                 "dff's maps are per concept, not per target: leave targets and topk out "
                 "(n_components sets the number of concepts; concept_scores their classes)"
             )
