@@ -291,7 +291,7 @@ def test_dff_maps_concepts_and_their_classes_forward_only_without_hooks_left():
     res = explain.DeepFeatureFactorization(model, "3", n_components=3)(x)
     assert model.training and [p.requires_grad for p in model.parameters()] == before and hook_count(model) == 0
     assert all(p.grad is None for p in model.parameters())
-    assert isinstance(res, explain.explanation.ConceptExplanation) and res.maps.shape == (2, 3, 16, 16)
+    assert isinstance(res, explain.ConceptExplanation) and res.maps.shape == (2, 3, 16, 16)
     assert res.concepts.shape == (6, 3) and res.raw.shape == (2, 3, 8, 8) and res.method == "dff"
     # the concept scores are the head (auto: the Linear that takes the layer's 6 channels) of the embeddings
     torch.testing.assert_close(res.concept_scores, model[6](res.concepts.T).detach())

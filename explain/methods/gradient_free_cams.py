@@ -400,7 +400,7 @@ class DeepFeatureFactorization(BaseCAM):
     ``random_state``), A the (C, N * h * w) activations of the batch's positions and m each
     channel's minimum: column j of W + m is concept j's embedding (its C channels), row j of H,
     reshaped to (N, h, w), its map in each image. The maps are per concept, not per target:
-    the result is a :class:`~explain.explanation.ConceptExplanation` with maps (N, k, H, W)
+    the result is a :class:`~explain.ConceptExplanation` with maps (N, k, H, W)
     (``n_components`` = k), the embeddings (``concepts``, (C, k)) and, where the model has a
     classifier head after the layer, its scores of the embeddings (``concept_scores``, (k,
     classes)); ``targets`` (N, k) is each concept's top class. ``classifier`` is the head: a
