@@ -458,6 +458,7 @@ class DeepFeatureFactorization(BaseCAM):
         return heads[-1] if heads else None
 
     def explain(self, captured: Captured) -> Explanation:
+        """The concepts of the captured layer's activations, their maps and classes."""
         if len(captured.activations) != 1:
             raise ValueError(
                 f"dff factorizes one layer's activations; pass one target_layer, not {len(captured.activations)}"
