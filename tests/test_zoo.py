@@ -175,8 +175,8 @@ def test_score_cams(arch):
 # class logits refuse the callable target; the attention methods refuse a model whose attention
 # includes a text tower (or that has none); CLIP's patch convolution has no bias for FullGrad.
 EMBEDDER_REFUSALS = {
-    "clip": {"finercam", "cam", "sess", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad", "drise",
-             "excitation-backprop", "c-excitation-backprop"},
+    "clip": {"finercam", "cam", "sess", "fullgrad", "lrp", "attnlrp", "attention-rollout", "attention-relevance",
+             "legrad", "drise", "excitation-backprop", "c-excitation-backprop"},  # attnlrp: no rule for the norm's Div, Pow
     "resnet18-embedder": {"finercam", "cam", "sess", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "drise",
                           "c-excitation-backprop"},  # no classifier for its dual unit
 }
