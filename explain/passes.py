@@ -571,7 +571,7 @@ class Passes:
                 delay=0.0 if wanted else BAR_DELAY,
             )
         self._token: contextvars.Token[Passes | None] | None = None
-        #: Whether the listener's stop test is asked at every layer (:class:`_LayerStops`).
+        #: Whether the listener's stop test is asked at every layer, forward and backward.
         self.stops_in_layers = self.outer is None and self.listener is not None and self.listener.asked_at_layers
 
     def __enter__(self) -> Passes:
