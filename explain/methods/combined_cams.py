@@ -40,7 +40,7 @@ class RefineCAM(BaseCAM):
     name = "refinecam"
     formula = "prod over layers of the base CAM's scaled maps ({base:code})"
     family = "gradient CAM"
-    cost = "the base CAM's: 1 forward + 1 backward to the earliest layer"
+    cost = "as its base CAM: 1 forward + 1 backward to the earliest layer"
     shares_capture = False
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, base: str = "gradcam++", **options):
@@ -146,7 +146,7 @@ class SESS(BaseCAM):
     name = "sess"
     formula = "mean over patches p of (s_p / max s) CAM(p), pasted back ({base:code})"
     family = "gradient CAM"
-    cost = "per scale ({num_scales}) and patch: 1 forward + the base CAM's passes"
+    cost = "per scale ({num_scales}) and patch: 1 forward + the passes of the base CAM"
     images_only = "it slides square windows over an image's height and width"
     shares_capture = False
 

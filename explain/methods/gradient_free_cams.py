@@ -415,7 +415,7 @@ class DeepFeatureFactorization(BaseCAM):
     name = "dff"
     formula = "rows of H in A - min A ~= W H (NMF, {n_components:code} concepts)"
     family = "gradient-free CAM"
-    cost = "1 forward (and an NMF of the batch's activations)"
+    cost = "1 forward (and an NMF of the activations of the batch)"
     uses_gradients = False
     channel_sum = False
     final_relu = False
