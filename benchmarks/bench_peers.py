@@ -10,6 +10,8 @@ class ids (each image's top class):
 - the CAMs of pytorch-grad-cam 1.5.7 and torchcam 0.5.0 on resnet50 batch 4: RefineCAM
   (layer2, layer3, layer4; against both), Seg-Eigen-CAM (layer3), Sobel-CAM (no layer;
   explain's call includes the model's forward pass, pytorch-grad-cam's is the filter alone);
+  SESS on resnet18 batch 1 (layer3, 3 scales); Deep Feature Factorization is compared in
+  tests/test_cams_peers.py (per-concept maps; the same scikit-learn NMF is its work);
 - Ablation-CAM on resnet18 and resnet50, batch 1, layer4, and on resnet18 at layer3 and
   layer4 together; Score-CAM on the bundled
   efficientnet_lite0 with data/images/chelsea.png (layer bn2; explain timed with both
@@ -123,6 +125,8 @@ def cases(quick: bool, extra: bool) -> list[Case]:
         Case("refinecam", PGC, "RefineCAM", layer=REFINED),
         Case("refinecam", TORCHCAM, "RefineCAM", layer=REFINED, note="torchcam scales the maps at layer2's size"),
         Case("segeigencam", PGC, "SegEigenCAM", layer="layer3"),
+        Case("sess", PGC, "SESS", model="resnet18", batch=1, layer="layer3", options=(("num_scales", 3),),
+             peer_options=(("num_scales", 3),), note="3 scales of the 12 (9 patches), to keep the run short"),
         Case("sobelcam", PGC, "sobel_cam", layer=None,
              note="explain's call includes the model's forward pass (the logits and targets of the result)"),
         Case("scorecam", PGC, "ScoreCAM", model="efficientnet_lite0", batch=1, layer="bn2", agree_options=SOFTMAX,

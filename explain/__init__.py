@@ -20,7 +20,7 @@ _SUBMODULES = ("data", "detectors", "methods", "metrics", "models", "passes", "t
 _EXPORTS = {
     "base": ("Explainer", "NotApplicable", "register"),
     "catalogue": ("describe_methods", "explainer", "method_class", "method_names"),
-    "explanation": ("Explanation",),
+    "explanation": ("ConceptExplanation", "Explanation"),
     "hooks": ("LayerCapture",),
     "image_input": ("ImageInput",),
     "similarity": ("SimilarityTarget",),

@@ -160,6 +160,9 @@ class Explainer:
     #: Whether a call takes ``segments=``: the caller's segments, which the method scores
     #: (:class:`~explain.methods.segment_attribution.TakesSegments`).
     takes_segments: ClassVar[bool] = False
+    #: Whether the maps are per concept (N, k, ...), found across the batch, not per target
+    #: (Deep Feature Factorization): a call takes no targets, and the batch CLI leaves it out.
+    per_concept: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):

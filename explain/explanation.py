@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,7 @@ from torch import Tensor
 from .checks import interpolation_mode
 from .targets import CUSTOM_TARGET
 
-__all__ = ["Explanation", "scale_maps"]
+__all__ = ["ConceptExplanation", "Explanation", "scale_maps"]
 
 
 def scale_maps(raw: Tensor, size: tuple[int, ...]) -> Tensor:
@@ -171,3 +172,34 @@ class Explanation:
 
     def cpu(self) -> Explanation:
         return self.to("cpu")
+
+
+@dataclass(frozen=True, repr=False)
+class ConceptExplanation(Explanation):
+    """An :class:`Explanation` whose maps are per concept, not per target: Deep Feature
+    Factorization's (:class:`~explain.DeepFeatureFactorization`).
+
+    ``maps`` are (N, k, H, W), concept j's map of each image in [0, 1] (as ``topk=k`` lays
+    out targets); ``raw_layers`` holds the concepts' unscaled maps (N, k, h, w) at the layer;
+    ``targets`` (N, k) the class each concept drives most (the same for every image; ``-1``
+    where the model has no classifier head for the concepts).
+
+    Attributes
+    ----------
+    concepts:
+        (C, k) the concepts' embeddings: each concept's activation of the layer's C channels.
+    concept_scores:
+        (k, num_classes) the classifier head's scores of the concept embeddings (logits;
+        ``softmax(dim=1)`` for probabilities), or None without a head.
+    """
+
+    concepts: Tensor | None = field(default=None, repr=False)
+    concept_scores: Tensor | None = field(default=None, repr=False)
+
+    def to(self, device: torch.device | str) -> ConceptExplanation:
+        moved = cast(ConceptExplanation, super().to(device))
+        return replace(
+            moved,
+            concepts=None if self.concepts is None else self.concepts.to(device),
+            concept_scores=None if self.concept_scores is None else self.concept_scores.to(device),
+        )

@@ -17,12 +17,12 @@ long call shows while it runs, and how it stops.
 - **Progress.** :class:`Passes` counts a call's rows: a tqdm bar once the call has run for
   :data:`BAR_DELAY` (any call of more than :data:`PROGRESS_AFTER` rows: a metric's few
   hundred passes can take minutes on a CPU; at once where ``progress=True``), and the
-  :class:`PassListener` of :func:`pass_settings` (a batch job's: the command line's bar)
+  :class:`~explain.pass_listener.PassListener` of :func:`pass_settings` (a batch job's: the command line's bar)
   told of each inner batch.
 - **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
   fraction of a second, and the call restores the model on its way out. A batch job whose
-  listener asks for a stop (:meth:`PassListener.should_stop`) gets :class:`StopRequested` there,
-  and, where the listener says so (:attr:`PassListener.asked_at_layers`), within an inner
+  listener asks for a stop (:meth:`~explain.pass_listener.PassListener.should_stop`) gets :class:`StopRequested` there,
+  and, where the listener says so (:attr:`~explain.pass_listener.PassListener.asked_at_layers`), within an inner
   batch at the next layer of the model, forward or backward (whatever the inner batch's
   size: the memory budget's, or a loaded machine's seconds).
 
@@ -135,7 +135,7 @@ _UNSET = object()
 def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET) -> Iterator[Settings]:
     """Set, for the calls in the block (in this thread), the memory budget of their inner
     batches (``max_memory``, see :func:`~explain.options.parse_memory`), whether they show a
-    progress bar (``progress``: None for the default) and the :class:`PassListener` that hears
+    progress bar (``progress``: None for the default) and the :class:`~explain.pass_listener.PassListener` that hears
     of their inner batches and may stop them; what is not given stays as it was.
 
     >>> with pass_settings(max_memory="1GB"):
@@ -369,8 +369,8 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int, al
 
 
 def between_passes() -> None:
-    """Tell the :class:`PassListener` in force, if any, that the passes are between two
-    inner batches (:meth:`PassListener.between`): after an inner batch, a size the search
+    """Tell the :class:`~explain.pass_listener.PassListener` in force, if any, that the passes are between two
+    inner batches (:meth:`~explain.pass_listener.PassListener.between`): after an inner batch, a size the search
     tries, or (in a batch job) a method."""
     listener = _settings.get().listener
     if listener is not None:
@@ -474,10 +474,10 @@ def inner_rows(
 
 
 class _LayerStops:
-    """A stop asked for (:meth:`PassListener.should_stop`) is answered within a layer of the
+    """A stop asked for (:meth:`~explain.pass_listener.PassListener.should_stop`) is answered within a layer of the
     model, not after a whole inner batch (which takes seconds at a large memory budget, and
     many more on a loaded machine): while a call whose listener is
-    :attr:`~PassListener.asked_at_layers` runs its passes,
+    :attr:`~explain.pass_listener.PassListener.asked_at_layers` runs its passes,
     every module of the process checks the test before its forward (a global forward
     pre-hook) and, on autograd's graph, when its output's gradient arrives in the backward
     pass (a hook on the output tensor), and raises :class:`StopRequested` there. The hooks
@@ -538,7 +538,7 @@ def _stop_on_gradient(passes: Passes, gradient: Tensor) -> None:
 
 class Passes:
     """The rows one call runs through its model: a progress bar where the call is long (or
-    ``progress=True``), the :class:`PassListener` of :func:`pass_settings` told of each inner
+    ``progress=True``), the :class:`~explain.pass_listener.PassListener` of :func:`pass_settings` told of each inner
     batch and asked between them whether to stop. A call inside another's (a metric that explains
     again) reports to the outer one's bar, not a bar of its own.
 
@@ -571,7 +571,7 @@ class Passes:
                 delay=0.0 if wanted else BAR_DELAY,
             )
         self._token: contextvars.Token[Passes | None] | None = None
-        #: Whether the listener's stop test is asked at every layer (:class:`_LayerStops`).
+        #: Whether the listener's stop test is asked at every layer, forward and backward.
         self.stops_in_layers = self.outer is None and self.listener is not None and self.listener.asked_at_layers
 
     def __enter__(self) -> Passes:

@@ -75,7 +75,7 @@ CHEAP = {
     "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16},
     "shapley-sampling": {"n_samples": 1, "n_segments": 16},
     "guidedig": {"steps": 2}, "blurig": {"steps": 2}, "xrai": {"steps": 2}, "extremal": {"steps": 2, "areas": 0.1},
-    "rise": {"n_masks": 8}, "drise": {"n_masks": 8},
+    "rise": {"n_masks": 8}, "drise": {"n_masks": 8}, "sess": {"num_scales": 1},
     "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2}, "internal-influence": {"n_steps": 2},
 }
 

@@ -187,3 +187,121 @@ def test_ablationcam_on_several_layers_ablates_each_layer_on_its_own():
     single = explain.AblationCAM(model, "1")
     captured = single.capture(x, [0, 3])
     torch.testing.assert_close(single.channel_weights(captured, "1")[0, 0, 0:1], weights, atol=1e-5, rtol=1e-4)
+
+
+# --- SESS -----------------------------------------------------------------------------------
+
+
+def test_sess_with_one_scale_and_one_window_is_the_base_cam_blurred():
+    from explain.methods.combined_cams import gaussian_blur
+
+    model, x = tiny_cnn(), images(2)
+    res = explain.SESS(model, "3", num_scales=1, smooth=False)(x, [1, 3])
+    base = explain.GradCAM(model, "3")(x, [1, 3]).maps
+    torch.testing.assert_close(res.maps, scale_maps(base, (16, 16)))
+    assert res.method == "sess" and res.layers == ("3",) and res.targets.tolist() == [1, 3]
+    blurred = explain.SESS(model, "3", num_scales=1)(x, [1, 3]).maps
+    torch.testing.assert_close(blurred, scale_maps(gaussian_blur(base), (16, 16)))
+    # the blur by hand: a constant map stays constant, an impulse spreads to the kernel
+    assert torch.allclose(gaussian_blur(torch.ones(1, 12, 12)), torch.ones(1, 12, 12))
+    impulse = torch.zeros(1, 21, 21)
+    impulse[0, 10, 10] = 1
+    g = torch.exp(-((torch.arange(11.0) - 5) ** 2) / 50)
+    torch.testing.assert_close(gaussian_blur(impulse)[0, 5:16, 5:16], torch.outer(g, g) / g.sum() ** 2)
+
+
+def test_sess_fuses_two_patches_by_their_calibrated_weights():
+    """A 16 x 24 image, window 16: two patches at scale 16 (x = 0 and x = 8). Each pixel is the
+    mean over the patches covering it of (s_p / max s) * CAM(p), the scores s_p the target's
+    softmax probabilities of the patches."""
+    model, x = tiny_cnn(), images(1)
+    x = torch.cat([x, x.flip(-1)[..., :8]], dim=-1)  # (1, 3, 16, 24)
+    res = explain.SESS(model, "3", num_scales=1, smooth=False)(x, 2)
+    patches = torch.cat([x[..., :16], x[..., 8:]])
+    cams = explain.GradCAM(model, "3")(patches, [2, 2]).maps
+    scores = model(patches).softmax(1)[:, 2].detach()
+    weighted = cams * (scores / scores.max())[:, None, None]
+    total, counts = torch.zeros(16, 24), torch.zeros(16, 24)
+    for cam, x0 in zip(weighted, (0, 8), strict=True):
+        total[:, x0 : x0 + 16] += torch.where(cam > 0, cam, 0.0)
+        counts[:, x0 : x0 + 16] += (cam > 0).float()
+    expected = torch.where(counts > 0, total / counts.clamp_min(1), 0.0)
+    torch.testing.assert_close(res.raw[0], expected)
+    assert explain.SESS(model, "3", num_scales=1).planned_passes(x) == 2 + 2  # 2 scorings, 2 Grad-CAM passes
+    maxed = explain.SESS(model, "3", num_scales=1, smooth=False, pool="max")(x, 2).raw[0]
+    expected_max = torch.zeros(16, 24)
+    for cam, x0 in zip(weighted, (0, 8), strict=True):
+        expected_max[:, x0 : x0 + 16] = torch.maximum(expected_max[:, x0 : x0 + 16], cam)
+    torch.testing.assert_close(maxed, expected_max)
+
+
+def test_sess_scales_prefilter_topk_and_bad_options():
+    from explain.methods.combined_cams import window_starts
+
+    model, x = tiny_cnn(), images(1)
+    method = explain.SESS(model, "3", num_scales=3, pre_filter_ratio=0.5)
+    # window 16, scales 16, 21, 26 (step round(16 * 2 / 7) = 5): 1 + 4 + 4 patches, 5 kept
+    assert [w[3] for w in method.windows((16, 16))] == [(16, 16)] + [(21, 21)] * 4 + [(26, 26)] * 4
+    assert window_starts(26, 16, 16) == [0, 10] and method.planned_passes(x) == 9 + 5
+    res = method(x, topk=2)
+    assert res.maps.shape == (1, 2, 16, 16) and res.targets.shape == (1, 2)
+    for bad, match in (
+        ({"pool": "sum"}, "pool"),
+        ({"pre_filter_ratio": 1.0}, "pre_filter_ratio"),
+        ({"base": "saliency"}, "gradcam"),
+        ({"scales": (8,)}, "at least the window"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            explain.SESS(model, "3", **bad)(x)
+    with pytest.raises(ValueError, match="callable"):
+        explain.SESS(model, "3", num_scales=1)(x, lambda out: out[:, 0])
+
+
+# --- Deep Feature Factorization -------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Maximum number of iterations")  # run to the end on purpose
+def test_factorize_recovers_an_exact_non_negative_product():
+    from explain.methods.gradient_free_cams import factorize
+
+    # A = W H with W (4 channels x 2 concepts), H (2 concepts x 2 images * 3 * 3 positions)
+    gen = torch.Generator().manual_seed(0)
+    w = torch.tensor([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 3.0]])
+    h = torch.rand(2, 18, generator=gen) + 0.1
+    h[0, 0] = h[1, 1] = 0.0  # each channel's minimum is 0, so no offset is taken off
+    activations = (w @ h).reshape(4, 2, 3, 3).transpose(0, 1)  # (N, C, h, w)
+    concepts, maps = factorize(activations, 2, max_iter=5000, tol=1e-12)
+    assert concepts.shape == (4, 2) and maps.shape == (2, 2, 3, 3)
+    rebuilt = (concepts.float() @ maps.transpose(0, 1).reshape(2, -1).float()).reshape(4, 2, 3, 3).transpose(0, 1)
+    torch.testing.assert_close(rebuilt, activations, atol=1e-3, rtol=1e-3)
+    expected = h.reshape(2, 2, 3, 3).transpose(0, 1)
+    order = [0 if concepts[:2, j].sum() > concepts[2:, j].sum() else 1 for j in range(2)]  # in any order
+    assert sorted(order) == [0, 1]
+    for j, truth in enumerate(order):  # and at any scale: compare the maps scaled to a maximum of 1
+        got = maps[:, j] / maps[:, j].amax()
+        torch.testing.assert_close(got.float(), expected[:, truth] / expected[:, truth].amax(), atol=1e-3, rtol=1e-3)
+
+
+def test_dff_maps_concepts_and_their_classes_forward_only_without_hooks_left():
+    from conftest import hook_count
+
+    model, x = tiny_cnn(), images(2)
+    model.train()
+    before = [p.requires_grad for p in model.parameters()]
+    res = explain.DeepFeatureFactorization(model, "3", n_components=3)(x)
+    assert model.training and [p.requires_grad for p in model.parameters()] == before and hook_count(model) == 0
+    assert all(p.grad is None for p in model.parameters())
+    assert isinstance(res, explain.ConceptExplanation) and res.maps.shape == (2, 3, 16, 16)
+    assert res.concepts.shape == (6, 3) and res.raw.shape == (2, 3, 8, 8) and res.method == "dff"
+    # the concept scores are the head (auto: the Linear that takes the layer's 6 channels) of the embeddings
+    torch.testing.assert_close(res.concept_scores, model[6](res.concepts.T).detach())
+    assert res.targets.tolist() == [res.concept_scores.argmax(1).tolist()] * 2
+    headless = explain.DeepFeatureFactorization(model, "3", n_components=3, classifier=None)(x)
+    assert headless.concept_scores is None and (headless.targets == -1).all()
+    torch.testing.assert_close(headless.maps, res.maps)
+    with torch.no_grad():
+        torch.testing.assert_close(explain.DeepFeatureFactorization(model, "3", n_components=3)(x).maps, res.maps)
+    with pytest.raises(ValueError, match="per concept"):
+        explain.DeepFeatureFactorization(model, "3")(x, topk=2)
+    with pytest.raises(ValueError, match="one target_layer"):
+        explain.DeepFeatureFactorization(model, ["1", "3"])(x)

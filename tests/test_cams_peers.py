@@ -82,3 +82,24 @@ def test_ablationcam_on_several_layers_matches_pytorch_grad_cam(resnet):
     ours = explain.AblationCAM(model, layers)(x[:1], ids[:1]).maps
     peer = pytorch_grad_cam.AblationCAM(model, [model.get_submodule(name) for name in layers])
     assert correlation(ours, peer(x[:1], targets_of(ids[:1]))) >= 0.999
+
+
+def test_sess_matches_pytorch_grad_cam(resnet):
+    model, x, ids = resnet
+    options = {"num_scales": 2, "step_size": 64, "pre_filter_ratio": 0.3}  # 1 + 4 patches, 4 kept
+    x = x[:1, :, :64, :64]
+    ours = explain.SESS(model, "layer3", **options)(x, ids[:1]).maps
+    theirs = pytorch_grad_cam.SESS(model, [model.layer3], **options)(x, targets_of(ids[:1]))
+    assert correlation(ours, theirs) >= 0.999
+
+
+def test_dff_matches_pytorch_grad_cam(resnet):
+    model, x, _ = resnet
+    res = explain.DeepFeatureFactorization(model, "layer4", n_components=4)(x)
+    peer = pytorch_grad_cam.DeepFeatureFactorization(model, model.layer4, computation_on_concepts=model.fc)
+    concepts, maps, scores = peer(x, n_components=4)
+    maps = np.stack(maps)  # (N, k, H, W); the same random_state gives the concepts in the same order
+    for j in range(4):
+        assert correlation(res.maps[:, j], maps[:, j]) >= 0.999
+    np.testing.assert_allclose(res.concepts.numpy(), concepts, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(res.concept_scores.numpy(), scores, rtol=1e-4, atol=1e-4)

@@ -272,7 +272,7 @@ def test_ctrl_c_stops_after_the_current_batch(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
-    assert "stopping after the current inner batch" in stderr and "Traceback" not in stderr
+    assert "stopping: the running method stops at its next layer" in stderr and "Traceback" not in stderr
     assert "interrupted, run the same command again to finish" in stdout
     rows = read_rows(manifest)
     assert 2 <= len(rows) < IMAGES and {r["status"] for r in rows} == {"ok"}
@@ -590,10 +590,12 @@ def test_method_all_leaves_out_what_does_not_apply_in_one_plain_line_each(capsys
     explainers = build_explainers("all", loaded, "auto", parse_target("top1", loaded.class_names))
     notes = capsys.readouterr().err.splitlines()
     left_out = [re.match(r"explain: --method all: leaving out ([\w-]+): ", note)[1] for note in notes]
-    # the detector's method and the transformers', in listing order
-    assert left_out == [m for m in methods() if method_class(m).family == "transformer attention"
-                        or getattr(method_class(m), "task", "classify") == "detect"]
-    assert len(explainers) == len(methods()) - 4
+    # the detector's method, the transformers' (AttnLRP's too: a model without attention) and
+    # those whose maps are per concept, in listing order
+    left = [m for m in methods() if method_class(m).family == "transformer attention" or m == "attnlrp"
+            or getattr(method_class(m), "task", "classify") == "detect" or method_class(m).per_concept]
+    assert left_out == left
+    assert len(explainers) == len(methods()) - len(left)
     for note in notes:  # why, in the command line's words: no Python arguments, no other models' quirks
         assert len(note) < 200 and not re.search(r"\w=|Swin|\bpass\b|\buse\b", note), note
 

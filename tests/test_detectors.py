@@ -138,7 +138,8 @@ FAMILIES = {"yolo": (yolov8n, (128, 160), "model.model.9"),
 # class logits; LRP's and Excitation Backprop's rules and the attention methods need other
 # models (YOLO adds and multiplies in forward, DETR attends).
 SKIP = {"cam", "finercam", "lrp", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "excitation-backprop",
-        "c-excitation-backprop"}
+        "c-excitation-backprop",
+        "sess", "dff"}  # SESS scores patches by a class (a box moves with the patch); DFF's maps are per concept
 # One masked pass per channel of YOLO's 256-channel SPPF: Score-CAM stands for its variants.
 SLOW_ON_YOLO = {"sscam", "iscam", "ablationcam"}
 

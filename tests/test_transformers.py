@@ -371,8 +371,8 @@ def test_every_method_on_transformers(name):
     state = ModelState(model)
     ran = []
     for method in explain.method_names():
-        if method in ("scorecam", "sscam", "iscam") and name in WIDE:
-            continue
+        if method in ("scorecam", "sscam", "iscam") and name in WIDE or explain.method_class(method).per_concept:
+            continue  # DFF's maps are per concept, not per target (test_cams_more.py)
         refused = {**REFUSED, **(REFUSED_SWIN if name == "swin" else {})}.get(method)
         if refused:
             with pytest.raises(explain.NotApplicable, match=refused):
@@ -386,7 +386,7 @@ def test_every_method_on_transformers(name):
         assert res.targets.tolist() == logits_of(res.logits).argmax(1).tolist(), (name, method)
         ran.append(method)
     state.assert_unchanged()
-    assert len(ran) >= len(explain.method_names()) - 12  # Swin: 3 skipped, 9 refused
+    assert len(ran) >= len(explain.method_names()) - 13  # Swin: 3 skipped, 9 refused; DFF
 
 
 def test_score_cams_on_vit_b16():
@@ -476,9 +476,10 @@ def test_cli_runs_a_hugging_face_folder_and_leaves_out_what_does_not_apply(tmp_p
     err = capsys.readouterr().err
     assert "leaving out cam: " in err and "leaving out lrp: " in err and "leaving out drise: " in err
     assert "leaving out excitation-backprop: " in err and "leaving out c-excitation-backprop: " in err
+    assert "leaving out dff: its maps are per concept" in err
     methods = {json.loads(line)["method"] for line in (tmp_path / "all" / "manifest.jsonl").read_text().splitlines()}
     assert methods == set(explain.method_names()) - {
-        "cam", "lrp", "drise", "excitation-backprop", "c-excitation-backprop"}
+        "cam", "lrp", "drise", "excitation-backprop", "c-excitation-backprop", "dff"}
     # Named explicitly, a method that does not apply is a usage error that says why.
     assert main(["run", str(photo), "--out", str(tmp_path / "cam"), "--model", str(folder), "--method", "cam"]) == 2
     assert "CAM's premise" in capsys.readouterr().err

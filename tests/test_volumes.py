@@ -24,7 +24,8 @@ FEWER = {**CHEAP, "occlusion": {"window": 4, "stride": 4}}
 PER_CHANNEL = {name for name in explain.method_names() if explain.method_class(name).family == "perturbation CAM"}
 #: Methods whose definition is that of images (superpixels, attention, 2-D bias terms).
 IMAGES_ONLY = {name for name in explain.method_names() if explain.method_class(name).images_only}
-APPLICABLE = [name for name in explain.method_names() if name not in IMAGES_ONLY]
+APPLICABLE = [name for name in explain.method_names()
+              if name not in IMAGES_ONLY and not explain.method_class(name).per_concept]  # DFF: per concept
 
 
 @lru_cache(maxsize=4)

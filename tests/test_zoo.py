@@ -42,7 +42,9 @@ CONTRASTIVE_REFUSED = {"squeezenet1_1"}
 # One masked forward pass per channel: these run in test_score_cams on a smaller matrix.
 SCORE_CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), explain.ScoreCAM)]
 
-CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))]
+# Deep Feature Factorization's maps are per concept, not per target (test_cams_more.py).
+CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))
+        and not explain.method_class(m).per_concept]
 # AttnLRP applies to transformers only (tests/test_attnlrp.py); it refuses these networks.
 ATTRIBUTIONS = [m for m in explain.method_names()
                 if issubclass(explain.method_class(m), explain.Attribution) and m != "attnlrp"]
@@ -173,9 +175,9 @@ def test_score_cams(arch):
 # class logits refuse the callable target; the attention methods refuse a model whose attention
 # includes a text tower (or that has none); CLIP's patch convolution has no bias for FullGrad.
 EMBEDDER_REFUSALS = {
-    "clip": {"finercam", "cam", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad", "drise",
-             "excitation-backprop", "c-excitation-backprop"},
-    "resnet18-embedder": {"finercam", "cam", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "drise",
+    "clip": {"finercam", "cam", "sess", "fullgrad", "lrp", "attnlrp", "attention-rollout", "attention-relevance",
+             "legrad", "drise", "excitation-backprop", "c-excitation-backprop"},  # attnlrp: no rule for the norm's Div, Pow
+    "resnet18-embedder": {"finercam", "cam", "sess", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "drise",
                           "c-excitation-backprop"},  # no classifier for its dual unit
 }
 
@@ -205,7 +207,7 @@ def test_embedders(name):
     state = ModelState(inner)
     refused = set()
     for method in explain.method_names():
-        if method in ("sscam", "iscam") or (method == "scorecam" and name != "clip"):
+        if method in ("sscam", "iscam") or (method == "scorecam" and name != "clip") or method == "dff":
             continue  # one pass per channel: Score-CAM runs on CLIP's 32 channels only
         options = CHEAP.get(method, {})
         try:

@@ -35,7 +35,8 @@ METHOD_PAGES = {
 BASES = {"cams": ("BaseCAM", "GradientCAM"), "attributions": ("Attribution", "NoiseTunnel"), "attention": ()}
 #: The sections of the ``explain`` page: (heading, the modules of explain._EXPORTS or names).
 EXPLAIN_SECTIONS = [
-    ("Making and calling explainers", ("Explainer", "Explanation", "explainer", "method_names", "method_class",
+    ("Making and calling explainers", ("Explainer", "Explanation", "ConceptExplanation", "explainer", "method_names",
+                                       "method_class",
                                        "describe_methods", "explain_together", "register", "NotApplicable")),
     ("Drawing maps", ("drawing",)),
     ("Layers, hooks and model summaries", ("layers", "hooks", "tokens", "model_summary")),

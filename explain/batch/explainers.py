@@ -209,6 +209,12 @@ def build_explainers(
         flags = method_option_flags(cls, own) if own else f"--method {name} --layer {layer}"
         if own and "target_layer" in given:  # the layer may be what the options do not fit
             flags = f"--layer {layer} {flags}"
+        if cls.per_concept:  # maps per concept of the whole batch: no per-image files to write
+            why = "its maps are per concept of a batch, not per target: the Python API gives them"
+            if not everything:
+                raise UsageError(f"--method {name}: {why}")
+            print(f"explain: --method all: leaving out {name}: {why}", file=sys.stderr)
+            continue
         try:
             cam = cls(loaded.model, class_names=loaded.class_names, **given, **own)
             cam.check(loaded.example, target.targets, topk=target.topk)

@@ -177,7 +177,7 @@ def terminated_as_interrupt() -> Iterator[None]:
 
 class StopFlag:
     """The first Ctrl-C or SIGTERM: the running method stops at the next layer of its model (the
-    loop's :class:`~explain.passes.PassListener` reads :attr:`set`), the writes
+    loop's :class:`~explain.pass_listener.PassListener` reads :attr:`set`), the writes
     under way finish, and the run stops (``how``: what the message says of the stop);
     :attr:`signal` says which signal it was (SIGTERM: exit status 143, else 130). A second
     signal of either kind: stop now (``KeyboardInterrupt``)."""

@@ -118,7 +118,7 @@ def progress_bar(total: int, quiet: bool) -> BarProgress | PlainProgress:
 class WithinBatch:
     """The progress within a batch (told ``(method, passes done, passes in all)`` after each
     inner batch of a method's or metric's call, by the loop's
-    :class:`~explain.passes.PassListener`): moves ``progress`` by the share of the batch done,
+    :class:`~explain.pass_listener.PassListener`): moves ``progress`` by the share of the batch done,
     from the methods finished (by their estimated ``costs``) and the running call's passes,
     and names that call."""
 

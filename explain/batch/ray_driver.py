@@ -162,6 +162,7 @@ class RayRun:
         self.leftovers = list(leftovers)
         self.methods, self.labels = checked.methods, checked.labels
         self.received_kept: set[str] = set()  # files of kept rows received but not removed
+        self.received_inputs: set[int] = set()  # rows come back once: not from a killed actor's files too
         self.manifest = DriverManifest(folder, row_marker(args.labels, checked.task, listing, checked.class_names))
         self.plan = PlanFiles(folder)
 
@@ -269,7 +270,7 @@ class RayRun:
         asked to stop and waited for (they write what they finished)."""
         from . import ray_stages
 
-        received: set[int] = set()
+        received = self.received_inputs  # inputs whose rows came back
         stream = Stream(ray_stages.explain_plan(ray, self.folder.path(self.plan.name), self.folder.filesystem,
                                                 self.args.with_absolute_paths(), self.checked, self.resources,
                                                 rows_folder=self.plan.rows_name))
@@ -314,11 +315,10 @@ class RayRun:
             raise OutputDeviceError(refused[0]["error"])
 
     def _take_kept_rows(self, out, end: DriverEnd) -> None:
-        """Append the rows the actors kept whose batches the driver did not receive (a stopped
-        run's: their files are written), each file removed once its rows are in the manifest."""
+        """Append the rows the actors kept whose inputs never came back (a stopped run's), then their files."""
         try:
             for name in set(kept_row_files(self.folder, self.plan.rows_name)) - self.received_kept:
-                self.manifest.append(out, kept_rows(self.folder, name), report=True)
+                self.manifest.append(out, kept_rows(self.folder, name, self.received_inputs), report=True)
                 self.folder.remove(name)
         except OutputDeviceError as error:  # the next run reads them
             end.refused = end.refused or error

@@ -301,7 +301,7 @@ class StopMarker(PassListener):
     """The stop of a run's actors: whether the driver wrote its stop file
     (:data:`~explain.batch.ray_stream.STOP_FILE`) in the run's rows folder. :meth:`look` looks
     at the folder; while a call explains (:meth:`watched`) a thread looks every
-    :data:`STOP_LOOK_SECONDS`. As the methods' :class:`~explain.passes.PassListener` (asked at
+    :data:`STOP_LOOK_SECONDS`. As the methods' :class:`~explain.pass_listener.PassListener` (asked at
     each layer of the model), it answers what was seen, without looking again."""
 
     asked_at_layers = True

@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import suppress
 
 from ..report import iter_json_records
@@ -128,9 +128,12 @@ def kept_row_files(folder: OutputFolder, rows_folder: str) -> list[str]:
     return [f"{rows_folder}/{name}" for name in folder.names("", under=rows_folder) if name.endswith(ROWS_FILE_SUFFIX)]
 
 
-def kept_rows(folder: OutputFolder, name: str) -> list[dict]:
-    """The well-formed rows of one file of kept rows (a line cut short by a kill is dropped)."""
-    return [row for row in iter_json_records(folder.lines(name)) if is_well_formed(row)]
+def kept_rows(folder: OutputFolder, name: str, received: Collection[int] = ()) -> list[dict]:
+    """The well-formed rows of one file of kept rows (a line cut short by a kill is dropped),
+    but those of inputs whose hash is in ``received`` (a killed actor's batch that Ray redid:
+    its rows came back through the stream)."""
+    rows = (row for row in iter_json_records(folder.lines(name)) if is_well_formed(row))
+    return [row for row in rows if hash(row["input"]) not in received]
 
 
 def kept_lines(folder: OutputFolder, rows_folder: str) -> Iterator[str]:

@@ -14,13 +14,24 @@ from torch import Tensor, nn
 
 from ..base import Explainer, NotApplicable, register
 from ..checks import channel_hint, check_images, spatial_axes
-from ..explanation import Explanation, scale_maps
+from ..explanation import ConceptExplanation, Explanation, scale_maps
 from ..hooks import preserved_state
 from ..layers import LayerSpec, resolve_layers
-from ..targets import Targets, class_logits, custom_target, select_targets
+from ..targets import CUSTOM_TARGET, Targets, class_logits, custom_target, select_targets
 from .cam_base import BaseCAM, Captured, agree_in_sign, detached, principal_component
 
-__all__ = ["CAM", "FEM", "KPCACAM", "EigenCAM", "RandomCAM", "SobelCAM", "kernel_principal_component", "sobel_edges"]
+__all__ = [
+    "CAM",
+    "FEM",
+    "KPCACAM",
+    "DeepFeatureFactorization",
+    "EigenCAM",
+    "RandomCAM",
+    "SobelCAM",
+    "factorize",
+    "kernel_principal_component",
+    "sobel_edges",
+]
 
 
 @register
@@ -358,3 +369,119 @@ class SobelCAM(Explainer):
         logits = detached(output if custom_target(targets) is not None else class_logits(output))
         size = tuple(images.shape[2:])
         return Explanation(scale_maps(raw, size), {"input": raw}, logits, ids, self.name, self.class_names)
+
+
+def factorize(activations: Tensor, n_components: int, random_state: int = 0, max_iter: int = 200, tol: float = 1e-4):
+    """Deep Feature Factorization of (N, C, ...) activations: the (C, N * positions) matrix,
+    less each channel's minimum m (so that it is non-negative), factorized by scikit-learn's
+    NMF (random init, coordinate descent, stopping at ``tol`` or ``max_iter``; scikit-learn's
+    defaults, as pytorch-grad-cam's) as W H, W (C, k) and H (k, N * positions).
+
+    Returns the concepts W + m (C, k) and their maps H as (N, k, ...).
+    """
+    from sklearn.decomposition import NMF
+
+    n, c, *spatial = activations.shape
+    matrix = activations.detach().transpose(0, 1).reshape(c, -1).cpu().float().nan_to_num(0.0).numpy()
+    offset = matrix.min(axis=1, keepdims=True)
+    nmf = NMF(n_components=n_components, init="random", random_state=random_state, max_iter=max_iter, tol=tol)
+    weights = nmf.fit_transform(matrix - offset)
+    concepts = torch.from_numpy(weights + offset).to(activations.device)
+    maps = torch.from_numpy(nmf.components_).reshape(n_components, n, *spatial).transpose(0, 1)
+    return concepts, maps.to(activations.device)
+
+
+@register
+class DeepFeatureFactorization(BaseCAM):
+    """Deep Feature Factorization (DFF): a layer's activations over the batch factorized into
+    k concepts, each concept's map per image, and the classes each concept drives.
+
+    A - m ~= W H by non-negative matrix factorization (scikit-learn's NMF, random init with
+    ``random_state``), A the (C, N * h * w) activations of the batch's positions and m each
+    channel's minimum: column j of W + m is concept j's embedding (its C channels), row j of H,
+    reshaped to (N, h, w), its map in each image. The maps are per concept, not per target:
+    the result is a :class:`~explain.ConceptExplanation` with maps (N, k, H, W)
+    (``n_components`` = k), the embeddings (``concepts``, (C, k)) and, where the model has a
+    classifier head after the layer, its scores of the embeddings (``concept_scores``, (k,
+    classes)); ``targets`` (N, k) is each concept's top class. ``classifier`` is the head: a
+    submodule, its name, ``"auto"`` (the model's last ``nn.Linear`` that takes C features) or
+    None. Concepts are found across the whole batch, so the maps of an image depend on the
+    others in its batch; a call takes no ``targets``.
+
+    Collins, Achanta and Susstrunk, "Deep Feature Factorization For Concept Discovery",
+    ECCV 2018, arXiv:1806.10206; pytorch-grad-cam 1.5.7's ``DeepFeatureFactorization``.
+    """
+
+    name = "dff"
+    formula = "rows of H in A - min A ~= W H (NMF, {n_components:code} concepts)"
+    family = "gradient-free CAM"
+    cost = "1 forward (and an NMF of the activations of the batch)"
+    uses_gradients = False
+    channel_sum = False
+    final_relu = False
+    shares_capture = False
+    per_concept = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        n_components: int = 16,
+        classifier: str | nn.Module | None = "auto",
+        random_state: int = 0,
+        max_iter: int = 200,
+        class_names=None,
+        reshape=None,
+    ):
+        super().__init__(model, target_layer, class_names=class_names, reshape=reshape)
+        if n_components < 1:
+            raise ValueError(f"n_components is the number of concepts, at least 1; got {n_components}")
+        if isinstance(classifier, str) and classifier != "auto":
+            classifier = model.get_submodule(classifier)
+        self.n_components, self.classifier = n_components, classifier
+        self.random_state, self.max_iter = random_state, max_iter
+
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        if targets is not None or topk is not None:
+            raise NotApplicable(
+                "dff's maps are per concept, not per target: leave targets and topk out "
+                "(n_components sets the number of concepts; concept_scores their classes)"
+            )
+        return self.explain(self.capture(images))
+
+    def head(self, channels: int) -> nn.Module | None:
+        """The classifier head of the concept embeddings (see ``classifier``)."""
+        if self.classifier != "auto":
+            return self.classifier  # type: ignore[return-value]  # a module or None
+        heads = [m for m in self.model.modules() if isinstance(m, nn.Linear) and m.in_features == channels]
+        return heads[-1] if heads else None
+
+    def explain(self, captured: Captured) -> Explanation:
+        """The concepts of the captured layer's activations, their maps and classes."""
+        if len(captured.activations) != 1:
+            raise ValueError(
+                f"dff factorizes one layer's activations; pass one target_layer, not {len(captured.activations)}"
+            )
+        ((layer, activations),) = captured.activations.items()
+        concepts, raw = factorize(activations, self.n_components, self.random_state, self.max_iter)
+        head = self.head(concepts.shape[0])
+        n, k = raw.shape[:2]
+        scores, ids = None, torch.full((n, k), CUSTOM_TARGET, dtype=torch.long, device=raw.device)
+        if head is not None:
+            param = next(head.parameters(), None)
+            with preserved_state(head), torch.no_grad():
+                embeddings = concepts.T.float()
+                scores = head(embeddings.to(param) if param is not None else embeddings).detach().float()
+            ids = scores.argmax(dim=1).expand(n, k).clone()
+        raw = raw.float()
+        return ConceptExplanation(
+            scale_maps(raw, captured.input_size),
+            {layer: raw},
+            class_logits(captured.output),
+            ids,
+            self.name,
+            self.class_names,
+            concepts=concepts.float(),
+            concept_scores=scores,
+        )

@@ -70,10 +70,10 @@ def ranked_regions(
     of the pixels it added when it was added, NaN for a region never added (it would have
     added under ``min_pixel_diff`` pixels, or the area threshold was reached before it).
 
-    >>> attribution = torch.tensor([[1.0, 1.0], [0.0, 3.0]])
+    >>> attribution = torch.tensor([[3.0, 3.0], [0.0, 1.0]])
     >>> regions = torch.tensor([[[True, True], [False, True]], [[False, False], [False, True]]])
     >>> ranked_regions(attribution, regions, min_pixel_diff=1)[1].tolist()   # the second adds nothing
-    [1.6666666666666667, nan]
+    [2.3333333333333335, nan]
     """
     values = attribution.flatten().double()
     candidates = regions.flatten(1).to(values.device)
