@@ -238,7 +238,9 @@ def infer_layout(
             return TokenLayout("tokens", count, best)
     raise ValueError(
         f"{where} outputs {tuple(shape)} tokens whose patch grid could not be found for a {height} x "
-        f"{width} input; {fix}"
+        f"{width} input. Where they have no place in the image (a Perceiver's latents, a Q-Former's "
+        "queries), pass target_layer= a layer whose output is on the image's grid (`explain layers MODEL` "
+        f"lists the layers); where they are patches, {fix}"
     )
 
 

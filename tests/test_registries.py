@@ -196,6 +196,13 @@ def test_prefix_tokens_follow_the_model():
     assert infer_layout((1, 21, 16), (32, 32), dinov2) == TokenLayout("tokens", 5, (4, 4))
 
 
+def test_tokens_without_a_place_in_the_image_name_both_fixes():
+    # A Perceiver's 250 latents on a 56 x 56 input: no patch grid; the message names a layer
+    # on the image's grid first (what helps a Perceiver), then reshape= (what helps patches).
+    with pytest.raises(ValueError, match=r"(?s)no place in the image.*target_layer=.*where they are patches.*reshape="):
+        infer_layout((2, 250, 64), (56, 56))
+
+
 # --- attention: seen however computed, read as the head reads it ---------------------------
 
 
