@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from .checks import INPUT_KINDS, spatial_dims
 from .concurrency import model_lock
 from .explanation import Explanation
+from .hooks import unwrapped
 from .passes import call_settings
 from .targets import Targets
 
@@ -125,6 +126,9 @@ class Explainer:
     default: half the memory available on the device) and ``progress`` shows a progress bar
     (True), none (False) or one once a call of more than one pass has run a second (None);
     see :mod:`explain.passes`.
+    A model wrapped in ``nn.DataParallel``, ``DistributedDataParallel`` or ``torch.compile``
+    is explained through the module inside (:func:`~explain.hooks.unwrapped`): ``self.model``
+    is that module.
 
     Subclasses set ``name`` (the registered method name), ``family`` and ``cost``, and
     implement ``_explain(images, targets, *, topk)``, which the call runs (and, where they
@@ -163,7 +167,7 @@ class Explainer:
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        self.model = model
+        self.model = unwrapped(model)  # DataParallel, DistributedDataParallel, torch.compile
         self.class_names = list(class_names) if class_names is not None else getattr(model, "class_names", None)
 
     def __call__(

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from .concurrency import model_lock
 
-__all__ = ["LayerCapture", "check_layers_ran", "preserved_state"]
+__all__ = ["WRAPPER_PREFIXES", "LayerCapture", "check_layers_ran", "preserved_state", "unwrapped"]
 
 
 def check_layers_ran(wanted: Iterable[str], ran: Container[str]) -> None:
@@ -43,6 +43,34 @@ def check_layers_ran(wanted: Iterable[str], ran: Container[str]) -> None:
             f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
             "at inference (`explain layers MODEL` lists them)"
         )
+
+
+#: The attribute names under which wrappers hold the model: ``nn.DataParallel`` and
+#: ``DistributedDataParallel`` (``module``), ``torch.compile`` (``_orig_mod``).
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside ``nn.DataParallel``, ``nn.parallel.DistributedDataParallel`` and
+    ``torch.compile`` wrappers (any nesting of them), or ``model`` itself.
+
+    Explanations run through the wrapped model: its hooks fire on the caller's thread and
+    device (``DataParallel`` runs replicas on threads of its own, whose passes the hook
+    engine leaves alone; a compiled graph runs no module hooks), with the same parameters,
+    so the maps are the model's. Names of its layers may keep the wrapper's prefix
+    (``module.layer4``; see :func:`~explain.layers.resolve_layers`).
+
+    >>> inner = nn.Linear(2, 2)
+    >>> unwrapped(nn.DataParallel(inner)) is inner
+    True
+    """
+    while True:
+        inner = getattr(model, "module", None)
+        if not isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            inner = getattr(model, "_orig_mod", None) if type(model).__name__ == "OptimizedModule" else None
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
 
 
 @contextmanager

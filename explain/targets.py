@@ -74,14 +74,22 @@ def custom_target(targets: Targets) -> Callable[[Tensor], Tensor] | None:
 
 def class_logits(output):
     """The class logits in a model output: the output itself, the ``"logits"`` entry of a
-    mapping (a Hugging Face ``ModelOutput`` is one) or the ``logits`` field of a named tuple
-    (torchvision's ``GoogLeNetOutputs``, a model's own); anything else is returned as it is.
+    mapping (a Hugging Face ``ModelOutput`` is one), the ``logits`` field of a named tuple
+    (torchvision's ``GoogLeNetOutputs``, a model's own), or the one tensor of a mapping that
+    holds a single (N, num_classes) tensor under another name (Hugging Face's PP-LCNet
+    classifier returns its logits as ``last_hidden_state``); anything else is returned as it is.
 
     >>> class_logits({"logits": torch.zeros(1, 3)}).shape
     torch.Size([1, 3])
+    >>> class_logits({"last_hidden_state": torch.zeros(1, 3)}).shape
+    torch.Size([1, 3])
     """
-    if isinstance(output, Mapping) and "logits" in output:
-        return output["logits"]
+    if isinstance(output, Mapping):
+        if "logits" in output:
+            return output["logits"]
+        tensors = [value for value in output.values() if isinstance(value, Tensor)]
+        if len(tensors) == 1 and len(output) == 1 and tensors[0].dim() == 2:
+            return tensors[0]
     if isinstance(output, tuple) and "logits" in getattr(output, "_fields", ()):
         return output.logits  # type: ignore[attr-defined]  # a named tuple's field
     return output

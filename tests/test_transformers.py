@@ -314,10 +314,12 @@ def test_rollout_discard_ratio_and_head_fusion():
 def test_attention_methods_refuse_models_they_do_not_apply_to():
     with pytest.raises(explain.NotApplicable, match="saw no attention.*Grad-CAM"):
         explain.AttentionRollout(torchvision.models.resnet18())(torch.randn(1, 3, 32, 32))
-    with pytest.raises(explain.NotApplicable, match="saw no attention.*Swin"):
-        explain.AttentionRelevance(torchvision.models.swin_t())(torch.randn(1, 3, 64, 64))
-    with pytest.raises(explain.NotApplicable, match="readout="):
-        explain.LeGrad(torchvision.models.swin_t())
+    # torchvision's Swin computes its windowed attention by hand: seen, and refused as windowed.
+    swin = torchvision.models.swin_t()
+    for method in (explain.AttentionRelevance, explain.LeGrad):
+        with pytest.raises(explain.NotApplicable, match=r"same tokens in every layer.*windowed attention, as in Swin"):
+            method(swin)(torch.randn(1, 3, 64, 64))
+    assert hook_count(swin) == 0
     with pytest.raises(explain.NotApplicable, match="attention"):
         explain.LRP(tv_vit())(torch.randn(1, 3, 32, 32))
     with pytest.raises(ValueError, match="class targets"):
@@ -355,8 +357,10 @@ REFUSED = {
     "c-excitation-backprop": "attention",
     "drise": "explains a detector's boxes",      # a classifier has none
 }
-REFUSED_SWIN = {"attention-rollout": "saw no attention", "attention-relevance": "saw no attention",
-                "legrad": "readout=", "attnlrp": "shifted_window_attention"}
+# Swin's windowed attention, computed by hand, is seen and refused as windowed.
+REFUSED_SWIN = {method: "windowed attention, as in Swin" for method in ("attention-rollout", "attention-relevance",
+                                                                        "legrad")}
+REFUSED_SWIN["attnlrp"] = "shifted_window_attention"
 
 
 @pytest.mark.parametrize("name", list(MODELS))

@@ -83,6 +83,16 @@ def principal_component(terms: Tensor, *, sign: str = "sum") -> Tensor:
     return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, *spatial)
 
 
+def check_image_rows(name: str, output: Tensor, images: Tensor) -> None:
+    """Raise where layer ``name``'s ``output`` of a pass of ``images`` has not a row per image."""
+    if output.shape[0] != images.shape[0]:
+        raise ValueError(
+            f"layer {name!r} outputs {output.shape[0]} rows for {images.shape[0]} images: the model folds patches "
+            "into the batch there (as MobileViT's and TNT's inner transformers do), so its rows are not the images'; "
+            "pass target_layer= a layer outside it (`explain layers MODEL` lists the layers)"
+        )
+
+
 def layer_layout(reshape: Reshape | None, model: nn.Module, name: str, output: Tensor, images: Tensor):
     """How ``output`` of layer ``name`` becomes an (N, C, h, w) grid (for volumes and signals,
     (N, C, d, h, w) or (N, C, l)): ``reshape`` as given, or the layout
@@ -318,6 +328,8 @@ class BaseCAM(Explainer):
                 output = self.model(images)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
             check_layers_ran(layers, capture.activations)
+            for name in layers:
+                check_image_rows(name, capture.activations[name], images)
             layouts = {
                 name: layer_layout(self.reshape, self.model, name, capture.activations[name], images) for name in layers
             }

@@ -50,7 +50,7 @@ from .attribution_base import (
     normalize_maps,
     reduce_channels,
 )
-from .cam_base import layer_layout
+from .cam_base import check_image_rows, layer_layout
 from .captum_adapter import path_points
 from .path_attribution import QUADRATURES
 
@@ -246,6 +246,7 @@ class _ThroughLayer(Batched):
         with LayerCapture(self.model, {name: module}, gradients=False) as capture, channel_hint(images):
             self.model(images[:1])
         check_layers_ran([name], capture.activations)
+        check_image_rows(name, capture.activations[name], images[:1])
         layer_layout(None, self.model, name, capture.activations[name], images[:1])  # raises where no grid fits
         if self.neuron is not None:
             NeuronSelector(self.neuron, self.model, name, images).grid(capture.activations[name])

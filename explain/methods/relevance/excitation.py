@@ -30,7 +30,7 @@ from ...hooks import check_layers_ran
 from ...layers import LayerSpec, candidate_layers, find_target_layer
 from ...targets import Targets, class_logits, custom_target, select_targets
 from ..attribution_base import attribution_context
-from ..cam_base import BaseCAM, Captured, detached, layer_layout, output_tensors
+from ..cam_base import BaseCAM, Captured, check_image_rows, detached, layer_layout, output_tensors
 from .canonizers import restored_modules
 from .composites import check_canonical_output, excitation_composite, registered_composite
 from .tracing import RuleSpans, on_every_path, reshaped_from, traced_layers, unruled_steps
@@ -177,6 +177,8 @@ class ExcitationBackprop(BaseCAM):
                 return class_logits(output).gather(1, ids.view(len(images), -1))
 
             outputs, probabilities = self._winning_probabilities(images, layers, reference, scores, custom is None)
+        for name in layers:
+            check_image_rows(name, outputs[name], images)
         layouts = {name: layer_layout(self.reshape, self.model, name, outputs[name], images) for name in layers}
         return Captured(
             {name: layouts[name].to_spatial(outputs[name].detach()).float() for name in layers},
