@@ -10,7 +10,6 @@ import numpy as np
 import torch
 from scipy.sparse.csgraph import connected_components, minimum_spanning_tree
 from scipy.spatial import ConvexHull, QhullError
-from sklearn.neighbors import kneighbors_graph
 from torch import Tensor
 
 from ..checks import positive_int
@@ -25,6 +24,10 @@ def _neighbour_graph(points: np.ndarray, k: int, grow: bool):
     """The symmetric k-nearest-neighbour graph of ``points`` (an edge where either point
     is among the other's k nearest, weighted by their distance); with ``grow``, k rises
     until the graph is connected. Returns the graph and its number of components."""
+    # Here, not at the top: scikit-learn takes seconds to import, and every process that
+    # imports explain (a CLI run, a Ray actor) would pay for it without scoring MST-C.
+    from sklearn.neighbors import kneighbors_graph
+
     k = min(k, len(points) - 1)
     while True:
         directed = kneighbors_graph(points, n_neighbors=k, mode="distance", include_self=False)
