@@ -14,7 +14,7 @@ from ..errors import out_of_memory_reason
 from ..evaluation import format_summary
 from ..images import IMAGE_EXTENSIONS
 from ..models import warn_if_random
-from ..report import remove_temp_files, write_manifest
+from ..report import ManifestRecord, remove_temp_files, write_manifest
 from .decoding import DecodedBatch, crop_zoom, default_workers
 from .explaining import GroupExplainer
 from .ground_truth import row_marker
@@ -83,9 +83,9 @@ class LocalRun:
         #: --copy-originals: the thumbnails index.html shows (None: links to the inputs)
         self.originals = OriginalCopies(self.folder) if self.options.copy_originals else None
 
-    def _record(self, rows: list[dict]) -> None:
-        for row in rows:
-            row = self.marked(row)
+    def _record(self, records: list[ManifestRecord]) -> None:
+        for record in records:
+            row = self.marked(record.row())
             self.plan.record(row)
             if row["status"] != "skipped" and row.get("seconds") is not None:
                 self.seconds[row["method"]] = self.seconds.get(row["method"], 0.0) + row["seconds"]
@@ -116,7 +116,7 @@ class LocalRun:
 
     def execute(self) -> int:
         for source, method, error in self.plan.make(self.sources, self.options.overwrite):
-            self._record(self.explainer.failed_rows(source, method, error))
+            self._record(self.explainer.failed_records(source, method, error))
         work = sorted(self.plan.pending)
         saver = ThreadPoolExecutor(max_workers=max(1, self.options.workers or 1), thread_name_prefix="explain-save")
         in_flight: deque[Future] = deque()
@@ -127,7 +127,7 @@ class LocalRun:
                 source = self.sources[work[position]]
                 report_failure(source.input, error)
                 for cam in self.plan.pending[work[position]]:
-                    self._record(self.explainer.failed_rows(source, cam.name, error))
+                    self._record(self.explainer.failed_records(source, cam.name, error))
             for positions, images in batch.groups:
                 self.images += len(positions)
                 group = [(self.sources[work[p]], self.plan.pending[work[p]]) for p in positions]

@@ -126,3 +126,10 @@ class CheckedRun:
     messages: str = ""  # what the check printed (a note on random weights), for the driver to show
     class_names: list[str] = field(default_factory=list)  # the model's, for --labels
     zoom: float | None = None  # how the model's crop frames an image (explain.batch.decoding.crop_zoom)
+
+    @property
+    def records(self):
+        """The maker of this run's manifest records (:class:`~explain.batch.manifest.RecordMaker`)."""
+        from .manifest import RecordMaker
+
+        return RecordMaker(self.layers, self.settings, self.task)

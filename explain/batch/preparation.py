@@ -29,6 +29,7 @@ from .explainers import (
     parse_target,
     parse_task_target,
 )
+from .manifest import RecordMaker
 from .options import CheckedRun, RunOptions
 from .segment_sources import FolderSegments, ModelSegments, segment_source
 
@@ -51,6 +52,11 @@ class PreparedRun:
     costs: dict[str, float] = field(default_factory=dict)
     #: --segments: each image's segments, for the methods that take them (None: no --segments)
     segments: FolderSegments | ModelSegments | None = None
+
+    @property
+    def records(self) -> RecordMaker:
+        """The maker of this run's manifest records."""
+        return RecordMaker(self.layers, self.settings, self.task)
 
     @property
     def metric_columns(self) -> list[str]:
