@@ -192,12 +192,7 @@ def build_explainers(
         raise UsageError("--method is empty; see `explain methods`")
     if not layer.auto:
         options = dict(options, target_layer=list(layer.names))
-    classes = {}
-    for name in wanted:
-        try:
-            classes[name] = method_class(name)
-        except ValueError as error:
-            raise UsageError(f"--method: {error}") from None
+    classes = method_classes(wanted)
     for option in options:
         if not any(accepts_option(cls, option) for cls in classes.values()):
             flag = "--layer" if option == "target_layer" else "--" + option.replace("_", "-")
@@ -239,6 +234,17 @@ def build_explainers(
         if cam.name not in (e.name for e in explainers):
             explainers.append(cam)
     return explainers
+
+
+def method_classes(names: list[str]) -> dict[str, type[Explainer]]:
+    """{name: its method's class}; an unknown name is a usage error with the names it is close to."""
+    classes = {}
+    for name in names:
+        try:
+            classes[name] = method_class(name)
+        except ValueError as error:
+            raise UsageError(f"--method: {error}") from None
+    return classes
 
 
 def parse_method_options(entries: Sequence[str]) -> dict[type[Explainer], dict[str, Any]]:
