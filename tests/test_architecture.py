@@ -46,6 +46,18 @@ FACE = "explain"
 #: (importer, imported): imports forbidden besides the layering (a metric scores any
 #: explainer, so the metrics never reach for the methods).
 FORBIDDEN = [("explain.metrics", "explain.methods"), ("explain.metrics", "explain.catalogue")]
+#: The batch layer's engines: what runs the jobs, here and on Ray.
+ENGINES = ("explain.batch.local_run", "explain.batch.ray_driver", "explain.batch.ray_stages")
+#: What the engines run never reaches back for them: the job interface and its jobs, the group
+#: explainer, the task strategies and the records they return; so a new job or task plugs in
+#: without touching an engine.
+FORBIDDEN += [
+    (module, engine)
+    for module in ("explain.batch.job", "explain.batch.evaluating", "explain.batch.explaining",
+                   "explain.batch.task_outputs", "explain.batch.outputs", "explain.batch.manifest",
+                   "explain.batch.writing", "explain.batch.options")
+    for engine in ENGINES
+]
 
 
 def _modules() -> dict[str, Path]:

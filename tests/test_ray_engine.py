@@ -297,7 +297,7 @@ def test_an_actor_explains_under_the_runs_memory_budget_and_times_each_method(tm
     from explain.batch.ray_stages import WriteActor, decode_files
 
     noise_image(0).save(tmp_path / "a.png")
-    options = RunOptions(inputs=[str(tmp_path)], out=str(tmp_path / "out"), method="gradcam,heavypasses",
+    options = RunOptions(inputs=[str(tmp_path)], out=str(tmp_path / "out"), methods="gradcam,heavypasses",
                          max_memory="300MiB")
     actor = WriteActor(options, threads=1)
     batch = {"input": np.array([b"a.png"], dtype=object), "path": np.array([os.fsencode(tmp_path / "a.png")], dtype=object),

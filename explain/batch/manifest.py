@@ -6,33 +6,44 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from ..report import TEMP_NAME_BYTES
+from ..report import TEMP_NAME_BYTES, ManifestRecord
 
 MANIFEST = "manifest.jsonl"
 
 
-def manifest_row(input: str, method: str, target: str, layer: str, settings: str, task: str, **values) -> dict:
-    """A manifest row of ``explain run``, the columns not given left empty."""
-    row = dict.fromkeys(
-        (
-            "target_id",
-            "target_name",
-            "target_probability",
-            "predicted_id",
-            "predicted_name",
-            "predicted_probability",
-            "output",
-            "maps",
-            "error",
-            "metrics",
-            "region",
-            "seconds",
+@dataclass(frozen=True)
+class RecordMaker:
+    """Makes a run's manifest records (:class:`~explain.report.ManifestRecord`), the one place
+    both engines make them: each method's layers and settings, and the task, come from the
+    run's check (a :class:`~explain.batch.preparation.PreparedRun` or its plain
+    :class:`~explain.batch.options.CheckedRun`).
+
+    >>> maker = RecordMaker({"gradcam": "features"}, {"gradcam": "model=m"}, "classify")
+    >>> maker.failed("a.png", "gradcam", ["top1"], "cannot read it")[0].row()["error"]
+    'cannot read it'
+    """
+
+    layers: dict[str, str]
+    settings: dict[str, str]
+    task: str
+
+    def record(self, input: str, method: str, target: str, **values) -> ManifestRecord:
+        """A record of ``method``'s output for ``target`` of ``input``, the columns not given empty."""
+        return ManifestRecord(
+            input=input,
+            method=method,
+            layer=self.layers[method],
+            target=target,
+            settings=self.settings[method],
+            task=self.task,
+            **values,
         )
-    )
-    row.update(input=input, method=method, layer=layer, target=target, settings=settings, task=task)
-    row.update(values)
-    return row
+
+    def failed(self, input: str, method: str, labels: Iterable[str], error: str) -> list[ManifestRecord]:
+        """A failed record per target (``labels``) of ``input`` by ``method``."""
+        return [self.record(input, method, label, status="failed", error=error) for label in labels]
 
 
 def is_well_formed(row: dict) -> bool:

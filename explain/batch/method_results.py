@@ -12,16 +12,17 @@ from torch import Tensor
 from ..errors import is_out_of_memory
 from ..methods import BaseCAM, explain_together
 from ..passes import StopRequested, between_passes
+from ..report import ManifestRecord
 from .loop import OutOfMemory
 from .writing import Job
 
 
 @dataclass
 class Outcome:
-    """What explaining a group gave: rows that failed, and the files to write (whose rows say
-    ok or failed once written)."""
+    """What explaining a group gave: records that failed, and the files to write (whose records
+    say ok or failed once written)."""
 
-    failed: list[dict] = field(default_factory=list)
+    failed: list[ManifestRecord] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
 
     def extend(self, other: Outcome) -> None:

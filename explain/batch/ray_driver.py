@@ -32,7 +32,7 @@ from ..viewer import PageRun
 from .ground_truth import row_marker
 from .guards import StopFlag, leased_run, sole_run, terminated_as_interrupt
 from .inputs import PLAN_PREFIX, InputListing
-from .manifest import MANIFEST, is_well_formed, manifest_row
+from .manifest import MANIFEST, is_well_formed
 from .options import CheckedRun, RunOptions
 from .outcome import exit_code, interrupted_summary, out_of_memory_note, stopped_summary
 from .page import OriginalCopies, colour_scales, page_run, write_page
@@ -160,7 +160,7 @@ class RayRun:
         self.args, self.folder, self.listing, self.checked, self.resources = args, folder, listing, checked, resources
         #: Plan folders of runs that did not end: the rows their actors kept count as manifest rows.
         self.leftovers = list(leftovers)
-        self.methods, self.labels = checked.methods, checked.labels
+        self.methods, self.labels, self.records = checked.methods, checked.labels, checked.records
         self.received_kept: set[str] = set()  # files of kept rows received but not removed
         self.received_inputs: set[int] = set()  # rows come back once: not from a killed actor's files too
         self.manifest = DriverManifest(folder, row_marker(args.labels, checked.task, listing, checked.class_names))
@@ -188,8 +188,9 @@ class RayRun:
             if stop.set:  # Ctrl-C while planning: nothing is explained
                 break
             if source.error:
-                self.manifest.append(out, [self._row(source.input, method, label, status="failed", error=source.error)
-                                   for method in self.methods for label in self.labels])
+                self.manifest.append(out, [record.row() for method in self.methods
+                                           for record in self.records.failed(source.input, method, self.labels,
+                                                                             source.error)])
                 continue
             pending = [m for m in self.methods if self.args.overwrite or hash((source.input, m)) not in finished]
             if pending:
@@ -197,19 +198,15 @@ class RayRun:
         self.plan.flush()
         return self.plan.count
 
-    def _row(self, input: str, method: str, label: str, **values) -> dict:
-        checked = self.checked
-        return manifest_row(input, method, label, checked.layers[method], checked.settings[method], checked.task,
-                            **values)
-
     def _fail_lost(self, out, received: set[int]) -> None:
         """Failed rows for the planned images whose rows never came back: their batch failed
         in Ray itself (an actor that died on it, past Ray's retries), not in our code."""
         error = "worker failed: Ray lost this image's batch (an actor died on it; see Ray's log)"
         for input, methods in self.plan.entries():
             if hash(input) not in received:
-                self.manifest.append(out, [self._row(input, method, label, status="failed", error=error)
-                                   for method in methods.split(",") for label in self.labels], report=True)
+                self.manifest.append(out, [record.row() for method in methods.split(",")
+                                           for record in self.records.failed(input, method, self.labels, error)],
+                                     report=True)
 
     # -- the run
 

@@ -15,6 +15,7 @@ import uuid
 import warnings
 from contextlib import contextmanager, nullcontext, redirect_stderr, suppress
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from ..errors import UsageError
 from ..pass_listener import PassListener
 from .options import CheckedRun, RunOptions
 from .ray_stream import BUSY_SUFFIX, ROWS_FILE_SUFFIX, STOP_FILE
+
+if TYPE_CHECKING:
+    from ..report import ManifestRecord
 
 #: CPUs a decode task reserves (it mostly waits on the disk and Pillow).
 DECODE_CPUS = 0.5
@@ -369,16 +373,16 @@ class WriteActor(ExplainingActor):
             if self.stopping is not None and self.stopping.look():
                 return _returned([], [], "")
             rows, refused = self._explain_batch(folder, batch)
-            lines = [manifest_line(row) for row in rows]
+            lines = [manifest_line(row.row()) for row in rows]
             kept = self._keep_rows(folder, lines)
-            return _returned(lines, [manifest_line(row) for row in refused], kept)
+            return _returned(lines, [manifest_line(row.row()) for row in refused], kept)
         finally:
             if busy is not None:
                 with suppress(Exception):
                     folder.remove(busy)
 
-    def _explain_batch(self, folder, batch: dict) -> tuple[list[dict], list[dict]]:
-        """The rows of a batch's outputs, and those whose files the folder's device refused."""
+    def _explain_batch(self, folder, batch: dict) -> tuple[list[ManifestRecord], list[ManifestRecord]]:
+        """The records of a batch's outputs, and those whose files the folder's device refused."""
         from .inputs import Source
         from .storage import OutputDeviceError
 
@@ -397,13 +401,13 @@ class WriteActor(ExplainingActor):
             )
             for i in range(len(batch["input"]))
         ]
-        rows: list[dict] = []
-        refused: list[dict] = []  # the rows whose files the output folder's device refused (a full disk)
+        rows: list[ManifestRecord] = []
+        refused: list[ManifestRecord] = []  # the rows whose files the output folder's device refused (a full disk)
         try:
             decoded = decoded_groups(batch)
             for i, error in decoded.failures:
                 for cam in work[i][1]:
-                    rows += explainer.failed_rows(work[i][0], cam.name, error)
+                    rows += explainer.failed_records(work[i][0], cam.name, error)
             jobs = []
             with self.explaining():
                 for positions, images in decoded.groups:
@@ -416,16 +420,14 @@ class WriteActor(ExplainingActor):
                 try:
                     rows += job.write(folder)
                 except OutputDeviceError as error:
-                    refused = [
-                        dict(row, status="failed", error=str(error)) for later in jobs[index:] for row in later.rows
-                    ]
+                    refused = [row.with_status("failed", str(error)) for later in jobs[index:] for row in later.rows]
                     break
         except Exception as error:  # a failure of the whole batch fails its rows, not the run
-            explained = {(row["input"], row["method"]) for row in rows + refused}
+            explained = {(row.input, row.method) for row in rows + refused}
             for source, cams in work:
                 for cam in cams:
                     if (source.input, cam.name) not in explained:
-                        rows += explainer.failed_rows(
+                        rows += explainer.failed_records(
                             source, cam.name, f"worker failed: {type(error).__name__}: {error}"
                         )
         return rows, refused

@@ -19,6 +19,7 @@ import os
 import re
 import sys
 
+from ..batch.options import NameList
 from ..errors import UsageError
 from ..options import LOCALISATION_METRICS, METRIC_NAMES, NOISE_TUNNELS, STEP_METRICS, parse_memory
 from .method_table import METHOD_ROWS
@@ -59,11 +60,12 @@ def method_error(name: str) -> str | None:
     return f"unknown method {name!r}; {hint}known methods: {', '.join(names.values())}"
 
 
-def check_methods(text: str, flag: str = "--method") -> None:
+def check_methods(value: str | NameList, flag: str = "--method") -> None:
     """``--method``: ``all`` or a comma-separated list of method names."""
-    if text.strip().lower() == "all":
+    methods = NameList.parse(value)
+    if methods.every:
         return
-    names = [name.strip() for name in text.split(",") if name.strip()]
+    names = methods.names
     if not names:
         raise UsageError(f"{flag} is empty; see `explain methods`")
     for name in names:
@@ -72,14 +74,15 @@ def check_methods(text: str, flag: str = "--method") -> None:
             raise UsageError(f"{flag}: {error}")
 
 
-def metric_names(text: str, flag: str = "--metrics") -> list[str]:
+def metric_names(value: str | NameList, flag: str = "--metrics") -> list[str]:
     """``--metrics``: the metric names of a comma-separated list or ``all``, as
     :func:`explain.batch.explainers.parse_metrics` reads them (the localisation ones are left
     to the caller)."""
-    if text.strip().lower() == "all":
+    metrics = NameList.parse(value)
+    if metrics.every:
         return list(METRIC_NAMES)
     names = []
-    for part in (p for p in text.split(",") if p.strip()):
+    for part in metrics.names:
         key = part.strip().lower().replace("_", "-")
         if key not in METRIC_NAMES:
             close = difflib.get_close_matches(key, list(METRIC_NAMES), n=3, cutoff=0.5)
@@ -160,12 +163,12 @@ def check_step(step: int | None, metrics: list[str]) -> None:
 
 def check_run_options(args) -> None:
     """``explain run``'s options that need no model (:class:`~explain.batch.options.RunOptions`)."""
-    check_methods(args.method)
+    check_methods(args.methods)
     check_method_options(args.method_options)
     check_target(args.target)
     check_max_memory(args.max_memory)
     metrics = metric_names(args.metrics) if args.metrics else []
-    if args.metrics and args.metrics.strip().lower() == "all":
+    if args.metrics and args.metrics.every:
         metrics = [name for name in metrics if name not in LOCALISATION_METRICS]
     needing = [name for name in metrics if name in LOCALISATION_METRICS]
     if needing:
@@ -191,7 +194,7 @@ def check_evaluate_options(args) -> None:
         raise UsageError("explain evaluate scores classes: --target takes top1, a class id or name, or topk:K")
     check_max_memory(args.max_memory)
     metrics = metric_names(args.metrics)
-    if args.metrics.strip().lower() == "all" and args.regions is None:
+    if args.metrics.every and args.regions is None:
         metrics = [name for name in metrics if name not in LOCALISATION_METRICS]
     needing = [name for name in metrics if name in LOCALISATION_METRICS]
     if needing and args.regions is None:

@@ -96,7 +96,7 @@ def _add_run_command(commands) -> None:
         "130 interrupted (Ctrl-C), 143 terminated (SIGTERM).",
     )
     _add_inputs_and_model(run)
-    run.add_argument("--method", "-m", default="gradcam",
+    run.add_argument("--method", "-m", default="gradcam", dest="methods", metavar="METHOD",
                      help="method(s), comma-separated, or 'all'; see `explain methods`. KIND:METHOD (KIND smoothgrad, "
                      "smoothgrad-sq or vargrad) aggregates METHOD's maps of noisy copies, e.g. smoothgrad:ig")
     run.add_argument("--layer", default="auto",
