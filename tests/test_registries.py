@@ -56,7 +56,7 @@ def explains(model, size, methods=("gradcam",), channels=3, target=None):
     return layers["gradcam"][0] if "gradcam" in layers else None
 
 
-ATTENTION = ("attention-rollout", "attention-relevance", "legrad")
+ATTENTION = tuple(name for name in explain.method_names() if explain.method_class(name).family == "transformer attention")
 
 
 # --- blocks by hand ------------------------------------------------------------------------
