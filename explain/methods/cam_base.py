@@ -385,13 +385,17 @@ class BaseCAM(Explainer):
 
     def explain(self, captured: Captured) -> Explanation:
         """This method's maps from what :meth:`capture` recorded (by this or another method)."""
+        return _explanation(self.raw_layer_maps(captured), captured, self.name, self.class_names)
+
+    def raw_layer_maps(self, captured: Captured) -> dict[str, Tensor]:
+        """Each layer's unscaled maps (after the final ReLU), (N, h, w) or (N, k, h, w) with topk."""
         raw_layers = {}
         for name in captured.activations:
             raw = self.layer_maps(captured, name)
             if self.final_relu:
                 raw = F.relu(raw)
             raw_layers[name] = raw.squeeze(1) if captured.targets.dim() == 1 else raw
-        return _explanation(raw_layers, captured, self.name, self.class_names)
+        return raw_layers
 
     def _augmented(self, images: Tensor, targets: Targets, topk: int | None) -> Explanation:
         """aug_smooth: the mean of the maps over AUGMENTATIONS, each mapped back."""

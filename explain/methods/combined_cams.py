@@ -77,12 +77,16 @@ class RefineCAM(BaseCAM):
         return self.base_cam.capture(images, targets, topk=topk, gradients=gradients)
 
     def explain(self, captured: Captured) -> Explanation:
-        plain = self.base_cam.explain(captured)
+        # The base's raw maps, not its Explanation: its maps (each layer scaled, averaged and
+        # scaled again at the input size) would be thrown away.
+        raw_layers = self.base_cam.raw_layer_maps(captured)
         size = captured.input_size
-        product = torch.stack([scale_maps(raw, size) for raw in plain.raw_layers.values()]).prod(dim=0)
-        return Explanation(
-            scale_maps(product, size), plain.raw_layers, plain.logits, plain.targets, self.name, self.class_names
-        )
+        scaled = [scale_maps(raw, size) for raw in raw_layers.values()]
+        product = scaled[0]
+        for factor in scaled[1:]:
+            product = product * factor
+        logits = captured.output if captured.custom_target is not None else class_logits(captured.output)
+        return Explanation(scale_maps(product, size), raw_layers, logits, captured.targets, self.name, self.class_names)
 
 
 def window_starts(length: int, window: int, step: int) -> list[int]:
