@@ -184,6 +184,12 @@ class Captured:
         return self.layouts[layer].to_layer(activations, self.layer_outputs[layer][rows])
 
     @property
+    def logits(self) -> Tensor | dict | tuple:
+        """What an :class:`~explain.Explanation` keeps as ``logits``: the class logits, or the
+        model's output where a callable target chose the scores."""
+        return self.output if self.custom_target is not None else class_logits(self.output)
+
+    @property
     def num_targets(self) -> int:
         """Targets explained per image: 1, or k with ``topk``."""
         return 1 if self.targets.dim() == 1 else self.targets.shape[1]
@@ -433,8 +439,7 @@ def _explanation(raw_layers: dict[str, Tensor], captured: Captured, method: str,
     maps = torch.stack([scale_maps(raw, size) for raw in raw_layers.values()]).mean(dim=0)
     if len(raw_layers) > 1:
         maps = scale_maps(maps, size)
-    logits = captured.output if captured.custom_target is not None else class_logits(captured.output)
-    return Explanation(maps, raw_layers, logits, captured.targets, method, class_names)
+    return Explanation(maps, raw_layers, captured.logits, captured.targets, method, class_names)
 
 
 def explain_together(

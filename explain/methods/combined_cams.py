@@ -85,8 +85,9 @@ class RefineCAM(BaseCAM):
         product = scaled[0]
         for factor in scaled[1:]:
             product = product * factor
-        logits = captured.output if captured.custom_target is not None else class_logits(captured.output)
-        return Explanation(scale_maps(product, size), raw_layers, logits, captured.targets, self.name, self.class_names)
+        return Explanation(
+            scale_maps(product, size), raw_layers, captured.logits, captured.targets, self.name, self.class_names
+        )
 
 
 def window_starts(length: int, window: int, step: int) -> list[int]:
