@@ -6,7 +6,9 @@ in halves (:func:`~explain.batch.loop.in_halves`)."""
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -23,13 +25,12 @@ from ..evaluation import (
 )
 from ..evaluation import files as evaluation_files
 from ..metrics.registry import METRICS
-from ..models import load_model, warn_if_random
+from ..models import LoadedModel, load_model, warn_if_random
 from ..options import LOCALISATION_METRICS as LOCALISATION
-from ..passes import pass_settings
 from ..report import atomic_write, remove_temp_files
 from .decoding import ModelInputs, default_workers, mask_geometry
 from .explainers import (
-    build_explainers,
+    TargetSpec,
     estimated_costs,
     max_memory_option,
     method_option_text,
@@ -46,6 +47,7 @@ from .manifest import safe_name
 from .options import EvaluateOptions
 from .outcome import report_failure
 from .page import page_run, write_page
+from .preparation import checked_explainers
 from .progress import time_taken
 from .storage import OutputFolder, device_errors
 
@@ -56,23 +58,66 @@ def _save_figure(path: Path, figure) -> None:
     atomic_write(path, buffer.getvalue())
 
 
+@dataclass
+class PreparedEvaluation:
+    """What an evaluation needs besides its images, checked against the model (as
+    :class:`~explain.batch.preparation.PreparedRun` is for a run)."""
+
+    options: EvaluateOptions
+    loaded: LoadedModel
+    target: TargetSpec
+    explainers: list
+    layers: dict[str, str]  # method -> its layers, comma-separated
+    #: method -> its --method-option settings, recorded with its scores
+    method_settings: dict[str, str]
+    #: method -> its estimated cost per image (a warning was printed where some cost far more)
+    costs: dict[str, float]
+    metrics: list[str]
+    metric_options: dict
+    regions: list[Tensor | None]  # each image's regions (None: none given, or none for it)
+
+
+def prepare_evaluation(args: EvaluateOptions, sources: list, metrics: list[str]) -> PreparedEvaluation:
+    """Load the model and check the options against it: a classifier, the target, the methods
+    and their layers, the metrics' settings, the regions of ``sources``. Warns (unless quiet)
+    where the weights are random and where some methods cost far more than the rest."""
+    loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
+    if loaded.task != "classify":
+        raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "
+                         f"`explain run --task {loaded.task}` explains")
+    options = metric_options(metrics, args.step, loaded.preprocess)
+    if args.workers is None:
+        args = args.replace(workers=default_workers(loaded.device))
+    target = parse_target(args.target, loaded.class_names)
+    method_options = parse_method_options(args.method_options)
+    explainers, layers = checked_explainers(args, loaded, args.layer, target, method_options)
+    settings = {cam.name: method_option_text(method_options.get(type(cam), {})) for cam in explainers}
+    regions: list[Tensor | None] = [None] * len(sources)
+    if args.regions is not None:
+        try:
+            size = (loaded.example.shape[-2], loaded.example.shape[-1])
+            found = read_regions(args.regions, [s.path for s in sources], size, mask_geometry(loaded.preprocess))
+        except ValueError as error:
+            raise UsageError(f"--regions: {error}") from None
+        regions = list(found)
+    warn_if_random(loaded, args.model)
+    costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
+    return PreparedEvaluation(args, loaded, target, explainers, layers, settings, costs, metrics, options, regions)
+
+
 class EvaluationRun(DatasetJob):
     """One ``explain evaluate``: plans which (image, method, metric) scores are missing from
     scores.csv, computes them batch by batch, appends them, and rebuilds the summary."""
 
-    def __init__(self, args, out_dir, sources, loaded, target, explainers, metrics, options, regions, method_options):
-        self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
-        self.options: EvaluateOptions = args  # what the job's loop reads (batch size, workers, --max-memory)
-        self.target, self.metrics, self.metric_options, self.regions = target, metrics, options, regions
-        self.explainers = {cam.name: cam for cam in explainers}
-        #: method -> its --method-option settings, recorded with its scores
-        self.method_settings = {cam.name: method_option_text(method_options.get(type(cam), {})) for cam in explainers}
-        with pass_settings(max_memory=args.max_memory, progress=False):  # on one blank image
-            self.layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
-        #: method -> its estimated cost per image; a warning where some cost far more than the rest
-        self.costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
+    def __init__(self, prepared: PreparedEvaluation, out_dir: Path, sources: list):
+        self.out_dir, self.sources, self.loaded = out_dir, sources, prepared.loaded
+        self.args = self.options = prepared.options  # what the job's loop reads (batch size, workers, --max-memory)
+        self.target, self.metrics, self.regions = prepared.target, prepared.metrics, prepared.regions
+        self.metric_options = prepared.metric_options
+        self.explainers = {cam.name: cam for cam in prepared.explainers}
+        self.method_settings, self.layers, self.costs = prepared.method_settings, prepared.layers, prepared.costs
         self.metric_of = {column: name for name, spec in METRICS.items() for column in spec.columns}
-        self.inputs = ModelInputs(loaded.preprocess)
+        self.inputs = ModelInputs(prepared.loaded.preprocess)
         self.scores_path, self.curves_path = out_dir / evaluation_files.SCORES, out_dir / evaluation_files.CURVES
         self.pending: dict[int, dict[str, list[str]]] = {}  # source index -> method -> metrics to compute
         self.failures: list[dict] = []
@@ -227,7 +272,8 @@ class EvaluationRun(DatasetJob):
         def once(members: list[int], images: Tensor) -> tuple[str, str]:
             regions = None
             if any(name in LOCALISATION for names in wanted.values() for name in names):
-                regions = torch.stack([self.regions[i] for i in members]).to(self.loaded.device)
+                # each has regions: the plan failed the images without (_make_plan)
+                regions = torch.stack([cast(Tensor, self.regions[i]) for i in members]).to(self.loaded.device)
             found = evaluate(self.explainers, images, wanted, targets=self.target.targets, topk=self.target.topk,
                              regions=regions, options=self.metric_options)
             if len(members) > 1 and any(out_of_memory_reason(f["error"]) for f in found.failures):
@@ -311,35 +357,17 @@ def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
         if not any(name in LOCALISATION for name in metrics):
             raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
     metric_options(metrics, args.step)  # --step checked before the model loads
-    method_options = parse_method_options(args.method_options)
+    parse_method_options(args.method_options)  # and --method-option
     if sources is None:
         sources = collect_inputs(args.inputs, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with sole_run(out_dir, "evaluate"):  # a second run on the folder is refused before the model loads
-        return _evaluate_locked(args, out_dir, sources, metrics, method_options)
+        return _evaluate_locked(args, out_dir, sources, metrics)
 
 
-def _evaluate_locked(args: EvaluateOptions, out_dir: Path, sources: list, metrics: list[str], method_options) -> int:
+def _evaluate_locked(args: EvaluateOptions, out_dir: Path, sources: list, metrics: list[str]) -> int:
     """``explain evaluate`` once it holds ``out_dir``: the model loaded and checked, the run."""
-    loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
-    if loaded.task != "classify":
-        raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "
-                         f"`explain run --task {loaded.task}` explains")
-    options = metric_options(metrics, args.step, loaded.preprocess)
-    if args.workers is None:
-        args = args.replace(workers=default_workers(loaded.device))
-    target = parse_target(args.target, loaded.class_names)
-    with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
-        explainers = build_explainers(args.methods, loaded, args.layer, target, method_options)
-    regions: list[Tensor | None] = [None] * len(sources)
-    if args.regions is not None:
-        try:
-            size = (loaded.example.shape[-2], loaded.example.shape[-1])
-            regions = read_regions(args.regions, [s.path for s in sources], size, mask_geometry(loaded.preprocess))
-        except ValueError as error:
-            raise UsageError(f"--regions: {error}") from None
-    warn_if_random(loaded, args.model)
+    prepared = prepare_evaluation(args, sources, metrics)
     with pixel_limit(args.max_pixels):
         remove_temp_files(out_dir)
-        return run_job(EvaluationRun(args, out_dir, sources, loaded, target, explainers, metrics, options, regions,
-                                     method_options))
+        return run_job(EvaluationRun(prepared, out_dir, sources))

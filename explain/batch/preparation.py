@@ -30,7 +30,7 @@ from .explainers import (
     parse_task_target,
 )
 from .manifest import RecordMaker
-from .options import CheckedRun, NameList, RunOptions
+from .options import CheckedRun, EvaluateOptions, NameList, RunOptions
 from .segment_sources import FolderSegments, ModelSegments, segment_source
 
 
@@ -135,15 +135,30 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     layer = args.layer
     if task != "classify":
         layer = _task_layer(args, loaded, task, metrics)
-    with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
-        explainers = build_explainers(args.methods, loaded, layer, target, method_options, **flag_options)
-        layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+    explainers, layers = checked_explainers(args, loaded, layer, target, method_options, **flag_options)
     segments = _segments(args, loaded, task, explainers, metrics)
     costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
     settings = _method_settings(args, task, flag_options, explainers, method_options)
     return PreparedRun(
         args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics, costs, segments
     )
+
+
+def checked_explainers(
+    args: RunOptions | EvaluateOptions,
+    loaded: LoadedModel,
+    layer: NameList | str,
+    target: TargetSpec,
+    method_options: dict,
+    **flag_options,
+) -> tuple[list, dict[str, str]]:
+    """The explainers of ``args.methods`` built and checked on one blank image
+    (:func:`~explain.batch.explainers.build_explainers`) under the job's memory budget, with
+    each method's layers (comma-separated), as a run and an evaluation record them."""
+    with pass_settings(max_memory=args.max_memory, progress=False):
+        explainers = build_explainers(args.methods, loaded, layer, target, method_options, **flag_options)
+        layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+    return explainers, layers
 
 
 def _segments(
