@@ -11,13 +11,14 @@
 import importlib
 
 #: Subpackages that ``explain.NAME`` imports on first use.
-_SUBMODULES = ("detectors", "methods", "metrics", "models", "passes", "tasks")
+_SUBMODULES = ("concepts", "data", "detectors", "methods", "metrics", "models", "passes", "tasks")
 
 # Each public name, under the module it lives in: the one list of what `explain` exports.
 # Importing `explain` imports none of them (nor torch): the command line answers --help at
 # once, and a Ray driver plans a run without torch's memory.
 _EXPORTS = {
     "base": ("Explainer", "NotApplicable", "register"),
+    "concepts": ("CRP", "ConceptAtlas", "ConceptExplanation", "concept_atlas", "reference_patches"),
     "catalogue": ("describe_methods", "explainer", "method_class", "method_names"),
     "methods": (
         "AblationCAM",
