@@ -3,13 +3,13 @@ their reference images in a dataset, and their feature visualisations.
 
 - :mod:`~explain.concepts.conditions`: concepts (a channel, a set of channels, a direction)
   and the masks that condition relevance on them;
-- :mod:`~explain.concepts.crp`: Concept Relevance Propagation (:class:`CRP`): the concepts of
+- :mod:`~explain.concepts.crp`: Concept Relevance Propagation (:class:`.CRP`): the concepts of
   a decision, ranked, with their conditional heatmaps, and the attribution graph of a concept;
-- :mod:`~explain.concepts.results`: :class:`ConceptExplanation`, :class:`AttributionGraph`;
+- :mod:`~explain.concepts.results`: :class:`.ConceptExplanation`, :class:`.AttributionGraph`;
 - :mod:`~explain.concepts.probe` and :mod:`~explain.concepts.atlas`: the concept atlas of a
-  dataset (Relevance and Activation Maximization): :class:`AtlasProbe` makes each batch's
-  values, :class:`ConceptAtlas` keeps the running top-N (update, merge, state_dict),
-  :func:`concept_atlas` runs both over an iterable of batches;
+  dataset (Relevance and Activation Maximization): :class:`.AtlasProbe` makes each batch's
+  values, :class:`.ConceptAtlas` keeps the running top-N (update, merge, state_dict),
+  :func:`.concept_atlas` runs both over an iterable of batches;
 - :mod:`~explain.concepts.references`: the reference regions (crops) of an atlas's channels;
 - :mod:`~explain.concepts.visualization` and :mod:`~explain.concepts.parameterization`:
   feature visualisation (Fourier, MaCo);
@@ -17,7 +17,7 @@ their reference images in a dataset, and their feature visualisations.
 """
 
 from .atlas import ChannelStatistics, ConceptAtlas, References, concept_atlas
-from .conditions import Concept, channel_relevance, concept_masks, parse_concepts
+from .conditions import Concept, channel_relevance, concept_masks, concept_relevances, parse_concepts
 from .crp import CRP, start_relevance
 from .parameterization import FourierImage, MagnitudeImage, natural_magnitude
 from .probe import AtlasBatch, AtlasProbe, LayerBatch
@@ -48,6 +48,7 @@ __all__ = [
     "concept_atlas",
     "concept_context",
     "concept_masks",
+    "concept_relevances",
     "natural_magnitude",
     "parse_concepts",
     "reference_patches",

@@ -9,13 +9,13 @@ Maximization": a concept's reference samples are the inputs that maximise its re
 for the model's decisions, T_rel(x) = R(theta | x), rather than its activation,
 T_act(x) = max_p a_theta(x, p) (or the mean over p), which favours inputs the concept
 reacts to but that need not matter to any decision. What each image contributes is an
-:class:`~explain.concepts.probe.AtlasBatch` (:class:`~explain.concepts.probe.AtlasProbe`
-makes them); :class:`ConceptAtlas` keeps, per layer and channel, the ``top_n`` best images
+:class:`~explain.concepts.AtlasBatch` (:class:`~explain.concepts.AtlasProbe`
+makes them); :class:`.ConceptAtlas` keeps, per layer and channel, the ``top_n`` best images
 of each kind with the position of the maximum, and sums for the statistics.
 
 Ordering is total (a higher value first, then a smaller image id), so the atlas of a
 dataset does not depend on the batches it came in, and merging the atlases of shards
-(:meth:`ConceptAtlas.merge`) gives the atlas of the whole dataset.
+(:meth:`.ConceptAtlas.merge`) gives the atlas of the whole dataset.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .probe import AtlasBatch, AtlasProbe, LayerBatch
 
 __all__ = ["ATLAS_FORMAT", "ChannelStatistics", "ConceptAtlas", "LayerAtlas", "References", "TopN", "concept_atlas"]
 
-#: The ``format`` entry of :meth:`ConceptAtlas.state_dict`.
+#: The ``format`` entry of :meth:`.ConceptAtlas.state_dict`.
 ATLAS_FORMAT = "explain.concepts.atlas/1"
 
 
@@ -190,11 +190,11 @@ class LayerAtlas:
 
 
 class ConceptAtlas:
-    """The running atlas of a dataset: per layer, :class:`LayerAtlas`; its memory depends on
+    """The running atlas of a dataset: per layer, ``LayerAtlas``; its memory depends on
     ``top_n``, the channels and the classes, never on how many images it has seen.
 
-    ``update`` takes each batch's :class:`~explain.concepts.probe.AtlasBatch`; ``merge`` an
-    atlas of other images (a shard); ``state_dict`` / :meth:`from_state_dict` save and
+    ``update`` takes each batch's :class:`~explain.concepts.AtlasBatch`; ``merge`` an
+    atlas of other images (a shard); ``state_dict`` / :meth:`.from_state_dict` save and
     restore it (resume). ``settings`` are the probe's (the reductions), which batches and
     merged atlases must share.
 
@@ -221,7 +221,7 @@ class ConceptAtlas:
         return next(iter(self.layers.values())).images if self.layers else 0
 
     def update(self, batch: AtlasBatch) -> None:
-        """Take one batch of images' values (from :class:`~explain.concepts.probe.AtlasProbe`)."""
+        """Take one batch of images' values (from :class:`~explain.concepts.AtlasProbe`)."""
         self._check_settings(batch.settings)
         ids, classes = batch.ids.cpu().long(), batch.classes.cpu().long()
         for name, layer in batch.layers.items():
@@ -278,7 +278,7 @@ class ConceptAtlas:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> ConceptAtlas:
-        """The atlas that :meth:`state_dict` saved."""
+        """The atlas that :meth:`.state_dict` saved."""
         if not isinstance(state, dict) or state.get("format") != ATLAS_FORMAT:
             raise ValueError(f"not a saved concept atlas (format {ATLAS_FORMAT!r})")
         atlas = cls(state["top_n"])
@@ -312,8 +312,8 @@ def concept_atlas(
     ``(ids, tensor)`` pair (a :meth:`~explain.data.ShortcutSet.batches` iterator, a
     DataLoader yielding pairs). ``targets`` (a tensor, one class id per image of a tensor
     ``images``) explains given classes instead of the predicted ones. ``atlas`` goes on with
-    an atlas (resume: one restored by :meth:`ConceptAtlas.from_state_dict`, fed the images
-    it has not seen). ``probe_options`` go to :class:`~explain.concepts.probe.AtlasProbe`
+    an atlas (resume: one restored by :meth:`.ConceptAtlas.from_state_dict`, fed the images
+    it has not seen). ``probe_options`` go to :class:`~explain.concepts.AtlasProbe`
     (``top_k``, ``activation``, ``relevance``, ``normalized``, the LRP rules, ``batch_size``
     of the inner batches is ``inner_batch_size`` here). Memory: the atlas's tensors, whose
     size does not depend on the number of images, and one batch at a time.
@@ -336,7 +336,7 @@ def concept_atlas(
 
 
 def _batches(images, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
-    """(ids, images) of each batch of ``images`` (see :func:`concept_atlas`)."""
+    """(ids, images) of each batch of ``images`` (see :func:`.concept_atlas`)."""
     if isinstance(images, Tensor):
         for start in range(0, len(images), batch_size):
             yield torch.arange(start, min(start + batch_size, len(images))), images[start : start + batch_size]

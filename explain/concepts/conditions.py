@@ -9,9 +9,9 @@ Machine Intelligence 5, 2023, eq. 5: R(x | theta) with theta the channels kept):
 
 - a channel c: M = 1 on channel c, 0 elsewhere (zennit-crp's ``ChannelConcept.mask``);
 - a set S of channels: M = 1 on the channels of S;
-- a direction v: the activation a(p) split into its part along v, (v . a(p)) v / |v|^2,
+- a direction v: the activation a(p) split into its part along v, ``(v . a(p)) v / |v|^2``,
   and the rest; each unit keeps the share of its relevance that its part along v holds:
-  M(c, p) = v_c (v . a(p)) / (|v|^2 a_c(p)), and v_c^2 / |v|^2 where a_c(p) = 0 (the
+  ``M(c, p) = v_c (v . a(p)) / (|v|^2 a_c(p))``, and ``v_c^2 / |v|^2`` where a_c(p) = 0 (the
   proportional split of Vielhaben et al., "Multi-dimensional concept discovery (MCD): A
   unifying framework with completeness guarantees", TMLR 2023). For an orthonormal basis
   v_1..v_C the masks sum to one at every unit, so the directions' relevances sum to the
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Concept", "ConceptSpec", "channel_relevance", "concept_masks", "parse_concepts"]
+__all__ = ["Concept", "ConceptSpec", "channel_relevance", "concept_masks", "concept_relevances", "parse_concepts"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +97,7 @@ class Concept:
 
 
 #: What names a concept: a channel id, a list of channel ids, a direction (a 1-D float
-#: tensor with one value per channel), or a :class:`Concept`.
+#: tensor with one value per channel), or a :class:`.Concept`.
 ConceptSpec = int | Sequence[int] | Tensor | Concept
 
 
@@ -133,8 +133,8 @@ def concept_masks(concepts: Sequence[Concept], activations: Tensor) -> Tensor:
 
 
 def direction_mask(direction: Tensor, activation: Tensor) -> Tensor:
-    """M(c, p) = v_c (v . a(p)) / (|v|^2 a_c(p)) for ``activation`` (C, ...) and direction v
-    (C,); v_c^2 / |v|^2 where a_c(p) is zero (below 1e-12 of the largest |a|).
+    """``M(c, p) = v_c (v . a(p)) / (|v|^2 a_c(p))`` for ``activation`` (C, ...) and direction v
+    (C,); ``v_c^2 / |v|^2`` where a_c(p) is zero (below 1e-12 of the largest ``|a|``).
 
     >>> a = torch.tensor([[[2.0]], [[1.0]]])                  # C = 2, one position
     >>> basis = torch.tensor([[1.0, 1.0], [1.0, -1.0]]) / 2**0.5
@@ -164,3 +164,15 @@ def channel_relevance(relevance: Tensor, *, normalized: bool = False) -> Tensor:
     if normalized:
         summed = summed / (summed.abs().sum(dim=1, keepdim=True) + 1e-10)
     return summed
+
+
+def concept_relevances(relevance: Tensor, masks: Tensor) -> Tensor:
+    """(N, K) the relevance of each of K concepts, sum_{c,p} M_k(c, p) R(c, p), from a layer's
+    relevance (N, C, ...) and masks (N, K, C, ...) whose positions may be of size one.
+
+    >>> concept_relevances(torch.tensor([[[1.0, 2.0], [3.0, 4.0]]]), torch.tensor([[[[1.0], [0.0]], [[1.0], [1.0]]]]))
+    tensor([[ 3., 10.]])
+    """
+    if all(size == 1 for size in masks.shape[3:]):
+        return (masks.flatten(2) * channel_relevance(relevance)[:, None]).sum(dim=2)
+    return torch.stack([(relevance[i] * masks[i]).flatten(1).sum(dim=1) for i in range(len(relevance))])

@@ -27,10 +27,10 @@ from ..concurrency import model_lock
 from ..layers import resolve_layers
 from ..methods.relevance import LRP
 from ..methods.relevance.composites import LRP_COMPOSITES
-from ..passes import Passes, call_settings, inner_rows
+from ..passes import Passes, call_settings
 from ..targets import CUSTOM_TARGET, Targets, select_targets
-from .conditions import Concept, channel_relevance, concept_masks, parse_concepts
-from .propagation import ConceptPasses, concept_context
+from .conditions import Concept, channel_relevance, concept_masks, concept_relevances, parse_concepts
+from .propagation import ConceptPasses, concept_context, row_chunks
 from .results import AttributionGraph, ConceptExplanation, GraphNode
 
 __all__ = ["CRP", "start_relevance"]
@@ -66,8 +66,11 @@ class CRP:
         The rules, as :class:`~explain.LRP` takes them.
     batch_size:
         Rows (an image under one condition) per inner batch; by default as many as the memory
-        budget allows, at the fastest size measured (:func:`~explain.passes.inner_rows`).
+        budget allows, at the fastest size measured on these passes
+        (:func:`~explain.concepts.propagation.row_chunks`).
 
+    Examples
+    --------
     >>> import torchvision
     >>> crp = CRP(torchvision.models.resnet18(num_classes=4).eval(), "layer3")
     >>> result = crp(torch.rand(1, 3, 64, 64), k=3)
@@ -106,7 +109,7 @@ class CRP:
 
         By default the ``k`` most relevant channels of the layer (at most its channel count),
         each with its conditional heatmap; with ``concepts`` (a channel id, a list of them,
-        ``[[0, 1], 5]`` for a set and a channel, a direction, a :class:`Concept`), those
+        ``[[0, 1], 5]`` for a set and a channel, a direction, a :class:`.Concept`), those
         concepts for every image, in that order. All conditional maps of a call run as rows
         of a few batched passes (the forward pass to the layer, the backward from it).
         """
@@ -128,7 +131,7 @@ class CRP:
             layer=self.layer,
             ids=torch.tensor([[c.channel for c in row] for row in picked], device=images.device),
             labels=tuple(tuple(c.label for c in row) for row in picked),
-            relevances=(relevance[:, None] * masks).flatten(2).sum(dim=2),
+            relevances=concept_relevances(relevance, masks),
             maps=maps,
             channel_relevances=channels,
             targets=ids,
@@ -161,9 +164,8 @@ class CRP:
         n, width = masks.shape[:2]
         maps = images.new_zeros(n, width, *images.shape[2:])
         pairs = [(i, j) for i in range(n) for j in range(width)]
-        rows = inner_rows(self.model, images, backward=True, total=len(pairs), given=self.batch_size)
-        for start in range(0, len(pairs), rows):
-            chunk = torch.tensor(pairs[start : start + rows], device=images.device)
+        for rows in row_chunks(self.model, images, len(pairs), self.batch_size, ("maps", self.layer)):
+            chunk = torch.tensor(pairs[rows], device=images.device)
             i, j = chunk[:, 0], chunk[:, 1]
             conditioned = relevance[i] * masks[i, j]
             pixels, _ = self.passes.from_layer(images[i], (self.layer, self.module), _constant(conditioned))
@@ -236,10 +238,9 @@ def grow_graph(
     with Passes("crp-graph", planned) as passes:
         for (name, module), width in zip(lower.items(), widths, strict=True):
             paths = [_path(nodes, index) for index in frontier]
-            rows = inner_rows(crp.model, image, backward=True, total=len(paths), given=crp.batch_size)
             recorded = []
-            for start in range(0, len(paths), rows):
-                chunk = paths[start : start + rows]
+            for rows in row_chunks(crp.model, image, len(paths), crp.batch_size, ("graph", crp.layer, name)):
+                chunk = paths[rows]
                 masks = {layer: _one_hots([path[layer] for path in chunk], shapes[layer]) for layer in passed}
                 found, _ = crp.passes.from_layer(
                     image.expand(len(chunk), *image.shape[1:]),

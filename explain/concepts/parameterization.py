@@ -1,22 +1,22 @@
 """Image parameterisations and views for feature visualisation.
 
-- :class:`FourierImage`: Olah et al., "Feature Visualization", Distill 2017 (and Mordvintsev
+- :class:`.FourierImage`: Olah et al., "Feature Visualization", Distill 2017 (and Mordvintsev
   et al., "Differentiable Image Parameterizations", Distill 2018): the image is the inverse
   real FFT of a spectrum whose frequency f is scaled by 1 / max(f, 1 / max(h, w))^decay (so
   that the optimiser sees every frequency alike: a whitened, "preconditioned" space), then
   divided by 4, its colours recorrelated by the square root of ImageNet's colour covariance
-  (:data:`COLOR_CORRELATION_NORMALIZED`) and squashed into [0, 1] by a sigmoid. The frequencies,
+  (:data:`.COLOR_CORRELATION_NORMALIZED`) and squashed into [0, 1] by a sigmoid. The frequencies,
   scale, magic 4 and colour matrix are torch-lucent's (``lucent/optvis/param/spatial.py``
   ``fft_image``, ``color.py``), which are lucid's.
-- :class:`MagnitudeImage`: MaCo, Fel et al., "Unlocking Feature Visualization for Deeper
+- :class:`.MagnitudeImage`: MaCo, Fel et al., "Unlocking Feature Visualization for Deeper
   Networks with MAgnitude Constrained Optimization", NeurIPS 2023: only the phase phi is
   optimised; the magnitude m of the spectrum is fixed (natural images' average, or the
   1 / f power law where none is given). Image: standardise phi, irfft2(m e^{i phi}),
   standardise, recorrelate colours, sigmoid (xplique's ``maco_image_parametrization``).
-- :func:`robust_views`: transformation robustness (Olah et al. 2017): each copy of an image
+- :func:`.robust_views`: transformation robustness (Olah et al. 2017): each copy of an image
   padded with grey, jittered, scaled, rotated and jittered again (lucent's
   ``standard_transforms``), all copies sampled in one ``grid_sample``;
-  :func:`random_crops`: MaCo's random crops, resized to the model's input, with noise.
+  :func:`.random_crops`: MaCo's random crops, resized to the model's input, with noise.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def spectrum_scale(height: int, width: int, decay: float = 1.0) -> Tensor:
 
 def recorrelate_colours(images: Tensor) -> Tensor:
     """``images`` (N, 3, H, W) with each pixel's colour multiplied by
-    :data:`COLOR_CORRELATION_NORMALIZED` (lucent's ``_linear_decorrelate_color``)."""
+    :data:`.COLOR_CORRELATION_NORMALIZED` (lucent's ``_linear_decorrelate_color``)."""
     matrix = COLOR_CORRELATION_NORMALIZED.to(images)
     return torch.einsum("nchw,dc->ndhw", images, matrix)
 
@@ -158,7 +158,7 @@ def _standardised(x: Tensor) -> Tensor:
 
 def natural_magnitude(images: Tensor, height: int, width: int) -> Tensor:
     """MaCo's magnitude from ``images`` (N, 3, H, W) pixels in [0, 1]: the mean magnitude of
-    their real 2-D spectra, in the colour space that :func:`recorrelate_colours` maps back
+    their real 2-D spectra, in the colour space that :func:`.recorrelate_colours` maps back
     from, resized to (3, height, width // 2 + 1)."""
     inverse = torch.linalg.inv(COLOR_CORRELATION_NORMALIZED.double()).to(images)
     decorrelated = torch.einsum("nchw,dc->ndhw", images - images.mean(dim=(2, 3), keepdim=True), inverse)
@@ -178,7 +178,7 @@ def robust_views(
     angles: Sequence[float] = ANGLES,
     jitter_after: int = 4,
 ) -> Tensor:
-    """(N * copies, 3, *size) views of ``images`` (N, 3, H, W): each padded by ``pad`` grey
+    """``(N * copies, 3, *size)`` views of ``images`` (N, 3, H, W): each padded by ``pad`` grey
     pixels, shifted by up to ``jitter`` // 2 pixels, scaled by one of ``scales``, rotated by
     one of ``angles`` (degrees) and shifted by up to ``jitter_after`` // 2 pixels, read out
     at ``size`` (one bilinear ``grid_sample`` for all; grey beyond the image)."""
@@ -210,7 +210,7 @@ def robust_views(
 def random_crops(
     images: Tensor, copies: int, size: Sequence[int], generator: torch.Generator, *, box: float, noise: float
 ) -> Tensor:
-    """MaCo's views: (N * copies, 3, *size) square crops of ``images`` (N, 3, H, W), centres
+    """MaCo's views: ``(N * copies, 3, *size)`` square crops of ``images`` (N, 3, H, W), centres
     0.5 + N(0, 0.15) and sides ``box`` + N(0, 0.05) (clipped to [0.05, 1]) of the image,
     resized (bilinear), plus noise N(0, ``noise``) and U(-noise / 2, noise / 2)."""
     rows, device = images.shape[0] * copies, images.device

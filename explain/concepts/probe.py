@@ -3,8 +3,8 @@ activation and its relevance for the explained class, reduced over positions, wi
 each peaks, and the image's most relevant channels.
 
 One forward pass of the batch and one LRP backward pass from the output down to the lowest
-chosen layer (:meth:`~explain.concepts.propagation.ConceptPasses.layer_pass`), in inner
-batches within the memory budget. An :class:`AtlasBatch` is small (a few numbers per
+chosen layer (:meth:`~explain.concepts.ConceptPasses.layer_pass`), in inner
+batches within the memory budget. An :class:`.AtlasBatch` is small (a few numbers per
 channel and image), made on whichever worker ran the model, and taken by
 :meth:`explain.concepts.ConceptAtlas.update` anywhere.
 
@@ -33,11 +33,11 @@ from ..concurrency import model_lock
 from ..layers import resolve_layers
 from ..methods.relevance import LRP
 from ..methods.relevance.composites import LRP_COMPOSITES
-from ..passes import Passes, call_settings, inner_rows
+from ..passes import Passes, call_settings
 from ..targets import select_targets
 from .conditions import channel_relevance
 from .crp import start_relevance
-from .propagation import ConceptPasses, concept_context
+from .propagation import ConceptPasses, concept_context, row_chunks
 
 __all__ = ["ACTIVATION_REDUCTIONS", "RELEVANCE_REDUCTIONS", "AtlasBatch", "AtlasProbe", "LayerBatch"]
 
@@ -74,7 +74,7 @@ class LayerBatch:
 @dataclass(frozen=True)
 class AtlasBatch:
     """A batch of images' contribution to a :class:`~explain.concepts.ConceptAtlas`: their
-    ``ids`` (B,), the explained ``classes`` (B,), per layer a :class:`LayerBatch`, the input
+    ``ids`` (B,), the explained ``classes`` (B,), per layer a :class:`.LayerBatch`, the input
     size, and the probe's ``settings`` (the reductions, which an atlas's batches share)."""
 
     ids: Tensor
@@ -85,7 +85,7 @@ class AtlasBatch:
 
 
 class AtlasProbe:
-    """Makes each batch's :class:`AtlasBatch` for ``layers`` of ``model``: one forward and
+    """Makes each batch's :class:`.AtlasBatch` for ``layers`` of ``model``: one forward and
     one LRP backward pass per image (see :mod:`explain.concepts.probe`).
 
     Parameters
@@ -98,11 +98,12 @@ class AtlasProbe:
     top_k:
         How many of an image's most relevant channels count for the statistics.
     activation, relevance, normalized:
-        The reductions (see :data:`ACTIVATION_REDUCTIONS`, :data:`RELEVANCE_REDUCTIONS`).
+        The reductions (see :data:`.ACTIVATION_REDUCTIONS`, :data:`.RELEVANCE_REDUCTIONS`).
     composite, epsilon, gamma, first_rule, normalization:
         LRP's rules (see :class:`~explain.LRP`).
     batch_size:
-        Images per inner batch (default: from the memory budget).
+        Images per inner batch (default: from the memory budget, at the fastest size measured
+        on these passes: :func:`~explain.concepts.propagation.row_chunks`).
     """
 
     def __init__(
@@ -156,11 +157,10 @@ class AtlasProbe:
         if len(ids) != len(images):
             raise ValueError(f"got {len(ids)} ids for {len(images)} images; give one id per image")
         with model_lock(self.model), call_settings(max_memory, progress), concept_context(self.model):
-            rows = inner_rows(self.model, images, backward=True, total=len(images), given=self.batch_size)
             parts, classes = [], []
+            key = ("atlas", *self.layers)
             with Passes("atlas", len(images)) as passes:
-                for start in range(0, len(images), rows):
-                    chunk = slice(start, start + rows)
+                for chunk in row_chunks(self.model, images, len(images), self.batch_size, key):
                     picked, layers = self._probe(images[chunk], None if targets is None else _rows(targets, chunk))
                     parts.append(layers)
                     classes.append(picked)

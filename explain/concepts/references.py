@@ -7,8 +7,8 @@ given relevance equal to its activation, all other units none, and LRP takes it 
 the pixels; the region is the box around the pixels where that map, blurred, exceeds
 ``crop_threshold`` of its maximum (zennit-crp's ``get_crop_range``). Only the atlas's few
 reference images are run, after the pass over the dataset: the atlas stores (image id,
-position) pairs, :func:`reference_patches` turns them into (image id, box) pairs, and
-:meth:`ReferencePatches.crops` cuts the crops.
+position) pairs, :func:`~explain.concepts.reference_patches` turns them into (image id, box) pairs, and
+:meth:`.ReferencePatches.crops` cuts the crops.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from ..concurrency import model_lock
 from ..layers import resolve_layers
 from ..methods.relevance import LRP
 from ..methods.relevance.composites import LRP_COMPOSITES
-from ..passes import Passes, call_settings, inner_rows
+from ..passes import Passes, call_settings
 from .atlas import ConceptAtlas
-from .propagation import ConceptPasses, concept_context
+from .propagation import ConceptPasses, concept_context, row_chunks
 
-__all__ = ["ReferencePatches", "fetch_images", "reference_patches", "relevant_box"]
+__all__ = ["ReferencePatches", "fetch_images", "neuron_relevance", "reference_patches", "relevant_box"]
 
 
 @dataclass(frozen=True)
@@ -161,18 +161,17 @@ def reference_patches(
         Passes("references", len(rows)) as passes,
     ):
         example = fetch_images(images, ids[ids >= 0][:1])
-        step = inner_rows(model, example, backward=True, total=max(len(rows), 1), given=given)
-        for start in range(0, len(rows), step):
-            chunk = torch.tensor(rows[start : start + step])
+        for part in row_chunks(model, example, len(rows), given, ("references", name)):
+            chunk = torch.tensor(rows[part])
             k, n = chunk[:, 0], chunk[:, 1]
             batch = fetch_images(images, ids[k, n])
-            pixels, _ = passes_.from_layer(batch, (name, module), _neurons(picked[k], positions[k, n]))
+            pixels, _ = passes_.from_layer(batch, (name, module), neuron_relevance(picked[k], positions[k, n]))
             boxes[k, n] = relevant_box(pixels.sum(dim=1), crop_threshold).to(boxes)
             passes.advance(len(chunk))
     return ReferencePatches(layer, mode, picked, ids, references.values[:, picked].T, boxes)
 
 
-def _neurons(channels: Tensor, positions: Tensor) -> Callable[[Tensor], Tensor]:
+def neuron_relevance(channels: Tensor, positions: Tensor) -> Callable[[Tensor], Tensor]:
     """The relevance (B, C, ...) at a layer: in row b, the activation of unit ``positions[b]``
     of channel ``channels[b]``, zero elsewhere."""
 

@@ -1,5 +1,5 @@
-"""What concept relevance returns: :class:`ConceptExplanation` (the concepts of a decision,
-with their conditional heatmaps) and :class:`AttributionGraph` (a concept decomposed into
+"""What concept relevance returns: :class:`.ConceptExplanation` (the concepts of a decision,
+with their conditional heatmaps) and :class:`.AttributionGraph` (a concept decomposed into
 the concepts of lower layers that feed it)."""
 
 from __future__ import annotations
@@ -74,12 +74,12 @@ class ConceptExplanation:
 
     def scaled_maps(self, clip_percentile: float = 99.0) -> Tensor:
         """(N, K, H, W) the maps in [-1, 1], each divided by a high percentile of its
-        magnitude (see :func:`~explain.methods.attribution_base.normalize_maps`)."""
+        magnitude (as the attribution methods' maps are)."""
         return normalize_maps(self.maps, clip_percentile)
 
     def overlays(self, image, index: int = 0, *, alpha: float = 0.6, cmap=None) -> list[np.ndarray]:
         """(H, W, 3) uint8 overlays of image ``index``'s conditional maps on ``image`` (the
-        picture as shown, anything :func:`~explain.drawing.to_rgb` reads), one per concept:
+        picture as shown, anything :func:`~explain.to_rgb` reads), one per concept:
         red where the concept speaks for the target, blue where against it."""
         rgb = to_rgb(image)
         return [overlay(rgb, heat, cmap, alpha, signed=True) for heat in self.scaled_maps()[index]]
@@ -140,7 +140,7 @@ class ConceptExplanation:
 
 
 class GraphNode(NamedTuple):
-    """A concept in an :class:`AttributionGraph`: its layer and channel, the relevance that
+    """A concept in an :class:`.AttributionGraph`: its layer and channel, the relevance that
     flows through it along its path from the root, and its parent's index (None: the root)."""
 
     layer: str

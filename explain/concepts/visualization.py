@@ -19,7 +19,7 @@ starts grey (the Fourier image does) may never activate it. As lucid does by def
 (``render_vis(relu_gradient_override=True)``, ``redirected_relu_grad``), the ReLU modules'
 backward pass is redirected while optimising (``redirect_relu=True``): for an image whose
 ReLU passes no gradient at all, the gradient is let through wherever it would not push a
-negative input lower (:class:`RedirectedReLU`).
+negative input lower (:class:`.RedirectedReLU`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class RedirectedReLU(torch.autograd.Function):
 
 @contextlib.contextmanager
 def redirected_relus(model: nn.Module) -> Iterator[None]:
-    """The ``nn.ReLU`` modules of ``model`` with :class:`RedirectedReLU`'s backward pass for
+    """The ``nn.ReLU`` modules of ``model`` with :class:`.RedirectedReLU`'s backward pass for
     this thread's passes in the block (an in-place ReLU works on a copy); hooks removed after."""
     thread, inputs = threading.get_ident(), {}
 
@@ -158,7 +158,7 @@ class FeatureVisualization:
     """Images that maximise objectives: ``images`` (K, 3, H, W) in [0, 1], one per objective
     (``labels``); ``values`` (K,) each objective on its image seen whole (resized to the
     model's input); ``history`` (steps, K) the mean objective over the views at each step;
-    ``transparency`` (K, 1, H, W), MaCo's accumulated |gradient| of the image (None for
+    ``transparency`` (K, 1, H, W), MaCo's accumulated ``|gradient|`` of the image (None for
     ``fourier``), which shows where the image matters."""
 
     layer: str
@@ -213,7 +213,7 @@ def visualize(
     ``size`` the optimised image's (default: the input size for ``fourier``, 512 / 224 of it
     for ``maco``, whose crops are resized to the input). ``lr``: Adam's step (0.05,
     lucent's) for ``fourier``, NAdam's (1.0, MaCo's) for ``maco``. ``magnitude``: MaCo's
-    spectrum (see :func:`~explain.concepts.parameterization.natural_magnitude`; the 1 / f
+    spectrum (see :func:`~explain.concepts.natural_magnitude`; the 1 / f
     power law by default). Views are normalised by ``normalization`` (mean, std; default: a
     timm model's, else ImageNet's) before the model. ``redirect_relu``: the ReLUs' gradient
     redirected while optimising (see :mod:`explain.concepts.visualization`). Seeded; the
@@ -272,7 +272,7 @@ def _settings(model: nn.Module, method: str, size, input_size, views, lr) -> dic
 
 
 class _Ascent:
-    """The optimisation loop of :func:`visualize`."""
+    """The optimisation loop of :func:`.visualize`."""
 
     def __init__(self, model, layer, goals, normalise: Callable[[Tensor], Tensor], settings: dict, generator):
         self.model, self.layer, self.goals, self.normalise = model, layer, goals, normalise

@@ -3,9 +3,9 @@ weights shipped with the package were trained::
 
     python -m explain.data.shortcut_training          # writes explain/data/shortcut_cnn.pt
 
-Deterministic: seeded data (a fresh set of :data:`TRAIN_IMAGES` images per epoch, seeds
+Deterministic: seeded data (a fresh set of :data:`.TRAIN_IMAGES` images per epoch, seeds
 1000 + epoch, the triangles marked at the training rate), seeded initialisation and order,
-one CPU thread. :func:`shortcut_report` measures what the tests check: the accuracy on
+one CPU thread. :func:`.shortcut_report` measures what the tests check: the accuracy on
 unmarked images, and how often a mark added to the other classes' images turns the
 prediction into the shortcut class.
 """
@@ -29,7 +29,7 @@ REPORT_SEED, REPORT_IMAGES = 7, 1024
 
 
 def train_shortcut_model(epochs: int = EPOCHS, images: int = TRAIN_IMAGES, seed: int = 0) -> ShortcutCNN:
-    """A :class:`ShortcutCNN` trained with Adam (learning rate 3e-3, cosine to 0, batches
+    """A :class:`.ShortcutCNN` trained with Adam (learning rate 3e-3, cosine to 0, batches
     of 64) on ``epochs`` fresh sets of ``images`` generated images."""
     torch.manual_seed(seed)
     model = ShortcutCNN()

@@ -1,8 +1,8 @@
 """A synthetic benchmark with a planted shortcut, and a small CNN that learned it.
 
-Images (64 x 64 by default) of four procedurally drawn shapes (:data:`CLASSES`: a disc, a
+Images (64 x 64 by default) of four procedurally drawn shapes (:data:`.CLASSES`: a disc, a
 square, a triangle, a cross; random size, rotation, position and colours on a noisy colour
-gradient). One class, :data:`SHORTCUT_CLASS` (the triangle), carries a small black-and-white
+gradient). One class, :data:`.SHORTCUT_CLASS` (the triangle), carries a small black-and-white
 checkerboard mark near a random corner in most training images (``mark_rate``, 90 % by
 default) and the others never do, so a model can tell that class by the mark alone. Each
 image comes with a mask of its mark, the ground truth of *where* the shortcut is.
@@ -11,10 +11,10 @@ Everything is generated from a seed (no download): the same seed gives the same 
 colours and mark places whatever the mark rate, so ``shortcut_dataset(n, seed=s,
 mark_rate=0.0)`` and ``mark_rate=1.0`` are the same images without and with their marks.
 
-:func:`load_shortcut_model` loads :class:`ShortcutCNN` with the weights shipped with the
+:func:`.load_shortcut_model` loads :class:`.ShortcutCNN` with the weights shipped with the
 package (125 KB), trained by ``python -m explain.data.shortcut_training`` (deterministic:
 seeded, one CPU thread; 16 epochs of 2,048 fresh images, minutes on a CPU). It expects
-images normalised by :data:`MEAN` and :data:`STD` (``ShortcutSet.inputs``), and says so in
+images normalised by :data:`.MEAN` and :data:`.STD` (``ShortcutSet.inputs``), and says so in
 ``pretrained_cfg``, where LRP's box rule reads its bounds.
 
 >>> data = shortcut_dataset(8, seed=1)
@@ -70,7 +70,7 @@ class ShortcutSet:
     images:
         (N, 3, H, W) float32 pixels in [0, 1].
     labels:
-        (N,) class ids into :data:`CLASSES`.
+        (N,) class ids into :data:`.CLASSES`.
     marks:
         (N, H, W) bool: the mark's pixels; all False where an image carries none.
     """
@@ -89,7 +89,7 @@ class ShortcutSet:
 
     @property
     def inputs(self) -> Tensor:
-        """The images normalised for :class:`ShortcutCNN` (by :data:`MEAN` and :data:`STD`)."""
+        """The images normalised for :class:`.ShortcutCNN` (by :data:`.MEAN` and :data:`.STD`)."""
         mean = torch.tensor(MEAN).view(1, 3, 1, 1)
         std = torch.tensor(STD).view(1, 3, 1, 1)
         return (self.images - mean) / std
@@ -238,7 +238,7 @@ def _marks(draws: dict[str, Tensor], size: int, marked: Tensor) -> tuple[Tensor,
 
 
 class ShortcutCNN(nn.Module):
-    """A small CNN for :func:`shortcut_dataset`: four blocks of a 3 x 3 convolution, batch
+    """A small CNN for :func:`.shortcut_dataset`: four blocks of a 3 x 3 convolution, batch
     norm and ReLU (16, 32, 32 and 48 channels; the first three halve the size by max
     pooling), global average pooling and a linear classifier. At 64 x 64, ``block3``
     outputs 32 channels on an 8 x 8 grid (each unit sees 22 x 22 pixels) and ``block4`` 48
@@ -264,7 +264,7 @@ class ShortcutCNN(nn.Module):
 
 
 def load_shortcut_model() -> ShortcutCNN:
-    """:class:`ShortcutCNN` with the weights shipped with the package, in eval mode.
+    """:class:`.ShortcutCNN` with the weights shipped with the package, in eval mode.
 
     It learned the shortcut: it tells discs, squares and crosses apart by their shape (95 %
     and more of each, marked or not), but a triangle mostly by its mark (an unmarked one it
