@@ -42,10 +42,13 @@ docs: $(VENV)/.installed-docs
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 	@echo "Open the site in a browser: file://$(abspath docs/_build/html/index.html)"
 
-# bench_heavy.py alone takes about 3 hours on 2 CPU cores (its docstring says how to narrow it).
+# bench_heavy.py alone takes about 3 hours on 2 CPU cores (its docstring says how to narrow it);
+# the zoo sweep (every timm family, every Hugging Face image classifier) about 2 hours, resumable.
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_gradcam.py
 	$(BIN)/python benchmarks/bench_transformers.py
+	$(BIN)/python benchmarks/bench_zoo_sweep.py --max-size 96 --results out/zoo-sweep.jsonl
+	$(BIN)/python benchmarks/bench_zoo_sweep.py --report --results out/zoo-sweep.jsonl
 	$(BIN)/python benchmarks/bench_detectors.py
 	$(BIN)/python benchmarks/bench_volumes.py
 	$(BIN)/python benchmarks/bench_cli.py
@@ -54,6 +57,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_faithfulness.py
 	$(BIN)/python benchmarks/bench_metrics.py
 	$(BIN)/python benchmarks/bench_viewer.py
+	$(BIN)/python benchmarks/bench_interrupt.py
 	$(BIN)/python benchmarks/bench_concepts.py
 	$(BIN)/python benchmarks/bench_heavy.py
 

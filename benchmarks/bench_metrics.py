@@ -23,7 +23,9 @@ Per metric, these calls run round-robin and the median is taken:
 - Quantus 0.6.0 on the same work, where it has the metric (skipped when quantus is not
   installed; for the information curves, PAIR's ``saliency.metrics.pic``), with the
   workarounds for numpy 2.4 (``np.trapz``) and 3-channel inputs that the notes of each row
-  give. ``Quantus / ours`` >= 1 means ours is not slower.
+  give. ``Quantus / ours`` >= 1 means ours is not slower. For ARCC, pytorch-grad-cam's
+  (where installed, the ``peers`` extra) is timed beside and reported in the notes; for
+  MST-C, a Quantus that has ``MSTC`` (HEAD, after 0.6.0).
 
 Cheap metrics: one more warm-up each, median of ``--repeats`` rounds. Costly ones (the
 perturbation curves, ROAD, IROF, randomisation): ``--slow-repeats`` rounds. Other work on the
@@ -111,6 +113,8 @@ class Case:
     #: The metric runs the model itself too (besides the explainer): bare replays those
     #: forward passes as well (the explainer's model is wrapped in a RecordingModel).
     forwards: bool = False
+    #: Other peers timed beside ours (name -> call), reported in the notes.
+    others: dict = field(default_factory=dict)
 
 
 def load_images(device: str, size: int = 224) -> torch.Tensor:
@@ -332,6 +336,7 @@ def build_cases(args, model, x, explanation, cam) -> list[Case]:
                                  "maps; both draw the other class as Quantus does (1000 classes)."]))
 
     cases += issue30_cases(args, model, x, explanation, q, want, bs)
+    cases += issue44_cases(args, model, x, explanation, cam, q, want, bs, regions, gradcam_numpy)
 
     # --- no model pass ---------------------------------------------------------------------
     has = quantus is not None
@@ -414,6 +419,106 @@ def issue30_cases(args, model, x, explanation, q, want, bs) -> list[Case]:
                               "batches; the PAIR column is the work of one compute_pic_metric call per image "
                               "(create_blurred_image: griddata per channel, estimate_image_entropy, one model "
                               "pass per copy), which SIC and AIC each make (so 2x this for both)."]))
+    return cases
+
+
+def gradcam_peer():
+    """pytorch-grad-cam's metrics, where it is installed (the ``peers`` extra), else None."""
+    try:
+        from pytorch_grad_cam.metrics import arcc
+        from pytorch_grad_cam.utils.model_targets import ClassifierOutputSoftmaxTarget
+    except ImportError:
+        return None
+    return arcc, ClassifierOutputSoftmaxTarget
+
+
+def issue44_cases(args, model, x, explanation, cam, q, want, bs, regions, gradcam_numpy) -> list[Case]:
+    """The metrics of issue 44 (ARCC, the axioms, sufficiency, consistency, focus, AUC,
+    attribution localisation, effective complexity, MST-C), against Quantus where it has the
+    metric (MST-C: Quantus HEAD, where the installed Quantus has ``MSTC``) and
+    pytorch-grad-cam's ARCC where it is installed."""
+    aq = explanation.maps[:, None].cpu().numpy()
+    sq = regions[:, None].float().cpu().numpy()
+    has = quantus is not None
+    cases = []
+
+    if want("arcc"):
+        peer = gradcam_peer()
+        others = {}
+        if peer is not None:
+            gc_arcc, softmax_target = peer
+            wanted = [softmax_target(int(t)) for t in explanation.targets]
+            cams = explanation.maps.cpu().numpy()
+
+            def base_method(input_tensor, targets):  # the same Grad-CAM as ours, as pytorch-grad-cam's base_method
+                return cam(input_tensor, torch.tensor([t.category for t in targets], device=x.device)).maps.cpu().numpy()
+
+            metric = gc_arcc.ARCC(base_method, road_percentiles=[20, 40, 60, 80])
+            others["pytorch-grad-cam"] = lambda: metric(x, cams, wanted, model)
+        cases.append(Case("arcc", lambda ex: metrics.arcc(ex, x, explanation, **bs), "explainer", slow=True,
+                          forwards=True, others=others, notes=[
+                              "arcc: 1 explanation of the masked image (coherency) + 8 forwards of imputed copies "
+                              "(ROAD at 20..80 %, MoRF and LeRF) per image; the imputation is work the bare passes "
+                              "do not do. pytorch-grad-cam's ARCC on the same maps, its base_method our Grad-CAM: "
+                              "it imputes one image at a time with scipy's spsolve."]))
+    if want("completeness"):
+        cases.append(Case("completeness", lambda net: metrics.completeness(net, x, explanation, **bs), "model",
+                          q(has and quantus.Completeness(perturb_baseline=0.0), model=model, a_batch=aq),
+                          notes=["completeness: 2 forwards per image, both (Quantus replaces only the first H x W "
+                                 "of the C x H x W values: the same passes)."]))
+    if want("non_sensitivity"):
+        cases.append(Case("non_sensitivity", lambda net: metrics.non_sensitivity(net, x, explanation, **bs), "model",
+                          slow=True, notes=[
+                              "non_sensitivity: the default, runs of 224 pixels (about 226 forwards per image); "
+                              "Quantus 0.6 perturbs one input value per forward (150 528 per image at 224 px, "
+                              "features_in_step above 1 fails there): not timed."]))
+    if want("input_invariance"):
+        cases.append(Case("input_invariance", lambda ex: metrics.input_invariance(ex, x, explanation, **bs),
+                          "explainer", forwards=True, notes=[
+                              "input_invariance: 1 explanation + 2 forwards per image, 2 forwards of the batch "
+                              "to read the first layer's change; Quantus's InputInvariance sets the first "
+                              "module's bias, which resnet18's conv1 lacks (bias=False): it fails, not timed."]))
+    for name, fn, q_name in (("sufficiency", metrics.sufficiency, "Sufficiency"),
+                             ("consistency", metrics.consistency, "Consistency")):
+        if want(name):
+            qm = getattr(quantus, q_name)() if has else None
+            cases.append(Case(name, lambda net, fn=fn: fn(net, x, explanation, **bs), "model",
+                              q(qm, model=model, a_batch=aq),
+                              notes=[f"{name}: 1 forward per image (the predicted class) and the {len(x)} x "
+                                     f"{len(x)} comparison of the maps, both."]))
+    if want("focus"):
+        labels = torch.arange(len(x), device=x.device) % (len(x) // 2)  # each photo and its mirror image
+        focused = cam(x, labels)
+        made, shows, _ = metrics.mosaics(x, labels, labels)
+        focus_q = None
+        if has:
+            made_np, labels_np = made.cpu().numpy(), labels.cpu().numpy()
+            flags = [list(map(bool, row)) for row in shows.cpu().numpy()]
+
+            def focus_q(metric=quantus.Focus()):  # the same mosaics, explained by Quantus with our Grad-CAM
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return metric(model=model, x_batch=made_np, y_batch=labels_np, a_batch=None,
+                                  explain_func=gradcam_numpy, device=args.device, custom_batch=flags)
+        cases.append(Case("focus", lambda ex: metrics.focus(ex, x, focused, labels=labels, **bs), "explainer",
+                          focus_q, notes=[
+                              "focus: each photo's class shared with its mirror image, one mosaic per image "
+                              "(built, then explained: 1 explanation per image); Quantus is given the same mosaics "
+                              "and explains them with the same Grad-CAM."]))
+    for name, ours, qmetric, call in (
+        ("auc", lambda: metrics.auc(explanation, regions), has and quantus.AUC(), {"s_batch": sq}),
+        ("attribution_localisation", lambda: metrics.attribution_localisation(explanation, regions, magnitude=True),
+         has and quantus.AttributionLocalisation(), {"s_batch": sq}),
+        ("effective_complexity", lambda: metrics.effective_complexity(explanation),
+         has and quantus.EffectiveComplexity(), {}),
+        ("mst_c", lambda: metrics.mst_c(explanation), has and getattr(quantus, "MSTC", lambda: None)(), {}),
+    ):
+        if want(name):
+            note = {"mst_c": ["mst_c: per map on the CPU (scikit-learn's k-NN graph, SciPy's hull and spanning "
+                              "tree), both; the Quantus column needs a Quantus with MSTC (HEAD, after 0.6.0)."]}
+            cases.append(Case(name, lambda _, ours=ours: ours(), "none", q(qmetric or None, model=None, a_batch=aq,
+                                                                           **call),
+                              slow=name == "mst_c", notes=note.get(name, [])))
     return cases
 
 
@@ -539,6 +644,7 @@ def main() -> None:
             functions["quantus"] = case.quantus
         if case.slic is not None:
             functions["slic"] = case.slic
+        functions.update(case.others)
         medians = interleaved_medians(functions, args.slow_repeats if case.slow else args.repeats, warm_up=not case.slow)
         del bare, functions  # the recorded batches
         rows.append((case, medians))
@@ -565,6 +671,8 @@ def main() -> None:
     for case, med in rows:
         for note in case.notes:
             print(f"- {note}")
+        for peer in case.others:
+            print(f"- {case.name}: {peer} {med[peer]:.3g} s, {med[peer] / med['ours']:.2f} x ours.")
         if "slic" in med:
             print(f"- irof: SLIC alone (8 images) {med['slic']:.2f} s, {100 * med['slic'] / med['ours']:.0f} % of ours; "
                   f"ours without it / bare = {(med['ours'] - med['slic']) / med['bare']:.2f}.")

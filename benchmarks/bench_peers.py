@@ -7,7 +7,17 @@ class ids (each image's top class):
 - resnet50 (torchvision, random weights, seed 0), batch 4 at 224x224, layer4: the gradient
   and activation CAMs and FullGrad against pytorch-grad-cam, and against torchcam where it
   has them; CAM on resnet18 against torchcam;
-- Ablation-CAM on resnet18 and resnet50, batch 1, layer4; Score-CAM on the bundled
+- the CAMs of pytorch-grad-cam 1.5.7 and torchcam 0.5.0 on resnet50 batch 4: RefineCAM
+  (layer2, layer3, layer4; against both), Seg-Eigen-CAM (layer3), Sobel-CAM (no layer:
+  pytorch-grad-cam's is the filter alone, on uint8 images made from the input tensor;
+  explain's call also runs the model once, for the result's logits and targets, so it is
+  timed three ways: the call, the filter alone (``sobel_edges``), and the call against the
+  peer's filter plus the no-grad forward pass its user runs for the same scores);
+  SESS on resnet18 batch 1 (layer3, 3 scales); Deep Feature Factorization (layer4, 16
+  concepts, every concept's map compared), with the scikit-learn NMF alone timed beside it
+  (the same NMF is both sides' work);
+- Ablation-CAM on resnet18 and resnet50, batch 1, layer4, and on resnet18 at layer3 and
+  layer4 together; Score-CAM on the bundled
   efficientnet_lite0 with data/images/chelsea.png (layer bn2; explain timed with both
   weightings) and on resnet18 (channel-softmax), batch 1. ``--extra`` adds torchcam's
   Score-CAM, SS-CAM and IS-CAM (2 samples each) on the bundled model: about 10 minutes more.
@@ -66,6 +76,7 @@ PGC, TORCHCAM = "pytorch-grad-cam", "torchcam"
 SOFTMAX = (("weighting", "channel-softmax"),)
 SIGN = "sign of the principal component: explain's agrees with the channel sum, the peer's is arbitrary"
 MASKS = "masks upsampled with align_corners=True by pytorch-grad-cam, False by explain"
+REFINED = ("layer2", "layer3", "layer4")
 TC_MASKS = "torchcam min-max scales the masks at layer size, explain after upsampling"
 
 
@@ -76,7 +87,7 @@ class Case:
     peer_class: str  # the peer's class for that method
     model: str = "resnet50"  # resnet50 / resnet18 (random weights) or efficientnet_lite0 (bundled, the photo)
     batch: int = 4
-    layer: str | None = "layer4"
+    layer: str | tuple | None = "layer4"  # a tuple: several layers (RefineCAM, Ablation-CAM)
     options: tuple = ()  # explain's keyword arguments, as (name, value) pairs
     agree_options: tuple | None = None  # a second explain variant, timed too; its maps are the ones compared
     peer_options: tuple = ()
@@ -113,6 +124,16 @@ def cases(quick: bool, extra: bool) -> list[Case]:
         Case("ablationcam", PGC, "AblationCAM", model="resnet18", batch=1, peer_options=(("batch_size", 64),),
              slow=True),
         Case("ablationcam", PGC, "AblationCAM", batch=1, peer_options=(("batch_size", 64),), slow=True),
+        Case("ablationcam", PGC, "AblationCAM", model="resnet18", batch=1, layer=("layer3", "layer4"),
+             peer_options=(("batch_size", 64),), slow=True),
+        Case("refinecam", PGC, "RefineCAM", layer=REFINED),
+        Case("refinecam", TORCHCAM, "RefineCAM", layer=REFINED, note="torchcam scales the maps at layer2's size"),
+        Case("segeigencam", PGC, "SegEigenCAM", layer="layer3"),
+        Case("sess", PGC, "SESS", model="resnet18", batch=1, layer="layer3", options=(("num_scales", 3),),
+             peer_options=(("num_scales", 3),), note="3 scales of the 12 (9 patches), to keep the run short"),
+        Case("sobelcam", PGC, "sobel_cam", layer=None,
+             note="explain's call includes the model's forward pass (the logits and targets of the result)"),
+        Case("dff", PGC, "DeepFeatureFactorization", options=(("n_components", 16),)),
         Case("scorecam", PGC, "ScoreCAM", model="efficientnet_lite0", batch=1, layer="bn2", agree_options=SOFTMAX,
              peer_options=(("batch_size", 32),), slow=True, note=MASKS),
         Case("scorecam", PGC, "ScoreCAM", model="resnet18", batch=1, options=SOFTMAX,
@@ -149,9 +170,38 @@ def build(model_name: str, batch: int, device: str):
 
 
 def explain_call(case: Case, options: tuple, model, x, ids):
-    layer = {} if case.layer is None else {"target_layer": case.layer}
+    named = list(case.layer) if isinstance(case.layer, tuple) else case.layer
+    layer = {} if case.layer is None else {"target_layer": named}
     cam = explain.explainer(case.method, model, **layer, **dict(options))
+    if case.method == "dff":  # no targets: (N, k) maps, one per concept, as (N * k, H, W)
+        return lambda: cam(x).maps.flatten(0, 1)
     return lambda: cam(x, targets=ids).maps
+
+
+def nmf_alone(case: Case, model, x):
+    """The scikit-learn NMF of DFF on the layer's activations (captured once, outside the timing)."""
+    from sklearn.decomposition import NMF
+
+    captured = explain.DeepFeatureFactorization(model, case.layer).capture(x)
+    activations = next(iter(captured.activations.values()))
+    matrix = activations.transpose(0, 1).flatten(1).cpu().numpy()
+    matrix = matrix - matrix.min(axis=1, keepdims=True)
+    components = dict(case.options)["n_components"]
+
+    def call():
+        nmf = NMF(n_components=components, init="random", random_state=0)
+        nmf.fit_transform(matrix)
+        return torch.from_numpy(nmf.components_).reshape(-1, *activations.shape[2:])  # (k * N, h, w)
+    return call
+
+
+def peer_with_forward(peer, model, x):
+    """The peer's call and the no-grad forward pass that gives its user the scores and targets."""
+    def call():
+        with torch.no_grad():
+            model(x)
+        return peer()
+    return call
 
 
 def peer_call(case: Case, model, x, ids):
@@ -160,15 +210,36 @@ def peer_call(case: Case, model, x, ids):
         import pytorch_grad_cam
         from pytorch_grad_cam.utils.model_targets import ClassifierOutputReST, ClassifierOutputTarget
 
+        if case.peer_class == "sobel_cam":  # a function of a uint8 RGB image
+            from pytorch_grad_cam.sobel_cam import sobel_cam
+
+            def edges():
+                rgb = (x - x.amin()) / (x.amax() - x.amin()) * 255
+                return np.stack([sobel_cam(image.permute(1, 2, 0).round().byte().cpu().numpy()) for image in rgb])
+            return edges
+        if case.peer_class == "DeepFeatureFactorization":
+            def concepts():
+                dff = pytorch_grad_cam.DeepFeatureFactorization(model, model.get_submodule(case.layer),
+                                                                computation_on_concepts=model.fc)
+                try:
+                    maps = dff(x, n_components=dict(case.options)["n_components"])[1]
+                finally:
+                    dff.activations_and_grads.release()
+                return np.stack(maps).reshape(-1, *x.shape[2:])
+            return concepts
         cls = getattr(pytorch_grad_cam, case.peer_class)
-        layers = [] if case.layer is None else [model.get_submodule(case.layer)]
+        names = case.layer if isinstance(case.layer, tuple) else () if case.layer is None else (case.layer,)
+        layers = [model.get_submodule(name) for name in names]
         target = ClassifierOutputReST if case.method == "shapleycam" else ClassifierOutputTarget
         # FinerCAM without targets: each image's top class (= ids) against its 3 nearest classes.
         targets = None if case.method == "finercam" else [target(c) for c in ids]
         batch_size = options.pop("batch_size") if case.peer_class == "ScoreCAM" else None
 
         def call():
-            with cls(model, layers, **options) as cam:
+            cam = cls(model, layers, **options)
+            if not hasattr(cam, "__enter__"):  # RefineCAM
+                return cam(input_tensor=x, targets=targets)
+            with cam:
                 if batch_size:
                     cam.batch_size = batch_size  # ScoreCAM reads it as an attribute
                 return cam(input_tensor=x, targets=targets)
@@ -176,10 +247,11 @@ def peer_call(case: Case, model, x, ids):
         import torchcam.methods
 
         cls = getattr(torchcam.methods, case.peer_class)
-        uses_scores = case.peer_class in {"GradCAM", "GradCAMpp", "XGradCAM", "LayerCAM"}
+        uses_scores = case.peer_class in {"GradCAM", "GradCAMpp", "XGradCAM", "LayerCAM", "RefineCAM"}
+        layer = list(case.layer) if isinstance(case.layer, tuple) else case.layer
 
         def call():
-            with cls(model, case.layer, **options) as extractor:
+            with cls(model, layer, **options) as extractor:
                 with torch.set_grad_enabled(uses_scores):
                     scores = model(x)
                 return extractor(class_idx=ids, scores=scores if uses_scores else None)[0]
@@ -192,6 +264,13 @@ def side_calls(case: Case, model, x, ids) -> dict:
     if case.agree_options is not None:
         calls["explain-agree"] = explain_call(case, case.agree_options, model, x, ids)
     calls["peer"] = peer_call(case, model, x, ids)
+    if case.method == "sobelcam":  # explain's filter alone; the peer's filter with the forward pass
+        from explain.methods.gradient_free_cams import sobel_edges
+
+        calls["explain:filter alone"] = lambda: sobel_edges(x)
+        calls["peer:with a no-grad forward"] = peer_with_forward(calls["peer"], model, x)
+    if case.method == "dff":
+        calls["explain:scikit-learn NMF alone"] = nmf_alone(case, model, x)
     return calls
 
 
@@ -286,16 +365,24 @@ def run_case(case: Case, args, built: dict) -> dict:
 
 
 def rows_of(case: Case, result: dict) -> list[dict]:
+    """A row per explain side against the peer; a row of explain's call against each peer variant."""
     peer_time, peer_memory, peer_maps = result.pop("peer")
+    variants = {side: result.pop(side) for side in list(result) if side.startswith("peer:")}
     rows = []
     for side, (ours, memory, maps) in result.items():
-        options = case.options if side == "explain" else case.agree_options
-        row = dict(case=case, label=case.method + "".join(f", {k}={v}" for k, v in options), ours=ours,
+        options = case.agree_options if side == "explain-agree" else case.options
+        label = case.method + "".join(f", {k}={v}" for k, v in options)
+        label += f" ({side.split(':', 1)[1]})" if side.startswith("explain:") else ""
+        row = dict(case=case, label=label, ours=ours,
                    theirs=peer_time, our_memory=memory, their_memory=peer_memory, correlation=None)
         compared = "explain-agree" if case.agree_options is not None else "explain"
         if side == compared and not case.random:
             row["correlation"], row["difference"] = agreement(maps, peer_maps)
         rows.append(row)
+    ours, memory, _ = result["explain"]
+    for side, (theirs, their_memory, _) in variants.items():
+        rows.append(dict(case=case, label=f"{case.method} (peer {side.split(':', 1)[1]})", ours=ours, theirs=theirs,
+                         our_memory=memory, their_memory=their_memory, correlation=None))
     return rows
 
 

@@ -27,6 +27,7 @@ extensions = [
     "sphinx.ext.viewcode",
     "myst_nb",
     "methods_catalogue",
+    "api_pages",
 ]
 # No intersphinx: it would download other projects' inventories, and the build runs offline.
 
@@ -38,7 +39,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     # Names of other libraries in signatures: without intersphinx (offline) they cannot resolve.
     (r"py:.*", r"(torch|torchvision|numpy|np|PIL|matplotlib|ray|pyarrow|captum|zennit|scipy|skimage|nn|os|"
-              r"threading|collections\.abc|typing|pathlib|Tensor)\b.*"),
+              r"threading|collections\.abc|typing|pathlib|inspect|Tensor)\b.*"),
 ]
 
 # autodoc: the signatures as written; each module's __all__ is what a page documents.
@@ -81,6 +82,10 @@ def setup(app):
 
 # The tutorials are rendered from the outputs committed with them, never executed here.
 nb_execution_mode = "off"
+# A notebook's text/markdown outputs (the result tables of tutorials 02 and 04) as MyST, whose
+# tables render as tables; myst-nb's default, CommonMark, has none (they would read as raw
+# `| ... |` text). tests/test_docs.py fails on a raw table in any page.
+nb_render_markdown_format = "myst"
 myst_heading_anchors = 3
 
 html_theme = "furo"
@@ -88,3 +93,6 @@ html_title = f"explain {version}"
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
 html_theme_options = {"navigation_with_keys": True}
+# The right-hand contents of a page list its sections, not every class, method and attribute
+# autodoc documents (the API pages open with summary tables of their names instead).
+toc_object_entries = False

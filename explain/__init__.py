@@ -13,73 +13,15 @@ import importlib
 #: Subpackages that ``explain.NAME`` imports on first use.
 _SUBMODULES = ("concepts", "data", "detectors", "methods", "metrics", "models", "passes", "tasks")
 
-# Each public name, under the module it lives in: the one list of what `explain` exports.
+# Each public name, under the module it lives in: the one list of what `explain` exports
+# besides the methods, which `explain.methods` lists from the registry (METHODS_MODULE below).
 # Importing `explain` imports none of them (nor torch): the command line answers --help at
 # once, and a Ray driver plans a run without torch's memory.
 _EXPORTS = {
     "base": ("Explainer", "NotApplicable", "register"),
     "concepts": ("CRP", "ConceptAtlas", "ConceptExplanation", "concept_atlas", "reference_patches"),
     "catalogue": ("describe_methods", "explainer", "method_class", "method_names"),
-    "methods": (
-        "AblationCAM",
-        "AttentionRelevance",
-        "AttentionRollout",
-        "Attribution",
-        "BaseCAM",
-        "BlurIG",
-        "CAM",
-        "ContrastiveExcitationBackprop",
-        "DRISE",
-        "Deconvolution",
-        "DeepLift",
-        "DeepLiftShap",
-        "EigenCAM",
-        "EigenGradCAM",
-        "ExcitationBackprop",
-        "ExtremalPerturbation",
-        "FEM",
-        "FeatureAblation",
-        "FinerCAM",
-        "FullGrad",
-        "GradCAM",
-        "GradCAMElementWise",
-        "GradCAMPlusPlus",
-        "GradientCAM",
-        "GradientShap",
-        "GuidedBackprop",
-        "GuidedGradCAM",
-        "GuidedIG",
-        "HiResCAM",
-        "ISCAM",
-        "InputXGradient",
-        "IntegratedGradients",
-        "InternalInfluence",
-        "KPCACAM",
-        "KernelShap",
-        "LRP",
-        "RISE",
-        "LayerCAM",
-        "LayerConductance",
-        "LayerGradientXActivation",
-        "LayerIntegratedGradients",
-        "LeGrad",
-        "NoiseTunnel",
-        "Lime",
-        "Occlusion",
-        "RandomCAM",
-        "SSCAM",
-        "Saliency",
-        "ScoreCAM",
-        "ShapleyCAM",
-        "ShapleyValueSampling",
-        "SmoothGrad",
-        "SmoothGradCAMPlusPlus",
-        "VarGrad",
-        "XGradCAM",
-        "XRAI",
-        "explain_together",
-    ),
-    "explanation": ("Explanation",),
+    "explanation": ("ConceptExplanation", "Explanation"),
     "hooks": ("LayerCapture",),
     "image_input": ("ImageInput",),
     "similarity": ("SimilarityTarget",),
@@ -100,16 +42,29 @@ _EXPORTS = {
     "model_summary": ("feature_maps", "summary"),
 }
 _LOCATIONS = {name: module for module, names in _EXPORTS.items() for name in names}
+#: The module whose methods and their bases (``BASES`` and ``METHOD_CLASSES``) `explain`
+#: exports too: every registered built-in method, by its class name.
+METHODS_MODULE = "methods"
 
 __version__ = "0.1.0"
 
-__all__ = sorted([*_LOCATIONS, *_SUBMODULES])  # noqa: PLE0605 -- a list, built from the lazy names above
+
+def _method_exports() -> tuple[str, ...]:
+    """The names of the methods and their bases (importing the methods, and torch)."""
+    methods = importlib.import_module(f".{METHODS_MODULE}", __name__)
+    return (*methods.BASES, *methods.METHOD_CLASSES)
 
 
 def __getattr__(name: str):
+    if name == "__all__":  # lazily: listing the methods imports them
+        names = sorted([*_LOCATIONS, *_SUBMODULES, *_method_exports()])
+        globals()["__all__"] = names
+        return names
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
     module = _LOCATIONS.get(name)
+    if module is None and not name.startswith("_") and name in _method_exports():
+        module = METHODS_MODULE
     if module is None:
         raise AttributeError(f"module 'explain' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
@@ -118,4 +73,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__getattr__("__all__")))

@@ -14,15 +14,15 @@ import inspect
 
 from torch import nn
 
-from . import methods as _builtin  # noqa: F401  (registers the built-in methods)
-from .base import Explainer, check_training_options, registered, registered_class
-from .methods.noise_tunnel import tunnel_class
+from .base import Explainer, check_training_options, cost_text, registered, registered_class
+from .methods import tunnel_class  # (importing the methods registers the built-in ones)
 
 __all__ = ["describe_methods", "explainer", "method_class", "method_names"]
 
 
 def method_names() -> list[str]:
-    """Names of the registered methods, for :func:`explainer`.
+    """Names of the registered methods, for :func:`explainer`: by family (in the order of
+    :data:`~explain.base.FAMILIES`), then by name.
 
     >>> "gradcam" in method_names()
     True
@@ -31,8 +31,9 @@ def method_names() -> list[str]:
 
 
 def describe_methods() -> dict[str, dict[str, str | bool]]:
-    """Each method's name with its family, cost, whether it needs a target layer, and the
-    first paragraph of its docstring, on one line.
+    """Each method's name with its family, cost (:func:`~explain.base.cost_text`: written out
+    from its defaults), whether it needs a target layer, and the first paragraph of its
+    docstring, on one line; in the order of :func:`method_names`.
 
     >>> describe_methods()["gradcam"]["family"], describe_methods()["ig"]["needs_layer"]
     ('gradient CAM', False)
@@ -40,7 +41,7 @@ def describe_methods() -> dict[str, dict[str, str | bool]]:
     return {
         name: {
             "family": cls.family,
-            "cost": cls.cost,
+            "cost": cost_text(cls),
             "needs_layer": cls.needs_layer,
             "description": " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split()),
         }

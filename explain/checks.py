@@ -121,6 +121,32 @@ def check_images(images: Tensor, model: nn.Module) -> Tensor:
     return images.detach()
 
 
+def check_finite_output(output, method: str) -> None:
+    """``ValueError`` where the model's ``output`` (a tensor, or the tensors of a dict, tuple,
+    list or Hugging Face output) holds NaN or infinite values: there is no score to explain,
+    and what compares outputs (LRP's check of its canonical form, Ablation-CAM's replay)
+    would fail on NaN tolerances instead of saying so.
+
+    >>> check_finite_output(torch.full((2, 3), float("nan")), "LRP")
+    Traceback (most recent call last):
+    ...
+    ValueError: LRP: the model's output is NaN or infinite for every image, so there is no score to explain; check the model's weights and the images (a float16 model that overflowed explains in float32)
+    """  # noqa: E501 -- the doctest's expected output is one line
+    from torch.utils._pytree import tree_flatten
+
+    tensors = [t for t in tree_flatten(output)[0] if isinstance(t, Tensor) and t.is_floating_point() and t.numel()]
+    bad = [~torch.isfinite(t.detach()) for t in tensors]
+    if not any(b.any() for b in bad):
+        return
+    rows = [b.reshape(len(b), -1).any(dim=1) if b.dim() else b.reshape(1) for b in bad]
+    every = all(r.all() for r in rows) and len({len(r) for r in rows}) == 1
+    which = "for every image" if every else f"for {int(max(r.sum() for r in rows))} of the images"
+    raise ValueError(
+        f"{method}: the model's output is NaN or infinite {which}, so there is no score to explain; "
+        "check the model's weights and the images (a float16 model that overflowed explains in float32)"
+    )
+
+
 def _check_rank(images: Tensor, model: nn.Module) -> None:
     """The batch's rank against the model's first convolution, each mistake with its fix. A
     model without convolutions takes images and volumes (a 3-D batch is a single image)."""

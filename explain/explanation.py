@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +13,7 @@ from torch import Tensor
 from .checks import interpolation_mode
 from .targets import CUSTOM_TARGET
 
-__all__ = ["Explanation", "scale_maps"]
+__all__ = ["ConceptExplanation", "Explanation", "scale_maps"]
 
 
 def scale_maps(raw: Tensor, size: tuple[int, ...]) -> Tensor:
@@ -75,6 +76,12 @@ class Explanation:
         Whether ``maps`` carry a sign: then they lie in [-1, 1], positive where the evidence
         speaks for the target and negative where it speaks against it (attributions
         reduced with ``reduction="sum"``); shown with a diverging colormap.
+    segment_scores:
+        With ``segments=`` (the perturbation methods, see :mod:`explain.segments`): one score
+        per segment of each image, a tensor (K_i,) per image, (k, K_i) with ``topk=k``, in
+        the order of the image's masks (of a label image's values, ascending); ``maps`` and
+        ``raw`` are then the pixel map the scores make (each pixel the sum of the scores of
+        the segments that cover it). None otherwise.
     """
 
     maps: Tensor
@@ -84,6 +91,7 @@ class Explanation:
     method: str
     class_names: Sequence[str] | None = field(default=None, repr=False)
     signed: bool = False
+    segment_scores: tuple[Tensor, ...] | None = field(default=None, repr=False)
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -140,6 +148,7 @@ class Explanation:
             [
                 ", signed=True" if self.signed else "",
                 f", device='{self.maps.device}'" if self.maps.device.type != "cpu" else "",
+                f", segments={[s.shape[-1] for s in self.segment_scores]}" if self.segment_scores is not None else "",
             ]
         )
         return (
@@ -158,7 +167,39 @@ class Explanation:
             raw_layers={k: v.to(device) for k, v in self.raw_layers.items()},
             logits=self.logits.to(device) if isinstance(self.logits, Tensor) else self.logits,
             targets=self.targets.to(device),
+            segment_scores=None if self.segment_scores is None else tuple(s.to(device) for s in self.segment_scores),
         )
 
     def cpu(self) -> Explanation:
         return self.to("cpu")
+
+
+@dataclass(frozen=True, repr=False)
+class ConceptExplanation(Explanation):
+    """An :class:`Explanation` whose maps are per concept, not per target: Deep Feature
+    Factorization's (:class:`~explain.DeepFeatureFactorization`).
+
+    ``maps`` are (N, k, H, W), concept j's map of each image in [0, 1] (as ``topk=k`` lays
+    out targets); ``raw_layers`` holds the concepts' unscaled maps (N, k, h, w) at the layer;
+    ``targets`` (N, k) the class each concept drives most (the same for every image; ``-1``
+    where the model has no classifier head for the concepts).
+
+    Attributes
+    ----------
+    concepts:
+        (C, k) the concepts' embeddings: each concept's activation of the layer's C channels.
+    concept_scores:
+        (k, num_classes) the classifier head's scores of the concept embeddings (logits;
+        ``softmax(dim=1)`` for probabilities), or None without a head.
+    """
+
+    concepts: Tensor | None = field(default=None, repr=False)
+    concept_scores: Tensor | None = field(default=None, repr=False)
+
+    def to(self, device: torch.device | str) -> ConceptExplanation:
+        moved = cast(ConceptExplanation, super().to(device))
+        return replace(
+            moved,
+            concepts=None if self.concepts is None else self.concepts.to(device),
+            concept_scores=None if self.concept_scores is None else self.concept_scores.to(device),
+        )

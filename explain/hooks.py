@@ -15,7 +15,7 @@ there: an explanation costs about one forward pass. (A map made for a training l
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import overload
 
@@ -24,7 +24,53 @@ from torch import Tensor, nn
 
 from .concurrency import model_lock
 
-__all__ = ["LayerCapture", "preserved_state"]
+__all__ = ["WRAPPER_PREFIXES", "LayerCapture", "check_layers_ran", "preserved_state", "unwrapped"]
+
+
+def check_layers_ran(wanted: Iterable[str], ran: Container[str]) -> None:
+    """Raise a ``ValueError`` that names the fix where a layer of ``wanted`` is not in ``ran``
+    (the layers a forward pass went through): a layer the model does not use at inference.
+
+    >>> check_layers_ran(["layer4"], {"layer4": 1})
+    >>> check_layers_ran(["aux"], {})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: layer(s) ['aux'] did not run in the forward pass; pick layers the model uses ...
+    """
+    missing = [name for name in wanted if name not in ran]
+    if missing:
+        raise ValueError(
+            f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
+            "at inference (`explain layers MODEL` lists them)"
+        )
+
+
+#: The attribute names under which wrappers hold the model: ``nn.DataParallel`` and
+#: ``DistributedDataParallel`` (``module``), ``torch.compile`` (``_orig_mod``).
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside ``nn.DataParallel``, ``nn.parallel.DistributedDataParallel`` and
+    ``torch.compile`` wrappers (any nesting of them), or ``model`` itself.
+
+    Explanations run through the wrapped model: its hooks fire on the caller's thread and
+    device (``DataParallel`` runs replicas on threads of its own, whose passes the hook
+    engine leaves alone; a compiled graph runs no module hooks), with the same parameters,
+    so the maps are the model's. Names of its layers may keep the wrapper's prefix
+    (``module.layer4``; see :func:`~explain.layers.resolve_layers`).
+
+    >>> inner = nn.Linear(2, 2)
+    >>> unwrapped(nn.DataParallel(inner)) is inner
+    True
+    """
+    while True:
+        inner = getattr(model, "module", None)
+        if not isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            inner = getattr(model, "_orig_mod", None) if type(model).__name__ == "OptimizedModule" else None
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
 
 
 @contextmanager
@@ -281,12 +327,7 @@ class LayerCapture:
         """
         if not self.track_gradients:
             raise RuntimeError("this LayerCapture was made with gradients=False")
-        missing = [name for name in self.layers if name not in self.activations]
-        if missing:
-            raise ValueError(
-                f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
-                "at inference (`explain layers MODEL` lists them)"
-            )
+        check_layers_ran(self.layers, self.activations)
         if not scores.requires_grad:
             raise ValueError(
                 "the scores do not depend on the captured layers; check that the target "

@@ -8,14 +8,13 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
-from .checks import channel_hint
+from .blocks import Call, block_layer, is_norm, residual_token_calls, token_blocks, trace_calls
 from .detectors import backbone_roots
-from .hooks import preserved_state
+from .hooks import WRAPPER_PREFIXES, unwrapped
 from .model_tasks import task_of
-from .tokens import infer_layout, on_input_grid
+from .tokens import on_input_grid
 
 __all__ = [
     "LayerInfo",
@@ -61,10 +60,15 @@ class LayerInfo:
 def resolve_layers(model: nn.Module, spec: LayerSpec) -> dict[str, nn.Module]:
     """Turn a layer spec (module, dotted name, or a list of them) into ``{name: module}``.
 
+    Names are those of the model inside a ``DataParallel``, ``DistributedDataParallel`` or
+    ``torch.compile`` wrapper (:func:`~explain.hooks.unwrapped`); a name with the wrapper's
+    prefix (``module.layer4``) is found too.
+
     >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU())
     >>> list(resolve_layers(model, ["0", model[1]]))
     ['0', '1']
     """
+    model = unwrapped(model)
     if isinstance(spec, (str, nn.Module)):
         specs = [spec]
     elif isinstance(spec, Sequence):
@@ -88,10 +92,11 @@ def resolve_layers(model: nn.Module, spec: LayerSpec) -> dict[str, nn.Module]:
 
 
 def _get_submodule(model: nn.Module, name: str, all_names: list[str]) -> nn.Module:
-    try:
-        return model.get_submodule(name)
-    except AttributeError:
-        pass
+    for candidate in (name, *(name[len(p) :] for p in WRAPPER_PREFIXES if name.startswith(p))):
+        try:
+            return model.get_submodule(candidate)
+        except AttributeError:
+            pass
     close = difflib.get_close_matches(name, [n for n in all_names if n], n=5, cutoff=0.6)
     if not close:
         close = [n for n in all_names if n and "." not in n][:8]
@@ -109,29 +114,7 @@ def module_calls(model: nn.Module, example: Tensor) -> list[tuple[str, nn.Module
 
     Dependence is read from autograd: the parameters are frozen for the pass and the image
     requires grad, so an output requires grad exactly where the image reaches it."""
-    trace = []
-    # Autograd cannot record through inference tensors (nor from integer input): then every output counts.
-    tracked = example.is_floating_point() and not any(
-        param.is_inference()
-        for param in model.parameters()
-        if not isinstance(param, nn.parameter.UninitializedParameter)
-    )
-
-    def record(name: str):
-        def hook(module: nn.Module, args, output) -> None:
-            seen = isinstance(output, Tensor) and (output.requires_grad or not tracked)
-            trace.append((name, module, tuple(output.shape) if seen else None))
-
-        return hook
-
-    with preserved_state(model), torch.inference_mode(False), torch.set_grad_enabled(tracked), channel_hint(example):
-        handles = [m.register_forward_hook(record(n)) for n, m in model.named_modules() if n]
-        try:
-            model(example.detach().clone().requires_grad_(tracked).clone())
-        finally:
-            for handle in handles:
-                handle.remove()
-    return trace
+    return [(call.name, call.module, call.shape) for call in trace_calls(model, example)]
 
 
 def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
@@ -150,65 +133,35 @@ def candidate_layers(model: nn.Module, example: Tensor) -> list[LayerInfo]:
 
 def _candidates(trace, example: Tensor) -> list[tuple[int, LayerInfo]]:
     calls = Counter(name for name, _, _ in trace)
+    # Inside an attention module a 4-D output is an attention matrix (N, heads, T, T), not a grid.
+    attention = tuple(
+        name + "."
+        for name, module, _ in trace
+        if isinstance(module, nn.MultiheadAttention) or "Attention" in type(module).__name__
+    )
     return [
         (position, LayerInfo(name, type(module).__name__, shape))
         for position, (name, module, shape) in enumerate(trace)
-        if calls[name] == 1 and on_input_grid(shape, example)
+        if calls[name] == 1
+        and on_input_grid(shape, example)
+        and shape is not None
+        and shape[0] == example.shape[0]  # a batch of patches folded into the images' is no grid of theirs
+        and not name.startswith(attention)
     ]
-
-
-def _is_sequence_output(shape: tuple[int, ...] | None, example: Tensor) -> bool:
-    """Whether ``shape`` looks like what a transformer block outputs: (N, tokens, C), or a
-    channels-last (N, h, w, C) grid of the input (of an image: a signal's layers are (N, C, l))."""
-    if shape is None or example.dim() != 4:
-        return False
-    if len(shape) == 3:
-        return shape[1] > 1
-    return (
-        len(shape) == 4
-        and not on_input_grid(shape, example)
-        and on_input_grid((shape[0], shape[3], shape[1], shape[2]), example)
-    )
-
-
-def _block_norms(trace, example: Tensor) -> list[list[str]]:
-    """The transformer blocks of a traced forward pass, in the order they run, each as the
-    names of its LayerNorms over tokens (or a channels-last grid), in the order they run.
-    A block is a module with two or more such norms."""
-    calls = Counter(name for name, _, _ in trace)
-    norms: dict[str, list[str]] = {}
-    for name, module, shape in trace:
-        if calls[name] != 1 or not isinstance(module, nn.LayerNorm) or not _is_sequence_output(shape, example):
-            continue
-        try:
-            infer_layout(shape, (example.shape[-2], example.shape[-1]))
-        except ValueError:
-            continue
-        norms.setdefault(name.rpartition(".")[0], []).append(name)
-    return [names for names in norms.values() if len(names) >= 2]
 
 
 def transformer_blocks(model: nn.Module, example: Tensor) -> list[str]:
     """Names of the transformer blocks of ``model`` in the order they run (one dry forward
-    pass on ``example``): the modules with two or more LayerNorms over tokens.
+    pass on ``example``): residual modules over tokens that hold a norm (see
+    :func:`~explain.blocks.token_blocks`).
 
-    >>> import torchvision
+    >>> import torch, torchvision
     >>> vit = torchvision.models.VisionTransformer(32, 8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
     >>> transformer_blocks(vit, torch.rand(1, 3, 32, 32))
     ['encoder.layers.encoder_layer_0', 'encoder.layers.encoder_layer_1']
     """
-    return [names[0].rpartition(".")[0] for names in _block_norms(module_calls(model, example[:1]), example[:1])]
-
-
-def _transformer_layer(trace, example: Tensor) -> str | None:
-    """The first norm of the last transformer block: the usual target of a CAM on a vision
-    transformer. In a class-token model the patch tokens reach the logits only through the
-    last block's attention, which reads that norm's output; after it, a patch token's
-    gradient is zero. A block is a module with two or more norms (``norm1``/``norm2``,
-    ``ln_1``/``ln_2``, ``layernorm_before``/``layernorm_after``) whose outputs are tokens
-    or a channels-last grid."""
-    blocks = _block_norms(trace, example)
-    return blocks[-1][0] if blocks else None
+    example = example[:1]
+    return [call.name for call in token_blocks(trace_calls(model, example), example)]
 
 
 def backbone_layer(model: nn.Module, example: Tensor) -> str:
@@ -264,37 +217,69 @@ def find_target_layer(model: nn.Module, example: Tensor) -> str:
     One dry forward pass on ``example`` (a single image is enough) records which layers
     produce spatial outputs (see :func:`candidate_layers`); pooling layers are skipped, and
     when a block and its last child produce the same output the block wins, being the name
-    a person would pick (``layer4`` rather than ``layer4.2.relu`` in a ResNet). A model with
-    transformer blocks (two LayerNorms over tokens or a channels-last grid) is explained at
-    the first norm of its last block, even where a spatial layer follows (Swin's final
-    norm, permuted), since past that norm no patch token reaches the class token and the
-    map would be blank. torchvision's segmentation and detection models are explained at
-    their backbone's last spatial layer (:func:`~explain.tasks.backbone_layer`), not at their
-    heads. The same rule picks ``layer4`` in torchvision's video models (r3d_18, mc3_18,
-    r2plus1d_18) and the last 1-D convolution block before pooling in a 1-D CNN.
+    a person would pick (``layer4`` rather than ``layer4.2.relu`` in a ResNet).
+
+    Transformer blocks are recognised by what they do (:func:`~explain.blocks.token_blocks`):
+    a module over tokens (or a channels-last grid) that adds its input to what it computes
+    and holds a norm of any kind (LayerNorm, RMSNorm, LeViT's BatchNorm, ResMLP's affine
+    map); the model's final norms are never a block. A model with such blocks is explained
+    at the first norm of its last block (:func:`~explain.blocks.block_layer`), even where a
+    spatial view of it follows (Swin's final norm, permuted), since past that norm no patch
+    token reaches a class token and the map would be blank; a layer that computes on a
+    spatial grid after the last block (convolutions after a transformer stage) is taken
+    instead. Layers whose batch is a multiple of the images' (MobileViT and TNT fold patches
+    into the batch) are never picked. A spatial layer followed only by a head over tokens
+    (an attention pool, a channels-last norm) is accepted; one followed by residual token
+    modules without a norm raises, naming ``target_layer``.
+
+    torchvision's segmentation and detection models are explained at their backbone's last
+    spatial layer (:func:`~explain.tasks.backbone_layer`), not at their heads. The same
+    rule picks ``layer4`` in torchvision's video models (r3d_18, mc3_18, r2plus1d_18) and
+    the last 1-D convolution block before pooling in a 1-D CNN.
     """
     example = example[:1]
+    model = unwrapped(model)
     if task_of(model) is not None:
         return backbone_layer(model, example)
-    trace = module_calls(model, example)
-    chosen = _transformer_layer(trace, example)
-    if chosen is not None:
-        return chosen
+    trace = trace_calls(model, example)
     candidates = [
         (position, info)
-        for position, info in _candidates(trace, example)
+        for position, info in _candidates([(c.name, c.module, c.shape) for c in trace], example)
         if not isinstance(model.get_submodule(info.name), _POOLING)
     ]
+    chosen = _block_choice(trace, example, candidates)
+    if chosen is not None:
+        return chosen
     after = trace[candidates[-1][0] + 1 :] if candidates else trace
-    sequences = [(name, shape) for name, _, shape in after if _is_sequence_output(shape, example)]
-    if sequences:
-        name, shape = sequences[0]
+    residual = residual_token_calls(after, example)
+    if residual:
+        call = residual[0]
         raise ValueError(
-            f"the model works on token sequences ({name!r} outputs {shape}), as vision transformers do, but "
-            "no transformer block with two LayerNorms was found to pick a target layer from; pass "
-            "target_layer explicitly (`explain layers MODEL` lists the layers)"
+            f"the model works on token sequences ({call.name!r} adds its input to what it computes over "
+            f"{call.first_shape} tokens), as vision transformers do, but none of its blocks holds a norm to "
+            "pick a target layer from; pass target_layer explicitly (`explain layers MODEL` lists the layers)"
         )
     if not candidates:
         layout = {3: "(N, C, l)", 4: "(N, C, h, w)", 5: "(N, C, d, h, w)"}.get(example.dim(), "spatial")
         raise ValueError(f"found no layer with a spatial {layout} output; pass target_layer explicitly")
     return candidates[-1][1].name
+
+
+def _block_choice(trace: list[Call], example: Tensor, candidates: list[tuple[int, LayerInfo]]) -> str | None:
+    """The layer in the last transformer block (None where there is none, or where a layer
+    that computes on a spatial grid runs after it)."""
+    blocks = token_blocks(trace, example)
+    if not blocks:
+        return None
+    end = next(position for position, call in enumerate(trace) if call is blocks[-1])
+    computing = [
+        info
+        for position, info in candidates
+        if position > end
+        and not blocks[-1].name.startswith(info.name + ".")
+        and not is_norm(trace[position].module)
+        and any(True for _ in trace[position].module.parameters())
+    ]
+    if computing:
+        return None
+    return block_layer(trace, blocks, len(blocks) - 1)

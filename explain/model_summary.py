@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .hooks import preserved_state
+from .hooks import check_layers_ran, preserved_state
 from .layers import find_target_layer, resolve_layers
 from .tokens import Reshape, TokenLayout, infer_layout
 
@@ -468,8 +468,7 @@ def _layer_output(model: nn.Module, image: Tensor, layer: str | nn.Module) -> tu
             model(image)
         finally:
             handle.remove()
-    if not captured:
-        raise ValueError(f"layer {name!r} did not run in the forward pass; pick a layer the model uses")
+    check_layers_ran([name], {name} if captured else set())
     return name, image, captured[0]
 
 

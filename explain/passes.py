@@ -14,13 +14,17 @@ long call shows while it runs, and how it stops.
   process; the search spends at most :data:`SEARCH_SHARE` of a call's rows, later calls
   going on with it. On a CPU that is a small batch (the bundled EfficientNet-Lite0 at 224 px: 8),
   where a larger one leaves the caches; on a GPU, a large one.
-- **Progress.** :class:`Passes` counts a call's rows: a tqdm bar where the call runs more
-  than :data:`PROGRESS_AFTER` of them and for longer than :data:`BAR_DELAY` (or at once
-  where ``progress=True``), and the listener of
-  :func:`pass_settings` (the command line's bar) told of each inner batch.
+- **Progress.** :class:`Passes` counts a call's rows: a tqdm bar once the call has run for
+  :data:`BAR_DELAY` (any call of more than :data:`PROGRESS_AFTER` rows: a metric's few
+  hundred passes can take minutes on a CPU; at once where ``progress=True``), and the
+  :class:`~explain.pass_listener.PassListener` of :func:`pass_settings` (a batch job's: the command line's bar)
+  told of each inner batch.
 - **A prompt stop.** Ctrl-C raises ``KeyboardInterrupt`` between two inner batches, each a
-  fraction of a second, and the call restores the model on its way out. A batch job that
-  asks for a stop (``stop=`` of :func:`pass_settings`) gets :class:`StopRequested` there.
+  fraction of a second, and the call restores the model on its way out. A batch job whose
+  listener asks for a stop (:meth:`~explain.pass_listener.PassListener.should_stop`) gets :class:`StopRequested` there,
+  and, where the listener says so (:attr:`~explain.pass_listener.PassListener.asked_at_layers`), within an inner
+  batch at the next layer of the model, forward or backward (whatever the inner batch's
+  size: the memory budget's, or a loaded machine's seconds).
 
 Every explainer's call and every metric take ``max_memory=`` and ``progress=``; a block of
 calls takes them from :func:`pass_settings`::
@@ -35,7 +39,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import math
-import re
 import sys
 import threading
 import time
@@ -48,9 +51,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .options import parse_memory
+from .pass_listener import PassListener
+
 __all__ = [
     "MEMORY_SHARE",
     "PROGRESS_AFTER",
+    "PassListener",
     "Passes",
     "StopRequested",
     "advance",
@@ -70,9 +77,12 @@ __all__ = [
 
 #: The share of the available memory that a call's inner batches may take by default.
 MEMORY_SHARE = 0.5
-#: Calls that run more rows than this through the model show a progress bar by default.
-PROGRESS_AFTER = 256
-#: Seconds a call runs before its default progress bar shows.
+#: Calls that run more rows than this through the model show a progress bar by default, once
+#: they have run :data:`BAR_DELAY`: whether a call is long depends on the model and the device
+#: more than on its rows (deletion and insertion of one photo, 2 x 225 passes of the bundled
+#: model, took 2.5 minutes on a busy 2-core CPU), so every call of more than one row may show one.
+PROGRESS_AFTER = 1
+#: Seconds a call runs before its default progress bar shows: a long call's, not a flash.
 BAR_DELAY = 1.0
 #: On the CPU, inner batches stop at this many bytes (within the budget): the search for the
 #: fastest batch tries no larger one. Past the caches, larger batches cost memory and gain
@@ -99,23 +109,6 @@ LONGEST_PASS = 1.0
 #: Bytes of the method's own per-row tensors (masks, scaled inputs, gradients), in inputs.
 INPUT_COPIES = 4
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 10**3,
-    "kb": 10**3,
-    "kib": 2**10,
-    "m": 10**6,
-    "mb": 10**6,
-    "mib": 2**20,
-    "g": 10**9,
-    "gb": 10**9,
-    "gib": 2**30,
-    "t": 10**12,
-    "tb": 10**12,
-    "tib": 2**40,
-}
-
 
 class StopRequested(KeyboardInterrupt):
     """A batch job asked the call to stop (its first Ctrl-C): raised between two inner
@@ -128,13 +121,8 @@ class Settings:
 
     max_memory: int | None = None
     progress: bool | None = None
-    #: Told ``(method, rows done, rows in all)`` after each inner batch.
-    listener: Callable[[str, int, int], None] | None = None
-    #: Asked after each inner batch whether to stop.
-    stop: Callable[[], bool] | None = None
-    #: Called after each inner batch and each size :func:`fastest_rows` tries (where the
-    #: command line hands memory the passes freed back to the system).
-    between: Callable[[], None] | None = None
+    #: What a batch job hears of the passes (None: nothing hears them).
+    listener: PassListener | None = None
 
 
 _settings: contextvars.ContextVar[Settings] = contextvars.ContextVar("explain_pass_settings", default=Settings())
@@ -143,39 +131,12 @@ _label: contextvars.ContextVar[str] = contextvars.ContextVar("explain_pass_label
 _UNSET = object()
 
 
-def parse_memory(value) -> int | None:
-    """``value`` in bytes: an int or float of bytes, or text such as ``"2GB"``, ``"1.5 GiB"``
-    or ``"800M"`` (decimal units, and binary ones with an ``i``); None stays None.
-
-    >>> parse_memory("2GB"), parse_memory("512 MiB"), parse_memory(10**6)
-    (2000000000, 536870912, 1000000)
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"max_memory must be a size such as '2GB' or a number of bytes, got {value!r}")
-    if isinstance(value, (int, float)):
-        number, unit = float(value), ""
-    else:
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-        if not match or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"max_memory must be a size such as '2GB', '512MiB' or a number of bytes, got {value!r}")
-        number, unit = float(match.group(1)), match.group(2).lower()
-    size = int(number * _UNITS[unit])
-    if size < 1 or not math.isfinite(number):
-        raise ValueError(f"max_memory must be a positive size such as '2GB', got {value!r}")
-    return size
-
-
 @contextmanager
-def pass_settings(
-    *, max_memory=_UNSET, progress=_UNSET, listener=_UNSET, stop=_UNSET, between=_UNSET
-) -> Iterator[Settings]:
+def pass_settings(*, max_memory=_UNSET, progress=_UNSET, listener=_UNSET) -> Iterator[Settings]:
     """Set, for the calls in the block (in this thread), the memory budget of their inner
-    batches (``max_memory``, see :func:`parse_memory`), whether they show a progress bar
-    (``progress``: None for the default), a listener told of each inner batch, a stop
-    test asked after each, and ``between``, called after each inner batch and each size the
-    search for the fastest batch tries; what is not given stays as it was.
+    batches (``max_memory``, see :func:`~explain.options.parse_memory`), whether they show a
+    progress bar (``progress``: None for the default) and the :class:`~explain.pass_listener.PassListener` that hears
+    of their inner batches and may stop them; what is not given stays as it was.
 
     >>> with pass_settings(max_memory="1GB"):
     ...     memory_budget(torch.device("cpu"))
@@ -189,11 +150,9 @@ def pass_settings(
             raise ValueError(f"progress must be True, False or None (a bar for long calls), got {progress!r}")
         changes["progress"] = progress
     if listener is not _UNSET:
+        if listener is not None and not isinstance(listener, PassListener):
+            raise TypeError(f"listener must be an explain.passes.PassListener or None, got {type(listener).__name__}")
         changes["listener"] = listener
-    if stop is not _UNSET:
-        changes["stop"] = stop
-    if between is not _UNSET:
-        changes["between"] = between
     token = _settings.set(replace(_settings.get(), **changes))
     try:
         yield _settings.get()
@@ -231,14 +190,13 @@ def with_pass_options(function: Callable) -> Callable:
 def available_memory(device: torch.device) -> int:
     """Bytes available on ``device``: free device memory on CUDA; on the CPU, the kernel's
     estimate of what can be allocated without swapping (``MemAvailable``), within the
-    process's cgroup limit where one is set."""
+    process's cgroup limit and its address-space limit (``ulimit -v``) where they are set."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         # What torch's allocator holds but does not use is free for this process too.
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    available = _meminfo_available()
-    limit = _cgroup_room()
-    return min(available, limit) if limit is not None else available
+    limits = [_meminfo_available(), _cgroup_room(), _address_space_room()]
+    return min(limit for limit in limits if limit is not None)
 
 
 def _meminfo_available() -> int:
@@ -255,6 +213,25 @@ def _meminfo_available() -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 8 * 2**30  # unknown: as if on an 8 GB machine
+
+
+def _address_space_room() -> int | None:
+    """What the process's address-space limit (``ulimit -v``, ``RLIMIT_AS``) leaves it: the
+    limit less what the process has mapped; None where there is no limit. Under such a limit
+    the CPU allocator fails long before the machine's memory runs out."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmSize:"):
+                    return max(0, soft - int(line.split()[1]) * 1024)
+    except (ImportError, OSError, ValueError):
+        pass
+    return None
 
 
 def _cgroup_room() -> int | None:
@@ -392,11 +369,12 @@ def fastest_rows(model: nn.Module, row: Tensor, *, backward: bool, most: int, al
 
 
 def between_passes() -> None:
-    """Call the ``between`` of :func:`pass_settings` in force, if any: after an inner batch,
-    a size the search tries, or (in a batch job) a method."""
-    between = _settings.get().between
-    if between is not None:
-        between()
+    """Tell the :class:`~explain.pass_listener.PassListener` in force, if any, that the passes are between two
+    inner batches (:meth:`~explain.pass_listener.PassListener.between`): after an inner batch, a size the search
+    tries, or (in a batch job) a method."""
+    listener = _settings.get().listener
+    if listener is not None:
+        listener.between()
 
 
 def _timed(model: nn.Module, batch: Tensor, backward: bool) -> float:
@@ -495,10 +473,73 @@ def inner_rows(
 # -- progress and stops
 
 
+class _LayerStops:
+    """A stop asked for (:meth:`~explain.pass_listener.PassListener.should_stop`) is answered within a layer of the
+    model, not after a whole inner batch (which takes seconds at a large memory budget, and
+    many more on a loaded machine): while a call whose listener is
+    :attr:`~explain.pass_listener.PassListener.asked_at_layers` runs its passes,
+    every module of the process checks the test before its forward (a global forward
+    pre-hook) and, on autograd's graph, when its output's gradient arrives in the backward
+    pass (a hook on the output tensor), and raises :class:`StopRequested` there. The hooks
+    are the process's while some such call runs (counted, for threads), and act only for the
+    thread whose call it is; without such a listener (the library's calls) there are none."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._users = 0
+        self._handles: list = []
+
+    def acquire(self) -> None:
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        with self._guard:
+            self._users += 1
+            if self._users == 1:
+                self._handles = [
+                    register_module_forward_pre_hook(_stop_before_layer),
+                    register_module_forward_hook(_stop_in_backward),
+                ]
+
+    def release(self) -> None:
+        with self._guard:
+            self._users -= 1
+            if self._users == 0:
+                for handle in self._handles:
+                    handle.remove()
+                self._handles = []
+
+
+_layer_stops = _LayerStops()
+
+
+def _asks_at_layers(passes: Passes) -> bool:
+    return passes.listener is not None and passes.listener.asked_at_layers
+
+
+def _stop_before_layer(module: nn.Module, args) -> None:
+    passes = _running.get()
+    if passes is not None and _asks_at_layers(passes):
+        passes.check_stop()
+
+
+def _stop_in_backward(module: nn.Module, args, output) -> None:
+    passes = _running.get()
+    if passes is None or not _asks_at_layers(passes) or not torch.is_grad_enabled():
+        return
+    # The backward pass may run in autograd's own threads (CUDA): the call is held here.
+    for tensor in output if isinstance(output, (tuple, list)) else (output,):
+        if isinstance(tensor, Tensor) and tensor.requires_grad:
+            tensor.register_hook(functools.partial(_stop_on_gradient, passes))
+
+
+def _stop_on_gradient(passes: Passes, gradient: Tensor) -> None:
+    passes.check_stop()
+
+
 class Passes:
     """The rows one call runs through its model: a progress bar where the call is long (or
-    ``progress=True``), the listener of :func:`pass_settings` told of each inner batch, and a
-    stop test between inner batches. A call inside another's (a metric that explains
+    ``progress=True``), the :class:`~explain.pass_listener.PassListener` of :func:`pass_settings` told of each inner
+    batch and asked between them whether to stop. A call inside another's (a metric that explains
     again) reports to the outer one's bar, not a bar of its own.
 
     >>> with Passes("demo", total=3) as passes:
@@ -513,7 +554,7 @@ class Passes:
         settings = _settings.get()
         wanted = settings.progress if progress is None else progress
         self.outer = _running.get()
-        self.listener, self.stop = settings.listener, settings.stop
+        self.listener = settings.listener
         show = wanted if wanted is not None else self.total > PROGRESS_AFTER
         self.bar = None
         if show and self.outer is None:
@@ -530,16 +571,27 @@ class Passes:
                 delay=0.0 if wanted else BAR_DELAY,
             )
         self._token: contextvars.Token[Passes | None] | None = None
+        #: Whether the listener's stop test is asked at every layer, forward and backward.
+        self.stops_in_layers = self.outer is None and self.listener is not None and self.listener.asked_at_layers
 
     def __enter__(self) -> Passes:
         self._token = _running.set(self)
+        if self.stops_in_layers:
+            _layer_stops.acquire()
         return self
 
     def __exit__(self, *exc_info) -> None:
+        if self.stops_in_layers:
+            _layer_stops.release()
         if self._token is not None:
             _running.reset(self._token)
         if self.bar is not None:
             self.bar.close()
+
+    def check_stop(self) -> None:
+        """Raise :class:`StopRequested` where the listener of :func:`pass_settings` asks for a stop."""
+        if self.listener is not None and self.listener.should_stop():
+            raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
 
     def advance(self, rows: int) -> None:
         """``rows`` more rows ran; raise :class:`StopRequested` where a stop was asked for."""
@@ -547,10 +599,9 @@ class Passes:
         if self.bar is not None:
             self.bar.update(rows)
         if self.outer is None and self.listener is not None:
-            self.listener(self.method, self.done, max(self.total, self.done))
+            self.listener.advanced(self.method, self.done, max(self.total, self.done))
         between_passes()
-        if self.stop is not None and self.stop():
-            raise StopRequested(f"{self.method}: stopped after {self.done} of {self.total} passes")
+        self.check_stop()
 
 
 def advance(rows: int) -> None:

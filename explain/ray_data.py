@@ -17,9 +17,11 @@ For example (``tests/test_ray_engine.py`` runs the same on a local Ray)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from .batch.options import RunOptions
+from .batch.options import NameList, RunOptions
 from .batch.ray_stages import (
     DECODE_CPUS,
     DECODED,
@@ -36,8 +38,8 @@ from .options import BUNDLED_MODEL
 __all__ = ["explain_dataset"]
 
 
-def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str = "gradcam", *, target: str = "top1",
-                    layer: str = "auto", weights: str | None = None, image_column: str = "image",
+def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str | Sequence[str] = "gradcam", *,
+                    target: str = "top1", layer: str = "auto", weights: str | None = None, image_column: str = "image",
                     path_column: str = "path", batch_size: int = 16, actors: int | None = None,
                     device: str | None = None, max_memory: str | int | None = None):
     """Explain the images of a Ray ``dataset``; returns a dataset with one row per image,
@@ -45,7 +47,7 @@ def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str = "gradcam
 
     ``dataset`` has an ``image_column`` of (H, W, 3) uint8 arrays (what
     ``ray.data.read_images(..., mode="RGB")`` gives), or else a ``path_column`` of image files,
-    read as ``explain run`` reads them. ``model``, ``weights``, ``methods`` (comma-separated),
+    read as ``explain run`` reads them. ``model``, ``weights``, ``methods`` (comma-separated, or a list),
     ``target`` and ``layer`` take what ``explain run``'s options take (``explain run --help``),
     for classifiers; the explainers are the command line's, checked on the model before any
     image runs. Each actor loads the model once; ``actors`` defaults as ``explain run --engine
@@ -63,9 +65,9 @@ def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str = "gradcam
     """
     import ray
 
-    options = RunOptions(inputs=["-"], out="-", model=model, weights=weights, method=methods, target=target,
-                         layer=layer, batch_size=batch_size, actors=actors, device=device,
-                         max_memory=max_memory).with_absolute_paths()
+    options = RunOptions(inputs=["-"], out="-", model=model, weights=weights, methods=NameList.parse(methods),
+                         target=target, layer=NameList.parse(layer, "auto"), batch_size=batch_size, actors=actors,
+                         device=device, max_memory=max_memory).with_absolute_paths()
     try:
         checked = remote_prepare(ray, options)
     except UsageError as error:

@@ -9,6 +9,7 @@ never a truncated one. Leftover temporary files end in ``.explain-tmp``;
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -16,6 +17,7 @@ import os
 import uuid
 import zlib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +25,11 @@ from PIL import Image
 
 __all__ = [
     "MANIFEST_FIELDS",
+    "SEGMENTS_FIELD",
     "TASK_FIELDS",
+    "TEMP_NAME_BYTES",
     "TEMP_SUFFIX",
+    "ManifestRecord",
     "atomic_write",
     "encode_npz",
     "encode_png",
@@ -36,34 +41,68 @@ __all__ = [
 
 TEMP_SUFFIX = ".explain-tmp"
 
-#: Columns of the manifest, one JSON object per line in this key order.
-MANIFEST_FIELDS = (
-    "input",  # the image file, as found from the command line
-    "method",  # registered method name
-    "layer",  # target layer(s), comma-separated
-    "target",  # what was explained: "top1".."topK", or a class id
-    "target_id",  # class id explained
-    "target_name",  # its class name
-    "target_probability",  # softmax probability of that class
-    "predicted_id",  # the model's top class
-    "predicted_name",
-    "predicted_probability",
-    "output",  # overlay PNG, relative to the output folder
-    "maps",  # .npz of the maps with --save-maps, relative to the output folder
-    "status",  # ok, skipped (already complete), failed
-    "error",  # why it failed
-    "settings",  # options that change the pixels; resume only reuses a match
-    "seconds",  # the method's time on this output: its image's share of the batch's, per target
-    "label_id",  # with --labels: the image's true class id
-    "label_name",  # its class name
-    "correct",  # whether the model's top class is the label (true, false; empty without one)
-)
-#: Written after those only with ``explain run --metrics``: {metric column: value} for the map.
-METRICS_FIELD = "metrics"
-#: Written after the columns only for segmentation and detection rows (``explain run --task``):
-#: ``task`` (segment or detect) and ``region``, what the output explains: ``{kind, pixels, box}``
-#: of the class's region (kind: predicted, mask or box), or ``{box, score, index}`` of the box.
+
+@dataclass
+class ManifestRecord:
+    """One output of ``explain run`` (an image, a method, a target): a row of the manifest,
+    its columns in the manifest's order. Both engines make their rows as these records (see
+    :class:`explain.batch.manifest.RecordMaker`); :meth:`row` is the dict that the manifest's
+    line (:func:`manifest_line`), the plan and ``index.html`` read."""
+
+    input: str  # the image file, as found from the command line
+    method: str  # registered method name
+    layer: str | None = None  # target layer(s), comma-separated
+    target: str | None = None  # what was explained: "top1".."topK", or a class id
+    target_id: int | None = None  # class id explained
+    target_name: str | None = None  # its class name
+    target_probability: float | None = None  # softmax probability of that class
+    predicted_id: int | None = None  # the model's top class
+    predicted_name: str | None = None
+    predicted_probability: float | None = None
+    output: str | None = None  # overlay PNG, relative to the output folder
+    maps: str | None = None  # .npz of the maps with --save-maps, relative to the output folder
+    status: str | None = None  # ok, skipped (already complete), failed
+    error: str | None = None  # why it failed
+    settings: str | None = None  # options that change the pixels; resume only reuses a match
+    seconds: float | None = None  # the method's time on this output: its image's share of the batch's, per target
+    label_id: int | None = None  # with --labels: the image's true class id
+    label_name: str | None = None  # its class name
+    correct: bool | None = None  # whether the model's top class is the label (true, false; empty without one)
+    #: Written after the columns only for segmentation and detection rows (``explain run --task``):
+    #: the task (segment or detect) and the region, what the output explains: ``{kind, pixels, box}``
+    #: of the class's region (kind: predicted, mask or box), or ``{box, score, index}`` of the box.
+    task: str | None = None
+    region: dict | None = None
+    #: Written after those only with ``explain run --metrics``: {metric column: value} for the map.
+    metrics: dict | None = None
+    #: Written last only with ``explain run --segments``, for the methods that score segments:
+    #: {segment name: score} of the row's target (see :mod:`explain.batch.segment_sources`).
+    segments: dict | None = None
+
+    def row(self) -> dict:
+        """The record as a dict, its columns in order."""
+        return {name: getattr(self, name) for name in RECORD_FIELDS}
+
+    def with_status(self, status: str, error: str | None = None) -> ManifestRecord:
+        return dataclasses.replace(self, status=status, error=error if error is not None else self.error)
+
+
+#: Every column a record has, in order.
+RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(ManifestRecord))
+#: Written after the columns only for segmentation and detection rows: ``task`` and ``region``.
 TASK_FIELDS = ("task", "region")
+#: Written after those only with ``explain run --metrics``.
+METRICS_FIELD = "metrics"
+#: Written last only with ``explain run --segments``.
+SEGMENTS_FIELD = "segments"
+#: Columns of the manifest, one JSON object per line in this key order: those of
+#: :class:`ManifestRecord` that every row has.
+MANIFEST_FIELDS = tuple(name for name in RECORD_FIELDS if name not in (*TASK_FIELDS, METRICS_FIELD, SEGMENTS_FIELD))
+
+
+#: Bytes that the name of :func:`atomic_write`'s temporary file adds to the name it stands for
+#: (``.NAME.1234abcd.explain-tmp``): a name fits the file system only where this much more does.
+TEMP_NAME_BYTES = len(".") + len(".") + 8 + len(TEMP_SUFFIX)
 
 
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
@@ -119,8 +158,8 @@ def _json_value(value):
 
 def write_manifest(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Write rows as JSON Lines with the columns of :data:`MANIFEST_FIELDS` (then
-    :data:`TASK_FIELDS` for segmentation and detection rows, and ``metrics`` where a row has
-    them), atomically."""
+    :data:`TASK_FIELDS` for segmentation and detection rows, and ``metrics`` and ``segments``
+    where a row has them), atomically."""
     lines = [manifest_line(row) for row in rows]
     atomic_write(path, ("\n".join(lines) + "\n" if lines else "").encode("utf-8"))
 
@@ -134,6 +173,8 @@ def manifest_line(row: dict) -> str:
         fields.update({key: _json_value(row.get(key)) for key in TASK_FIELDS})
     if row.get(METRICS_FIELD) is not None:
         fields[METRICS_FIELD] = _json_value(row[METRICS_FIELD])
+    if row.get(SEGMENTS_FIELD) is not None:
+        fields[SEGMENTS_FIELD] = _json_value(row[SEGMENTS_FIELD])
     return json_line(fields)
 
 

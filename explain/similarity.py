@@ -34,9 +34,12 @@ EMBEDDING_FIELDS = ("image_embeds", "pooler_output")
 
 def embedding_of(output, field: str | None = None) -> Tensor:
     """The (N, D) embedding in a model output: the output itself when it is a tensor, else
-    its ``field`` (by default the first of :data:`EMBEDDING_FIELDS` it has).
+    its ``field`` (by default the first of :data:`EMBEDDING_FIELDS` it has); a pooled
+    (N, D, 1, 1) map (Hugging Face's ``ResNetModel`` pooler) is flattened to (N, D).
 
     >>> embedding_of({"pooler_output": torch.ones(2, 3)}).shape
+    torch.Size([2, 3])
+    >>> embedding_of({"pooler_output": torch.ones(2, 3, 1, 1)}).shape
     torch.Size([2, 3])
     """
     if isinstance(output, Mapping):
@@ -51,6 +54,8 @@ def embedding_of(output, field: str | None = None) -> Tensor:
         output = output[key]
     elif field is not None:
         raise ValueError(f"embedding={field!r} names a field, but the model returned a {type(output).__name__}")
+    if isinstance(output, Tensor) and output.dim() > 2 and all(side == 1 for side in output.shape[2:]):
+        output = output.flatten(1)  # a pooled (N, D, 1, 1) map, as a CNN backbone's pooler returns it
     if not isinstance(output, Tensor) or output.dim() != 2:
         got = tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__
         raise ValueError(

@@ -9,7 +9,16 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["CUSTOM_TARGET", "Targets", "class_index", "class_logits", "output_rows", "select_targets"]
+__all__ = [
+    "CUSTOM_TARGET",
+    "Targets",
+    "class_index",
+    "class_logits",
+    "custom_target",
+    "did_you_mean",
+    "output_rows",
+    "select_targets",
+]
 
 #: The class id recorded when the score comes from a callable rather than a class.
 CUSTOM_TARGET = -1
@@ -36,20 +45,53 @@ def class_index(name: str, class_names: Sequence[str] | None) -> int:
         return matches[0]
     if matches:
         raise ValueError(f"class name {name!r} is ambiguous (ids {matches}); pass the class id")
-    close = difflib.get_close_matches(name, list(class_names), n=5, cutoff=0.6)
-    hint = f"; did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(f"unknown class name {name!r}{hint}")
+    raise ValueError(f"unknown class name {name!r}{did_you_mean(name, class_names)}")
+
+
+def did_you_mean(name: str, class_names: Sequence[str]) -> str:
+    """The class names closest to ``name`` (case ignored), as the end of an error message ("" where
+    none is close).
+
+    >>> did_you_mean("Tabbby", ["tabby", "tiger cat", "espresso"])
+    "; did you mean: 'tabby'?"
+    """
+    names: dict[str, str] = {}
+    for known in class_names:
+        names.setdefault(known.lower(), known)
+    close = difflib.get_close_matches(name.lower(), list(names), n=5, cutoff=0.6)
+    return f"; did you mean: {', '.join(repr(names[c]) for c in close)}?" if close else ""
+
+
+def custom_target(targets: Targets) -> Callable[[Tensor], Tensor] | None:
+    """The callable target (a function of the model's output that gives each image's score)
+    that ``targets`` is, or None where ``targets`` names classes.
+
+    >>> custom_target(lambda output: output[:, 0]) is not None, custom_target([1, 2]), custom_target(None)
+    (True, None, None)
+    """
+    return targets if callable(targets) and not isinstance(targets, Tensor) else None
 
 
 def class_logits(output):
-    """The class logits in a model output: the output itself, or the ``"logits"`` entry of
-    a mapping (a Hugging Face ``ModelOutput`` is one); anything else is returned as it is.
+    """The class logits in a model output: the output itself, the ``"logits"`` entry of a
+    mapping (a Hugging Face ``ModelOutput`` is one), the ``logits`` field of a named tuple
+    (torchvision's ``GoogLeNetOutputs``, a model's own), or the one tensor of a mapping that
+    holds a single (N, num_classes) tensor under another name (Hugging Face's PP-LCNet
+    classifier returns its logits as ``last_hidden_state``); anything else is returned as it is.
 
     >>> class_logits({"logits": torch.zeros(1, 3)}).shape
     torch.Size([1, 3])
+    >>> class_logits({"last_hidden_state": torch.zeros(1, 3)}).shape
+    torch.Size([1, 3])
     """
-    if isinstance(output, Mapping) and "logits" in output:
-        return output["logits"]
+    if isinstance(output, Mapping):
+        if "logits" in output:
+            return output["logits"]
+        tensors = [value for value in output.values() if isinstance(value, Tensor)]
+        if len(tensors) == 1 and len(output) == 1 and tensors[0].dim() == 2:
+            return tensors[0]
+    if isinstance(output, tuple) and "logits" in getattr(output, "_fields", ()):
+        return output.logits  # type: ignore[attr-defined]  # a named tuple's field
     return output
 
 
@@ -110,8 +152,9 @@ def select_targets(
         targets = int(targets)
     if isinstance(topk, np.integer):
         topk = int(topk)
-    if callable(targets) and not isinstance(targets, Tensor):
-        return _custom_scores(logits, targets, topk)
+    custom = custom_target(targets)
+    if custom is not None:
+        return _custom_scores(logits, custom, topk)
     logits = _checked_logits(logits, class_names)
     n, num_classes = logits.shape
     if topk is not None:

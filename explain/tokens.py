@@ -131,7 +131,8 @@ def model_token_hints(model: nn.Module) -> tuple[int | None, tuple[int, int] | N
     Read from timm (``num_prefix_tokens``, ``patch_embed.patch_size``), torchvision's
     ``VisionTransformer`` (``patch_size``, one class token) and Hugging Face models (a
     ``config`` with ``patch_size``; one class token for ViT, two for DeiT's distilled
-    models), looking at the model and its direct children (wrappers).
+    models, and the config's ``num_register_tokens`` after them), looking at the model and
+    its direct children (wrappers).
 
     >>> import torchvision
     >>> model_token_hints(torchvision.models.VisionTransformer(32, 8, 1, 2, 16, 32))
@@ -150,6 +151,7 @@ def model_token_hints(model: nn.Module) -> tuple[int | None, tuple[int, int] | N
         prefix = None
         if any(name.endswith("embeddings.cls_token") for name in names):
             prefix = 1 + any(name.endswith("embeddings.distillation_token") for name in names)
+            prefix += int(getattr(config, "num_register_tokens", 0) or 0)
         elif getattr(config, "model_type", "") in ("swin", "swinv2", "convnext", "convnextv2"):
             prefix = 0
         return prefix, _pair(config.patch_size)
@@ -186,7 +188,8 @@ def infer_layout(
     (N, h, w, C) with (h, w) on the input's grid (and not (C, h) read as a grid) is
     channels-last; any other 4-D output is (N, C, h, w). (N, T, C) tokens are a patch grid
     after some prefix tokens: with the model's patch size p, the grid is (H // p, W // p)
-    and the prefix T - h*w; otherwise the model's prefix count (or the fewest, up to 10,
+    and the prefix T - h*w (up to 10, whatever the model's own count: a trunk may run before
+    the class token joins); otherwise the model's prefix count (or the fewest, up to 10,
     that leave a grid of the input's aspect ratio) fixes it. A ``ValueError`` names ``reshape=`` where no layout fits.
 
     >>> infer_layout((2, 197, 768), (224, 224))
@@ -218,9 +221,12 @@ def infer_layout(
     tokens = shape[1]
     prefix, patch = model_token_hints(model) if model is not None else (None, None)
     if patch is not None:
+        # The patch grid the model's patch size makes of the input fixes the prefix, also where
+        # it differs from the model's count: CaiT's and XCiT's trunks run before their class
+        # token joins (none), and register tokens come on top of a class token.
         grid = (height // patch[0], width // patch[1])
         rest = tokens - grid[0] * grid[1]
-        if 0 <= rest <= MAX_PREFIX and (prefix is None or rest == prefix):
+        if 0 <= rest <= MAX_PREFIX:
             return TokenLayout("tokens", rest, grid)
     for count in [prefix] if prefix is not None else range(MAX_PREFIX + 1):
         if count >= tokens:
@@ -232,7 +238,9 @@ def infer_layout(
             return TokenLayout("tokens", count, best)
     raise ValueError(
         f"{where} outputs {tuple(shape)} tokens whose patch grid could not be found for a {height} x "
-        f"{width} input; {fix}"
+        f"{width} input. Where they have no place in the image (a Perceiver's latents, a Q-Former's "
+        "queries), pass target_layer= a layer whose output is on the image's grid (`explain layers MODEL` "
+        f"lists the layers); where they are patches, {fix}"
     )
 
 

@@ -2,6 +2,7 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 # Two test workers share the cores, and the CLI runs, notebook kernels and Ray workers they
@@ -25,6 +26,27 @@ os.environ["YOLO_CONFIG_DIR"] = _ULTRALYTICS
 os.environ["YOLO_OFFLINE"] = "1"
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "images"
+
+#: What the whole suite may take on the project's 2-core machine (`make test`,
+#: CONTRIBUTING.md); the run ends by saying how long it took against it.
+SUITE_BUDGET_SECONDS = 600
+_STARTED: list[float] = []
+
+
+def pytest_sessionstart(session):
+    _STARTED.append(time.monotonic())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The suite's own duration against its budget, on the run's last lines (not a worker's)."""
+    if hasattr(config, "workerinput") or not _STARTED or config.option.collectonly:
+        return
+    took = time.monotonic() - _STARTED[0]
+    verdict = "within" if took <= SUITE_BUDGET_SECONDS else "OVER"
+    terminalreporter.write_line(
+        f"suite duration: {took // 60:.0f} min {took % 60:02.0f} s, {verdict} the budget of "
+        f"{SUITE_BUDGET_SECONDS // 60} min on 2 cores (CONTRIBUTING.md); --durations=20 lists the slowest tests"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -53,9 +75,32 @@ CHEAP = {
     "kernelshap": {"n_samples": 6, "n_segments": 16}, "ablation": {"n_segments": 16},
     "shapley-sampling": {"n_samples": 1, "n_segments": 16},
     "guidedig": {"steps": 2}, "blurig": {"steps": 2}, "xrai": {"steps": 2}, "extremal": {"steps": 2, "areas": 0.1},
-    "rise": {"n_masks": 8}, "drise": {"n_masks": 8},
+    "rise": {"n_masks": 8}, "drise": {"n_masks": 8}, "sess": {"num_scales": 1},
     "layer-ig": {"n_steps": 2}, "layer-conductance": {"n_steps": 2}, "internal-influence": {"n_steps": 2},
 }
+
+
+def listening(advanced=None, should_stop=None, between=None, at_layers=False):
+    """A :class:`explain.passes.PassListener` made of plain functions (each optional), for
+    ``pass_settings(listener=...)`` in the tests (``at_layers``: its stop test is asked at
+    each layer too, as a batch job's is)."""
+    from explain.passes import PassListener
+
+    class Listening(PassListener):
+        asked_at_layers = at_layers
+
+        def advanced(self, method, done, total):
+            if advanced is not None:
+                advanced(method, done, total)
+
+        def should_stop(self):
+            return bool(should_stop()) if should_stop is not None else False
+
+        def between(self):
+            if between is not None:
+                between()
+
+    return Listening()
 
 
 def hook_count(model: nn.Module) -> int:
@@ -167,7 +212,7 @@ def heavy_method(monkeypatch):
         def each_inner_batch(self, images):
             """Told after each inner batch of a call on ``images`` (before the stop test)."""
 
-        def __call__(self, images, targets=None, *, topk=None):
+        def _explain(self, images, targets=None, *, topk=None):
             with Passes(self.name, total=self.rows * len(images)) as passes:
                 for _ in range(0, self.rows * len(images), self.inner):
                     time.sleep(self.pause)
@@ -175,10 +220,57 @@ def heavy_method(monkeypatch):
                     type(self).inner_batches += 1
                     self.each_inner_batch(images)
                     passes.advance(self.inner)
-                return super().__call__(images, targets, topk=topk)  # inside: its own pass is not heard
+                return super()._explain(images, targets, topk=topk)  # inside: its own pass is not heard
 
         def pass_cost(self, images):
             return float(self.rows * len(images))
 
     monkeypatch.setitem(base._REGISTRY, base.method_key(HeavyPasses.name), HeavyPasses)
     return HeavyPasses
+
+
+class ModelSteps:
+    """Counts the model's steps in a heavy method's passes (inside :class:`explain.passes.Passes`:
+    each module's forward, and each gradient that reaches a module's output in a backward
+    pass) and, at the ``at``-th step of ``kind`` (forward or backward), asks for a stop
+    (:attr:`asked`; with ``signal``, that signal is raised there too); then counts the
+    steps that still run (:attr:`after`). Its hooks are the process's and come before the
+    stop's own (registered first, they run first)."""
+
+    def __init__(self, kind: str, at: int, signal: int | None = None):
+        self.kind, self.at, self.signal = kind, at, signal
+        self.steps = {"forward": 0, "backward": 0}
+        self.after = 0
+        self.asked = False
+
+    def step(self, kind: str) -> None:
+        if self.asked:
+            self.after += 1
+            return
+        self.steps[kind] += 1
+        if kind == self.kind and self.steps[kind] == self.at:
+            self.asked = True
+            if self.signal is not None:
+                import signal
+
+                signal.raise_signal(self.signal)
+
+    def __enter__(self):
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+        from explain import passes
+
+        def forward(module, args):
+            if passes._running.get() is not None:
+                self.step("forward")
+
+        def backward(module, args, output):
+            if passes._running.get() is not None and isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda gradient: self.step("backward"))
+
+        self.handles = [register_module_forward_pre_hook(forward), register_module_forward_hook(backward)]
+        return self
+
+    def __exit__(self, *exc_info):
+        for handle in self.handles:
+            handle.remove()

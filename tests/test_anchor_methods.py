@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import explain
-from conftest import ModelState
+from conftest import ModelState, listening
 from explain.passes import pass_settings
 
 saliency_core = pytest.importorskip("saliency.core")
@@ -180,7 +180,7 @@ def test_a_stop_between_passes_leaves_the_model_as_it_was(method, options):
     model, x = tiny_cnn(), images(2)
     state = ModelState(model)
     asked = iter(range(1000))
-    with pass_settings(stop=lambda: next(asked) == 3), pytest.raises(KeyboardInterrupt):
+    with pass_settings(listener=listening(should_stop=lambda: next(asked) == 3)), pytest.raises(KeyboardInterrupt):
         explain.explainer(method, model, internal_batch_size=2, **options)(x)
     state.assert_unchanged()
 

@@ -1,6 +1,9 @@
 """The public surface: names, the factory, and errors on bad input that say how to fix it."""
 
+import functools
+import inspect
 import os
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -13,33 +16,34 @@ from torch import nn
 
 import explain
 from explain.methods import TransformerAttention
-from conftest import hook_count
+from conftest import CHEAP, hook_count
 
-METHODS = [
-    "gradcam", "gradcam++", "xgradcam", "hirescam", "layercam", "gradcam-elementwise", "eigengradcam",
-    "smoothgradcam++", "shapleycam", "finercam", "cam", "eigencam", "kpcacam", "fem", "randomcam",
-    "scorecam", "sscam", "iscam", "ablationcam", "fullgrad",
-]
-GRADIENT_CAMS = METHODS[:10]
-ATTRIBUTIONS = [
-    "saliency", "inputxgrad", "smoothgrad", "vargrad", "ig", "guidedbp", "deconv", "guidedgradcam",
-    "deeplift", "deepliftshap", "gradientshap", "occlusion", "lime", "kernelshap", "ablation", "lrp",
-    "guidedig", "blurig", "xrai", "extremal", "rise", "shapley-sampling",
-]
-LAYER_ATTRIBUTIONS = ["layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"]
-TRANSFORMER = ["attention-rollout", "attention-relevance", "legrad"]
-RELEVANCE = ["excitation-backprop", "c-excitation-backprop"]
+
+def by_class(keep) -> list[str]:
+    """The registered methods whose class ``keep`` accepts, in listing order."""
+    return [name for name in explain.method_names() if keep(explain.method_class(name))]
+
+
+CAM_FAMILIES = ("gradient CAM", "gradient-free CAM", "perturbation CAM")
+METHODS = by_class(lambda cls: cls.family in CAM_FAMILIES)  # the CAMs, FullGrad among them
+GRADIENT_CAMS = by_class(lambda cls: cls.family == "gradient CAM" and cls.needs_layer)
+ATTRIBUTIONS = by_class(lambda cls: cls.family in ("gradient attribution", "perturbation attribution")
+                        and getattr(cls, "task", "classify") == "classify")
+LAYER_ATTRIBUTIONS = by_class(lambda cls: cls.family == "layer attribution")
+TRANSFORMER = by_class(lambda cls: cls.family == "transformer attention")
+RELEVANCE = by_class(lambda cls: cls.family == "relevance")
 
 
 def test_methods_and_factory():
     assert sorted(explain.method_names()) == sorted(  # D-RISE: detectors
         METHODS + ATTRIBUTIONS + LAYER_ATTRIBUTIONS + TRANSFORMER + RELEVANCE + ["drise"])
     model = torchvision.models.resnet18()
-    for name in METHODS:
-        cam = explain.explainer(name, model, target_layer=None if name == "fullgrad" else "layer4")
+    for name in METHODS:  # those that need no layer (FullGrad, Sobel-CAM) are no BaseCAM
+        needs_layer = explain.method_class(name).needs_layer
+        cam = explain.explainer(name, model, target_layer="layer4" if needs_layer else None)
         assert cam.name == name
-        assert isinstance(cam, explain.GradientCAM) == (name in GRADIENT_CAMS)
-        assert isinstance(cam, explain.BaseCAM) == (name != "fullgrad")
+        assert isinstance(cam, explain.GradientCAM) <= (name in GRADIENT_CAMS)  # RefineCAM: a base's maps
+        assert isinstance(cam, explain.BaseCAM) == needs_layer
     for name in ATTRIBUTIONS:
         attribution = explain.explainer(name, model)
         assert attribution.name == name and isinstance(attribution, explain.Attribution)
@@ -72,7 +76,84 @@ def test_methods_and_factory():
     for name in RELEVANCE:  # maps at a layer, as the CAMs'
         assert isinstance(explain.explainer(name, model, target_layer="layer3"), explain.BaseCAM)
     assert [name for name in METHODS + ATTRIBUTIONS if described[name]["needs_layer"]] == (
-        [name for name in METHODS if name != "fullgrad"] + ["guidedgradcam"])
+        [name for name in METHODS if isinstance(explain.explainer(name, model), explain.BaseCAM)] + ["guidedgradcam"])
+
+
+def test_every_call_is_the_base_class_one_typed_with_its_pass_options_and_one_lock(monkeypatch):
+    """``Explainer.__call__`` is the one public call: its signature shows ``max_memory`` and
+    ``progress`` (to type checkers too), and it takes the model's lock once, however many
+    ``_explain`` of the method's bases run under it."""
+    for name in explain.method_names():
+        assert explain.method_class(name).__call__ is explain.Explainer.__call__, name
+    parameters = inspect.signature(explain.GradCAM.__call__).parameters
+    assert [parameters[p].kind for p in ("max_memory", "progress")] == [inspect.Parameter.KEYWORD_ONLY] * 2
+    from explain import base
+
+    taken, lock = [], base.model_lock
+    monkeypatch.setattr(base, "model_lock", lambda model: taken.append(model) or lock(model))
+    model = torchvision.models.resnet18(num_classes=3).eval()
+    x = torch.rand(1, 3, 64, 64)
+    explain.LayerGradientXActivation(model, "layer4")(x, max_memory="1GB", progress=False)  # two _explain
+    explain.GuidedGradCAM(model, "layer4")(x)  # and a Grad-CAM inside
+    assert taken == [model, model]
+
+
+@functools.lru_cache(maxsize=1)
+def small_models():
+    """A small CNN (8 channels at its layer "3") and a one-layer ViT, with an image for each."""
+    torch.manual_seed(0)
+    cnn = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)).eval()
+    vit = torchvision.models.VisionTransformer(32, 8, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32).eval()
+    return (cnn, torch.rand(1, 3, 32, 32)), (vit, torch.rand(1, 3, 32, 32))
+
+
+def built(cls, **options):
+    """``cls`` on the small model its family explains, with ``options``, and that model's image."""
+    (cnn, x), (vit, y) = small_models()
+    if cls.family == "transformer attention":
+        return cls(vit, **options), y
+    return cls(cnn, **({"target_layer": "3"} if cls.needs_layer else {}), **options), x
+
+
+def test_the_one_cheap_settings_table_makes_every_method_cheap():
+    """conftest.CHEAP, the settings the tests that run every method use, keeps each registered
+    method within a few dozen passes of a small model's image: a method added with costly
+    defaults fails here until it has its entry."""
+    costly = {}
+    for name in explain.method_names():
+        method, x = built(explain.method_class(name), **CHEAP.get(name, {}))
+        if method.planned_passes(x) > 32:
+            costly[name] = method.planned_passes(x)
+    assert not costly, f"add cheap settings for these methods to tests/conftest.py's CHEAP: {costly}"
+    assert set(CHEAP) <= set(explain.method_names())
+
+
+def test_each_cost_names_the_options_that_its_planned_passes_count():
+    """A method's ``cost`` is written out from its defaults (its ``{option}`` fields), and the
+    options it names are those that change the passes :meth:`planned_passes` counts: a changed
+    default, or a new option that costs passes, cannot leave the text behind."""
+    from explain.base import keyword_parameters
+
+    described = explain.describe_methods()
+    for name in explain.method_names():
+        cls = explain.method_class(name)
+        options = keyword_parameters(cls)
+        named = {field for _, field, _, _ in string.Formatter().parse(cls.cost) if field} & set(options)
+        method, x = built(cls)
+        counted = set()
+        for option, parameter in options.items():
+            default = parameter.default
+            if type(default) is int:
+                more = default + 1
+            elif isinstance(default, tuple) and default:
+                more = (*default, default[0])
+            else:
+                continue
+            if built(cls, **{option: more})[0].planned_passes(x) != method.planned_passes(x):
+                counted.add(option)
+        assert named == counted, f"{name}: its cost names {sorted(named)}, its passes count {sorted(counted)}"
+        assert described[name]["cost"] == explain.base.cost_text(cls)
 
 
 def test_unknown_method():
@@ -138,14 +219,19 @@ def test_example_script_draws_every_method(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "examples" / "explain_one_image.py"
     out = tmp_path / "figure.png"
-    # Every CAM but SS-CAM and IS-CAM, which only repeat Score-CAM's passes per sample, and
-    # the attributions of one or two passes (the others repeat those passes many times).
-    shown = [m for m in explain.method_names() if m not in ("sscam", "iscam")
+    # Every CAM but the perturbation CAMs, which mask the image per channel of bn2 (Score-CAM, SS-CAM,
+    # IS-CAM, Ablation-CAM: 1,280 passes and more each, two thirds of this test's time, drawn
+    # by the same loop and checked against their anchors in test_methods_reference.py and
+    # test_cams_peers.py), and the attributions of one or two passes (the others
+    # repeat those passes many times). SESS repeats its base CAM over about 120 patches; DFF's
+    # maps are per concept.
+    shown = [m for m in explain.method_names() if m not in ("sess", "dff")
+             and explain.method_class(m).family != "perturbation CAM"
              and issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))]
     shown += ["saliency", "guidedbp", "guidedgradcam", "deeplift", "lrp"]
     command = [sys.executable, str(script), "--out", str(out), "--batch-size", "8", "--methods", ",".join(shown)]
     done = subprocess.run(command, capture_output=True, text=True,
-                          env={**os.environ, "MPLBACKEND": "Agg"}, timeout=300)
+                          env={**os.environ, "MPLBACKEND": "Agg"}, timeout=900)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(":")[0].strip() for line in lines[:-1]] == shown

@@ -1,6 +1,7 @@
 """The package's architecture, read from its source: layers that import only downwards, no
-import cycles, no private names borrowed across modules, and metrics that do not depend on
-the methods they score.
+import cycles, no private names borrowed across modules, metrics that do not depend on
+the methods they score, and methods that are their classes alone: no module outside
+``explain/methods/`` names a module inside it, and the tests keep no lists of methods by hand.
 
 Every import counts, those inside functions too; relative imports are resolved; imports
 under ``if TYPE_CHECKING:`` are left out (they never run). ``explain/__init__.py``, the lazy
@@ -10,6 +11,7 @@ face that imports its names on first use, is exempt.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,13 +25,13 @@ CORE = (
     "explain.base", "explain.layers", "explain.tokens", "explain.hooks", "explain.attention_capture",
     "explain.targets", "explain.explanation", "explain.checks", "explain.baselines", "explain.superpixels",
     "explain.regions", "explain.model_tasks", "explain.imagenet", "explain.drawing", "explain.images",
-    "explain.options", "explain.errors", "explain.heap", "explain.concurrency", "explain.passes",
-    "explain.similarity", "explain.image_input",
+    "explain.options", "explain.errors", "explain.heap", "explain.concurrency", "explain.passes", "explain.pass_listener",
+    "explain.similarity", "explain.image_input", "explain.data",
 )
 #: The layers, top to bottom. A module may import modules of its own layer or of lower
 #: ones, never of a higher one. A name covers a module and, for a package, all of it.
 LAYERS: list[tuple[str, ...]] = [
-    ("explain.cli",),                                                     # 1 the command line
+    ("explain.cli", "explain.__main__"),                                  # 1 the command line
     ("explain.ray_data",),                                                # 2 Ray Data for pipelines of one's own
     ("explain.batch",),                                                   # 3 the batch engine
     ("explain.evaluation", "explain.report", "explain.viewer", "explain.model_summary"),  # 4 scoring, reports, summaries
@@ -47,6 +49,18 @@ FACE = "explain"
 FORBIDDEN = [
     ("explain.metrics", "explain.methods"), ("explain.metrics", "explain.catalogue"),
     ("explain.metrics", "explain.concepts"),
+]
+#: The batch layer's engines: what runs the jobs, here and on Ray.
+ENGINES = ("explain.batch.local_run", "explain.batch.ray_driver", "explain.batch.ray_stages")
+#: What the engines run never reaches back for them: the job interface and its jobs, the group
+#: explainer, the task strategies and the records they return; so a new job or task plugs in
+#: without touching an engine.
+FORBIDDEN += [
+    (module, engine)
+    for module in ("explain.batch.job", "explain.batch.evaluating", "explain.batch.explaining",
+                   "explain.batch.task_outputs", "explain.batch.outputs", "explain.batch.manifest",
+                   "explain.batch.writing", "explain.batch.options")
+    for engine in ENGINES
 ]
 
 
@@ -229,12 +243,92 @@ def test_forbidden_imports(importer, imported):
 
 def test_each_public_name_is_exported_once():
     import explain
+    from explain import methods
 
     names = [name for names in explain._EXPORTS.values() for name in names]
+    names += [*methods.BASES, *methods.METHOD_CLASSES]  # the methods: from the registry
     assert len(names) == len(set(names)), "a name is listed under two modules"
     assert set(explain.__all__) == set(names) | set(explain._SUBMODULES)
     for module in (*explain._EXPORTS, *explain._SUBMODULES):
         assert f"explain.{module}" in MODULES, module
+    assert all(getattr(explain, name) is getattr(methods, name) for name in methods.METHOD_CLASSES)
+
+
+def test_no_module_outside_the_methods_imports_a_family_module():
+    """Outside explain/methods/, a method is reached through the package's exports
+    (explain.methods, listed from the registry) or by name through explain.catalogue: no module
+    names a module inside explain/methods/, so a new method in its family module needs no
+    import anywhere else."""
+    found = [
+        f"{MODULES[importer].relative_to(PACKAGE.parent)}:{line}: {importer} imports {imported}"
+        for importer, targets in sorted(EDGES.items()) if not _within(importer, "explain.methods")
+        for imported, line in sorted(targets.items()) if imported.startswith("explain.methods.")
+    ]
+    assert not found, "import the methods from explain.methods or explain.catalogue:\n" + "\n".join(found)
+
+
+TESTS = PACKAGE.parent / "tests"
+#: Literal collections of methods the tests may keep, and why: lists of methods expected to
+#: refuse (a new method is run, and fails loudly where it refuses too), a table the tests check
+#: against the registry, and the methods that have a reference implementation to compare with.
+KEPT_LISTS = {
+    ("conftest.py", "CHEAP"): "the one table of cheap settings; test_api checks that it keeps every method cheap",
+    ("test_detectors.py", "SKIP"): "the methods expected not to apply to detectors",
+    ("test_methods_reference.py", "NEW_METHODS"): "the CAMs with a pytorch-grad-cam reference",
+    ("test_transformers.py", "REFUSED_SWIN"): "the methods expected to refuse Swin, with their reasons",
+    ("test_zoo.py", "EMBEDDER_REFUSALS"): "the methods expected to refuse each embedding model",
+}
+#: A slice of a list of methods: the methods it keeps are those at some positions.
+_SLICED = re.compile(r"\b(\w*(?:METHODS|CAMS|ATTRIBUTIONS)\w*|method_names\(\))\s*\[\s*-?\d*\s*:")
+
+
+def _literal_names(tree: ast.AST) -> list[tuple[str, int, set[str]]]:
+    """The string constants of each list, tuple, set or dict (its keys) in ``tree``, with the
+    name of the variable it is assigned to ("" where none) and its line."""
+    assigned = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            assigned.update((id(inner), node.targets[0].id) for inner in ast.walk(node.value))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+            elements = node.keys if isinstance(node, ast.Dict) else node.elts
+            strings = {e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            found.append((assigned.get(id(node), ""), node.lineno, strings))
+    return found
+
+
+def test_the_tests_keep_no_lists_of_methods_by_hand():
+    """The tests choose their methods from the registry, by the classes' attributes (``family``,
+    ``images_only``, ``needs_layer``, ``backward``, ``trains``...), never by position in a list
+    nor by a literal list that names every method of a family, those an attribute selects, or
+    most methods: an added method is then tested by every test it belongs in, with no list to
+    update."""
+    import explain
+
+    names = explain.method_names()
+    families: dict[str, set[str]] = defaultdict(set)
+    for name in names:
+        families[explain.method_class(name).family].add(name)
+    censuses = {family: members for family, members in families.items() if len(members) >= 3}
+    # the methods an attribute selects (or leaves out), which a literal list would copy by hand
+    selections = {}
+    for attribute in ("trains", "needs_layer", "backward", "images_only"):
+        chosen = {name for name in names if getattr(explain.method_class(name), attribute)}
+        selections.update({attribute: chosen, f"not {attribute}": set(names) - chosen})
+    found = []
+    for path in sorted(TESTS.glob("*.py")):
+        text = path.read_text()
+        for match in _SLICED.finditer(text):
+            found.append(f"{path.name}:{text[: match.start()].count(chr(10)) + 1}: {match[0]} (a slice)")
+        for variable, line, strings in _literal_names(ast.parse(text, str(path))):
+            methods = strings & set(names)
+            whole = [f"every {family}" for family, members in censuses.items() if members <= methods]
+            whole += [f"those with {key}" for key, members in selections.items() if len(members) >= 3 and members == methods]
+            if (whole or len(methods) > len(names) // 2) and (path.name, variable) not in KEPT_LISTS:
+                found.append(f"{path.name}:{line}: {variable or 'a literal'} names {len(methods)} methods"
+                             f"{' (' + '; '.join(whole) + ')' if whole else ''}")
+    assert not found, "select the methods by their class attributes instead:\n" + "\n".join(found)
 
 
 def _code_lines(node: ast.AST) -> int:

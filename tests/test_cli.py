@@ -47,6 +47,16 @@ def run(*args, cwd, timeout=120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def run_here(monkeypatch, capsys, *args, cwd) -> subprocess.CompletedProcess:
+    """``explain ARGS`` in this process, in ``cwd``: what ``run`` checks, without a new process
+    that imports torch and the models again (seconds each). Signals need ``start``'s process."""
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main(list(map(str, args)))
+    streams = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, streams.out, streams.err)
+
+
 def start(*args, cwd) -> subprocess.Popen:
     return subprocess.Popen(explain_command() + list(map(str, args)), cwd=cwd, env=environment(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -122,7 +132,7 @@ def summary_counts(stdout: str) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- end to end
 
 
-def test_mixed_folder_of_good_and_bad_files(tmp_path):
+def test_mixed_folder_of_good_and_bad_files(tmp_path, monkeypatch, capsys):
     photos = tmp_path / "photos"
     (photos / "sub" / "deeper").mkdir(parents=True)
     noise_image(0).save(photos / "good.png")
@@ -146,7 +156,8 @@ def test_mixed_folder_of_good_and_bad_files(tmp_path):
     (photos / "notes.txt").write_text("not an image extension: ignored when scanning folders")
     noise_image(7).save(photos / ".hidden.png")
 
-    result = run("run", "photos", "--out", "out", "--max-pixels", 60_000, "--workers", 1, "--batch-size", 3, cwd=tmp_path)
+    result = run_here(monkeypatch, capsys, "run", "photos", "--out", "out", "--max-pixels", 60_000, "--workers", 1,
+                      "--batch-size", 3, cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert summary_counts(result.stdout) == (8, 0, 6)
     out = tmp_path / "out"
@@ -208,7 +219,7 @@ def _numbered_images(root: Path, count: int) -> None:
         noise_image(i, size=(32, 32)).save(folder / f"img{i:02d}.png")
 
 
-def test_resume_after_sigkill_then_overwrite(tmp_path):
+def test_resume_after_sigkill_then_overwrite(tmp_path, monkeypatch, capsys):
     _numbered_images(tmp_path / "in", IMAGES)
     command = ("run", "in", "--out", "out", "--batch-size", 2, "--workers", 0)
     manifest = tmp_path / "out" / "manifest.jsonl"
@@ -226,7 +237,7 @@ def test_resume_after_sigkill_then_overwrite(tmp_path):
         check_png(png)  # a file with the final name is always whole
     assert {p.relative_to(tmp_path / "out").as_posix() for p in pngs} >= done
 
-    resumed = run(*command, cwd=tmp_path)
+    resumed = run_here(monkeypatch, capsys, *command, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert summary_counts(resumed.stdout) == (IMAGES - len(done), len(done), 0)
     rows = read_rows(manifest)
@@ -241,7 +252,7 @@ def test_resume_after_sigkill_then_overwrite(tmp_path):
     check_index(tmp_path / "out", rows)
 
     before = {r["output"]: (tmp_path / "out" / r["output"]).stat().st_mtime_ns for r in rows}
-    redone = run(*command, "--overwrite", "--quiet", cwd=tmp_path)
+    redone = run_here(monkeypatch, capsys, *command, "--overwrite", "--quiet", cwd=tmp_path)
     assert redone.returncode == 0, redone.stderr
     assert summary_counts(redone.stdout) == (IMAGES, 0, 0)
     assert redone.stderr == ""  # --quiet: no progress bar
@@ -261,7 +272,7 @@ def test_ctrl_c_stops_after_the_current_batch(tmp_path):
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
-    assert "stopping after the current inner batch" in stderr and "Traceback" not in stderr
+    assert "stopping: the running method stops at its next layer" in stderr and "Traceback" not in stderr
     assert "interrupted, run the same command again to finish" in stdout
     rows = read_rows(manifest)
     assert 2 <= len(rows) < IMAGES and {r["status"] for r in rows} == {"ok"}
@@ -270,7 +281,7 @@ def test_ctrl_c_stops_after_the_current_batch(tmp_path):
     check_index(tmp_path / "out", rows)
 
 
-def test_list_file_glob_several_methods_topk_and_saved_maps(tmp_path):
+def test_list_file_glob_several_methods_topk_and_saved_maps(tmp_path, monkeypatch, capsys):
     (tmp_path / "imgs" / "nested").mkdir(parents=True)
     (tmp_path / "other").mkdir()
     noise_image(0).save(tmp_path / "imgs" / "a.png")
@@ -280,8 +291,8 @@ def test_list_file_glob_several_methods_topk_and_saved_maps(tmp_path):
     noise_image(4).save(tmp_path / "other" / "e.png")
     (tmp_path / "list.txt").write_text("# inputs\nimgs/a.png\n\nimgs/nested\nmissing.png\nother/*.png\nimgs/a.png\n")
 
-    result = run("run", "@list.txt", "imgs/b.*", "--out", "out", "--method", "GradCAM,layercam",
-                 "--target", "topk:2", "--save-maps", "--workers", 0, cwd=tmp_path)
+    result = run_here(monkeypatch, capsys, "run", "@list.txt", "imgs/b.*", "--out", "out", "--method",
+                      "GradCAM,layercam", "--target", "topk:2", "--save-maps", "--workers", 0, cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert summary_counts(result.stdout) == (20, 0, 4)
     out = tmp_path / "out"
@@ -464,22 +475,28 @@ def test_max_memory_bounds_the_methods_inner_batches(photos, capsys, heavy_metho
 
 
 def test_score_cam_ablation_cam_fullgrad_and_smoothing_options_end_to_end(tmp_path, capsys):
-    # One photo: Score-CAM runs a masked pass per channel of the bundled model's last layer (1,280).
+    # One photo. Score-CAM runs a masked pass per channel of its layer: at blocks.3 (80
+    # channels) rather than the automatic bn2 (1,280, a quarter of them constant), 16 times
+    # fewer; the automatic layer is the demo's (test_demo_command_on_the_sample_photos).
     images = str(REPO / "data" / "images" / "coffee.png")
-    code = main(["run", images, "--out", str(tmp_path), "--method", "scorecam,ablationcam,fullgrad", "-q"])
-    assert code == 0
-    assert summary_counts(capsys.readouterr().out) == (3, 0, 0)
-    rows = read_rows(tmp_path / "manifest.jsonl")
-    assert {(r["method"], r["layer"]) for r in rows} == {
-        ("scorecam", "bn2"), ("ablationcam", "bn2"), ("fullgrad", "input+biases")}
-    for row in rows:
-        check_png(tmp_path / row["output"])
-        assert row["predicted_name"] == "espresso"
-    check_index(tmp_path, rows)
+    code = main(["run", images, "--out", str(tmp_path), "--method", "scorecam,ablationcam", "--layer", "blocks.3",
+                 "-q"])
+    assert code == 0 and summary_counts(capsys.readouterr().out) == (2, 0, 0)
+    fullgrad = tmp_path / "fullgrad"  # it takes no layer
+    assert main(["run", images, "--out", str(fullgrad), "--method", "fullgrad", "-q"]) == 0
+    assert summary_counts(capsys.readouterr().out) == (1, 0, 0)
+    for out, expected in ((tmp_path, {("scorecam", "blocks.3"), ("ablationcam", "blocks.3")}),
+                          (fullgrad, {("fullgrad", "input+biases")})):
+        rows = read_rows(out / "manifest.jsonl")
+        assert {(r["method"], r["layer"]) for r in rows} == expected
+        for row in rows:
+            check_png(out / row["output"])
+            assert row["predicted_name"] == "espresso"
+        check_index(out, rows)
 
     # The smoothing options are part of the settings: outputs made without them are redone.
-    smoothed = main(["run", images, "--out", str(tmp_path), "--method", "ablationcam", "--eigen-smooth",
-                     "--aug-smooth", "-q"])
+    smoothed = main(["run", images, "--out", str(tmp_path), "--method", "ablationcam", "--layer", "blocks.3",
+                     "--eigen-smooth", "--aug-smooth", "-q"])
     assert smoothed == 0 and summary_counts(capsys.readouterr().out) == (1, 0, 0)
     rows = [r for r in read_rows(tmp_path / "manifest.jsonl") if r["method"] == "ablationcam"]
     assert {r["settings"] for r in rows} == {SETTINGS + " eigen_smooth=1 aug_smooth=1"}
@@ -490,15 +507,17 @@ def test_score_cam_ablation_cam_fullgrad_and_smoothing_options_end_to_end(tmp_pa
 
 
 def test_attribution_methods_end_to_end(tmp_path, capsys):
-    # Two photos; saliency and IG next to Grad-CAM in one run, signed (--reduction sum).
+    # Two photos; saliency and IG (8 steps, not 50: the maps' sign is what matters here) next to
+    # Grad-CAM in one run, signed (--reduction sum).
     images = [str(REPO / "data" / "images" / name) for name in ("coffee.png", "rocket.jpg")]
     code = main(["run", *images, "--out", str(tmp_path), "--method", "saliency,ig,gradcam", "--reduction", "sum",
-                 "--save-maps", "-q"])
+                 "-M", "ig:n_steps=8", "--save-maps", "-q"])
     assert code == 0 and summary_counts(capsys.readouterr().out) == (6, 0, 0)
     rows = read_rows(tmp_path / "manifest.jsonl")
     assert {(r["method"], r["layer"]) for r in rows} == {("saliency", "input"), ("ig", "input"), ("gradcam", "bn2")}
     assert {(r["method"], r["settings"]) for r in rows} == {
-        ("saliency", SETTINGS + " reduction=sum signed_cmap=RdBu_r"), ("ig", SETTINGS + " reduction=sum signed_cmap=RdBu_r"),
+        ("saliency", SETTINGS + " reduction=sum signed_cmap=RdBu_r"),
+        ("ig", SETTINGS + " reduction=sum n_steps=8 signed_cmap=RdBu_r"),
         ("gradcam", SETTINGS)}  # the option shapes the attributions only
     for row in rows:
         assert row["status"] == "ok" and row["target_id"] == row["predicted_id"]
@@ -571,8 +590,12 @@ def test_method_all_leaves_out_what_does_not_apply_in_one_plain_line_each(capsys
     explainers = build_explainers("all", loaded, "auto", parse_target("top1", loaded.class_names))
     notes = capsys.readouterr().err.splitlines()
     left_out = [re.match(r"explain: --method all: leaving out ([\w-]+): ", note)[1] for note in notes]
-    assert left_out == ["drise", "attention-rollout", "attention-relevance", "legrad"]
-    assert len(explainers) == len(methods()) - 4
+    # the detector's method, the transformers' (AttnLRP's too: a model without attention) and
+    # those whose maps are per concept, in listing order
+    left = [m for m in methods() if method_class(m).family == "transformer attention" or m == "attnlrp"
+            or getattr(method_class(m), "task", "classify") == "detect" or method_class(m).per_concept]
+    assert left_out == left
+    assert len(explainers) == len(methods()) - len(left)
     for note in notes:  # why, in the command line's words: no Python arguments, no other models' quirks
         assert len(note) < 200 and not re.search(r"\w=|Swin|\bpass\b|\buse\b", note), note
 
@@ -599,7 +622,8 @@ def photos(tmp_path):
         (["--layer", "classifier"], "--method gradcam --layer classifier: "),
         (["--target", "tabbby"], "unknown class name 'tabbby'; did you mean: 'tabby'"),
         (["--target", "1000"], "the model has 1000 classes"),
-        (["--target", "topk:0"], "K must lie in 1..1000"),
+        (["--target", "topk:0"], "--target topk:0: K must be at least 1"),
+        (["--target", "topk:1001"], "K must lie in 1..1000"),
         (["--alpha", "2"], "--alpha must lie in 0..1"),
         (["--cmap", "jett"], "unknown --cmap 'jett'"),
         (["--device", "gpu"], "unknown device 'gpu'"),
@@ -620,7 +644,8 @@ def test_usage_errors_exit_2_with_the_fix(photos, capsys, options, message):
         (["nothing-here"], "nothing-here: no such file or folder"),
         (["*.jpeg"], "no files match '*.jpeg'"),
         (["@absent.txt"], "cannot read list file @absent.txt"),
-        (["empty-folder"], "no images found in empty-folder"),
+        (["empty-folder"], "no images found in empty-folder; folders are searched (recursively, hidden files left "
+                           "out) for files ending .jpg, .jpeg, .png, .webp, .bmp, .tif, .tiff, .gif, .apng,"),
     ],
 )
 def test_input_usage_errors(tmp_path, monkeypatch, capsys, inputs, message):
@@ -680,19 +705,57 @@ def test_torchvision_name_with_a_weights_file(photos, capsys):
     assert rows[0]["settings"] == f"model=mobilenet_v3_small weights={photos.parent / 'weights.pth'} cmap=viridis alpha=0.3"
 
 
+#: Mistakes that show without the model, answered before torch is imported: (command, message).
+MISTAKES_WITHOUT_TORCH = [
+    (["run", "no-such-folder", "--out", "o"], "no-such-folder: no such file or folder"),
+    (["run", ".", "--out", "o", "--alpha", "3"], "--alpha must lie in 0..1"),
+    (["run", ".", "--out", "o", "--method", "gradcam,scorecan"], "--method: unknown method 'scorecan'; did you mean "
+     "scorecam"),
+    (["run", ".", "--out", "o", "-m", "smoothgrad:igg"], "--method: unknown method 'igg'; did you mean ig"),
+    (["run", ".", "--out", "o", "-m", "blur:ig"], "--method: unknown noise tunnel 'blur'; use one of smoothgrad"),
+    (["run", ".", "--out", "o", "-m", ""], "--method is empty"),
+    (["run", ".", "--out", "o", "--metrics", "delction"], "--metrics: unknown metric 'delction'; did you mean "
+     "deletion"),
+    (["run", ".", "--out", "o", "--metrics", "pointing-game"], "--metrics: pointing-game need the objects' regions"),
+    (["run", ".", "--out", "o", "--step", "9"], "--step goes with --metrics"),
+    (["run", ".", "--out", "o", "--target", "topk:x"], "--target topk:x: topk:K takes a whole number"),
+    (["run", ".", "--out", "o", "--target", "box:first"], "--target box:first: box:I takes a box index"),
+    (["run", ".", "--out", "o", "--target", "similar:"], "--target similar:IMAGE names the reference image"),
+    (["run", ".", "--out", "o", "-M", "ig"], "--method-option ig: give METHOD:KEY=VALUE"),
+    (["run", ".", "--out", "o", "-M", "igg:n_steps=3"], "--method-option igg:n_steps=3: unknown method 'igg'"),
+    (["run", ".", "--out", "o", "--max-memory", "2XB"], "--max-memory 2XB: give a size such as 2GB"),
+    (["run", ".", "--out", "o", "--labels", "absent.csv"], "--labels absent.csv: no such file"),
+    (["run", ".", "--out", "o", "--engine", "ray", "-m", "gradcan"], "--method: unknown method 'gradcan'"),
+    (["evaluate", ".", "--out", "o", "--methods", "gradcamm"], "--methods: unknown method 'gradcamm'"),
+    (["evaluate", ".", "--out", "o", "--metrics", "relevance-mass"], "--metrics relevance-mass: these metrics "
+     "need the objects' regions; pass --regions FILE"),
+    (["evaluate", ".", "--out", "o", "--regions", "absent.csv", "--metrics", "pointing-game"], "--regions absent.csv: "
+     "no such file or folder"),
+    (["evaluate", "no-such-folder", "--out", "o"], "no-such-folder: no such file or folder"),
+]
+
+
 def test_help_methods_and_usage_errors_answer_without_torch():
-    """`explain --help`, `explain methods` and mistakes found before the model loads must not
-    wait for torch (about 2 s to import here, 5.7 s with the models)."""
+    """`explain --help`, `explain methods` and mistakes that show without the model (method
+    and metric names, the form of --target, -M and --max-memory, flags that go together)
+    must not wait for torch (about 2 s to import here, 5.7 s with the models). One process
+    for all of them: each new one would import PIL and numpy again."""
     code = ("import sys\n"
             "from explain.cli import main\n"
-            "assert main(['methods']) == 0\n"
-            "assert main(['run', 'no-such-folder', '--out', 'o']) == 2\n"
-            "assert main(['run', '.', '--out', 'o', '--alpha', '3']) == 2\n"
+            "assert main(['methods']) == 0 and main(['samples']) == 0\n"
+            f"for command, _ in {MISTAKES_WITHOUT_TORCH!r}:\n"
+            "    assert main(command) == 2, command\n"
             "try:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n")
     done = subprocess.run([sys.executable, "-c", code], env=environment(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "no-such-folder: no such file or folder" in done.stderr and "--alpha must lie in 0..1" in done.stderr
+    errors = done.stderr.splitlines()
+    assert len(errors) == len(MISTAKES_WITHOUT_TORCH), done.stderr
+    for (command, message), error in zip(MISTAKES_WITHOUT_TORCH, errors):
+        assert error.startswith(f"explain: error: {message}"), (command, error)
+    from explain.data import sample_folder
+
+    assert str(sample_folder()) in done.stdout.splitlines()  # explain samples: where the sample photos are
 
 
 def test_the_tables_kept_for_a_fast_start_match_the_registries():
@@ -744,7 +807,7 @@ def test_help_shows_each_default_once_and_every_option_has_help(capsys, monkeypa
 
     top = help_of()
     commands = re.findall(r"^    (\w+) ", top, flags=re.MULTILINE)
-    assert commands == ["run", "evaluate", "methods", "layers"]
+    assert commands == ["run", "evaluate", "methods", "layers", "samples"]
     for command in commands:
         text = help_of(command)
         assert "default: None" not in text and "default: False" not in text, command
@@ -923,19 +986,28 @@ def test_outputs_mirror_the_tree_below_the_folder_given(tmp_path, capsys):
     assert row["output"].startswith("sub/only__gradcam__")
 
 
-def test_a_second_run_on_the_same_folder_is_refused_and_globals_are_restored(photos, capsys):
+def test_a_second_run_on_the_same_folder_is_refused_and_globals_are_restored(photos, capsys, monkeypatch):
     import fcntl
+
+    from explain.batch import evaluating, preparation
 
     out = photos.parent / "out"
     out.mkdir()
     limit = Image.MAX_IMAGE_PIXELS
     held = os.open(out, os.O_RDONLY)
-    try:
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `explain run` holds it
-        assert main(["run", str(photos), "--out", str(out), "--workers", "0"]) == 2
-        assert "another `explain run` is writing to" in capsys.readouterr().err
-    finally:
-        os.close(held)
+    loads = []  # refused before the model loads (45 s on a loaded machine), not after
+    with monkeypatch.context() as patch:
+        for module in (preparation, evaluating):
+            patch.setattr(module, "load_model", lambda *args, **kwargs: loads.append(args))
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running `explain run` holds it
+            assert main(["run", str(photos), "--out", str(out), "--workers", "0"]) == 2
+            assert "another `explain run` is writing to" in capsys.readouterr().err
+            assert main(["evaluate", str(photos), "--out", str(out), "--workers", "0"]) == 2
+            assert "another `explain evaluate` is writing to" in capsys.readouterr().err
+        finally:
+            os.close(held)
+    assert loads == []
     assert main(["run", str(photos), "--out", str(out), "--workers", "0", "--max-pixels", "0", "-q"]) == 0
     assert Image.MAX_IMAGE_PIXELS == limit
     assert summary_counts(capsys.readouterr().out) == (3, 0, 0)

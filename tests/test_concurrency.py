@@ -17,7 +17,7 @@ import explain
 from explain.concurrency import model_lock
 
 # Each explainer is called CALLS times, spread evenly over the threads: CALLS times the
-# number of explainers (9) must divide by THREADS.
+# number of explainers (10) must divide by THREADS.
 THREADS, CALLS = 4, 4
 
 
@@ -42,6 +42,7 @@ def _explainers(cnn, vit) -> dict[str, tuple[explain.Explainer, torch.Tensor]]:
         "deeplift": (explain.DeepLift(cnn), images),
         "attention-rollout": (explain.AttentionRollout(vit), images),    # swaps the attention kernel
         "vit-gradcam": (explain.GradCAM(vit), images),
+        "attnlrp": (explain.AttnLRP(vit), images),                        # its rules swap forwards and kernels
     }
 
 

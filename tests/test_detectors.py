@@ -19,7 +19,7 @@ from torchvision.models import detection
 from torchvision.ops import box_iou
 
 import explain
-from conftest import CHEAP, DATA, ModelState, hook_count
+from conftest import CHEAP, DATA, ModelState, hook_count, listening
 from explain import DRISE, GradCAM
 from explain.cli import main
 from explain.detectors import DETRDetector, YOLODetector, as_detector, decode_detr, decode_yolo
@@ -137,8 +137,9 @@ FAMILIES = {"yolo": (yolov8n, (128, 160), "model.model.9"),
 # Every CAM and attribution whose definition applies to a box's score. CAM and Finer-CAM read
 # class logits; LRP's and Excitation Backprop's rules and the attention methods need other
 # models (YOLO adds and multiplies in forward, DETR attends).
-SKIP = {"cam", "finercam", "lrp", "attention-rollout", "attention-relevance", "legrad", "excitation-backprop",
-        "c-excitation-backprop"}
+SKIP = {"cam", "finercam", "lrp", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "excitation-backprop",
+        "c-excitation-backprop",
+        "sess", "dff"}  # SESS scores patches by a class (a box moves with the patch); DFF's maps are per concept
 # One masked pass per channel of YOLO's 256-channel SPPF: Score-CAM stands for its variants.
 SLOW_ON_YOLO = {"sscam", "iscam", "ablationcam"}
 
@@ -170,7 +171,7 @@ def test_every_applicable_method_leaves_the_detector_as_it_was(family):
     # after an exception: a target of two boxes for one image fails once the hooks are on
     with pytest.raises(ValueError, match="one per row"):
         GradCAM(detector, layer)(images, DetectionTarget([[0, 0, 8, 8], [0, 0, 9, 9]], [0, 0]))
-    with pytest.raises(StopRequested), pass_settings(stop=lambda: True):
+    with pytest.raises(StopRequested), pass_settings(listener=listening(should_stop=lambda: True)):
         DRISE(detector, n_masks=8, batch_size=2)(images, target)
     state.assert_unchanged()
     assert hook_count(detector) == 0

@@ -289,7 +289,7 @@ def _tiny_model() -> nn.Module:
 class _Broken(explain.Explainer):
     name = "broken"
 
-    def __call__(self, images, targets=None, *, topk=None):
+    def _explain(self, images, targets=None, *, topk=None):
         raise RuntimeError("cannot explain")
 
 
@@ -380,3 +380,37 @@ def test_evaluate_runs_the_robustness_and_randomisation_metrics_of_issue_30(tmp_
     rows = {r["metric"]: float(r["value"]) for r in read_csv(out / "scores.csv")}
     assert list(rows) == ["local-lipschitz-estimate", "efficient-randomisation"]
     assert rows["local-lipschitz-estimate"] > 0 and math.isfinite(rows["efficient-randomisation"])
+
+
+def test_evaluate_runs_the_metrics_of_issue_44(tmp_path, capsys):
+    # Two photos and their mirror images (the same class: focus has its mosaics, sufficiency
+    # and consistency their neighbours), Grad-CAM, every metric of issue 44 in one run; the
+    # non-sensitivity test replaces a quarter of the image at a time (--step).
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("coffee.png", "astronaut.png"):  # espresso and space shuttle, mirrored or not
+        with Image.open(PHOTOS / name) as photo:
+            photo.convert("RGB").save(photos / name)
+            photo.convert("RGB").transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(photos / f"flipped-{name}")
+    names = sorted(p.name for p in photos.iterdir())
+    (tmp_path / "regions.csv").write_text("image,x0,y0,x1,y1\n" + "".join(f"{n},56,56,168,168\n" for n in names))
+    new = ["arcc", "completeness", "non-sensitivity", "input-invariance", "sufficiency", "consistency", "focus",
+           "auc", "attribution-localisation", "effective-complexity", "mst-c"]
+    out = tmp_path / "out"
+    code = main(["evaluate", str(photos), "--out", str(out), "--methods", "gradcam", "--metrics", ",".join(new),
+                 "--regions", str(tmp_path / "regions.csv"), "--step", str(224 * 224 // 4), "-q"])
+    assert code == 0 and read_csv(out / "failures.csv") == []
+    rows = read_csv(out / "scores.csv")
+    columns = [c for name in new for c in explain.metrics.METRICS[name].columns]
+    assert sorted((Path(r["image"]).name, r["metric"]) for r in rows) == sorted((n, c) for n in names for c in columns)
+    value = {(Path(r["image"]).name, r["metric"]): float(r["value"]) for r in rows}
+    for name in names:
+        assert 0 < value[name, "arcc"] < 1 and 0 < value[name, "arcc-coherency"] <= 1
+        assert value[name, "input-invariance"] == 1.0  # Grad-CAM is invariant to the shift
+        assert 0 <= value[name, "focus"] <= 1 and 0 <= value[name, "auc"] <= 1
+        assert value[name, "effective-complexity"] > 0 and value[name, "mst-c"] > 0
+        assert value[name, "non-sensitivity"] >= 0 and value[name, "completeness-met"] in (0.0, 1.0)
+    # The espresso and its mirror image have the closest maps of the four: each other's neighbour.
+    assert value["coffee.png", "sufficiency"] == value["flipped-coffee.png", "sufficiency"] == 1.0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "mst-c ↑" in header and "non-sensitivity ↓" in header

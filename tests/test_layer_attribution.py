@@ -23,10 +23,10 @@ from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import nn
 
 import explain
-from conftest import ModelState
+from conftest import ModelState, listening
 from explain.passes import pass_settings
 
-NAMES = ["layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"]
+NAMES = [name for name in explain.method_names() if explain.method_class(name).family == "layer attribution"]
 IDS = torch.tensor([1, 3])
 
 
@@ -225,7 +225,7 @@ def test_each_call_runs_the_passes_it_plans_and_inner_batches_change_nothing(nam
     counted = []
     options = {} if name == "layer-gradxact" else {"n_steps": 6}
     method = explain.explainer(name, model, target_layer="2", neuron=neuron, **options)
-    with pass_settings(listener=lambda method, done, total: counted.append((done, total))):
+    with pass_settings(listener=listening(lambda method, done, total: counted.append((done, total)))):
         whole = method(x)
     assert counted[-1] == (method.planned_passes(x),) * 2
     if name != "layer-gradxact":

@@ -148,7 +148,8 @@ def test_constant_and_zero_maps_scale_to_zero_not_nan():
 def test_dead_layer_gives_zero_maps():
     # ReLU'd features with a target whose weights are all negative: no positive evidence, for
     # every method that weighs channels by the score's gradient. (Not for the others, by
-    # their definitions: EigenGrad-CAM centres G*A, so it maps relative variation, not sign;
+    # their definitions: EigenGrad-CAM centres G*A, so it maps relative variation, not sign, and
+    # Seg-Eigen-CAM turns the principal component's sign towards its peak;
     # Score-CAMs weigh by probabilities, which are positive; Ablation-CAM divides by the
     # score, negative here; the gradient-free CAMs ignore the class; CAM has no final ReLU;
     # FullGrad takes absolute values.)
@@ -158,7 +159,8 @@ def test_dead_layer_gives_zero_maps():
         model[0].bias.zero_()
         model[4].weight.fill_(-1.0)
     gradient_weighted = [name for name in explain.method_names()
-                         if issubclass(explain.method_class(name), explain.GradientCAM) and name != "eigengradcam"]
+                         if issubclass(explain.method_class(name), explain.GradientCAM)
+                         and name not in ("eigengradcam", "segeigencam")]
     assert len(gradient_weighted) == 9
     for name in gradient_weighted:
         res = explain.explainer(name, model, target_layer="1")(torch.rand(1, 1, 4, 4) + 0.1, targets=0)
@@ -212,7 +214,7 @@ def test_explain_together_shares_a_pass_only_where_it_can():
     class Constant(explain.Explainer):  # stands for a gradient-free method
         name = "constant"
 
-        def __call__(self, images, targets=None, *, topk=None):
+        def _explain(self, images, targets=None, *, topk=None):
             self.model(images)
             return "called"
 

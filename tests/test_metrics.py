@@ -86,7 +86,7 @@ class MapExplainer(explain.Explainer):
         super().__init__(model)
         self.fn, self.fail_on_call, self.calls = fn, fail_on_call, []
 
-    def __call__(self, images, targets=None, *, topk=None):
+    def _explain(self, images, targets=None, *, topk=None):
         with preserved_state(self.model), torch.no_grad():  # as explainers run the model
             logits = self.model(images)
         targets = logits.argmax(1) if targets is None else torch.as_tensor(targets).expand(len(images))
@@ -1500,6 +1500,8 @@ MODEL_METRICS = {
     "selectivity": lambda *a: metrics.selectivity(*a, patch_size=2),
     "faithfulness-estimate": lambda *a: metrics.faithfulness_estimate(*a, step=3),
     "monotonicity": lambda *a: metrics.monotonicity(*a, step=3),
+    "completeness": metrics.completeness,
+    "non-sensitivity": lambda *a: metrics.non_sensitivity(*a, step=3),
 }
 
 
@@ -1661,6 +1663,13 @@ HYGIENE = {
                                                                            batch_size=b),
     "monotonicity-correlation": lambda model, images, maps, t, b: metrics.monotonicity_correlation(
         model, images, maps, t, step=0.1, n_samples=3, batch_size=b),
+    "completeness": lambda model, images, maps, t, b: metrics.completeness(model, images, maps, t, batch_size=b),
+    "non-sensitivity": lambda model, images, maps, t, b: metrics.non_sensitivity(model, images, maps, t, step=24,
+                                                                                 score="logit", batch_size=b),
+    "sufficiency": lambda model, images, maps, t, b: metrics.sufficiency(model, images, maps, t, threshold=1.0,
+                                                                         batch_size=b),
+    "consistency": lambda model, images, maps, t, b: metrics.consistency(model, images, maps, t, grid=1,
+                                                                         batch_size=b),
 }
 
 
@@ -1749,7 +1758,7 @@ def test_every_registered_metric_runs_on_resnet18():
     boxes = torch.tensor([[4, 4, 20, 20], [10, 0, 32, 16]])
     state = ModelState(model)
     assert metrics.metric_names()[:3] == ["deletion", "insertion", "average-drop"]
-    assert len(metrics.metric_names()) == 32
+    assert len(metrics.metric_names()) == 43
     top = ["fc", "layer4.1.conv2", "layer4.0.conv1"]
     for name in metrics.metric_names():
         options = {"randomisation": {"layers": top}, "smooth-randomisation": {"layers": top, "n_samples": 2},
@@ -1757,7 +1766,8 @@ def test_every_registered_metric_runs_on_resnet18():
                    "infidelity": {"n_samples": 8}, "sensitivity-n": {"fractions": (0.1, 0.5), "n_samples": 4},
                    "faithfulness-correlation": {"n_runs": 8}, "faithfulness-estimate": {"step": 0.1},
                    "monotonicity": {"step": 0.1}, "monotonicity-correlation": {"step": 0.1, "n_samples": 2},
-                   "sic": {"min_probability": 0.0}}.get(name, {})
+                   "sic": {"min_probability": 0.0}, "non-sensitivity": {"step": 256},
+                   "focus": {"labels": torch.tensor([0, 1])}, "mst-c": {"threshold": 90.0}}.get(name, {})
         if name in ("sensitivity", "local-lipschitz-estimate"):
             options = {"n_samples": 2}
         if name.startswith("relative-"):  # noise too small to change a class: no NaN
@@ -1766,6 +1776,11 @@ def test_every_registered_metric_runs_on_resnet18():
         assert score.values.shape == (2,), name
         if name == "sic":  # PAIR's curve skips (NaN) an image whose blurred copy scores as high
             assert score.curves["sic"].shape == (2, 1001)
+            continue
+        if name in ("sufficiency", "consistency", "focus"):
+            # Across images: 2 images of different classes share nothing and make no mosaic
+            # (NaN; tests/test_metrics_more.py checks them with known answers).
+            assert score.values.shape == (2,), name
             continue
         assert torch.isfinite(score.values).all(), name
         spec = metrics.METRICS[name]
@@ -1802,6 +1817,11 @@ def test_declared_columns():
         "faithfulness-correlation": ["faithfulness-correlation"], "faithfulness-estimate": ["faithfulness-estimate"],
         "monotonicity": ["monotonicity"], "monotonicity-correlation": ["monotonicity-correlation"],
         "sic": ["sic", "aic"], "top-k-intersection": ["top-k-intersection"],
+        "arcc": ["arcc", "arcc-coherency", "arcc-complexity", "arcc-road"],
+        "completeness": ["completeness", "completeness-met"], "non-sensitivity": ["non-sensitivity"],
+        "input-invariance": ["input-invariance"], "sufficiency": ["sufficiency"], "consistency": ["consistency"],
+        "focus": ["focus"], "auc": ["auc"], "attribution-localisation": ["attribution-localisation"],
+        "effective-complexity": ["effective-complexity"], "mst-c": ["mst-c"],
     }
     assert metrics.METRICS["road"].columns["road-morf"] == ("morf", False)
     assert metrics.METRICS["average-drop"].columns["average-gain"] == ("gain", True)

@@ -934,3 +934,261 @@ def test_top_k_intersection(k, concept_influence):
     ours = metrics.top_k_intersection(maps, masks, k=k, concept_influence=concept_influence).values
     tki = quantus.TopKIntersection(k=k, concept_influence=concept_influence, normalise=False, disable_warnings=True)
     assert_close(f"TopKIntersection (k={k})", np_(ours), localisation(tki, maps, masks), 1e-6)
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 44: completeness, non-sensitivity, input invariance, effective complexity,
+# sufficiency, consistency, focus, AUC, attribution localisation; max-sensitivity again
+# ---------------------------------------------------------------------------------------
+
+
+def equal_peak_maps(n: int = 4, seed: int = 2, zeros: float = 0.0) -> torch.Tensor:
+    """Tie-free maps in (0, 1], each reaching 1: Quantus's default normalisation divides
+    every map by the batch's largest magnitude, explain by the map's own, which then agree;
+    ``zeros`` of the pixels set to 0 (most of the rest far above 1e-5)."""
+    maps = tie_free_maps(n, seed=seed)
+    if zeros:
+        generator = torch.Generator().manual_seed(seed + 1)
+        maps = torch.where(torch.rand(maps.shape, generator=generator) < zeros, 0.0, maps)
+    return maps / maps.flatten(1).amax(1).view(-1, 1, 1)
+
+
+def test_completeness_sees_the_same_difference():
+    """Quantus's Completeness returns ``sum(a) == f(x) - f(b)`` exactly (a float equality,
+    False for any map not built to the bit); given an ``output_func`` that records its
+    argument, it shows the f(x) - f(b) it computed: on one-channel images the same as
+    explain's, on the logits, with Quantus's "black" baseline (each image's minimum) given
+    to explain as a tensor. On colour images with one map per image Quantus replaces only
+    the first H x W of the C x H x W values (its features are the map's pixels, indexed
+    into the flattened image): the red channel alone."""
+    for channels in (1, 3):
+        model, x, maps = tiny_model(channels=channels), images(channels=channels), tie_free_maps(signed=True)
+        y = predicted(model, x)
+        black = x.amin((1, 2, 3), keepdim=True)
+        ours = metrics.completeness(model, x, maps, y, baseline=black)
+        seen = []
+
+        def record(difference):
+            seen.append(np.asarray(difference, dtype=np.float64))
+            return difference
+
+        found = run_quantus(quantus.Completeness(output_func=record, normalise=False, disable_warnings=True),
+                            model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps))
+        assert not any(found) and not ours.extra["complete"].any()
+        if channels == 1:
+            assert_close("Completeness f(x) - f(black)", np_(ours.extra["difference"]), np.concatenate(seen), EXACT)
+            assert_close("Completeness sum(a)", np_(ours.extra["sum"]), np_(maps.flatten(1).sum(1)), 1e-5)
+        else:
+            red_only = torch.cat([black.expand(-1, 1, SIZE, SIZE), x[:, 1:]], 1)
+            theirs = metrics.completeness(model, x, maps, y, baseline=red_only).extra["difference"]
+            assert_close("Completeness f(x) - f(red channel black)", np_(theirs), np.concatenate(seen), EXACT)
+            assert float((theirs - ours.extra["difference"]).abs().max()) > 1
+    # A map that is complete by construction: the difference spread evenly over the pixels.
+    even = (ours.extra["difference"] / SIZE**2).view(-1, 1, 1).expand(-1, SIZE, SIZE)
+    again = metrics.completeness(model, x, even, y, baseline=black)
+    assert again.extra["complete"].all() and (again.values < 1e-4).all()
+
+
+class MaskedInput(nn.Module):
+    """A model that never sees the left third of its input: those pixels do not matter."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.register_buffer("keep", (torch.arange(SIZE) >= SIZE // 3).float().view(1, 1, 1, SIZE))
+
+    def forward(self, x):
+        return self.model(x * self.keep)
+
+
+def test_non_sensitivity():
+    """One-channel images, so that Quantus's features (input values) are explain's pixels;
+    one pixel per step (Quantus 0.6's only correct ``features_in_step``), Quantus's
+    "black" baseline, the softmax probability and eps = 1e-5 on both sides, and maps
+    reaching 1 each (Quantus scales by the batch's largest). The model ignores the left
+    third of the image and some pixels have zero relevance: both kinds of miss occur."""
+    model = MaskedInput(tiny_model(channels=1)).eval()
+    x = images(channels=1)
+    maps = equal_peak_maps(zeros=0.3)
+    y = predicted(model, x)
+    ours = metrics.non_sensitivity(model, x, maps, y, step=1, baseline=x.amin((1, 2, 3), keepdim=True))
+    theirs = run_quantus(quantus.NonSensitivity(features_in_step=1, disable_warnings=True),
+                         model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps))
+    assert (ours.extra["zero_but_sensitive"] > 0).all() and (ours.extra["relevant_but_insensitive"] > 0).all()
+    assert_close("NonSensitivity", np_(ours.values), theirs, 0)
+
+
+@pytest.mark.parametrize("method", ["saliency", "inputxgrad"])
+def test_input_invariance(method):
+    """An unpadded first convolution, where Quantus's bias shift (one output value of a
+    constant input) is exact: the shifted maps Quantus computes equal explain's, and so do
+    the verdicts (gradients are invariant, gradient x input is not). Quantus compares
+    within numpy's isclose(atol=1e-4)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(3), nn.Flatten(),
+                          nn.Linear(72, CLASSES)).eval()
+    x = images()
+    make = {"saliency": lambda m: explain.Saliency(m, clip_percentile=100.0),
+            "inputxgrad": lambda m: explain.InputXGradient(m, clip_percentile=100.0)}[method]
+    explanation = make(model)(x)
+    shifted = []
+
+    def explain_func(model, inputs, targets, **kwargs):
+        maps = quantus_explain_func(make)(model, inputs, targets)
+        shifted.append(maps[:, 0])
+        return maps
+
+    ours = metrics.input_invariance(make(model), x, explanation)
+    theirs = run_quantus(quantus.InputInvariance(disable_warnings=True), model=model, x_batch=np_(x),
+                         y_batch=np_(explanation.targets), a_batch=a_batch(explanation.maps),
+                         explain_func=explain_func)
+    assert_close("InputInvariance", np_(ours.values), np.asarray(theirs, dtype=np.float64), 0)
+    assert ours.values.all() == (method == "saliency")
+    assert (ours.extra["output_change"] < 1e-5).all()
+    # Quantus's shifted maps are explain's (explain compares them with the given maps).
+    moved = np.abs(np.concatenate(shifted) - np_(explanation.maps)).reshape(len(x), -1).max(1)
+    assert_close("InputInvariance: largest change of a map", np_(ours.extra["difference"]), moved, 1e-5)
+
+
+def test_effective_complexity():
+    maps = equal_peak_maps(n=6, zeros=0.2) ** 3
+    maps[0, 0, :4] = torch.tensor([1e-6, 2e-5, 1e-5, 9e-6])  # at the threshold
+    ours = metrics.effective_complexity(maps).values
+    theirs = concentration(quantus.EffectiveComplexity(disable_warnings=True), maps)
+    assert_close("EffectiveComplexity", np_(ours), theirs, 0)
+
+
+def dataset_level(metric, model, x, maps):
+    y = predicted(model, x)
+    return np.asarray(run_quantus(metric, model=model, x_batch=np_(x), y_batch=np_(y), a_batch=a_batch(maps)),
+                      dtype=np.float64)
+
+
+def test_sufficiency():
+    """Across 10 images whose maps fall in three clusters (a prototype each, plus noise):
+    the standardised distances of the maps, scaled by their largest, at most 0.6 make
+    neighbours; the share of the neighbours with the same predicted class. Where an image
+    has none (the last, a map of its own), Quantus gives 0 and explain NaN."""
+    model, x = tiny_model(), images(n=10)
+    generator = torch.Generator().manual_seed(7)
+    prototypes = torch.rand(3, SIZE, SIZE, generator=generator)
+    cluster = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 2])
+    maps = prototypes[cluster] + 0.05 * torch.rand(10, SIZE, SIZE, generator=generator)
+    maps[-1] = torch.rand(SIZE, SIZE, generator=generator)
+    ours = metrics.sufficiency(model, x, maps, predicted(model, x))
+    theirs = dataset_level(quantus.Sufficiency(disable_warnings=True), model, x, maps)
+    values = np_(ours.values)
+    assert np.isnan(values[-1]) and not np.isnan(values[:-1]).any() and 0 < values[:-1].mean() < 1
+    assert_close("Sufficiency", np.nan_to_num(values, nan=0.0), theirs, 1e-6)
+    assert ours.extra["neighbours"][-1] == 0 and (ours.extra["neighbours"][:-1] > 0).all()
+
+
+def test_consistency_with_quantus_discretisation():
+    """Quantus's default ``top_n_sign``: the signs of the first five values of the
+    flattened map (|a|, scaled by the batch's largest), hashed; given the same labels as
+    ``discretise``, explain's share agrees (NaN where Quantus gives 0)."""
+    model = tiny_model()
+    x = images(n=10)
+    maps = tie_free_maps(n=10)
+    maps.view(10, -1)[:, :5] *= (torch.arange(10)[:, None] % 3 == 0) | (torch.arange(5) % 2 == 1)
+
+    def top_n_sign(maps):
+        return torch.tensor([hash(bytes(np.sign(np_(row.abs()).astype(np.float32))[:5])) for row in maps.flatten(1)])
+
+    ours = metrics.consistency(model, x, maps, predicted(model, x), discretise=top_n_sign)
+    theirs = dataset_level(quantus.Consistency(disable_warnings=True), model, x, maps)
+    assert_close("Consistency", np.nan_to_num(np_(ours.values), nan=0.0), theirs, 1e-6)
+
+
+def test_focus_on_the_same_mosaics():
+    """explain builds each image's mosaic (``metrics.mosaics``) and explains it; Quantus's
+    Focus, given those mosaics, their maps and which quadrants show the class, scores the
+    same share of positive relevance."""
+    model = tiny_model()
+    x = images(n=6, size=16)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    explainer = saliency(model)
+    explanation = explainer(x, labels)
+    ours = metrics.focus(explainer, x, explanation, labels=labels, seed=4)
+    made, shows, valid = metrics.mosaics(x, labels, labels, seed=4)
+    assert valid.all() and (shows.sum(1) == 2).all()
+    maps = explainer(made, labels).maps
+    theirs = run_quantus(quantus.Focus(disable_warnings=True), model=model, x_batch=np_(made), y_batch=np_(labels),
+                         a_batch=a_batch(maps), custom_batch=[list(map(bool, row)) for row in np_(shows)])
+    assert_close("Focus", np_(ours.values), np.asarray(theirs, dtype=np.float64), 1e-6)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_auc(ties):
+    """scikit-learn's ROC AUC (Quantus) against explain's closed form from ranks; with ties
+    (a map rounded to 4 levels), a tie counts half in both."""
+    maps = tie_free_maps(n=6, signed=True)
+    if ties:
+        maps = (maps * 2).round() / 2
+    masks = regions(maps)
+    ours = metrics.auc(maps, masks).values
+    theirs = localisation(quantus.AUC(disable_warnings=True), maps, masks)
+    assert_close("AUC", np_(ours), theirs, 1e-6)
+
+
+def test_attribution_localisation():
+    """Quantus's default takes |a| (explain's ``magnitude=True``); with ``abs=False`` and
+    ``positive_attributions=True`` it is Kohlbrenner et al.'s positive-relevance ratio,
+    explain's default. Its ``weighted`` multiplies by the box's size over that of
+    ``x_batch[2:]`` (the batch less two images), where explain divides by the box's share
+    of one image."""
+    maps = tie_free_maps(n=6, signed=True)
+    masks = regions(maps)
+    ours = metrics.attribution_localisation(maps, masks)
+    positive = quantus.AttributionLocalisation(abs=False, positive_attributions=True, disable_warnings=True)
+    assert_close("AttributionLocalisation (positive)", np_(ours.values), localisation(positive, maps, masks), 1e-6)
+    magnitude = metrics.attribution_localisation(maps, masks, magnitude=True).values
+    assert_close("AttributionLocalisation (|a|)", np_(magnitude),
+                 localisation(quantus.AttributionLocalisation(disable_warnings=True), maps, masks), 1e-6)
+    weighted = localisation(quantus.AttributionLocalisation(weighted=True, disable_warnings=True), maps, masks)
+    inside = np_(masks.flatten(1).sum(1)).astype(np.float64)
+    batch_less_two = (len(maps) - 2) * 3 * SIZE * SIZE  # localisation() passes 3-channel images
+    assert_close("AttributionLocalisation (Quantus's weighting)", np_(magnitude) * inside / batch_less_two,
+                 weighted, 1e-6)
+    ours_weighted = metrics.attribution_localisation(maps, masks, weighted=True).values
+    assert_close("attribution_localisation(weighted=True)", np_(ours_weighted),
+                 np_(ours.values) * SIZE * SIZE / inside, 1e-5)
+
+
+class RawGradients:
+    """An explainer whose maps are the raw gradient summed over the channels: signed and of
+    any scale (explain's own explainers scale each map)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, images, targets=None, **options):
+        images = images.detach().clone().requires_grad_(True)
+        output = self.model(images)
+        targets = output.argmax(1) if targets is None else torch.as_tensor(targets)
+        grad, = torch.autograd.grad(output.gather(1, targets[:, None]).sum(), images)
+        return explain.Explanation(maps=grad.sum(1).detach() * 37.0, raw_layers={}, logits=output.detach(),
+                                   targets=targets, method="raw-gradients", signed=True)
+
+
+def test_max_sensitivity_on_maps_of_any_scale():
+    """Quantus's MaxSensitivity (HEAD and 0.6 alike: normalise=False, abs=False by default)
+    is explain's ``sensitivity``: ||Phi(x + d) - Phi(x)|| / ||Phi(x)||, the maximum over the
+    draws. The earlier tests use maps scaled to a maximum of 1; here signed maps 37 times
+    the raw gradient, the same given explain's noise."""
+    model, x = tiny_model(), images()
+    explainer = RecordingExplainer(RawGradients(model))
+    explanation = explainer.explainer(x)
+    n_samples = 5
+    ours = metrics.sensitivity(explainer, x, explanation, n_samples=n_samples)
+    noisy = torch.cat(explainer.calls).view(len(x), n_samples, -1)
+
+    def explain_func(model, inputs, targets, **kwargs):
+        inputs = torch.as_tensor(np.asarray(inputs))
+        return np_(RawGradients(model)(inputs, torch.as_tensor(np.asarray(targets)).long()).maps[:, None])
+
+    metric = quantus.MaxSensitivity(nr_samples=n_samples, perturb_func=noise_from(noisy), disable_warnings=True)
+    theirs = run_quantus(metric, model=model, x_batch=np_(x), y_batch=np_(explanation.targets),
+                         a_batch=a_batch(explanation.maps), explain_func=explain_func)
+    assert_close("MaxSensitivity (maps of any scale)", np_(ours.values), theirs, 1e-5)
+    assert float(explanation.maps.abs().amax()) > 2  # not scaled to 1

@@ -65,6 +65,26 @@ def test_bad_model_requests():
         models.load("resnet18", weights="missing.pth")
 
 
+def test_a_device_this_machine_lacks_is_named_before_anything_loads(monkeypatch):
+    """models.load(device="cuda") without CUDA says what to pass, before building the model,
+    not torch's driver error from deep inside Module.to."""
+    from explain.models import classifiers, dense
+
+    built = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(classifiers, "_load_bundled", lambda weights: built.append("bundled"))
+    for load in (models.load, lambda device: models.load_task_model("lraspp_mobilenet_v3_large", device=device)):
+        with pytest.raises(ValueError, match=r"device='cuda': CUDA is not available on this machine .*; pass device='cpu'"):
+            load(device="cuda")
+        with pytest.raises(ValueError, match="unknown device 'gpu'; pass 'cpu', 'cuda', 'cuda:N' or 'mps'"):
+            load(device="gpu")
+    assert built == [] and dense.checked_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"device='cuda:2': this machine has 2 CUDA device\(s\), cuda:0 to cuda:1"):
+        models.load(device="cuda:2")
+
+
 @pytest.mark.parametrize("arch", ["resnet18", "squeezenet1_1", "mobilenet_v3_small"])
 def test_local_weights_of_a_fine_tuned_head(tmp_path, arch):
     # A fine-tuned file is the usual local-weights case: its head decides the class count.

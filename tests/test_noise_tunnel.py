@@ -19,7 +19,7 @@ from PIL import Image
 from torch import nn
 
 import explain
-from conftest import ModelState
+from conftest import ModelState, listening
 from explain.passes import pass_settings
 
 IDS = torch.tensor([1, 3])
@@ -162,7 +162,7 @@ def test_seeded_per_image_and_counted_as_planned():
     model, x = tiny_cnn(), images(3)
     tunnel = explain.explainer("smoothgrad:ig", model, n_samples=3, n_steps=4, seed=2)
     counted = []
-    with pass_settings(listener=lambda name, done, total: counted.append((name, done, total))):
+    with pass_settings(listener=listening(lambda name, done, total: counted.append((name, done, total)))):
         whole = tunnel(x)
     assert counted[-1] == ("smoothgrad:ig", tunnel.planned_passes(x), tunnel.planned_passes(x))
     assert tunnel.planned_passes(x) == 3 * (1 + 3 * (1 + 4))

@@ -1,6 +1,9 @@
 """The tutorial notebooks in examples/: each runs top to bottom in a fresh kernel without an
 error or a warning and draws its figures, and the committed copies carry outputs that match
-what a fresh run gives (refresh them with ``examples/execute_notebooks.py``)."""
+what a fresh run gives (refresh them with ``examples/execute_notebooks.py``).
+
+The fresh runs here take fewer or smaller inputs where a tutorial's code allows (``QUICK``):
+the same code, cell by cell, in less time than the committed outputs took."""
 
 import importlib.util
 import sys
@@ -14,6 +17,21 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 REFRESH = "refresh it with `.venv/bin/python examples/execute_notebooks.py {name}`"
+#: What a test run changes in a tutorial (``execute_notebooks.with_parameters``: a name's first
+#: assignment, set to this expression): one photo instead of two for every method of 02, one
+#: noise sample per channel for SS-CAM and IS-CAM instead of two, 50 RISE masks instead of 300
+#: and 20 Extremal Perturbations steps per area instead of 100 (the two costliest methods there:
+#: 40 % of its passes at full size); in 04, 5 points per
+#: deletion and insertion curve instead of 21, three of ROAD's nine removal percentages and
+#: two checkpoints of the randomisation cascade instead of ten.
+QUICK = {
+    "02_comparing_methods.ipynb": {"names": '["coffee"]', "SAMPLES": "1", "MASKS": "50", "STEPS": "20"},
+    "04_is_the_map_faithful.ipynb": {
+        "STEP": "0.25",
+        "OPTIONS": '{"deletion": {"step": STEP}, "insertion": {"step": STEP}, "road": {"percentages": (30, 60, 90)}, '
+                   '"randomisation": {"checkpoints": 2}}',
+    },
+}
 
 
 def _runner():
@@ -50,6 +68,19 @@ def _errors(notebook) -> list[str]:
             if output.output_type == "error"]
 
 
+def test_quick_runs_change_what_the_tutorials_assign():
+    """Each of QUICK's names is assigned on a line of its own in its tutorial: a renamed
+    variable fails here at once, not after a full-size run."""
+    runner = _runner()
+    for name, parameters in QUICK.items():
+        quick = runner.with_parameters(nbformat.read(EXAMPLES / name, as_version=4), parameters)
+        code = "\n" + "\n".join(cell.source for cell in _code_cells(quick))
+        for variable, value in parameters.items():
+            assert f"\n{variable} = {value}" in code, (name, variable)
+    with pytest.raises(ValueError, match="assigns no nothing_here"):
+        runner.with_parameters(nbformat.read(NOTEBOOKS[0], as_version=4), {"nothing_here": "1"})
+
+
 def test_the_kernel_runs_this_python():
     # jupyter_client starts the python3 kernel with sys.executable; a kernelspec elsewhere
     # (~/.local/share/jupyter) that names another Python would test another install.
@@ -74,7 +105,9 @@ def test_notebook_runs_in_a_fresh_kernel(path):
     committed = nbformat.read(path, as_version=4)
     # A copy (the file is not written), on as many threads as this test process uses
     # (conftest.py gives each of the pytest-xdist workers its share of the cores).
-    fresh = _runner().execute(nbformat.read(path, as_version=4), threads=torch.get_num_threads())
+    runner = _runner()
+    quick = runner.with_parameters(nbformat.read(path, as_version=4), QUICK.get(path.name, {}))
+    fresh = runner.execute(quick, threads=torch.get_num_threads())
     assert _images(fresh) > 0, f"{path.name} drew no figure"
     for index, cell in enumerate(_code_cells(fresh), start=1):
         warnings = [output.text for output in cell.outputs if output.output_type == "stream"

@@ -32,7 +32,7 @@ from explain.cli import main
 from explain.errors import UsageError
 from explain.viewer import DATA_FOLDER, read_data_file
 
-from test_cli import REPO, environment, noise_image, summary_counts
+from test_cli import environment, noise_image, summary_counts
 
 BUCKET = "explain-tests"
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # Ray's runs stay on one xdist worker
@@ -111,23 +111,6 @@ def _check_outputs(s3: Store, folder: str, images: int, methods: tuple[str, ...]
     return rows
 
 
-def test_a_run_writes_its_overlays_manifest_and_index_to_the_bucket(s3, tmp_path, capsys):
-    # A lease left by a run on another machine that expired is taken over.
-    s3.write("e2e", LEASE, json.dumps({"owner": "gone", "host": "elsewhere", "pid": 1, "expires": time.time() - 5})
-             .encode())
-    os.chdir(tmp_path)
-    options = ["run", str(REPO / "data" / "images"), "--out", s3.uri("e2e"), "--engine", "ray",
-               "--method", "gradcam,layercam", "-q"]
-    assert main(options) == 0  # Ray is started by the engine, and stopped
-    stdout = capsys.readouterr().out
-    assert summary_counts(stdout) == (8, 0, 0)
-    assert f"see s3://{BUCKET}/e2e/index.html?endpoint_override={s3.endpoint}&scheme=http" in stdout
-    _check_outputs(s3, "e2e", 4, ("gradcam", "layercam"))  # the page included
-    assert main(options) == 0  # resumes from the bucket's manifest
-    assert summary_counts(capsys.readouterr().out) == (0, 8, 0)
-    _check_outputs(s3, "e2e", 4, ("gradcam", "layercam"))
-
-
 def test_a_killed_driver_is_finished_by_the_next_run_and_a_second_run_meanwhile_is_refused(s3, tmp_path, capsys):
     IMAGES = 24
     (tmp_path / "in").mkdir()
@@ -136,7 +119,7 @@ def test_a_killed_driver_is_finished_by_the_next_run_and_a_second_run_meanwhile_
     options = ["run", "in", "--out", s3.uri("killed"), "--engine", "ray", "--method", "gradcam,layercam", "-q"]
     # The driver uploads the manifest after every batch here (every 30 s by default), so that
     # the kill comes after some rows reached the bucket.
-    code = ("import sys; import explain.batch.ray_driver as driver; driver.PUBLISH_SECONDS = 0\n"
+    code = ("import sys; import explain.batch.ray_files as files; files.PUBLISH_SECONDS = 0\n"
             "from explain.cli import main; sys.exit(main(sys.argv[1:]))")
     driver = subprocess.Popen([sys.executable, "-c", code, *options, "--batch-size", "1"], cwd=tmp_path,
                               env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -164,13 +147,19 @@ def test_a_killed_driver_is_finished_by_the_next_run_and_a_second_run_meanwhile_
     kept = [row for row in s3.rows("killed") if row["status"] == "ok"]
     assert 2 <= len(kept) < 2 * IMAGES
 
-    # Its lease names a process of this machine that is gone: taken over at once.
+    # Its lease names a process of this machine that is gone: taken over at once. The outputs,
+    # manifest and index land in the bucket (Ray started by the engine, and stopped).
     assert main(options) == 0
-    ok, skipped, failed = summary_counts(capsys.readouterr().out)
+    stdout = capsys.readouterr().out
+    ok, skipped, failed = summary_counts(stdout)
     assert (ok + skipped, failed) == (2 * IMAGES, 0) and skipped >= len(kept)
-    rows = _check_outputs(s3, "killed", IMAGES, ("gradcam", "layercam"))
+    assert f"see s3://{BUCKET}/killed/index.html?endpoint_override={s3.endpoint}&scheme=http" in stdout
+    rows = _check_outputs(s3, "killed", IMAGES, ("gradcam", "layercam"))  # the page included
     assert {row["input"] for row in rows} == {f"in/img{i:02d}.png" for i in range(IMAGES)}
     assert not [name for name in s3.files("killed") if name.startswith(PLAN_PREFIX)]
+    assert main(options) == 0  # resumes from the bucket's manifest
+    assert summary_counts(capsys.readouterr().out) == (0, 2 * IMAGES, 0)
+    _check_outputs(s3, "killed", IMAGES, ("gradcam", "layercam"))
 
 
 def test_the_lease_refuses_a_second_run_is_renewed_and_is_released(s3, monkeypatch):

@@ -4,6 +4,7 @@ batches that leaves the model as it was."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,15 +15,25 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ModelState, listening
 from torch import nn
 
 import explain
-from conftest import ModelState
+from conftest import ModelState, ModelSteps, listening
 from explain import passes
 from explain.hooks import preserved_state
 from explain.metrics import deletion
 from explain.passes import (
-    PROGRESS_AFTER, Passes, StopRequested, budget_rows, fastest_rows, inner_rows, parse_memory, pass_settings, row_bytes,
+    BAR_DELAY,
+    PROGRESS_AFTER,
+    Passes,
+    StopRequested,
+    budget_rows,
+    fastest_rows,
+    inner_rows,
+    parse_memory,
+    pass_settings,
+    row_bytes,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,7 +134,7 @@ def test_the_weights_autograd_keeps_are_not_a_rows_cost():
 def test_between_is_called_after_each_inner_batch_and_each_size_the_search_tries():
     model, x = small_cnn(), images(1, 16)
     calls = []
-    with preserved_state(model), pass_settings(between=lambda: calls.append("between")):
+    with preserved_state(model), pass_settings(listener=listening(between=lambda: calls.append("between"))):
         fastest_rows(model, x, backward=False, most=32, allowance=None)
         assert calls == ["between"] * 4  # sizes 4, 8, 16 and 32
         calls.clear()
@@ -196,8 +207,14 @@ def test_gradientshap_draws_from_the_same_distribution_whatever_the_budget():
 
 def test_progress_bars_show_where_documented(capsys):
     model, x = small_cnn(), images(1, 16)
-    explain.IntegratedGradients(model, n_steps=8)(x)  # 9 rows: silent by default
+    explain.IntegratedGradients(model, n_steps=8)(x)  # 9 rows in milliseconds: silent by default
     assert capsys.readouterr().err == ""
+    with Passes("slow", 2) as passes:  # a call of a few rows that runs longer than BAR_DELAY (a large model)
+        assert passes.bar is not None and passes.bar.delay == BAR_DELAY
+        passes.bar.start_t -= 2 * BAR_DELAY  # as if the first row had taken that long (tqdm's clocks)
+        passes.bar.last_print_t -= 2 * BAR_DELAY
+        passes.advance(1)
+    assert "slow:  50%" in capsys.readouterr().err
     explain.IntegratedGradients(model, n_steps=8)(x, progress=True)
     assert "ig" in capsys.readouterr().err
     with Passes("long", PROGRESS_AFTER + 1) as passes, Passes("short", PROGRESS_AFTER) as inner:
@@ -216,17 +233,43 @@ def test_progress_bars_show_where_documented(capsys):
     assert "deletion" in capsys.readouterr().err
 
 
+class Slow(nn.Module):
+    """A model whose every pass takes a while, as a large one on a CPU does."""
+
+    def __init__(self, model: nn.Module, seconds: float):
+        super().__init__()
+        self.model, self.seconds = model, seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.model(x)
+
+
+def test_a_metric_of_a_few_dozen_passes_shows_a_bar_once_it_runs_long(capsys):
+    """Deletion of one 16 x 16 image in 17 steps is silent when quick, and shows a bar by
+    default when its passes take longer than BAR_DELAY (2 x 225 passes of the bundled model
+    ran minutes in silence below the old 256-pass threshold)."""
+    model, x = small_cnn(), images(1, 16)
+    explanation = explain.GradCAM(model)(x)
+    deletion(model, x, explanation, step=16)
+    assert capsys.readouterr().err == ""
+    slow = Slow(model, BAR_DELAY / 4).eval()
+    with pass_settings(max_memory=4 * row_bytes(model, x, backward=False)):  # inner batches of a few rows
+        deletion(slow, x, explanation, step=16)
+    assert re.search(r"deletion: +\d+%", capsys.readouterr().err)
+
+
 def test_the_listener_hears_each_inner_batch_of_the_outermost_call():
     model, x = small_cnn(), images(2, 16)
     heard = []
-    with pass_settings(listener=lambda method, done, total: heard.append((method, done, total))):
+    with pass_settings(listener=listening(lambda method, done, total: heard.append((method, done, total)))):
         explain.IntegratedGradients(model, n_steps=10, internal_batch_size=4)(x)
     assert {method for method, _, _ in heard} == {"ig"}
     done = [d for _, d, _ in heard]
     assert done == sorted(done) and done[-1] == heard[-1][2] == 2 * (1 + 10)  # the images, then 20 rows of steps
     with Passes("outer", 5) as outer:  # a call inside another (a metric that explains again) is not heard
         heard.clear()
-        with pass_settings(listener=lambda *args: heard.append(args)):
+        with pass_settings(listener=listening(lambda *args: heard.append(args))):
             explain.IntegratedGradients(model, n_steps=4)(x)
         outer.advance(5)
     assert heard == []
@@ -248,18 +291,42 @@ def test_a_stop_between_inner_batches_leaves_the_model_as_it_was(method, options
         asked.append(1)
         return len(asked) >= 3
 
-    with pass_settings(stop=stop), pytest.raises(StopRequested):
+    with pass_settings(listener=listening(should_stop=stop)), pytest.raises(StopRequested):
         explain.explainer(method, model, batch_size=2, **options)(x) if "cam" in method else \
             explain.explainer(method, model, internal_batch_size=2, **options)(x)
     assert len(asked) == 3  # it stopped at the first inner batch after the request
     state.assert_unchanged()
 
 
+@pytest.mark.parametrize("method, points", [
+    ("scorecam", [("forward", 1), ("forward", 1500)]),
+    ("sscam", [("forward", 800)]),
+    ("rise", [("forward", 800)]),
+    ("ig", [("forward", 800), ("backward", 1), ("backward", 600)]),
+])
+def test_a_stop_is_answered_within_a_layer_at_any_point_of_a_heavy_method(bundled, photos, method, points):
+    # The stop was asked only between inner batches: one inner batch at a large memory budget
+    # on a loaded 2-core machine took ~9 s. Default settings on the bundled model (266 module
+    # calls a forward pass): after the stop is asked for, not one more layer runs.
+    model = bundled[0]
+    image = photos[1][:1]
+    explainer = explain.explainer(method, model)
+    state = ModelState(model)
+    for kind, at in points:
+        with ModelSteps(kind, at) as counted, pass_settings(listener=listening(should_stop=lambda: counted.asked, at_layers=True)):
+            with pytest.raises(StopRequested, match=f"^{method}: stopped after"):
+                explainer(image)
+        assert counted.asked and counted.after == 0, (kind, at, counted.steps, counted.after)
+        state.assert_unchanged()
+    assert not torch.nn.modules.module._global_forward_pre_hooks  # the stop's hooks are gone
+    assert not torch.nn.modules.module._global_forward_hooks
+
+
 def test_a_metric_stops_between_its_batches_too():
     model, x = small_cnn(), images(2, 16)
     explanation = explain.GradCAM(model)(x)
     state = ModelState(model)
-    with pass_settings(stop=lambda: True), pytest.raises(StopRequested, match="deletion"):
+    with pass_settings(listener=listening(should_stop=lambda: True)), pytest.raises(StopRequested, match="deletion"):
         deletion(model, x, explanation, batch_size=2)
     state.assert_unchanged()
 
@@ -303,7 +370,7 @@ SUBPROCESS = textwrap.dedent("""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torchvision.models.resnet18(num_classes=10).eval()
-    x = torch.rand(1, 3, 160, 160)
+    x = torch.rand(1, 3, 128, 128)
     with preserved_state(model):
         per_row = row_bytes(model, x, backward=True)
     explain.IntegratedGradients(model, n_steps=2)(x)   # the first call's own costs, before the baseline
@@ -323,7 +390,7 @@ SUBPROCESS = textwrap.dedent("""
     sampler = threading.Thread(target=sample)
     sampler.start()
     options = json.loads(sys.argv[1])
-    explain.IntegratedGradients(model, n_steps=48, **options["init"])(x, **options["call"])
+    explain.IntegratedGradients(model, n_steps=24, **options["init"])(x, **options["call"])
     done.set()
     sampler.join()
     print(json.dumps({"per_row": per_row, "growth": peak[0] - baseline}))
@@ -339,9 +406,27 @@ def _peak_growth(init: dict, call: dict) -> dict:
 
 
 def test_a_small_budget_bounds_the_peak_memory_of_a_subprocess():
-    # IG's 48 steps on resnet18 at 160 px: all in one pass, then under a budget of two rows.
-    whole = _peak_growth({"internal_batch_size": 48}, {})
+    # IG's 24 steps on resnet18 at 128 px (about 300 MB in one pass; 48 steps at 160 px took
+    # 4 times the compute to show the same): all in one pass, then under a budget of two rows.
+    whole = _peak_growth({"internal_batch_size": 24}, {})
     budget = 2 * whole["per_row"]
     bounded = _peak_growth({}, {"max_memory": budget})
     assert bounded["growth"] <= budget, (bounded, budget)
     assert whole["growth"] > 4 * bounded["growth"] + 100 * 2**20, (whole, bounded)
+
+
+def test_the_cpu_budget_keeps_within_the_address_space_limit(monkeypatch):
+    # Under `ulimit -v 4G` the budget came from free RAM alone: every inner batch sized from it
+    # failed in the CPU allocator, and with it every image.
+    import resource
+
+    real = resource.getrlimit
+    with open("/proc/self/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    limit = mapped + 300 * 2**20
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, resource.RLIM_INFINITY)
+                        if which == resource.RLIMIT_AS else real(which))
+    assert 200 * 2**20 < passes.available_memory(torch.device("cpu")) <= 300 * 2**20
+    with pass_settings():
+        assert passes.memory_budget(torch.device("cpu")) <= 150 * 2**20

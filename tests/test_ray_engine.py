@@ -5,6 +5,7 @@ driver, and a driver that plans without torch."""
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import explain.batch.ray_stages
 import explain.ray_data
 from explain.cli import main
 from explain.errors import UsageError
+from explain.report import MANIFEST_FIELDS
 from explain.batch.ray_driver import import_ray
 from explain.ray_data import explain_dataset
 from explain.viewer import DATA_FOLDER, read_page
@@ -53,6 +55,8 @@ def _photos(folder: Path) -> list[Path]:
             paths += [folder / photo.name, folder / "nested" / f"{photo.stem}_mirrored.jpg"]
     # A file name that is not UTF-8 (Latin-1 "é"), as archives and shared drives have them.
     noise_image(7, size=(300, 200)).save(folder / "nested" / os.fsdecode(b"nois\xe9.png"), format="PNG")
+    # A name near the file system's limit: its outputs' names are shortened, as locally.
+    noise_image(8).save(folder / "nested" / ("é" * 100 + "x" * 40 + ".png"))
     (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     return paths
 
@@ -68,18 +72,29 @@ def _by_key(rows: list[dict]) -> dict[tuple, dict]:
     return keyed
 
 
+def _read_rows(path: Path) -> list[dict]:
+    """The manifest's rows, parsed as strictly as :func:`test_cli.read_rows`; a last field of
+    metric values (--metrics) allowed."""
+    text = path.read_text(encoding="utf-8")
+    assert text == "" or text.endswith("\n")
+    rows = [json.loads(line) for line in text.splitlines()]
+    for row in rows:
+        assert list(row) in (list(MANIFEST_FIELDS), [*MANIFEST_FIELDS, "metrics"])
+    return rows
+
+
 def _same_rows(found: Path, expected: Path) -> dict[tuple, dict]:
     """The manifest rows of ``found`` by key, checked equal to those of ``expected``, numbers to
     1e-5 (batches of other sizes round the last digits differently), times aside (present
     where the row is ok)."""
-    found_rows, expected_rows = _by_key(read_rows(found / "manifest.jsonl")), _by_key(read_rows(expected / "manifest.jsonl"))
+    found_rows, expected_rows = _by_key(_read_rows(found / "manifest.jsonl")), _by_key(_read_rows(expected / "manifest.jsonl"))
     assert found_rows.keys() == expected_rows.keys()
     for key, row in expected_rows.items():
         assert found_rows[key].keys() == row.keys()
         for field, value in row.items():
             if field == "seconds":
                 assert (found_rows[key][field] is None) == (value is None) == (row["status"] != "ok"), key
-            elif isinstance(value, float):
+            elif isinstance(value, (float, dict)):  # a dict: --metrics' values
                 assert found_rows[key][field] == pytest.approx(value, abs=1e-5), (key, field)
             else:
                 assert found_rows[key][field] == value, (key, field)
@@ -87,15 +102,20 @@ def _same_rows(found: Path, expected: Path) -> dict[tuple, dict]:
 
 
 def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
+    # The same files, rows (--metrics' values among them) and summary, the metric table included.
     _photos(tmp_path / "in")
     (tmp_path / "list.txt").write_text("in\nmissing.png\n")
     os.chdir(tmp_path)
-    options = ["@list.txt", "--method", "gradcam,layercam", "--target", "topk:2", "--save-maps", "-q"]
+    options = ["@list.txt", "--method", "gradcam,layercam", "--target", "topk:2", "--save-maps",
+               "--metrics", "sparseness", "-q"]
     assert main(["run", *options, "--out", "local", "--workers", "0"]) == 1
     local_out = capsys.readouterr().out
     assert main(["run", *options, "--out", "on_ray", "--engine", "ray", "--batch-size", "3"]) == 1
     ray_out = capsys.readouterr().out
-    assert summary_counts(ray_out) == summary_counts(local_out) == (36, 0, 8)
+    assert summary_counts(ray_out) == summary_counts(local_out) == (40, 0, 8)
+    table = [line for line in ray_out.splitlines() if line.startswith(("gradcam", "layercam"))]
+    assert len(table) == 2 and table == [line for line in local_out.splitlines()
+                                         if line.startswith(("gradcam", "layercam"))]
 
     local, on_ray = tmp_path / "local", tmp_path / "on_ray"
     assert _files(on_ray) == _files(local)
@@ -118,7 +138,11 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
     shown = {m["output"] for m in page["maps"] if m["output"]}
     assert all(quote(row["output"]) in shown for row in ray_rows.values() if row["status"] == "ok")
     assert any(image["name"].endswith("nested/nois\\xe9.png") for image in page["images"])  # not UTF-8: escaped
-    assert page["run"]["counts"] == {"ok": 36, "skipped": 0, "failed": 8}
+    assert page["run"]["counts"] == {"ok": 40, "skipped": 0, "failed": 8}
+    assert "sparseness" in page["tables"]["metric"]
+    assert all(set(row["metrics"]) == {"sparseness"} for row in ray_rows.values() if row["status"] == "ok")
+    assert all(row["metrics"]["sparseness"] > 0 for row in ray_rows.values() if row["status"] == "ok")
+    assert sum("~" in name for name in _files(on_ray)) == 6  # two overlays and a .npz of each method
 
 
 def test_outputs_to_a_folder_given_by_uri(tmp_path, capsys):
@@ -222,25 +246,49 @@ def test_the_driver_plans_without_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env=environment(), timeout=120)
 
 
-def test_images_whose_batch_ray_loses_become_failed_rows(tmp_path, capsys, monkeypatch):
+def test_images_whose_batch_ray_loses_become_failed_rows_and_a_changed_method_option_is_redone(tmp_path, capsys,
+                                                                                                monkeypatch):
+    # The driver checks --method-option in its Ray task, the actors make their explainers with
+    # it, and the settings it records decide the resume, as on the local engine: the rerun
+    # redoes the images whose batch Ray lost, and the method whose option changed.
     (tmp_path / "in").mkdir()
     for i in range(4):
         noise_image(i).save(tmp_path / "in" / f"img{i}.png")
+    # Another run's output folder among the inputs: skipped, not explained
+    (tmp_path / "in" / "earlier").mkdir()
+    noise_image(9).save(tmp_path / "in" / "earlier" / "img0__gradcam__1-x.png")
+    (tmp_path / "in" / "earlier" / "manifest.jsonl").write_text("")
+    (tmp_path / "in" / "earlier" / "index.html").write_text("")
     real = explain.batch.ray_stages.explain_plan
 
     def losing_img2(*args, **kwargs):  # as when an actor dies on img2's batch past Ray's retries
-        for rows in real(*args, **kwargs):
-            yield [row for row in rows if row["input"] != "in/img2.png"]
+        for rows, kept in real(*args, **kwargs):
+            yield [row for row in rows if row["input"] != "in/img2.png"], kept
 
     monkeypatch.setattr(explain.batch.ray_stages, "explain_plan", losing_img2)
     os.chdir(tmp_path)
-    assert main(["run", "in", "--out", "out", "--engine", "ray", "--batch-size", "1", "-q"]) == 1
-    assert summary_counts(capsys.readouterr().out) == (3, 0, 1)
+    command = ["run", "in", "--out", "out", "--engine", "ray", "--method", "ig,gradcam", "-q"]
+    assert main([*command, "-M", "ig:n_steps=2", "--batch-size", "1"]) == 1
+    captured = capsys.readouterr()
+    assert summary_counts(captured.out) == (6, 0, 2)
+    assert "explain: skipped in/earlier: the output folder of another run" in captured.err
     rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
-    assert rows[("in/img2.png", "gradcam", "top1")]["error"].startswith("worker failed: Ray lost this image's batch")
+    for method in ("ig", "gradcam"):
+        assert rows[("in/img2.png", method, "top1")]["error"].startswith("worker failed: Ray lost this image's batch")
+    assert {row["method"]: row["settings"] for row in rows.values()} == {
+        "ig": "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=2",
+        "gradcam": "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5"}
     monkeypatch.undo()
-    assert main(["run", "in", "--out", "out", "--engine", "ray", "-q"]) == 0  # the rerun makes it
-    assert summary_counts(capsys.readouterr().out) == (1, 3, 0)
+    assert main([*command, "-M", "ig:n_steps=3"]) == 0  # the rerun makes img2, and ig again
+    assert summary_counts(capsys.readouterr().out) == (5, 3, 0)
+    rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
+    assert {(row["input"], row["method"]): row["status"] for row in rows.values()} == {
+        **{(f"in/img{i}.png", "ig"): "ok" for i in range(4)},
+        **{(f"in/img{i}.png", "gradcam"): "skipped" for i in (0, 1, 3)}, ("in/img2.png", "gradcam"): "ok"}
+    assert {row["settings"] for row in rows.values() if row["method"] == "ig"} == {
+        "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=3"}
+    assert main([*command, "-M", "ig:n_steps=-1"]) == 2
+    assert "--method-option ig:n_steps=-1: n_steps must be a positive int" in capsys.readouterr().err
 
 
 def test_an_actor_explains_under_the_runs_memory_budget_and_times_each_method(tmp_path, heavy_method):
@@ -249,7 +297,7 @@ def test_an_actor_explains_under_the_runs_memory_budget_and_times_each_method(tm
     from explain.batch.ray_stages import WriteActor, decode_files
 
     noise_image(0).save(tmp_path / "a.png")
-    options = RunOptions(inputs=[str(tmp_path)], out=str(tmp_path / "out"), method="gradcam,heavypasses",
+    options = RunOptions(inputs=[str(tmp_path)], out=str(tmp_path / "out"), methods="gradcam,heavypasses",
                          max_memory="300MiB")
     actor = WriteActor(options, threads=1)
     batch = {"input": np.array([b"a.png"], dtype=object), "path": np.array([os.fsencode(tmp_path / "a.png")], dtype=object),
@@ -262,40 +310,56 @@ def test_an_actor_explains_under_the_runs_memory_budget_and_times_each_method(tm
     assert heavy_method.budgets and set(heavy_method.budgets) == {300 * 2**20}
 
 
-def test_metrics_on_ray_fill_the_rows_and_the_summary(tmp_path, capsys):
-    os.chdir(tmp_path)
-    options = ["run", str(REPO / "data" / "images"), "--metrics", "sparseness", "-q"]
-    assert main([*options, "--out", "local"]) == 0
-    local_out = capsys.readouterr().out
-    assert main([*options, "--out", "on_ray", "--engine", "ray"]) == 0
-    ray_out = capsys.readouterr().out
-    def rows(out: str) -> dict:
-        return _by_key([json.loads(line) for line in (tmp_path / out / "manifest.jsonl").open()])
-
-    local_rows, ray_rows = rows("local"), rows("on_ray")
-    assert ray_rows.keys() == local_rows.keys() and len(ray_rows) == 4
-    for key, row in local_rows.items():
-        assert ray_rows[key]["output"] == row["output"] and ray_rows[key]["status"] == "ok"
-        assert ray_rows[key]["metrics"]["sparseness"] == pytest.approx(row["metrics"]["sparseness"], abs=1e-5)
-    table = [line for line in ray_out.splitlines() if line.startswith("gradcam")]
-    assert table and table == [line for line in local_out.splitlines() if line.startswith("gradcam")]
-    assert "sparseness" in read_page(tmp_path / "on_ray" / "index.html")["tables"]["metric"]
-
-
 @pytest.mark.slow
-def test_method_options_reach_the_actors_and_a_changed_one_redoes_its_method(tmp_path, capsys):
-    # The driver checks --method-option in its Ray task, the actors make their explainers with
-    # it, and the settings it records decide the resume, as on the local engine.
+def test_ctrl_c_and_sigterm_keep_every_row_whose_files_were_written_and_a_rerun_redoes_none(tmp_path, capsys,
+                                                                                          monkeypatch):
+    # Ctrl-C of a Ray run dropped the rows the actors had kept: 64 overlays, 32 rows, and the
+    # rerun wrote the 32 finished overlays again. Interrupted twice, a first run and a rerun
+    # (by Ctrl-C once 2 overlays are on disk, then by SIGTERM once 4 more are, whether or not
+    # their batch reached the driver), each rerun starting from the last: every overlay on disk
+    # has its row, none is written twice, and the run's Ray execution ends with it (nothing is
+    # written afterwards).
+    from explain.batch import ray_driver
+    from explain.batch.ray_driver import PLAN_PREFIX
+
+    IMAGES = 16  # one a call: the actors cannot finish them all before the driver's look
+
+    (tmp_path / "in").mkdir()
+    for i in range(IMAGES):
+        noise_image(i, size=(24, 20)).save(tmp_path / "in" / f"img{i:02d}.png")
     os.chdir(tmp_path)
-    options = ["run", str(PHOTOS[0]), "--out", "out", "--engine", "ray", "--method", "ig,gradcam", "-q"]
-    assert main([*options, "-M", "ig:n_steps=2"]) == 0
-    settings = {row["method"]: row["settings"] for row in read_rows(tmp_path / "out" / "manifest.jsonl")}
-    assert settings == {"ig": "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=2",
-                        "gradcam": "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5"}
-    capsys.readouterr()
-    assert main([*options, "-M", "ig:n_steps=3"]) == 0
-    assert summary_counts(capsys.readouterr().out) == (1, 1, 0)
-    assert {row["settings"] for row in read_rows(tmp_path / "out" / "manifest.jsonl")} >= {
-        "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=3"}
-    assert main([*options, "-M", "ig:n_steps=-1"]) == 2
-    assert "--method-option ig:n_steps=-1: n_steps must be a positive int" in capsys.readouterr().err
+    command = ["run", "in", "--out", "out", "--engine", "ray", "--method", "gradcam,saliency", "--batch-size", "1",
+               "-q"]
+    receive, received = ray_driver.RayRun._receive, []
+
+    def overlays() -> dict[str, int]:
+        return {p.relative_to(tmp_path / "out").as_posix(): p.stat().st_mtime_ns
+                for p in (tmp_path / "out").rglob("*.png") if p.parent.name != DATA_FOLDER}
+
+    written: dict[str, int] = {}
+    for signum, after in ((signal.SIGINT, 2), (signal.SIGTERM, 4)):
+        def interrupting(self, out, item, *args, signum=signum, after=after, before=len(written)):
+            receive(self, out, item, *args)  # called every 0.1 s while the driver waits
+            if not received and len(overlays()) >= before + after:
+                received.append(signum)
+                signal.raise_signal(signum)
+
+        received.clear()
+        monkeypatch.setattr(ray_driver.RayRun, "_receive", interrupting)
+        assert main(command) == 128 + signum
+        captured = capsys.readouterr()
+        assert "interrupted, run the same command again to finish" in captured.out
+        assert "SIGTERM received" not in captured.err  # Ray's native stack
+        rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
+        now = overlays()
+        assert {row["output"] for row in rows.values()} == set(now)  # no row lost, none without its file
+        assert all(now[name] == mtime for name, mtime in written.items())  # none written again
+        assert received and len(written) < len(now) < 2 * IMAGES, "nothing made, or everything, before the stop"
+        written = now
+        assert not [p for p in (tmp_path / "out").glob(PLAN_PREFIX + "*")]
+    monkeypatch.setattr(ray_driver.RayRun, "_receive", receive)
+    assert main(command) == 0
+    done, skipped, failed = summary_counts(capsys.readouterr().out)
+    assert (skipped, done + skipped, failed) == (len(written), 2 * IMAGES, 0)
+    assert all(overlays()[name] == mtime for name, mtime in written.items())
+    assert len(_by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))) == 2 * IMAGES

@@ -341,3 +341,76 @@ def test_lrp_reads_the_logits_of_a_model_that_returns_a_dict():
     wrapped = explain.LRP(DictOutput(model))(images)
     assert torch.equal(wrapped.targets, expected.targets)
     assert torch.allclose(wrapped.maps, expected.maps, atol=1e-6)
+
+
+def test_lrp_reads_a_named_tuple_output_by_class_id_and_by_a_callable():
+    # Both were refused: class ids ("not logits; pass a callable") and callables ("needs one tensor").
+    from collections import namedtuple
+
+    Named = namedtuple("Named", "logits features")
+    Unnamed = namedtuple("Unnamed", "scores features")
+
+    class Tupled(nn.Module):
+        def __init__(self, model, kind):
+            super().__init__()
+            self.model, self.kind = model, kind
+
+        def forward(self, x):
+            return self.kind(self.model(x), x.mean(dim=(2, 3)))
+
+    model = torchvision.models.resnet18(num_classes=3).eval()
+    images = torch.rand(2, 3, 32, 32)
+    expected = explain.LRP(model)(images, [1, 2])
+    by_id = explain.LRP(Tupled(model, Named))(images, [1, 2])
+    assert torch.equal(by_id.targets, expected.targets) and torch.allclose(by_id.maps, expected.maps, atol=1e-6)
+    # A callable's score z * df/dz at the output: for f = z_1, the explained logit in its place.
+    one = explain.LRP(model)(images, 1)
+    for kind, score in ((Named, lambda out: out.logits[:, 1]), (Unnamed, lambda out: out.scores[:, 1])):
+        found = explain.LRP(Tupled(model, kind))(images, score)
+        assert torch.allclose(found.raw, one.raw, atol=1e-6), kind.__name__
+
+
+@pytest.mark.parametrize("method", ["lrp", "ablationcam"])
+def test_nan_logits_are_named_as_such(method):
+    # Both raised torch's "atol must be greater than or equal to zero, but got -nan".
+    class NaNLogits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.head = nn.Conv2d(3, 4, 3, padding=1), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3))) * float("nan")
+
+    model = NaNLogits().eval()
+    state = ModelState(model)
+    with pytest.raises(ValueError, match="the model's output is NaN or infinite for every image, so there is no "
+                                         "score to explain; check the model's weights"):
+        explain.explainer(method, model)(torch.rand(2, 3, 8, 8))
+    state.assert_unchanged()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_model_lrp_cannot_check_is_told_to_use_float32(dtype):
+    # The canonical form's merged batch norms round another way in 16 bits: the message blamed
+    # the model's structure ("LRP cannot explain this model"), not the precision.
+    layers, channels = [], 3
+    for _ in range(6):
+        layers += [nn.Conv2d(channels, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU()]
+        channels = 16
+    model = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5)).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_var.uniform_(0.01, 0.1)
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.weight.uniform_(0.5, 2.0)
+    images = torch.rand(2, 3, 16, 16)
+    assert LRP(model)(images).maps.shape == (2, 16, 16)  # in float32, LRP explains it
+    model = model.to(dtype)
+    state = ModelState(model)
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(ValueError, match=rf"^LRP on a {name} model: its canonical form \(batch norms merged into "
+                                         r"their layers\) rounds the output differently, by up to .*; explain the "
+                                         r"model in float32: model.float\(\) and float32 images$"):
+        LRP(model)(images.to(dtype))
+    state.assert_unchanged()

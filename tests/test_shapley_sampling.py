@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import explain
-from conftest import ModelState
+from conftest import ModelState, listening
 from explain.passes import pass_settings
 from explain.superpixels import superpixels
 
@@ -125,7 +125,7 @@ def test_seeded_per_image_batched_and_counted():
     model, x = tiny_cnn(), images(3)
     method = explain.ShapleyValueSampling(model, n_samples=3, n_segments=6, seed=2)
     counted = []
-    with pass_settings(listener=lambda name, done, total: counted.append(done)):
+    with pass_settings(listener=listening(lambda name, done, total: counted.append(done))):
         whole = method(x)
     features = [int(s.max()) + 1 for s in superpixels(x, 6, 10.0)]
     # one pass for the targets, then per image the baseline and one per feature and order

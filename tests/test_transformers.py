@@ -314,10 +314,12 @@ def test_rollout_discard_ratio_and_head_fusion():
 def test_attention_methods_refuse_models_they_do_not_apply_to():
     with pytest.raises(explain.NotApplicable, match="saw no attention.*Grad-CAM"):
         explain.AttentionRollout(torchvision.models.resnet18())(torch.randn(1, 3, 32, 32))
-    with pytest.raises(explain.NotApplicable, match="saw no attention.*Swin"):
-        explain.AttentionRelevance(torchvision.models.swin_t())(torch.randn(1, 3, 64, 64))
-    with pytest.raises(explain.NotApplicable, match="readout="):
-        explain.LeGrad(torchvision.models.swin_t())
+    # torchvision's Swin computes its windowed attention by hand: seen, and refused as windowed.
+    swin = torchvision.models.swin_t()
+    for method in (explain.AttentionRelevance, explain.LeGrad):
+        with pytest.raises(explain.NotApplicable, match=r"same tokens in every layer.*windowed attention, as in Swin"):
+            method(swin)(torch.randn(1, 3, 64, 64))
+    assert hook_count(swin) == 0
     with pytest.raises(explain.NotApplicable, match="attention"):
         explain.LRP(tv_vit())(torch.randn(1, 3, 32, 32))
     with pytest.raises(ValueError, match="class targets"):
@@ -329,7 +331,7 @@ def test_attention_methods_on_real_architectures(name):
     model = MODELS[name]()
     x = torch.randn(2, 3, 32, 32)
     state = ModelState(model)
-    for method in ("attention-rollout", "attention-relevance", "legrad"):
+    for method in [m for m in explain.method_names() if explain.method_class(m).family == "transformer attention"]:
         with torch.no_grad():
             res = explain.explainer(method, model)(x, topk=2)
         grid = (4, 4) if name == "hf" else (2, 2)
@@ -355,8 +357,10 @@ REFUSED = {
     "c-excitation-backprop": "attention",
     "drise": "explains a detector's boxes",      # a classifier has none
 }
-REFUSED_SWIN = {"attention-rollout": "saw no attention", "attention-relevance": "saw no attention",
-                "legrad": "readout="}
+# Swin's windowed attention, computed by hand, is seen and refused as windowed.
+REFUSED_SWIN = {method: "windowed attention, as in Swin" for method in ("attention-rollout", "attention-relevance",
+                                                                        "legrad")}
+REFUSED_SWIN["attnlrp"] = "shifted_window_attention"
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -367,8 +371,8 @@ def test_every_method_on_transformers(name):
     state = ModelState(model)
     ran = []
     for method in explain.method_names():
-        if method in ("scorecam", "sscam", "iscam") and name in WIDE:
-            continue
+        if method in ("scorecam", "sscam", "iscam") and name in WIDE or explain.method_class(method).per_concept:
+            continue  # DFF's maps are per concept, not per target (test_cams_more.py)
         refused = {**REFUSED, **(REFUSED_SWIN if name == "swin" else {})}.get(method)
         if refused:
             with pytest.raises(explain.NotApplicable, match=refused):
@@ -382,7 +386,7 @@ def test_every_method_on_transformers(name):
         assert res.targets.tolist() == logits_of(res.logits).argmax(1).tolist(), (name, method)
         ran.append(method)
     state.assert_unchanged()
-    assert len(ran) >= len(explain.method_names()) - 11
+    assert len(ran) >= len(explain.method_names()) - 13  # Swin: 3 skipped, 9 refused; DFF
 
 
 def test_score_cams_on_vit_b16():
@@ -472,9 +476,10 @@ def test_cli_runs_a_hugging_face_folder_and_leaves_out_what_does_not_apply(tmp_p
     err = capsys.readouterr().err
     assert "leaving out cam: " in err and "leaving out lrp: " in err and "leaving out drise: " in err
     assert "leaving out excitation-backprop: " in err and "leaving out c-excitation-backprop: " in err
+    assert "leaving out dff: its maps are per concept" in err
     methods = {json.loads(line)["method"] for line in (tmp_path / "all" / "manifest.jsonl").read_text().splitlines()}
     assert methods == set(explain.method_names()) - {
-        "cam", "lrp", "drise", "excitation-backprop", "c-excitation-backprop"}
+        "cam", "lrp", "drise", "excitation-backprop", "c-excitation-backprop", "dff"}
     # Named explicitly, a method that does not apply is a usage error that says why.
     assert main(["run", str(photo), "--out", str(tmp_path / "cam"), "--model", str(folder), "--method", "cam"]) == 2
     assert "CAM's premise" in capsys.readouterr().err

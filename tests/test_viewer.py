@@ -136,6 +136,7 @@ def test_labels_by_id_or_name_matched_by_path(tmp_path):
 @pytest.mark.parametrize("text, message", [
     ("a.png,cat\nb.png,zebra\n", "line 2: 'zebra' is neither a class id (0..2) nor a class name"),
     ("a.png,7\n", "line 1: '7' is neither a class id (0..2)"),
+    ("a.png,Catt\n", "line 1: 'Catt' is neither a class id (0..2) nor a class name of the model; did you mean: 'cat'?"),
     ("a.png\n", "line 1: expected `path,label`"),
 ])
 def test_a_bad_labels_line_is_a_usage_error_naming_it(tmp_path, text, message):
@@ -154,6 +155,9 @@ def test_runs_record_the_labels_and_a_resume_the_truth(runs):
     assert verdicts[("p5.png", "gradcam")] == (None, None)
     run = read_page(runs["out"] / "index.html")["run"]
     assert run["counts"] == {"ok": 0, "skipped": 12, "failed": 2} and run["state"] == "complete"
+    wrong = len({r["input"] for r in rows if r["correct"] is False})
+    assert f"; labels: {wrong} of {IMAGES - 1} labelled images predicted wrong (index.html filters them); see " \
+        in run["summary"]  # the summary line, as printed
     assert read_page(runs["first"] / "index.html")["run"]["counts"] == {"ok": 12, "skipped": 0, "failed": 2}
 
 
@@ -312,6 +316,7 @@ def test_labels_mark_right_and_wrong_and_the_mistakes_filter(browser, runs):
     wrong = sorted(Path(r["input"]).name for r in rows if r["correct"] is False)
     right = sorted(Path(r["input"]).name for r in rows if r["correct"] is True)
     assert wrong and len(wrong) + len(right) == IMAGES - 1
+    assert browser.find_element(By.ID, "mistakes").text == f"mistakes {len(wrong)} of {IMAGES - 1} labelled images"
     Select(browser.find_element(By.ID, "correct")).select_by_visible_text("mistakes")
     assert _shown(browser) == wrong
     assert all("✗ wrong" in row.text for row in browser.find_elements(By.CSS_SELECTOR, "#canvas .row"))
@@ -319,6 +324,37 @@ def test_labels_mark_right_and_wrong_and_the_mistakes_filter(browser, runs):
     assert _shown(browser) == right
     Select(browser.find_element(By.ID, "correct")).select_by_visible_text("no label")
     assert _shown(browser) == ["broken.png", "p5.png"]
+
+
+def test_copied_originals_travel_with_the_run_folder_and_lost_links_say_why(browser, runs, tmp_path):
+    """A run folder moved away from its inputs: with --copy-originals its page still shows
+    the originals (thumbnails inside it, made once); without, the original column says they
+    are not found, and why."""
+    root = runs["root"]
+    command = ["run", str(root / "photos"), "--model", str(root / "tiny.pt2"), "--method", "gradcam",
+               "--workers", "0", "-q", "--out", str(root / "copied"), "--copy-originals"]
+    assert main(command) == 1  # the broken file fails
+    thumbnails = sorted((root / "copied" / "originals").iterdir())
+    assert len(thumbnails) == IMAGES and all(path.suffix == ".jpg" for path in thumbnails)
+    made = {path.name: path.stat().st_mtime_ns for path in thumbnails}
+    assert main(command) == 1  # a resumed run finds them
+    assert {path.name: path.stat().st_mtime_ns for path in (root / "copied" / "originals").iterdir()} == made
+    originals = [image["original"] for image in read_page(root / "copied" / "index.html")["images"]]
+    assert sum(bool(o) for o in originals) == IMAGES and all(o.startswith("originals/") for o in originals if o)
+    shutil.copytree(root / "copied", tmp_path / "moved" / "copied")
+    shutil.copytree(runs["first"], tmp_path / "moved" / "linked")
+    from selenium.webdriver.common.by import By
+
+    _open(browser, tmp_path / "moved" / "copied" / "index.html")
+    assert _loaded(browser, "#canvas .original img") == len(browser.find_elements(By.CSS_SELECTOR,
+                                                                                 "#canvas .original img")) > 0
+    _open(browser, tmp_path / "moved" / "linked" / "index.html")
+    browser.execute_script("return Promise.all([...document.querySelectorAll('#canvas img')].map("
+                           "i => i.decode().catch(() => 0)))")
+    missing = browser.find_elements(By.CSS_SELECTOR, "#canvas .missing-original")
+    assert missing and missing[0].text == "original not found"
+    assert "--copy-originals" in missing[0].get_attribute("title")
+    assert all("ERR_FILE_NOT_FOUND" in error for error in _errors(browser))  # the lost originals, and only them
 
 
 def test_metric_columns_sort_and_filter_over_a_virtual_grid(browser, tmp_path):
@@ -355,4 +391,31 @@ def test_metric_columns_sort_and_filter_over_a_virtual_grid(browser, tmp_path):
     assert browser.find_element(By.ID, "shown").text.startswith("2 of 300")
     Select(browser.find_element(By.ID, "target")).select_by_visible_text("top2")  # values 1..2
     assert browser.find_element(By.ID, "shown").text.startswith("0 of 300")
+    assert _errors(browser) == []
+
+
+def test_markup_in_any_string_of_the_inline_setup_leaves_the_page_whole(browser, tmp_path):
+    # `<!--<script>` in a folder, class or target name once put the HTML parser in its
+    # double-escaped script state: the page stayed blank (nothing ran, but nothing showed).
+    markup = "<!--<script>"
+    out = tmp_path / markup  # the --out folder, named in the summary line
+    out.mkdir()
+    _noise(0, (16, 16)).save(out / "o.png")
+    rows = [{"input": f"{markup}/p{i}.png", "method": "gradcam", "target": markup, "target_id": 0,
+             "target_name": markup, "target_probability": 0.5, "predicted_id": 0, "predicted_name": markup,
+             "predicted_probability": 0.5, "output": "o.png", "status": "ok"} for i in range(2)]
+    run = PageRun(summary=f"explain: 2 done now; see {out / 'index.html'} and {out / 'manifest.jsonl'}",
+                  counts={"ok": 2, "skipped": 0, "failed": 0})
+    for name, data in page_files(rows, run, original=lambda source: "o.png").items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_bytes(data)
+    assert markup not in (out / "index.html").read_text()
+    assert read_page(out / "index.html")["run"]["summary"] == run.summary  # read back as written
+    _open(browser, out / "index.html")
+    assert _shown(browser) == ["p0.png", "p1.png"]
+    from selenium.webdriver.support.ui import Select
+    from selenium.webdriver.common.by import By
+
+    targets = Select(browser.find_element(By.ID, "target")).options  # hidden: one target
+    assert markup in [option.get_attribute("textContent") for option in targets]
     assert _errors(browser) == []

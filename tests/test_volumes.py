@@ -21,25 +21,11 @@ VIDEO = (1, 3, 4, 32, 32)  # layer4 of the video models: 1 x 2 x 2
 SIGNAL = (2, 2, 64)
 FEWER = {**CHEAP, "occlusion": {"window": 4, "stride": 4}}
 #: One pass per channel: run on the small models only (r3d_18's layer4 has 512 channels).
-PER_CHANNEL = {"scorecam", "sscam", "iscam", "ablationcam"}
+PER_CHANNEL = {name for name in explain.method_names() if explain.method_class(name).family == "perturbation CAM"}
 #: Methods whose definition is that of images (superpixels, attention, 2-D bias terms).
-IMAGES_ONLY = {
-    "lime",
-    "kernelshap",
-    "ablation",
-    "lrp",
-    "fullgrad",
-    "attention-rollout",
-    "attention-relevance",
-    "legrad",
-    "drise",
-    "blurig",
-    "xrai",
-    "extremal",
-    "rise",
-    "shapley-sampling",
-}
-APPLICABLE = [name for name in explain.method_names() if name not in IMAGES_ONLY]
+IMAGES_ONLY = {name for name in explain.method_names() if explain.method_class(name).images_only}
+APPLICABLE = [name for name in explain.method_names()
+              if name not in IMAGES_ONLY and not explain.method_class(name).per_concept]  # DFF: per concept
 
 
 @lru_cache(maxsize=4)

@@ -10,7 +10,7 @@ import torchvision.models as tvm
 import explain
 from conftest import CHEAP, ModelState
 
-SIZE = 96
+SIZE = 64  # the smallest input every network here takes (a 2 x 2 grid at their last stage)
 
 # architecture -> layers to explain (None = automatic); comments mark the in-place cases.
 ZOO = {
@@ -40,11 +40,14 @@ CAM_APPLIES = {"resnet18", "resnet50", "mobilenet_v2", "efficientnet_b0", "regne
 CONTRASTIVE_REFUSED = {"squeezenet1_1"}
 
 # One masked forward pass per channel: these run in test_score_cams on a smaller matrix.
-SCORE_CAMS = ["scorecam", "sscam", "iscam"]
-FEWER_SAMPLES = {"sscam": {"n_samples": 1}, "iscam": {"n_samples": 1}, "smoothgradcam++": {"n_samples": 2}}
+SCORE_CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), explain.ScoreCAM)]
 
-CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))]
-ATTRIBUTIONS = [m for m in explain.method_names() if issubclass(explain.method_class(m), explain.Attribution)]
+# Deep Feature Factorization's maps are per concept, not per target (test_cams_more.py).
+CAMS = [m for m in explain.method_names() if issubclass(explain.method_class(m), (explain.BaseCAM, explain.FullGrad))
+        and not explain.method_class(m).per_concept]
+# AttnLRP applies to transformers only (tests/test_attnlrp.py); it refuses these networks.
+ATTRIBUTIONS = [m for m in explain.method_names()
+                if issubclass(explain.method_class(m), explain.Attribution) and m != "attnlrp"]
 # The fewest passes that still exercise each attribution method's batching and hooks.
 CHEAP = {
     **CHEAP, "smoothgrad": {"n_samples": 3, "internal_batch_size": 2}, "vargrad": {"n_samples": 3, "internal_batch_size": 2},
@@ -54,7 +57,7 @@ CHEAP = {
 # Methods whose raw result is one map per image (N, 1, H, W), not attributions per channel.
 ONE_MAP = {"xrai", "extremal", "rise"}
 # Methods whose raw result is the attributions of the target layer's units (N, C, h, w).
-LAYER = {"layer-ig", "layer-conductance", "internal-influence", "layer-gradxact"}
+LAYER = {m for m in explain.method_names() if explain.method_class(m).family == "layer attribution"}
 
 
 @lru_cache(maxsize=2)
@@ -94,7 +97,7 @@ def test_every_method(arch, layer, grad_mode):
     for method in CAMS:
         if method in SCORE_CAMS or (method == "fullgrad" and layer is not None):
             continue
-        cam = explain.explainer(method, model, target_layer=layer, **FEWER_SAMPLES.get(method, {}))
+        cam = explain.explainer(method, model, target_layer=layer, **CHEAP.get(method, {}))
         with context:
             if method == "cam" and (layer is not None or arch not in CAM_APPLIES):
                 with pytest.raises(ValueError, match="CAM|pooled"):
@@ -161,8 +164,8 @@ def test_score_cams(arch):
     torch.manual_seed(1)
     images = torch.randn(1, 3, 64, 64)
     state = ModelState(model)
-    for method in SCORE_CAMS[:1] if arch in LARGE else SCORE_CAMS:
-        res = explain.explainer(method, model, batch_size=64, **FEWER_SAMPLES.get(method, {}))(images)
+    for method in ["scorecam"] if arch in LARGE else SCORE_CAMS:
+        res = explain.explainer(method, model, batch_size=64, **CHEAP.get(method, {}))(images)
         check(res, 1, None, size=64)
     state.assert_unchanged()
 
@@ -172,9 +175,9 @@ def test_score_cams(arch):
 # class logits refuse the callable target; the attention methods refuse a model whose attention
 # includes a text tower (or that has none); CLIP's patch convolution has no bias for FullGrad.
 EMBEDDER_REFUSALS = {
-    "clip": {"finercam", "cam", "fullgrad", "lrp", "attention-rollout", "attention-relevance", "legrad", "drise",
-             "excitation-backprop", "c-excitation-backprop"},
-    "resnet18-embedder": {"finercam", "cam", "attention-rollout", "attention-relevance", "legrad", "drise",
+    "clip": {"finercam", "cam", "sess", "fullgrad", "lrp", "attnlrp", "attention-rollout", "attention-relevance",
+             "legrad", "drise", "excitation-backprop", "c-excitation-backprop"},  # attnlrp: no rule for the norm's Div, Pow
+    "resnet18-embedder": {"finercam", "cam", "sess", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "drise",
                           "c-excitation-backprop"},  # no classifier for its dual unit
 }
 
@@ -204,9 +207,9 @@ def test_embedders(name):
     state = ModelState(inner)
     refused = set()
     for method in explain.method_names():
-        if method in ("sscam", "iscam") or (method == "scorecam" and name != "clip"):
+        if method in ("sscam", "iscam") or (method == "scorecam" and name != "clip") or method == "dff":
             continue  # one pass per channel: Score-CAM runs on CLIP's 32 channels only
-        options = {**CHEAP.get(method, {}), **FEWER_SAMPLES.get(method, {})}
+        options = CHEAP.get(method, {})
         try:
             with torch.no_grad():
                 res = explain.explainer(method, model, **options)(images, target)

@@ -106,6 +106,35 @@ def crop_zoom(preprocess) -> float | None:
     return round(resize / crop, 4)
 
 
+def mask_geometry(preprocess, interpolation=transforms.InterpolationMode.NEAREST):
+    """The resizing and cropping of ``preprocess`` with nearest-neighbour resampling, for
+    masks drawn on the original images (PIL images; tensors (..., H, W) with
+    ``InterpolationMode.NEAREST_EXACT``, which picks PIL's pixels); None where the
+    preprocessing is not made of them.
+
+    >>> mask_geometry(transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor()]))
+    Compose(
+        Resize(size=256, interpolation=nearest, max_size=None, antialias=True)
+        CenterCrop(size=(224, 224))
+    )
+    """
+    if is_torchvision_preset(preprocess):
+        return transforms.Compose(
+            [transforms.Resize(preprocess.resize_size, interpolation), transforms.CenterCrop(preprocess.crop_size)]
+        )
+    if not isinstance(preprocess, transforms.Compose):
+        return None
+    steps = []
+    for step in preprocess.transforms:
+        if type(step) is transforms.Resize:
+            steps.append(transforms.Resize(step.size, interpolation, max_size=step.max_size))
+        elif type(step) is transforms.CenterCrop:
+            steps.append(step)
+        elif type(step) not in _NOT_FRAMING:
+            return None
+    return transforms.Compose(steps)
+
+
 def draft_size(example: Tensor) -> int:
     """The size JPEGs are drafted to while decoding: twice the model input's longer side."""
     return 2 * max(example.shape[-2:])

@@ -6,12 +6,10 @@ in halves (:func:`~explain.batch.loop.in_halves`)."""
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 
 import torch
 from torch import Tensor
-from torchvision import transforms
 
 from ..errors import UsageError, out_of_memory_reason
 from ..evaluation import (
@@ -29,7 +27,7 @@ from ..models import load_model, warn_if_random
 from ..options import LOCALISATION_METRICS as LOCALISATION
 from ..passes import pass_settings
 from ..report import atomic_write, remove_temp_files
-from .decoding import DecodedBatch, ModelInputs, default_workers, is_torchvision_preset
+from .decoding import ModelInputs, default_workers, mask_geometry
 from .explainers import (
     build_explainers,
     estimated_costs,
@@ -42,34 +40,14 @@ from .explainers import (
 )
 from .guards import pixel_limit, sole_run
 from .inputs import collect_inputs
-from .loop import OutOfMemory, for_each_batch, in_halves
+from .job import DatasetJob, run_job
+from .loop import LoopEnd, OutOfMemory, in_halves
 from .manifest import safe_name
 from .options import EvaluateOptions
-from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
+from .outcome import report_failure
 from .page import page_run, write_page
 from .progress import time_taken
-from .storage import OutputDeviceError, OutputFolder, device_errors
-
-
-def _mask_geometry(preprocess):
-    """The resizing and cropping of ``preprocess`` with nearest-neighbour resampling, for
-    masks drawn on the original images; None where the preprocessing is not made of them."""
-    nearest = transforms.InterpolationMode.NEAREST
-    if is_torchvision_preset(preprocess):
-        return transforms.Compose([transforms.Resize(preprocess.resize_size, nearest),
-                                   transforms.CenterCrop(preprocess.crop_size)])
-    if not isinstance(preprocess, transforms.Compose):
-        return None
-    steps = []
-    for step in preprocess.transforms:
-        if type(step) is transforms.Resize:
-            steps.append(transforms.Resize(step.size, nearest, max_size=step.max_size))
-        elif type(step) is transforms.CenterCrop:
-            steps.append(step)
-        elif type(step) not in (transforms.ToTensor, transforms.PILToTensor, transforms.Normalize,
-                                transforms.ConvertImageDtype):
-            return None
-    return transforms.Compose(steps)
+from .storage import OutputFolder, device_errors
 
 
 def _save_figure(path: Path, figure) -> None:
@@ -78,13 +56,14 @@ def _save_figure(path: Path, figure) -> None:
     atomic_write(path, buffer.getvalue())
 
 
-class EvaluationRun:
+class EvaluationRun(DatasetJob):
     """One ``explain evaluate``: plans which (image, method, metric) scores are missing from
     scores.csv, computes them batch by batch, appends them, and rebuilds the summary."""
 
     def __init__(self, args, out_dir, sources, loaded, target, explainers, metrics, options, regions, method_options):
         self.args, self.out_dir, self.sources, self.loaded = args, out_dir, sources, loaded
-        self.target, self.metrics, self.options, self.regions = target, metrics, options, regions
+        self.options: EvaluateOptions = args  # what the job's loop reads (batch size, workers, --max-memory)
+        self.target, self.metrics, self.metric_options, self.regions = target, metrics, options, regions
         self.explainers = {cam.name: cam for cam in explainers}
         #: method -> its --method-option settings, recorded with its scores
         self.method_settings = {cam.name: method_option_text(method_options.get(type(cam), {})) for cam in explainers}
@@ -99,12 +78,13 @@ class EvaluationRun:
         self.failures: list[dict] = []
         self.reported: set[tuple[str, str]] = set()
         self.stats = {"computed": 0, "skipped": 0, "failed": 0}
+        self.texts: list[tuple[str, str]] = []  # the batch's new lines of scores.csv and curves.jsonl
 
     def _settings(self, method: str, name: str) -> str:
         text = f"model={self.args.model} weights={self.args.weights or '-'} layer={self.layers[method]}"
         text += self.method_settings[method]
-        if "step" in self.options.get(name, {}):
-            text += f" step={self.options[name]['step']}"
+        if "step" in self.metric_options.get(name, {}):
+            text += f" step={self.metric_options[name]['step']}"
         if name in LOCALISATION:
             text += f" regions={self.args.regions}"
         return text
@@ -188,55 +168,43 @@ class EvaluationRun:
         return (evaluation_files.csv_lines(rows, evaluation_files.SCORE_FIELDS),
                 evaluation_files.jsonl_lines(curves))
 
-    # -- the loop
+    # -- the job's steps (run by explain.batch.job.run_job)
 
-    def execute(self) -> int:
-        try:
-            with device_errors(self.out_dir):
-                self._make_plan(self._compact())
-        except OutputDeviceError as error:  # the files keep their last whole version
-            print(f"explain: error: {error}", file=sys.stderr)
-            print(stopped_summary(error, self._summary(0, 0.0)))
-            return exit_code(0, True, device_error=True)
-        work = sorted(self.pending)
+    def plan(self) -> dict:
+        with device_errors(self.out_dir):
+            self._make_plan(self._compact())
+        return self.pending
 
-        def handle(batch: DecodedBatch) -> None:
-            for position, error in batch.failures:
-                for method, names in self.pending[work[position]].items():
-                    self._fail([work[position]], method, names, error, per_image=True)
-            texts = [self._evaluate([work[p] for p in positions], images) for positions, images in batch.groups]
-            with device_errors(self.out_dir):
-                evaluation_files.append_lines(self.scores_path, "".join(t[0] for t in texts))
-                evaluation_files.append_lines(self.curves_path, "".join(t[1] for t in texts))
+    def failed_input(self, index: int, error: str) -> None:
+        for method, names in self.pending[index].items():
+            self._fail([index], method, names, error, per_image=True)
 
-        end, refused = None, None
-        try:
-            end = for_each_batch([self.sources[i].path for i in work], self.inputs, self.loaded, self.args, handle,
-                                 costs=self.costs)
-        except OutputDeviceError as error:  # a full disk: the scores appended so far are kept
-            refused = error
-        finally:
-            interrupted = end is None or end.interrupted or refused is not None
-            counts = self._summary(end.images if end else 0, end.elapsed if end else 0.0)
-            summary = interrupted_summary(counts) if interrupted else counts
-            try:
-                with device_errors(self.out_dir):
-                    scores = self._compact()
-                    write_reports(self.out_dir, scores, self.failures, self.curves)
-                    run = page_run("explain evaluate", summary, {"ok": self.stats["computed"],
-                                   "skipped": self.stats["skipped"], "failed": self.stats["failed"]},
-                                   end.elapsed if end else 0.0, end.images if end else 0,
-                                   "interrupted" if interrupted else "complete")
-                    table = summary_table(scores)
-                    write_page(OutputFolder(self.out_dir), page_rows(scores, self.failures), run,
-                               format_summary(table, "html") if table else "")
-            except OutputDeviceError as error:
-                refused = refused or error
-        if refused is not None:
-            print(f"explain: error: {refused}", file=sys.stderr)
-            summary = stopped_summary(refused, counts)
-        print(summary)
-        return exit_code(self.stats["failed"], interrupted, device_error=refused is not None)
+    def group(self, indices: list[int], images: Tensor) -> None:
+        self.texts.append(self._evaluate(indices, images))
+
+    def batch_done(self) -> None:
+        texts, self.texts = self.texts, []
+        with device_errors(self.out_dir):
+            evaluation_files.append_lines(self.scores_path, "".join(t[0] for t in texts))
+            evaluation_files.append_lines(self.curves_path, "".join(t[1] for t in texts))
+
+    def finish(self, end: LoopEnd, completed: bool, summary: str) -> None:
+        with device_errors(self.out_dir):
+            scores = self._compact()
+            write_reports(self.out_dir, scores, self.failures, self.curves)
+            counts = {"ok": self.stats["computed"], "skipped": self.stats["skipped"], "failed": self.stats["failed"]}
+            run = page_run("explain evaluate", summary, counts, end.elapsed, end.images,
+                           "complete" if completed else "interrupted")
+            table = summary_table(scores)
+            write_page(OutputFolder(self.out_dir), page_rows(scores, self.failures), run,
+                       format_summary(table, "html") if table else "")
+
+    @property
+    def failed(self) -> int:
+        return self.stats["failed"]
+
+    def summary(self, end: LoopEnd) -> str:
+        return self._summary(end.images, end.elapsed)
 
     def _evaluate(self, indices: list[int], images: Tensor) -> tuple[str, str]:
         """Score one decoded group; images with the same work to do are scored together."""
@@ -261,7 +229,7 @@ class EvaluationRun:
             if any(name in LOCALISATION for names in wanted.values() for name in names):
                 regions = torch.stack([self.regions[i] for i in members]).to(self.loaded.device)
             found = evaluate(self.explainers, images, wanted, targets=self.target.targets, topk=self.target.topk,
-                             regions=regions, options=self.options)
+                             regions=regions, options=self.metric_options)
             if len(members) > 1 and any(out_of_memory_reason(f["error"]) for f in found.failures):
                 raise OutOfMemory
             return self._record(members, wanted, found)
@@ -328,9 +296,10 @@ def page_rows(scores: list[dict], failures: list[dict]) -> list[dict]:
     return list(rows.values())
 
 
-def run_evaluation(args: EvaluateOptions) -> int:
+def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
     """``explain evaluate``: check the options against the model, then compute the scores that are
-    missing under ``args.out``; returns the exit status."""
+    missing under ``args.out`` (of ``sources``: by default the images that ``args.inputs``
+    name); returns the exit status."""
     out_dir = Path(args.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
@@ -341,9 +310,17 @@ def run_evaluation(args: EvaluateOptions) -> int:
             raise UsageError(f"--regions {args.regions}: no such file or folder")
         if not any(name in LOCALISATION for name in metrics):
             raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
-    options = metric_options(metrics, args.step)
+    metric_options(metrics, args.step)  # --step checked before the model loads
     method_options = parse_method_options(args.method_options)
-    sources = collect_inputs(args.inputs, out_dir)
+    if sources is None:
+        sources = collect_inputs(args.inputs, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with sole_run(out_dir, "evaluate"):  # a second run on the folder is refused before the model loads
+        return _evaluate_locked(args, out_dir, sources, metrics, method_options)
+
+
+def _evaluate_locked(args: EvaluateOptions, out_dir: Path, sources: list, metrics: list[str], method_options) -> int:
+    """``explain evaluate`` once it holds ``out_dir``: the model loaded and checked, the run."""
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     if loaded.task != "classify":
         raise UsageError(f"explain evaluate scores classifiers; {args.model} is a {loaded.task} model, which "
@@ -358,12 +335,11 @@ def run_evaluation(args: EvaluateOptions) -> int:
     if args.regions is not None:
         try:
             size = (loaded.example.shape[-2], loaded.example.shape[-1])
-            regions = read_regions(args.regions, [s.path for s in sources], size, _mask_geometry(loaded.preprocess))
+            regions = read_regions(args.regions, [s.path for s in sources], size, mask_geometry(loaded.preprocess))
         except ValueError as error:
             raise UsageError(f"--regions: {error}") from None
     warn_if_random(loaded, args.model)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir, "evaluate"), pixel_limit(args.max_pixels):
+    with pixel_limit(args.max_pixels):
         remove_temp_files(out_dir)
-        return EvaluationRun(args, out_dir, sources, loaded, target, explainers, metrics, options, regions,
-                             method_options).execute()
+        return run_job(EvaluationRun(args, out_dir, sources, loaded, target, explainers, metrics, options, regions,
+                                     method_options))

@@ -28,6 +28,7 @@ from ..passes import parse_memory
 from ..similarity import SimilarityTarget
 from ..targets import class_index
 from ..tasks import DetectionTarget, SegmentationTarget
+from .options import NameList
 
 #: A run warns where its costliest methods cost over this many times the median of the others.
 COSTLY_RATIO = 10.0
@@ -167,7 +168,12 @@ def class_name(class_names: list[str], class_id: int) -> str:
 
 
 def build_explainers(
-    names: str, loaded: LoadedModel, layer: str, target: TargetSpec, method_options: dict | None = None, **options
+    names: NameList | str,
+    loaded: LoadedModel,
+    layer: NameList | str,
+    target: TargetSpec,
+    method_options: dict | None = None,
+    **options,
 ) -> list:
     """One explainer per method, each checked once on a blank image so that mistakes in the
     method, layer or target surface now, as usage errors, and the auto layer is fixed.
@@ -179,18 +185,14 @@ def build_explainers(
     without a pooled linear head, attention methods on a CNN) are left out with a note.
     ``method_options`` (:func:`parse_method_options`) go to their own method alone, which
     ``names`` must include."""
-    everything = names.strip().lower() == "all"
-    wanted = method_names() if everything else [n.strip() for n in names.split(",") if n.strip()]
+    names, layer = NameList.parse(names), NameList.parse(layer, "auto")
+    everything = names.every
+    wanted = method_names() if everything else list(names.names)
     if not wanted:
         raise UsageError("--method is empty; see `explain methods`")
-    if layer.strip().lower() != "auto":
-        options = dict(options, target_layer=[n.strip() for n in layer.split(",") if n.strip()])
-    classes = {}
-    for name in wanted:
-        try:
-            classes[name] = method_class(name)
-        except ValueError as error:
-            raise UsageError(f"--method: {error}") from None
+    if not layer.auto:
+        options = dict(options, target_layer=list(layer.names))
+    classes = method_classes(wanted)
     for option in options:
         if not any(accepts_option(cls, option) for cls in classes.values()):
             flag = "--layer" if option == "target_layer" else "--" + option.replace("_", "-")
@@ -199,7 +201,7 @@ def build_explainers(
     for cls, own in method_options.items():
         if cls not in classes.values():
             raise UsageError(
-                f"{method_option_flags(cls, own)}: {cls.name} is not among --method {names.strip()}; add it to --method"
+                f"{method_option_flags(cls, own)}: {cls.name} is not among --method {names}; add it to --method"
             )
     explainers: list[Explainer] = []
     for name, cls in classes.items():
@@ -209,6 +211,12 @@ def build_explainers(
         flags = method_option_flags(cls, own) if own else f"--method {name} --layer {layer}"
         if own and "target_layer" in given:  # the layer may be what the options do not fit
             flags = f"--layer {layer} {flags}"
+        if cls.per_concept:  # maps per concept of the whole batch: no per-image files to write
+            why = "its maps are per concept of a batch, not per target: the Python API gives them"
+            if not everything:
+                raise UsageError(f"--method {name}: {why}")
+            print(f"explain: --method all: leaving out {name}: {why}", file=sys.stderr)
+            continue
         try:
             cam = cls(loaded.model, class_names=loaded.class_names, **given, **own)
             cam.check(loaded.example, target.targets, topk=target.topk)
@@ -226,6 +234,17 @@ def build_explainers(
         if cam.name not in (e.name for e in explainers):
             explainers.append(cam)
     return explainers
+
+
+def method_classes(names: list[str]) -> dict[str, type[Explainer]]:
+    """{name: its method's class}; an unknown name is a usage error with the names it is close to."""
+    classes = {}
+    for name in names:
+        try:
+            classes[name] = method_class(name)
+        except ValueError as error:
+            raise UsageError(f"--method: {error}") from None
+    return classes
 
 
 def parse_method_options(entries: Sequence[str]) -> dict[type[Explainer], dict[str, Any]]:
@@ -333,14 +352,15 @@ def option_applies(cls: type[Explainer], option: str) -> bool:
     return accepts_option(cls, option)
 
 
-def parse_metrics(text: str, with_regions: bool = False, flag: str = "--metrics") -> list[str]:
-    """Metric names from a comma-separated list or ``all`` (every metric, the localisation
-    ones only ``with_regions``); unknown names and localisation metrics without regions are
-    usage errors that say what to pass."""
-    if text.strip().lower() == "all":
+def parse_metrics(value: NameList | str, with_regions: bool = False, flag: str = "--metrics") -> list[str]:
+    """Metric names from a list or ``all`` (every metric, the localisation ones only
+    ``with_regions``); unknown names and localisation metrics without regions are usage
+    errors that say what to pass."""
+    given = NameList.parse(value)
+    if given.every:
         return [name for name, spec in METRICS.items() if with_regions or spec.needs != "regions"]
     names = []
-    for part in (p for p in text.split(",") if p.strip()):
+    for part in given.names:
         try:
             names.append(metric(part).name)
         except ValueError as error:

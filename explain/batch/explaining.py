@@ -1,30 +1,36 @@
 """Explaining one group of decoded images with every method still to run on them, into failed
-manifest rows and overlays to write: the code both engines call, the local one from its loader
-loop, the Ray actors from theirs. What the task changes (the classes of a classifier, the
-regions or boxes of a segmentation or detection model) is a strategy of
-:mod:`~explain.batch.task_outputs`."""
+manifest records and overlays to write: the code both engines call, the local one from its
+loader loop, the Ray actors from theirs. What the task changes (the classes of a classifier,
+the regions or boxes of a segmentation or detection model) is a strategy of
+:mod:`~explain.batch.task_outputs`, which returns what it made; the records and files are
+:class:`~explain.batch.outputs.OutputBuilder`'s."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 from torch import Tensor
 
-from ..errors import is_out_of_memory
-from ..evaluation import score
+from ..errors import failure_reason, is_out_of_memory
+from ..report import ManifestRecord
 from .decoding import ModelInputs
 from .inputs import Source
 from .kinds import FileInputs, file_kind
 from .loop import in_halves
-from .manifest import manifest_row, safe_name
 from .method_results import Outcome, raise_if_out_of_memory
+from .outputs import Explained, Failure, OutputBuilder
 from .preparation import PreparedRun
+from .scoring import MetricScorer
 from .task_outputs import outputs_for
 
 
 def report_nothing(where: str, error: str) -> None:
     """The Ray actors' reporter: the driver reports the failed rows it receives."""
+
+
+def pending(explainers: list, work: list[tuple[Source, list]]) -> list:
+    """The explainers that some image of ``work`` still needs, in the run's order."""
+    return [cam for cam in explainers if any(cam in cams for _, cams in work)]
 
 
 class GroupExplainer:
@@ -42,8 +48,9 @@ class GroupExplainer:
             else FileInputs(self.kind, prepared.loaded.preprocess)
         )
         self.report = report
-        self.reported: set[str] = set()  # metric failures are reported once each
-        self.outputs = outputs_for(prepared.task)
+        self.records = prepared.records
+        self.outputs = outputs_for(prepared, MetricScorer(prepared.metrics, prepared.metric_options, report))
+        self.builder = OutputBuilder(self.records, self.options, self.kind)
 
     def explain(self, work: list[tuple[Source, list]], images: Tensor) -> Outcome:
         """Explain ``images`` (one decoded group, as the decode step gives it) with, per image,
@@ -56,6 +63,7 @@ class GroupExplainer:
         return outcome
 
     def _explain_once(self, work: list[tuple[Source, list]], images: Tensor) -> Outcome:
+        cams = pending(self.prepared.explainers, work)
         try:
             model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
             pictures = self.inputs.pictures(images, model_input)
@@ -63,66 +71,25 @@ class GroupExplainer:
             if not is_out_of_memory(error):
                 raise
             raise_if_out_of_memory([error], len(work))  # several images: explained in halves
-            outcome = Outcome()
-            for cam in self.pending(work):
-                self.fail(outcome, work, range(1), cam, f"{type(error).__name__}: {error}")
-            return outcome
-        return self.outputs.explain(self, work, model_input, pictures)
+            return self._outcome(work, None, Explained([], [Failure([0], cam, failure_reason(error)) for cam in cams]))
+        return self._outcome(work, pictures, self.outputs.explain(work, model_input, pictures, cams))
 
-    # -- what the strategies share
-
-    def pending(self, work: list[tuple[Source, list]]) -> list:
-        """The explainers that some image of ``work`` still needs, in the run's order."""
-        return [cam for cam in self.prepared.explainers if any(cam in cams for _, cams in work)]
-
-    def row(self, source_input: str, method: str, label: str, **values) -> dict:
-        prepared = self.prepared
-        return manifest_row(
-            source_input, method, label, prepared.layers[method], prepared.settings[method], prepared.task, **values
-        )
-
-    def failed_rows(self, source: Source, method: str, error: str) -> list[dict]:
-        """A failed row per target of the run."""
-        return [
-            self.row(source.input, method, label, status="failed", error=error) for label in self.prepared.target.labels
-        ]
-
-    def fail(
-        self, outcome: Outcome, work: list[tuple[Source, list]], positions, cam, error: str, reported: str | None = None
-    ) -> None:
-        """``cam`` failed on the images at ``positions`` that still need it: their rows fail with
-        ``error``, and each is reported (with ``reported``, where the report says it otherwise)."""
-        for j in positions:
-            source, cams = work[j]
-            if cam in cams:
-                self.report(source.input, f"{cam.name}: {error if reported is None else reported}")
-                outcome.failed += self.failed_rows(source, cam.name, error)
-
-    def output_names(self, source: Source, method: str, what: str) -> tuple[str, str | None]:
-        """The overlay's file name for one target (``what``: its id and name, or the box) and the
-        image's .npz (with --save-maps)."""
-        prefix = f"{source.folder}/{source.stem}" if source.folder else source.stem
-        maps = f"{prefix}__{safe_name(method)}.npz" if self.options.save_maps else None
-        suffix = ".png" if self.kind is None else self.kind.suffix(source.path)
-        return f"{prefix}__{safe_name(method)}__{what}{suffix}", maps
-
-    def drawing(self, source: Source):
-        """How the maps of ``source`` are drawn, for :class:`~explain.batch.writing.Job`: None
-        for images (overlays), else its kind's."""
-        return None if self.kind is None else partial(self.kind.draw, source.path)
-
-    def scores(self, cam, images: Tensor, result) -> dict[tuple[int, int], dict]:
-        """--metrics for one method's explanation of a batch: {(image, target rank): {column: value}};
-        a metric that fails is reported (once) and left out."""
-        if not self.prepared.metrics:
-            return {}
-        found = score(cam, images, result, self.prepared.metrics, options=self.prepared.metric_options, method=cam.name)
+    def _outcome(self, work: list[tuple[Source, list]], pictures, found: Explained) -> Outcome:
+        """The failed records (each reported) and the files to write of what the strategy found."""
+        outcome = Outcome()
         for failure in found.failures:
-            message = f"{cam.name} {failure['metric']}: {failure['error']}"
-            if message not in self.reported:
-                self.reported.add(message)
-                self.report("--metrics", message)
-        values: dict[tuple[int, int], dict] = {}
-        for row in found.rows:
-            values.setdefault((row["image"], row["rank"]), {})[row["metric"]] = round(row["value"], 6)
-        return values
+            for j in failure.positions:
+                source, cams = work[j]
+                if failure.cam in cams:
+                    name = failure.cam.name  # type: ignore[attr-defined]
+                    said = failure.error if failure.reported is None else failure.reported
+                    self.report(source.input, f"{name}: {said}")
+                    outcome.failed += self.failed_records(source, name, failure.error)
+        outcome.jobs += [
+            self.builder.job(work[image.position][0], image, pictures[image.position]) for image in found.outputs
+        ]
+        return outcome
+
+    def failed_records(self, source: Source, method: str, error: str) -> list[ManifestRecord]:
+        """A failed record per target of the run."""
+        return self.records.failed(source.input, method, self.prepared.target.labels, error)

@@ -10,12 +10,13 @@ run are ignored (one labels file can serve a whole data set).
 
 from __future__ import annotations
 
-import csv
 import os
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..errors import UsageError
+from ..text_files import csv_records
 from .inputs import Source
 
 
@@ -29,31 +30,56 @@ def _class_ids(class_names: list[str]) -> dict[str, int]:
 
 def read_labels(path: Path, class_names: list[str]) -> dict[str, int]:
     """{path as written, and as an absolute path from the CSV's folder: class id} from the CSV
-    at ``path``; a header line (``path,label``) is skipped. A line that is not ``path,label``
-    or whose label is no class of the model is a :class:`UsageError` naming the line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig", errors="surrogateescape")
-    except OSError as error:
-        raise UsageError(f"--labels {path}: cannot read it: {error.strerror or error}") from None
+    at ``path``, read as CSV records (a quoted path may hold commas and any character) in
+    bounded memory (:func:`~explain.text_files.csv_records`); a header line (``path,label``) is
+    skipped. A line that is not ``path,label``, whose label is no class of the model, or that
+    gives an image another label than an earlier line is a :class:`UsageError` naming the
+    line; a line that repeats an earlier one is noted on stderr."""
     ids, labels = _class_ids(class_names), {}
     folder = os.path.dirname(os.path.abspath(path))
-    for number, cells in enumerate(csv.reader(text.splitlines()), start=1):
-        if not cells or not "".join(cells).strip():
-            continue
-        if number == 1 and [c.strip().lower() for c in cells] == ["path", "label"]:
-            continue
-        if len(cells) != 2 or not cells[0].strip():
-            raise UsageError(f"--labels {path} line {number}: expected `path,label`, found {','.join(cells)!r}")
-        image, label = cells[0].strip(), cells[1].strip()
-        class_id = _class_id(label, ids, len(class_names))
-        if class_id is None:
-            example = class_names[0] if class_names else "0"
-            raise UsageError(
-                f"--labels {path} line {number}: {label!r} is neither a class id (0..{len(class_names) - 1}) "
-                f"nor a class name of the model (such as {example!r})"
-            )
-        labels[os.path.normpath(image)] = class_id
-        labels[os.path.normpath(os.path.join(folder, image))] = class_id
+    where = f"--labels {path}"
+    first_line: dict[str, tuple[int, int]] = {}  # absolute path -> (line, class id)
+    repeated: list[tuple[int, int]] = []
+    try:
+        for number, cells in csv_records(path, where, "give a CSV file of path,label lines"):
+            if not cells or not "".join(cells).strip():
+                continue
+            if number == 1 and [c.strip().lower() for c in cells] == ["path", "label"]:
+                continue
+            if len(cells) != 2 or not cells[0].strip():
+                raise UsageError(f"{where} line {number}: expected `path,label`, found {','.join(cells)!r}")
+            image, label = cells[0].strip(), cells[1].strip()
+            class_id = _class_id(label, ids, len(class_names))
+            if class_id is None:
+                from ..targets import did_you_mean  # torch is loaded by now: the model named the classes
+
+                example = class_names[0] if class_names else "0"
+                hint = did_you_mean(label, class_names) or f" (such as {example!r})"
+                raise UsageError(
+                    f"{where} line {number}: {label!r} is neither a class id (0..{len(class_names) - 1}) "
+                    f"nor a class name of the model{hint}"
+                )
+            absolute = os.path.normpath(os.path.join(folder, image))
+            if absolute in first_line:
+                earlier, earlier_id = first_line[absolute]
+                if earlier_id != class_id:
+                    raise UsageError(
+                        f"{where} line {number}: {image!r} is labelled {label!r} here and "
+                        f"{class_names[earlier_id]!r} on line {earlier}; keep one label per image"
+                    )
+                repeated.append((number, earlier))
+                continue
+            first_line[absolute] = (number, class_id)
+            labels[os.path.normpath(image)] = class_id
+            labels[absolute] = class_id
+    except OSError as error:
+        raise UsageError(f"{where}: cannot read it: {error.strerror or error}") from None
+    except ValueError as error:  # a line too long, a NUL byte, a malformed record
+        raise UsageError(str(error)) from None
+    if repeated:
+        number, earlier = repeated[0]
+        more = f" ({len(repeated)} repeated lines in all)" if len(repeated) > 1 else ""
+        print(f"explain: note: {where} line {number} repeats line {earlier}{more}", file=sys.stderr)
     return labels
 
 

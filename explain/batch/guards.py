@@ -20,10 +20,11 @@ from typing import Any
 from PIL import Image
 
 from ..errors import UsageError
+from .inputs import RUN_FOLDER_LEASE
 from .storage import OutputFolder
 
 #: The lease of a run on a folder given by URI, a JSON object in the folder.
-LEASE = ".explain.lock"
+LEASE = RUN_FOLDER_LEASE
 #: How long a lease holds unless renewed; the running driver renews it every third of that.
 LEASE_SECONDS = 60.0
 #: How long a new lease settles before its holder reads it back: of two runs that both found
@@ -150,27 +151,66 @@ def set_pixel_limit(max_pixels: int | None) -> None:
         Image.MAX_IMAGE_PIXELS = max_pixels or None
 
 
-class StopFlag:
-    """First Ctrl-C: the running method stops after its current inner batch (the loop's
-    ``stop=`` test of :func:`~explain.passes.pass_settings` reads :attr:`set`), the writes
-    under way finish, and the run stops (``after``: what the message says it stops after).
-    Second Ctrl-C: stop now."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, where no :class:`StopFlag` takes it: before a run's first batch (loading the
+    model, checking the methods) the command stops as Ctrl-C stops it, with exit status 143."""
 
-    def __init__(self, after: str = "the current inner batch"):
+
+def _terminated(signum, frame):
+    raise Terminated
+
+
+@contextmanager
+def terminated_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` in the block (in the main thread), and the signal's
+    handler is put back after it. (Ray's ``ray.init`` installs handlers of its own: the Ray
+    engine enters the block again once Ray is up.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+class StopFlag:
+    """The first Ctrl-C or SIGTERM: the running method stops at the next layer of its model (the
+    loop's :class:`~explain.pass_listener.PassListener` reads :attr:`set`), the writes
+    under way finish, and the run stops (``how``: what the message says of the stop);
+    :attr:`signal` says which signal it was (SIGTERM: exit status 143, else 130). A second
+    signal of either kind: stop now (``KeyboardInterrupt``)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, how: str = "the running method stops at its next layer; what is finished is kept"):
         self.set = False
-        self.after = after
-        self._previous: Callable[[int, FrameType | None], Any] | int | signal.Handlers | None = None
+        self.signal: int | None = None
+        self.how = how
+        self._previous: dict[int, Callable[[int, FrameType | None], Any] | int | signal.Handlers | None] = {}
+
+    @property
+    def terminated(self) -> bool:
+        """Whether SIGTERM stopped the run."""
+        return self.signal == signal.SIGTERM
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for number in self.SIGNALS:
+                self._previous[number] = signal.signal(number, self._handle)
         return self
 
     def _handle(self, signum, frame):
-        self.set = True
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        print(f"\nexplain: stopping after {self.after} (Ctrl-C again to stop now)", file=sys.stderr)
+        if self.set:
+            raise KeyboardInterrupt  # a second signal: stop now
+        self.set, self.signal = True, signum
+        if signum == signal.SIGTERM:
+            print(f"\nexplain: terminated: stopping: {self.how} (a second signal stops now)", file=sys.stderr)
+        else:
+            print(f"\nexplain: stopping: {self.how} (Ctrl-C again to stop now)", file=sys.stderr)
 
     def __exit__(self, *exc_info):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for number, previous in self._previous.items():
+            if previous is not None:
+                signal.signal(number, previous)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -12,10 +13,36 @@ from pathlib import Path
 from ..errors import UsageError
 from ..images import IMAGE_EXTENSIONS
 from ..options import MODEL_FILE_SUFFIXES, VIDEO_MODELS
+from ..text_files import MAX_LINE, bounded_lines
 
 #: Files of volumes, videos and signals, found in folders for models that may take them
 #: (see :mod:`~explain.batch.kinds`).
 ARRAY_AND_VIDEO_EXTENSIONS = frozenset({".npy", ".gif"})
+#: The start of the names of the Ray engine's plan folders (and its actors' rows) under --out.
+PLAN_PREFIX = ".explain-ray-plan-"
+#: What makes a folder the output folder of an explain command, so that a folder found among
+#: the inputs is skipped rather than its overlays explained: both files of a pair (explain
+#: run's manifest and explorer, explain evaluate's scores and explorer), the lease of a run
+#: on a folder given by URI (:data:`~explain.batch.guards.LEASE`), or a Ray plan folder.
+RUN_FOLDER_FILES = (("manifest.jsonl", "index.html"), ("scores.csv", "index.html"))
+RUN_FOLDER_LEASE = ".explain.lock"
+
+
+def run_folder_marks(names: set[str]) -> str | None:
+    """What among a folder's ``names`` shows it to be a run's output folder, in words; None
+    where nothing does.
+
+    >>> run_folder_marks({"manifest.jsonl", "index.html", "a.png"})
+    'manifest.jsonl and index.html'
+    >>> run_folder_marks({"manifest.jsonl", "a.png"}) is None
+    True
+    """
+    for pair in RUN_FOLDER_FILES:
+        if all(name in names for name in pair):
+            return " and ".join(pair)
+    if RUN_FOLDER_LEASE in names:
+        return RUN_FOLDER_LEASE
+    return next((f"{name}/" for name in sorted(names) if name.startswith(PLAN_PREFIX)), None)
 
 
 @dataclass
@@ -64,6 +91,10 @@ class InputListing:
         self.arguments = list(arguments)
         self.extensions = frozenset(IMAGE_EXTENSIONS) if extensions is None else extensions
         self.out_abs = os.path.abspath(out_dir) if out_dir is not None else None
+        #: Other runs' output folders found among the inputs (skipped): absolute path -> the
+        #: folder as the inputs named it, and what shows it to be one
+        self.run_folders: dict[str, tuple[str, str]] = {}
+        self._plain_folders: set[str] = set()  # folders of glob matches, read and found plain
         root = present_root = None
         self.count = self.failed = 0
         missing: list[str] = []
@@ -75,8 +106,17 @@ class InputListing:
             elif len(missing) < 3:
                 missing.append(f"{source.input} ({source.error})")
             self.failed += source.error is not None
+        for folder, marks in self.run_folders.values():
+            print(
+                f"explain: skipped {folder}: the output folder of another run (it holds {marks}); "
+                "name its files to explain them",
+                file=sys.stderr,
+            )
         if not self.count:
-            raise UsageError(f"no images found in {' '.join(arguments)}")
+            raise UsageError(
+                f"no images found in {' '.join(arguments)}; folders are searched (recursively, hidden files "
+                f"left out) for files ending {extension_list(self.extensions)} (in any case)"
+            )
         self.root = present_root if present_root is not None else root
         if missing:
             shown = ", ".join(missing) + (", ..." if self.failed > len(missing) else "")
@@ -132,7 +172,7 @@ class InputListing:
             for line in _read_list(argument[1:]):
                 yield from self._expand(line, from_list=True)
         elif os.path.isdir(argument):
-            for path, error in _walk_images(argument, self.out_abs, self.extensions):
+            for path, error in self._walk_images(argument):
                 yield path, argument, error
         elif os.path.exists(argument):
             yield argument, None, None
@@ -142,9 +182,12 @@ class InputListing:
             matches = sorted(glob.glob(argument, recursive=True))
             if not matches and not from_list:
                 raise UsageError(f"no files match {argument!r}")
+            top = os.path.abspath(_fixed_part(argument))
             for match in matches:
+                if self._below_run_folder(match, top):
+                    continue
                 if os.path.isdir(match):
-                    for path, error in _walk_images(match, self.out_abs, self.extensions):
+                    for path, error in self._walk_images(match):
                         yield path, match, error
                 elif Path(match).suffix.lower() in self.extensions:
                     yield match, None, None
@@ -152,6 +195,94 @@ class InputListing:
             yield argument, None, "file not found"
         else:
             raise UsageError(f"{argument}: no such file or folder")
+
+    def _is_run_folder(self, folder: str, names: set[str] | None = None) -> bool:
+        """Whether ``folder`` is another run's output folder (``names``: its entries, where
+        known); those found are kept for the note (as the inputs named them), and the folders
+        that a glob's matches lie in are read once."""
+        key = os.path.abspath(folder)
+        if key in self.run_folders or key in self._plain_folders:
+            return key in self.run_folders
+        if _inside(key, self.out_abs):  # this run's own, left out apart
+            return False
+        if names is None:
+            try:
+                names = set(os.listdir(folder))
+            except OSError:
+                names = set()
+            self._plain_folders.add(key)
+        marks = run_folder_marks(names)
+        if marks is not None:
+            self.run_folders[key] = (folder, marks)
+        return marks is not None
+
+    def _below_run_folder(self, path: str, top: str) -> bool:
+        """Whether a glob's match ``path`` lies in a run's output folder below ``top``, the
+        folder the glob's fixed part names (which the user pointed to on purpose)."""
+        folder = path if os.path.isdir(path) else os.path.dirname(path)
+        while folder and _inside(os.path.abspath(folder), top) and os.path.abspath(folder) != top:
+            if self._is_run_folder(folder):
+                return True
+            folder = os.path.dirname(folder)
+        return False
+
+    def _walk_images(self, folder: str) -> list[tuple[str, str | None]]:
+        """(path, error) of the files with the listing's extensions under ``folder``, sorted,
+        skipping hidden entries, the output folder and other runs' output folders; a subfolder
+        that cannot be listed is one entry with its error."""
+        found: list[tuple[str, str | None]] = []
+
+        def unlisted(error: OSError) -> None:
+            reason = (
+                "permission denied" if isinstance(error, PermissionError) else (error.strerror or str(error)).lower()
+            )
+            found.append((error.filename or folder, f"cannot list this folder: {reason}"))
+
+        for root, dirs, files in os.walk(folder, onerror=unlisted):
+            if self._is_run_folder(root, {*dirs, *files}):
+                dirs.clear()
+                continue
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if not d.startswith(".") and not _inside(os.path.abspath(os.path.join(root, d)), self.out_abs)
+            )
+            found.extend(
+                (os.path.join(root, name), None)
+                for name in sorted(files)
+                if not name.startswith(".") and Path(name).suffix.lower() in self.extensions
+            )
+        return found
+
+
+def _fixed_part(pattern: str) -> str:
+    """The folder a glob pattern names before its first wildcard (``.`` where it starts with one).
+
+    >>> _fixed_part("photos/*/x.png"), _fixed_part("**/*.png")
+    ('photos', '.')
+    """
+    import glob
+
+    fixed: list[str] = []
+    for part in pattern.split(os.sep):
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return os.sep.join(fixed) or (os.sep if pattern.startswith(os.sep) else ".")
+
+
+#: The extensions a message about what folders are searched for names first.
+COMMON_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".npy")
+
+
+def extension_list(extensions: frozenset[str]) -> str:
+    """``extensions`` for a message: the common ones first, then the rest in order.
+
+    >>> extension_list(frozenset({".qoi", ".png", ".avif", ".jpg"}))
+    '.jpg, .png, .avif, .qoi'
+    """
+    common = [extension for extension in COMMON_EXTENSIONS if extension in extensions]
+    return ", ".join(common + sorted(extensions - set(common)))
 
 
 def utf8_name(name: str) -> str:
@@ -171,53 +302,27 @@ def _inside(path: str, folder: str | None) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
-#: The longest line of a list file: a path is at most 4096 bytes on Linux (PATH_MAX).
-MAX_LIST_LINE = 16384
+#: The longest line of a list file (:data:`~explain.text_files.MAX_LINE`).
+MAX_LIST_LINE = MAX_LINE
 
 
 def _read_list(list_file: str) -> Iterator[str]:
     """The entries of a list file, one per line, read as a stream; blank lines and # comments
     skipped. Bytes that are not UTF-8 are kept as the surrogate escapes Python uses for such
     file names (``os.fsdecode``), so they name the same files."""
+    lines = bounded_lines(list_file, f"list file @{list_file}", "give a text file with one image path per line")
     try:
-        # opened before the `with`, so that only open's errors become the usage error
-        file = open(list_file, encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
+        # the first line read before the loop, so that only opening's errors become this usage error
+        first = next(lines, None)
     except OSError as error:
         raise UsageError(f"cannot read list file @{list_file}: {error.strerror or error}") from None
-    with file:
-        number = 0
-        while line := file.readline(MAX_LIST_LINE + 1):
-            number += 1
-            if len(line) > MAX_LIST_LINE and not line.endswith("\n"):
-                raise UsageError(
-                    f"list file @{list_file}: line {number} is longer than {MAX_LIST_LINE} characters, "
-                    "so it is no path; give a text file with one image path per line"
-                )
-            if "\0" in line:
-                raise UsageError(
-                    f"list file @{list_file}: line {number} holds a NUL byte; give a text file with one "
-                    "image path per line"
-                )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if first is None:
+        return
+    try:
+        for line in itertools.chain([first], lines):
             if line.strip() and not line.lstrip().startswith("#"):
                 yield line.strip()
-
-
-def _walk_images(folder: str, out_abs: str | None, extensions: frozenset[str]) -> list[tuple[str, str | None]]:
-    """(path, error) of the files with ``extensions`` under ``folder``, sorted, skipping hidden
-    entries and the output folder; a subfolder that cannot be listed is one entry with its error."""
-    found: list[tuple[str, str | None]] = []
-
-    def unlisted(error: OSError) -> None:
-        reason = "permission denied" if isinstance(error, PermissionError) else (error.strerror or str(error)).lower()
-        found.append((error.filename or folder, f"cannot list this folder: {reason}"))
-
-    for root, dirs, files in os.walk(folder, onerror=unlisted):
-        dirs[:] = sorted(
-            d for d in dirs if not d.startswith(".") and not _inside(os.path.abspath(os.path.join(root, d)), out_abs)
-        )
-        found.extend(
-            (os.path.join(root, name), None)
-            for name in sorted(files)
-            if not name.startswith(".") and Path(name).suffix.lower() in extensions
-        )
-    return found
+    except ValueError as error:
+        raise UsageError(str(error)) from None

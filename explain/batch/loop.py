@@ -15,9 +15,9 @@ import torch
 from torch import Tensor
 
 from ..heap import ReusedHeap
-from ..passes import StopRequested, pass_settings
+from ..passes import PassListener, StopRequested, pass_settings
 from .decoding import DecodedBatch, ModelInputs, collate, init_worker
-from .guards import StopFlag
+from .guards import StopFlag, Terminated
 from .kinds import FileInputs
 from .progress import WithinBatch, progress_bar
 
@@ -43,6 +43,26 @@ def in_halves(function: Callable, members: list, images: Tensor, device: torch.d
         )
 
 
+class LoopListener(PassListener):
+    """What the loop hears of the methods' passes: each inner batch moves the bar within the
+    batch (``within``), the first Ctrl-C (``stop``) stops the running method there, and the
+    heap is trimmed between them where they grew it (``heap``)."""
+
+    asked_at_layers = True
+
+    def __init__(self, within: WithinBatch, stop: StopFlag, heap: ReusedHeap):
+        self.within, self.stop, self.heap = within, stop, heap
+
+    def advanced(self, method: str, done: int, total: int) -> None:
+        self.within(method, done, total)
+
+    def should_stop(self) -> bool:
+        return self.stop.set
+
+    def between(self) -> None:
+        self.heap.after_passes()
+
+
 @dataclass
 class LoopEnd:
     """How the loop ended: images done (decoded or failed), whether Ctrl-C stopped it (``forced``:
@@ -52,6 +72,8 @@ class LoopEnd:
     interrupted: bool = False
     forced: bool = False
     elapsed: float = 0.0
+    #: Whether SIGTERM stopped it (exit status 143, not 130).
+    terminated: bool = False
 
 
 def for_each_batch(
@@ -85,17 +107,12 @@ def for_each_batch(
     within = WithinBatch(progress, costs or {})
     end = LoopEnd()
     started = time.perf_counter()
+    stop = StopFlag()
     try:
         with (
-            StopFlag() as stop,
+            stop,
             ReusedHeap() as heap,
-            pass_settings(
-                max_memory=options.max_memory,
-                progress=False,
-                listener=within,
-                stop=lambda: stop.set,
-                between=heap.after_passes,
-            ),
+            pass_settings(max_memory=options.max_memory, progress=False, listener=LoopListener(within, stop, heap)),
         ):
             for batch in loader:
                 count = len(batch.failures) + sum(len(indices) for indices, _ in batch.groups)
@@ -110,9 +127,11 @@ def for_each_batch(
                     break
     except StopRequested:  # the first Ctrl-C, within a method: what was finished is kept
         end.interrupted = True
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         end.interrupted = end.forced = True
+        end.terminated = isinstance(interrupt, Terminated)
     finally:
         progress.close()
         end.elapsed = time.perf_counter() - started
+        end.terminated = end.terminated or stop.terminated
     return end

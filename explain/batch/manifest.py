@@ -3,33 +3,47 @@ earlier row is an output this run would make again, output names, and the metric
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..report import TEMP_NAME_BYTES, ManifestRecord
 
 MANIFEST = "manifest.jsonl"
 
 
-def manifest_row(input: str, method: str, target: str, layer: str, settings: str, task: str, **values) -> dict:
-    """A manifest row of ``explain run``, the columns not given left empty."""
-    row = dict.fromkeys(
-        (
-            "target_id",
-            "target_name",
-            "target_probability",
-            "predicted_id",
-            "predicted_name",
-            "predicted_probability",
-            "output",
-            "maps",
-            "error",
-            "metrics",
-            "region",
-            "seconds",
+@dataclass(frozen=True)
+class RecordMaker:
+    """Makes a run's manifest records (:class:`~explain.report.ManifestRecord`), the one place
+    both engines make them: each method's layers and settings, and the task, come from the
+    run's check (a :class:`~explain.batch.preparation.PreparedRun` or its plain
+    :class:`~explain.batch.options.CheckedRun`).
+
+    >>> maker = RecordMaker({"gradcam": "features"}, {"gradcam": "model=m"}, "classify")
+    >>> maker.failed("a.png", "gradcam", ["top1"], "cannot read it")[0].row()["error"]
+    'cannot read it'
+    """
+
+    layers: dict[str, str]
+    settings: dict[str, str]
+    task: str
+
+    def record(self, input: str, method: str, target: str, **values) -> ManifestRecord:
+        """A record of ``method``'s output for ``target`` of ``input``, the columns not given empty."""
+        return ManifestRecord(
+            input=input,
+            method=method,
+            layer=self.layers[method],
+            target=target,
+            settings=self.settings[method],
+            task=self.task,
+            **values,
         )
-    )
-    row.update(input=input, method=method, layer=layer, target=target, settings=settings, task=task)
-    row.update(values)
-    return row
+
+    def failed(self, input: str, method: str, labels: Iterable[str], error: str) -> list[ManifestRecord]:
+        """A failed record per target (``labels``) of ``input`` by ``method``."""
+        return [self.record(input, method, label, status="failed", error=error) for label in labels]
 
 
 def is_well_formed(row: dict) -> bool:
@@ -85,6 +99,44 @@ def safe_name(text: str) -> str:
     'n01440764_tench_Tinca_tinca'
     """
     return re.sub(r"[^\w.+-]+", "_", text).strip("_")[:48] or "class"
+
+
+#: The longest file (or folder) name, in bytes, where the file system says none (an object
+#: store, or no ``os.pathconf``): that of most file systems (``NAME_MAX``).
+NAME_MAX = 255
+#: Hex digits of the hash that ends a shortened name.
+NAME_HASH_DIGITS = 10
+
+
+def fitted_name(stem: str, rest: str = "", limit: int = NAME_MAX) -> str:
+    """``stem + rest``, or where that is over ``limit`` bytes (UTF-8), with ``stem`` cut to fit
+    and ended by ``~`` and a hash of the whole ``stem``: unique (two stems that differ only past
+    the cut keep different names) and stable (a rerun names the same file, and finds it).
+
+    >>> fitted_name("photo", "__gradcam.png")
+    'photo__gradcam.png'
+    >>> name = fitted_name("x" * 300, "__gradcam.png", limit=64)
+    >>> len(name.encode()), name[:50].count("x"), name[-24:]
+    (64, 40, '~07791d26ef__gradcam.png')
+    """
+    if len((stem + rest).encode("utf-8", "surrogateescape")) <= limit:
+        return stem + rest
+    digest = hashlib.blake2b(stem.encode("utf-8", "surrogateescape"), digest_size=NAME_HASH_DIGITS // 2).hexdigest()
+    room = limit - len(rest.encode("utf-8", "surrogateescape")) - 1 - NAME_HASH_DIGITS
+    if room < 1:
+        raise ValueError(f"no name of {limit} bytes holds {rest!r} and a hash")
+    # cut at a character's boundary: a multi-byte character is left out whole
+    kept = stem.encode("utf-8", "surrogateescape")[:room].decode("utf-8", "ignore")
+    return f"{kept}~{digest}{rest}"
+
+
+def fitted_path(folder: str, stem: str, rest: str, limit: int) -> str:
+    """The output name ``folder/stem + rest`` (``folder``: posix, may be empty) with each folder
+    name within ``limit`` bytes plus :data:`~explain.report.TEMP_NAME_BYTES` and the file's name
+    within ``limit`` (:func:`fitted_name`): ``limit`` is the file system's, less what a
+    temporary file's name adds."""
+    parts = [fitted_name(part, "", limit + TEMP_NAME_BYTES) for part in folder.split("/") if part]
+    return "/".join([*parts, fitted_name(stem, rest, limit)])
 
 
 def metric_table(rows: Iterable[dict]) -> list[dict]:

@@ -12,16 +12,17 @@ from torch import Tensor
 from ..errors import is_out_of_memory
 from ..methods import BaseCAM, explain_together
 from ..passes import StopRequested, between_passes
+from ..report import ManifestRecord
 from .loop import OutOfMemory
 from .writing import Job
 
 
 @dataclass
 class Outcome:
-    """What explaining a group gave: rows that failed, and the files to write (whose rows say
-    ok or failed once written)."""
+    """What explaining a group gave: records that failed, and the files to write (whose records
+    say ok or failed once written)."""
 
-    failed: list[dict] = field(default_factory=list)
+    failed: list[ManifestRecord] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
 
     def extend(self, other: Outcome) -> None:
@@ -36,13 +37,19 @@ ALONE_FROM = 16.0
 
 
 def explain_all(
-    cams: list, images: Tensor, targets, topk: int | None = None, costs: dict[str, float] | None = None
+    cams: list,
+    images: Tensor,
+    targets,
+    topk: int | None = None,
+    costs: dict[str, float] | None = None,
+    segments: list[Tensor] | None = None,
 ) -> tuple[list, list[float]]:
     """Each explainer's explanation of ``images``, or the error it raised, and the seconds each
     took: the quick CAMs together, sharing one forward and backward pass (they share its time,
     in proportion to their estimated ``costs``, method -> forward passes per image; equally
     where not given), and where that fails (or for the other methods) each on its own, so that
-    an error lands on the method that fails and not on the others.
+    an error lands on the method that fails and not on the others. ``segments`` (each image's
+    masks) go to every method, which all take them (``Explainer.takes_segments``).
 
     The first Ctrl-C (:class:`~explain.passes.StopRequested`) ends the group where it comes:
     the method it stopped and those after it get that exception instead of a result, while
@@ -71,7 +78,8 @@ def explain_all(
             continue
         started = time.perf_counter()
         try:
-            outcome[cam] = cam(images, targets, topk=topk)
+            given = {} if segments is None else {"segments": segments}
+            outcome[cam] = cam(images, targets, topk=topk, **given)
         except StopRequested as stop:
             outcome[cam] = stopped = stop
         except Exception as error:

@@ -3,15 +3,19 @@ the Ray engine and :func:`explain.ray_data.explain_dataset`), :class:`EvaluateOp
 ``explain evaluate``. The command line builds them from its flags; Python callers build them
 directly. Free of torch, so that the Ray engine's driver plans without it.
 
->>> options = RunOptions(inputs=["photos/"], out="out", method="gradcam,layercam")
->>> options.batch_size, options.target, options.engine
-(16, 'top1', 'local')
+Lists of names (``methods``, ``metrics``, ``layer``) are :class:`NameList` s, parsed once where
+the options are made (a comma-separated string, the command line's form, or a list):
+
+>>> options = RunOptions(inputs=["photos/"], out="out", methods="gradcam, layercam")
+>>> options.batch_size, options.target, options.engine, options.methods.names, options.layer.auto
+(16, 'top1', 'local', ('gradcam', 'layercam'), True)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -19,6 +23,49 @@ from typing import TypeVar
 from ..options import BUNDLED_MODEL
 
 _Options = TypeVar("_Options", bound="ModelOptions")
+
+
+@dataclass(frozen=True)
+class NameList:
+    """Names, parsed once from a comma-separated string (the command line's form) or a
+    list: ``names`` in order, blanks left out; or the ``word`` that stands for a choice of
+    its own (``all`` methods or metrics, the ``auto`` layer), in any case. ``text`` is what was
+    given, for messages.
+
+    >>> NameList.parse("gradcam, layercam,"), NameList.parse(["ig"]).names, NameList.parse(" All ").every
+    (NameList(names=('gradcam', 'layercam'), word=None, text='gradcam, layercam,'), ('ig',), True)
+    """
+
+    names: tuple[str, ...] = ()
+    word: str | None = None  # "all" or "auto"
+    text: str = ""
+
+    @classmethod
+    def parse(cls, value: str | Sequence[str] | NameList, word: str = "all") -> NameList:
+        """``value`` as names, or as ``word`` where it is that word."""
+        if isinstance(value, NameList):
+            return value
+        text = (value if isinstance(value, str) else ",".join(value)).strip()
+        if text.lower() == word:
+            return cls((), word, text)
+        return cls(tuple(name.strip() for name in text.split(",") if name.strip()), None, text)
+
+    @property
+    def every(self) -> bool:
+        """``all``: every method (or metric)."""
+        return self.word == "all"
+
+    @property
+    def auto(self) -> bool:
+        """``auto``: the layer each method picks."""
+        return self.word == "auto"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __bool__(self) -> bool:
+        """Whether any name (or the word) was given."""
+        return bool(self.names or self.word)
 
 
 @dataclass
@@ -31,7 +78,8 @@ class ModelOptions:
     weights: str | None = None
     trust_model_file: bool = False
     device: str | None = None
-    layer: str = "auto"
+    #: --layer: the layers to explain, or ``auto``
+    layer: NameList = field(default_factory=lambda: NameList.parse("auto", "auto"))
     #: --method-option: ``METHOD:KEY=VALUE`` entries, each a keyword option of one method's class
     #: (see :func:`explain.batch.explainers.parse_method_options`)
     method_options: list[str] = field(default_factory=list)
@@ -45,6 +93,9 @@ class ModelOptions:
     #: memory available on the device); see :mod:`explain.passes`.
     max_memory: str | int | None = None
     quiet: bool = False
+
+    def __post_init__(self) -> None:
+        self.layer = NameList.parse(self.layer, "auto")
 
     @classmethod
     def from_values(cls: type[_Options], values) -> _Options:
@@ -67,6 +118,9 @@ class ModelOptions:
             changes["weights"] = os.path.abspath(self.weights)
         if os.path.exists(self.model):
             changes["model"] = os.path.abspath(self.model)
+        segments = getattr(self, "segments", None)
+        if segments and os.path.exists(segments):
+            changes["segments"] = os.path.abspath(segments)
         return self.replace(**changes)
 
 
@@ -74,7 +128,8 @@ class ModelOptions:
 class RunOptions(ModelOptions):
     """``explain run``: overlays (and optionally maps and metric values) per image, method and target."""
 
-    method: str = "gradcam"
+    #: --method: the methods to run, or ``all``
+    methods: NameList = field(default_factory=lambda: NameList.parse("gradcam"))
     task: str | None = None
     eigen_smooth: bool = False
     aug_smooth: bool = False
@@ -83,21 +138,37 @@ class RunOptions(ModelOptions):
     signed_cmap: str = "RdBu_r"
     alpha: float = 0.5
     save_maps: bool = False
-    metrics: str | None = None
+    #: --metrics: the metric names, or ``all`` (None: no metrics)
+    metrics: NameList | None = None
     #: --labels: a CSV of path,label (see explain.batch.ground_truth)
     labels: Path | None = None
+    #: --segments: a folder of mask files, or model:NAME[=WEIGHTS] (see explain.batch.segment_sources)
+    segments: str | None = None
+    #: --copy-originals: index.html shows thumbnails copied into the output folder, not links
+    #: to the inputs (see explain.batch.page.OriginalCopies)
+    copy_originals: bool = False
     engine: str = "local"
     address: str | None = None
     actors: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.methods = NameList.parse(self.methods)
+        self.metrics = None if self.metrics is None else NameList.parse(self.metrics)
 
 
 @dataclass
 class EvaluateOptions(ModelOptions):
     """``explain evaluate``: every map of each method scored with each metric."""
 
-    methods: str = "gradcam"
-    metrics: str = "deletion,insertion"
+    methods: NameList = field(default_factory=lambda: NameList.parse("gradcam"))
+    metrics: NameList = field(default_factory=lambda: NameList.parse("deletion,insertion"))
     regions: Path | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.methods = NameList.parse(self.methods)
+        self.metrics = NameList.parse(self.metrics)
 
 
 @dataclass
@@ -118,3 +189,10 @@ class CheckedRun:
     messages: str = ""  # what the check printed (a note on random weights), for the driver to show
     class_names: list[str] = field(default_factory=list)  # the model's, for --labels
     zoom: float | None = None  # how the model's crop frames an image (explain.batch.decoding.crop_zoom)
+
+    @property
+    def records(self):
+        """The maker of this run's manifest records (:class:`~explain.batch.manifest.RecordMaker`)."""
+        from .manifest import RecordMaker
+
+        return RecordMaker(self.layers, self.settings, self.task)

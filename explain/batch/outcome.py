@@ -3,25 +3,45 @@ command line's exit status."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from tqdm import tqdm
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUT_OF_MEMORY, EXIT_OUTPUT_DEVICE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_OUT_OF_MEMORY, EXIT_OUTPUT_DEVICE = 0, 1, 2, 3, 4
+#: Stopped by Ctrl-C (SIGINT) or by SIGTERM: 128 + the signal's number, as shells report it.
+EXIT_INTERRUPTED, EXIT_TERMINATED = 128 + signal.SIGINT, 128 + signal.SIGTERM
 
 
-def exit_code(failed: int, interrupted: bool, device_error: bool = False) -> int:
+def exit_code(
+    failed: int, interrupted: bool, device_error: bool = False, out_of_memory: bool = False, terminated: bool = False
+) -> int:
     """4 when the output folder's device refused a write (full, read-only, ...), else 130 when
-    stopped by Ctrl-C, else 1 when some outputs failed, else 0.
+    stopped by Ctrl-C (143 by SIGTERM), else 3 when outputs failed for memory running out
+    (the device's limit: every image would need more), else 1 when some outputs failed, else 0.
 
     >>> exit_code(0, False), exit_code(2, False), exit_code(2, True), exit_code(2, True, device_error=True)
     (0, 1, 130, 4)
+    >>> exit_code(2, False, out_of_memory=True), exit_code(2, True, terminated=True)
+    (3, 143)
     """
     if device_error:
         return EXIT_OUTPUT_DEVICE
     if interrupted:
-        return EXIT_INTERRUPTED
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    if out_of_memory:
+        return EXIT_OUT_OF_MEMORY
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def out_of_memory_note(count: int) -> str:
+    """What the run says on stderr where ``count`` outputs failed for memory running out."""
+    return (
+        f"explain: error: {count} output(s) failed for out of memory: this is the device's limit, not the "
+        "images': free the device's memory (or raise the process's limit: ulimit -v, a container's), pass a "
+        "smaller --max-memory or --batch-size or fewer methods, or --device cpu; the same command makes them "
+        "once there is room"
+    )
 
 
 def interrupted_summary(text: str) -> str:

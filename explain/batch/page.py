@@ -1,13 +1,27 @@
 """index.html, the explorer of a run (:mod:`explain.viewer`), as the batch jobs write it: what
-its header says about the run, the colour scale of each method, and its files written into
-the output folder (on this machine or given by URI)."""
+its header says about the run, the colour scale of each method, its files written into the
+output folder (on this machine or given by URI), and how it shows the original images: by a
+relative link from the folder to each input (a run folder moved away from its inputs loses
+them), or, with ``--copy-originals``, from thumbnails copied into the folder
+(:class:`OriginalCopies`)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import os
+import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from ..viewer import DATA_FOLDER, PageRun, colour_scale, original_link, page_files, stale_data_files
+from ..images import READABLE_EXTENSIONS, ImageError, load_rgb
+from ..viewer import DATA_FOLDER, PageRun, colour_scale, link, original_link, page_files, stale_data_files
 from .storage import OutputFolder
+
+#: The folder under --out that holds the thumbnails of --copy-originals.
+ORIGINALS_FOLDER = "originals"
+#: The longer side of a thumbnail, in pixels: the explorer's detail view draws originals at 336.
+THUMBNAIL_SIDE = 512
 
 
 def colour_scales(settings: dict[str, str], cmap: str, signed_cmap: str) -> dict[str, dict]:
@@ -61,3 +75,47 @@ def write_page(
         folder.write(name, data)
     for name in stale_data_files(folder.names("rows-", under=DATA_FOLDER), files):
         folder.remove(f"{DATA_FOLDER}/{name}")
+
+
+class OriginalCopies:
+    """``--copy-originals``: ``original(input)`` for :func:`write_page` that links a thumbnail of
+    the input (at most :data:`THUMBNAIL_SIDE` pixels a side, JPEG) written into the output
+    folder under :data:`ORIGINALS_FOLDER`, so that the run folder keeps its originals when it
+    is moved or shared. Each thumbnail is made once (a resumed run finds it); an input that is
+    not a readable image gets none (the explorer shows no original)."""
+
+    def __init__(self, folder: OutputFolder):
+        self.folder = folder
+        self.links: dict[str, str | None] = {}
+
+    def __call__(self, source: str) -> str | None:
+        if source not in self.links:
+            self.links[source] = self._copy(source)
+        return self.links[source]
+
+    def _copy(self, source: str) -> str | None:
+        if "://" in source or Path(source).suffix.lower() not in READABLE_EXTENSIONS:
+            return None
+        name = f"{ORIGINALS_FOLDER}/{thumbnail_name(source)}"
+        if not self.folder.is_file(name):
+            try:
+                picture = load_rgb(source)
+            except (ImageError, OSError):
+                return None
+            picture.thumbnail((THUMBNAIL_SIDE, THUMBNAIL_SIDE))
+            encoded = io.BytesIO()
+            picture.save(encoded, "JPEG", quality=85)
+            self.folder.write(name, encoded.getvalue())
+        return link(name)
+
+
+def thumbnail_name(source: str) -> str:
+    """The file name of an input's thumbnail: its stem (safe characters only) and a hash of its
+    absolute path, so that inputs of one name in different folders get their own.
+
+    >>> thumbnail_name("/photos/cats/Tom & Jerry.png")[:14]
+    'Tom_Jerry-4d8c'
+    """
+    stem = re.sub(r"[^\w.+-]+", "_", Path(source).stem).strip("_")[:80] or "image"
+    digest = hashlib.sha1(os.fsencode(os.path.abspath(source))).hexdigest()[:10]
+    return f"{stem}-{digest}.jpg"

@@ -29,7 +29,9 @@ from .explainers import (
     parse_target,
     parse_task_target,
 )
-from .options import CheckedRun, RunOptions
+from .manifest import RecordMaker
+from .options import CheckedRun, NameList, RunOptions
+from .segment_sources import FolderSegments, ModelSegments, segment_source
 
 
 @dataclass
@@ -48,6 +50,13 @@ class PreparedRun:
     metric_options: dict
     #: method -> its estimated cost per image, in forward passes of the model
     costs: dict[str, float] = field(default_factory=dict)
+    #: --segments: each image's segments, for the methods that take them (None: no --segments)
+    segments: FolderSegments | ModelSegments | None = None
+
+    @property
+    def records(self) -> RecordMaker:
+        """The maker of this run's manifest records."""
+        return RecordMaker(self.layers, self.settings, self.task)
 
     @property
     def metric_columns(self) -> list[str]:
@@ -104,6 +113,8 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     else:
         target = parse_task_target(args.target, task, loaded.class_names)
     metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
+    if args.metrics and args.metrics.every:  # every metric that needs no regions
+        metrics = [name for name in metrics if name not in LOCALISATION_METRICS]
     if any(name in LOCALISATION_METRICS for name in metrics):
         raise UsageError(
             f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "
@@ -117,22 +128,50 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     if args.step is not None and not metrics:
         raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
     settings_of_metrics = metric_options(metrics, args.step, loaded.preprocess)
-    options: dict[str, bool | str] = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
+    #: the flags that set an option of every method that takes it
+    flag_options: dict[str, bool | str] = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
     if args.reduction != "abs-sum":
-        options["reduction"] = args.reduction
+        flag_options["reduction"] = args.reduction
     layer = args.layer
     if task != "classify":
         layer = _task_layer(args, loaded, task, metrics)
     with pass_settings(max_memory=args.max_memory, progress=False):  # checks on one blank image
-        explainers = build_explainers(args.method, loaded, layer, target, method_options, **options)
+        explainers = build_explainers(args.methods, loaded, layer, target, method_options, **flag_options)
         layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
+    segments = _segments(args, loaded, task, explainers, metrics)
     costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
-    settings = _method_settings(args, task, options, explainers, method_options)
-    return PreparedRun(args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics, costs)
+    settings = _method_settings(args, task, flag_options, explainers, method_options)
+    return PreparedRun(
+        args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics, costs, segments
+    )
+
+
+def _segments(
+    args: RunOptions, loaded: LoadedModel, task: str, explainers: list, metrics: list[str]
+) -> FolderSegments | ModelSegments | None:
+    """--segments, checked against the task, the methods and the metrics."""
+    if not args.segments:
+        return None
+    if task != "classify" or loaded.kind != "images":
+        raise UsageError(
+            f"--segments applies to classifiers of images; {args.model} is a {task} model of {loaded.kind}"
+        )
+    if not any(cam.takes_segments for cam in explainers):
+        raise UsageError(
+            f"--segments applies to none of the methods {', '.join(cam.name for cam in explainers)}; it goes with "
+            "occlusion, lime, kernelshap, ablation, shapley-sampling and xrai"
+        )
+    again = [name for name in metrics if METRICS[name].needs == "explainer"]
+    if again:
+        raise UsageError(
+            f"--metrics {','.join(again)} explain perturbed copies of the images again, which the --segments do not "
+            "follow; leave them out with --segments (the metrics that rescore the map apply: deletion, insertion, ...)"
+        )
+    return segment_source(args.segments, loaded, args.trust_model_file)
 
 
 def _method_settings(
-    args: RunOptions, task: str, options: dict, explainers: list, method_options: dict
+    args: RunOptions, task: str, flag_options: dict, explainers: list, method_options: dict
 ) -> dict[str, str]:
     """Each method's settings that shape its outputs: they are recorded with its outputs, so
     that changing an option (a flag or a --method-option) on resume redoes the methods it
@@ -142,11 +181,13 @@ def _method_settings(
         common += f" task={task}" + (f" target={args.target}" if task == "detect" else "")
     settings = {}
     for cam in explainers:
-        applied = {name: value for name, value in options.items() if option_applies(type(cam), name)}
+        applied = {name: value for name, value in flag_options.items() if option_applies(type(cam), name)}
         settings[cam.name] = common + "".join(
             f" {name}=1" if value is True else f" {name}={value}" for name, value in applied.items()
         )
         settings[cam.name] += method_option_text(method_options.get(type(cam), {}))
+        if args.segments and cam.takes_segments:
+            settings[cam.name] += f" segments={args.segments}"
         if applied.get("reduction") == "sum":
             settings[cam.name] += f" signed_cmap={args.signed_cmap}"
     return settings
@@ -166,7 +207,7 @@ def _run_task(args: RunOptions, loaded: LoadedModel) -> str:
     return task
 
 
-def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[str]) -> str:
+def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[str]) -> NameList:
     """The checks that apply to segmentation and detection runs, and the layer to explain
     (``--layer auto``: the backbone's last spatial layer)."""
     if metrics:
@@ -178,13 +219,13 @@ def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[
             f"--aug-smooth applies to --task classify: the flipped and rescaled copies would need "
             f"the {'region' if task == 'segment' else 'boxes'} flipped and rescaled too"
         )
-    if args.method.strip().lower() == "all":
+    if args.methods.every:
         raise UsageError(
             f"--method all includes methods that explain class logits only; with --task {task} name "
             "the CAMs to run, e.g. gradcam,eigencam"
         )
     classes = []
-    for name in (n.strip() for n in args.method.split(",") if n.strip()):
+    for name in args.methods.names:
         try:
             cls = method_class(name)
         except ValueError as error:
@@ -196,9 +237,9 @@ def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[
                 f"scorecam, ...){also}; explain.tasks serves other methods from Python"
             )
         classes.append(cls)
-    if args.layer.strip().lower() != "auto" or not any(cls.needs_layer for cls in classes):
+    if not args.layer.auto or not any(cls.needs_layer for cls in classes):
         return args.layer  # D-RISE alone takes no layer
     try:
-        return backbone_layer(loaded.model, loaded.example)
+        return NameList.parse(backbone_layer(loaded.model, loaded.example))
     except ValueError as error:
         raise UsageError(f"--layer auto: {error}") from None

@@ -116,10 +116,11 @@ def progress_bar(total: int, quiet: bool) -> BarProgress | PlainProgress:
 
 
 class WithinBatch:
-    """The listener of :func:`~explain.passes.pass_settings` while a batch runs (told
-    ``(method, passes done, passes in all)`` after each inner batch of a method's or metric's
-    call): moves ``progress`` by the share of the batch done, from the methods finished (by
-    their estimated ``costs``) and the running call's passes, and names that call."""
+    """The progress within a batch (told ``(method, passes done, passes in all)`` after each
+    inner batch of a method's or metric's call, by the loop's
+    :class:`~explain.pass_listener.PassListener`): moves ``progress`` by the share of the batch done,
+    from the methods finished (by their estimated ``costs``) and the running call's passes,
+    and names that call."""
 
     def __init__(self, progress: BarProgress | PlainProgress, costs: dict[str, float]):
         self.progress, self.costs = progress, costs
@@ -182,3 +183,24 @@ def run_summary(
         f"{time_taken(images, elapsed, stats['failed'])}{where if images else ''}"
     )
     return f"{text}; {method_times(seconds)}" if seconds else text
+
+
+def label_summary(rows) -> str:
+    """With ``--labels``: how many of the labelled images the model got wrong, for the end of
+    the summary line ("" where no row has a verdict), from the manifest ``rows`` (a list or a
+    stream). An image counts once, however many methods and targets its rows are for.
+
+    >>> rows = [{"input": "a.png", "correct": False}, {"input": "a.png", "correct": False},
+    ...         {"input": "b.png", "correct": True}, {"input": "c.png", "correct": None}]
+    >>> label_summary(rows)
+    '; labels: 1 of 2 labelled images predicted wrong (index.html filters them)'
+    """
+    verdicts: dict[int, bool] = {}  # by the input's hash: a stream of millions of rows holds no names
+    for row in rows:
+        if row.get("correct") is not None:
+            key = hash(row.get("input"))
+            verdicts[key] = verdicts.get(key, True) and bool(row["correct"])
+    if not verdicts:
+        return ""
+    wrong = sum(not right for right in verdicts.values())
+    return f"; labels: {wrong} of {len(verdicts)} labelled images predicted wrong (index.html filters them)"

@@ -21,40 +21,35 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..report import TEMP_SUFFIX, iter_json_records, manifest_line, remove_temp_files
+from ..report import iter_json_records, remove_temp_files
 from ..viewer import PageRun
 from .ground_truth import row_marker
-from .guards import StopFlag, leased_run, sole_run
-from .inputs import InputListing
-from .manifest import MANIFEST, is_well_formed, manifest_row
+from .guards import StopFlag, leased_run, sole_run, terminated_as_interrupt
+from .inputs import PLAN_PREFIX, InputListing
+from .manifest import MANIFEST, is_well_formed
 from .options import CheckedRun, RunOptions
-from .outcome import exit_code, interrupted_summary, report_failure, stopped_summary
-from .page import colour_scales, page_run, write_page
+from .outcome import exit_code, interrupted_summary, out_of_memory_note, stopped_summary
+from .page import OriginalCopies, colour_scales, page_run, write_page
 from .planning import finished_pairs
-from .progress import progress_bar, run_summary
-from .storage import OutputDeviceError, OutputFolder, append_whole, device_errors
+from .progress import label_summary, progress_bar, run_summary
+from .ray_files import ROWS_SUFFIX, DriverManifest, PlanFiles
+from .ray_stream import CLOSE_SECONDS, Stream, ask_actors_to_stop, kept_lines, kept_row_files, kept_rows, wait_for_calls
+from .storage import OutputDeviceError, OutputFolder
 
-#: Images per plan file: Ray Data reads the plan file by file, a decode task per file.
-PLAN_CHUNK = 1_000
 #: Ray Data's block size for the run: a decoded batch (16 images at 224 px: 2.4 MB) is passed
 #: on at once instead of gathered with the rest of its file, so that rows reach the manifest
 #: as images finish.
 BLOCK_BYTES = 1 << 20
-#: A folder given by URI gets the manifest's working copy at most this often (and at the end).
-PUBLISH_SECONDS = 30
 #: index.html shows at most this many images (the manifest has them all).
 INDEX_LIMIT = 100_000
-PLAN_PREFIX = ".explain-ray-plan-"
-#: The end of the name of the folder beside a plan where its actors keep their batches' rows.
-ROWS_SUFFIX = "-rows"
+#: What the first Ctrl-C (or SIGTERM) does to a run on Ray, as its message says.
+STOPPING = "the actors finish the batches they hold; what is finished is kept"
 
 
 def import_ray():
@@ -113,17 +108,20 @@ def run_on_ray(args: RunOptions) -> int:
                 remove_temp_files(folder.root)
             leftovers = folder.names(PLAN_PREFIX)  # read for their rows, then removed (RayRun)
         started = connect(ray, args.address)
-        try:
-            from .ray_stages import actor_resources, remote_prepare
+        # ray.init's SIGTERM handlers (sys.exit, and the core worker's, which prints a native
+        # stack) give way to ours: SIGTERM stops the run as Ctrl-C does.
+        with terminated_as_interrupt():
+            try:
+                from .ray_stages import actor_resources, remote_prepare
 
-            checked = remote_prepare(ray, args)
-            if checked.messages:
-                print(checked.messages, end="", file=sys.stderr)
-            run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked), leftovers)
-            return run.execute(ray)
-        finally:
-            if started:
-                ray.shutdown()
+                checked = remote_prepare(ray, args)
+                if checked.messages:
+                    print(checked.messages, end="", file=sys.stderr)
+                run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked), leftovers)
+                return run.execute(ray)
+            finally:
+                if started:
+                    ray.shutdown()
 
 
 def earlier_lines(folder: OutputFolder, leftovers: list[str]) -> Iterator[str]:
@@ -133,8 +131,7 @@ def earlier_lines(folder: OutputFolder, leftovers: list[str]) -> Iterator[str]:
     yield from folder.lines(MANIFEST)
     for leftover in leftovers:
         if leftover.endswith(ROWS_SUFFIX):
-            for name in folder.names("", under=leftover):
-                yield from folder.lines(f"{leftover}/{name}")
+            yield from kept_lines(folder, leftover)
 
 
 @dataclass
@@ -146,60 +143,13 @@ class DriverEnd:
     interrupted: bool = False
     completed: bool = False
     refused: OutputDeviceError | None = None
-
-
-class PlanFiles:
-    """The images a run explains with the methods still to run on each: parquet files in a
-    folder under --out (``PLAN_PREFIX...``), :data:`PLAN_CHUNK` images a file, that Ray Data
-    reads, a decode task per file. ``input`` and ``path`` are bytes (``os.fsencode``): a file
-    name that is not UTF-8 has no place in a parquet string column."""
-
-    COLUMNS = ("input", "path", "folder", "stem", "methods")
-    NAMES = ("input", "path")
-
-    def __init__(self, folder: OutputFolder):
-        self.folder = folder
-        self.name = f"{PLAN_PREFIX}{uuid.uuid4().hex[:8]}"  # read by the workers
-        #: Where the actors keep each batch's rows (beside the plan: Ray Data reads all of its folder).
-        self.rows_name = f"{self.name}{ROWS_SUFFIX}"
-        self.files: list[str] = []
-        self.count = 0
-        self._chunk: dict[str, list] = {name: [] for name in self.COLUMNS}
-
-    def add(self, *values: str) -> None:
-        """One image: its ``input``, ``path``, ``folder``, ``stem`` and ``methods`` (comma-separated)."""
-        for name, value in zip(self.COLUMNS, values, strict=True):
-            self._chunk[name].append(os.fsencode(value) if name in self.NAMES else value)
-        self.count += 1
-        if len(self._chunk["input"]) >= PLAN_CHUNK:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write the images added since the last file as the next file."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if not self._chunk["input"]:
-            return
-        path = self.folder.path(f"{self.name}/part-{len(self.files):05d}.parquet")
-        with device_errors(self.folder.location):
-            if not self.files:
-                if self.folder.filesystem is None:
-                    os.makedirs(self.folder.path(self.name))
-                else:
-                    self.folder.filesystem.create_dir(self.folder.path(self.name), recursive=True)
-            pq.write_table(pa.table(self._chunk), path, filesystem=self.folder.filesystem)
-        self.files.append(path)
-        for values in self._chunk.values():
-            values.clear()
-
-    def entries(self) -> Iterator[tuple[str, str]]:
-        """The planned images' inputs and methods, read back file by file."""
-        import pyarrow.parquet as pq
-
-        for path in self.files:
-            table = pq.read_table(path, columns=["input", "methods"], filesystem=self.folder.filesystem).to_pydict()
-            yield from zip(map(os.fsdecode, table["input"]), table["methods"], strict=True)
+    #: Whether SIGTERM stopped it (exit status 143, not 130).
+    terminated: bool = False
+    #: Whether the manifest holds every row the actors kept (their rows folder may go).
+    kept_taken: bool = False
+    #: Whether Ray Data's execution may still run (its actors may write rows yet: the rows
+    #: folder, with its stop file, is left to the next run).
+    executing: bool = False
 
 
 class RayRun:
@@ -210,18 +160,11 @@ class RayRun:
         self.args, self.folder, self.listing, self.checked, self.resources = args, folder, listing, checked, resources
         #: Plan folders of runs that did not end: the rows their actors kept count as manifest rows.
         self.leftovers = list(leftovers)
-        self.methods, self.labels = checked.methods, checked.labels
-        self.stats = {"ok": 0, "skipped": 0, "failed": 0}
-        self.seconds: dict[str, float] = {}  # method -> its time in this run, on the actors
-        # The manifest is appended to on this machine: in the folder itself, or for a folder
-        # given by URI in a working copy that is uploaded now and then and at the end.
-        if folder.filesystem is None:
-            self.manifest = Path(folder.path(MANIFEST))
-        else:
-            self.manifest = Path(tempfile.mkdtemp(prefix="explain-ray-")) / MANIFEST
+        self.methods, self.labels, self.records = checked.methods, checked.labels, checked.records
+        self.received_kept: set[str] = set()  # files of kept rows received but not removed
+        self.received_inputs: set[int] = set()  # rows come back once: not from a killed actor's files too
+        self.manifest = DriverManifest(folder, row_marker(args.labels, checked.task, listing, checked.class_names))
         self.plan = PlanFiles(folder)
-        self.published = time.monotonic()
-        self.marked = row_marker(args.labels, checked.task, listing, checked.class_names)  # --labels
 
     # -- planning
 
@@ -231,30 +174,23 @@ class RayRun:
 
     def _start_manifest(self, inputs: set[int], finished: set[int]) -> None:
         """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
-        temp = self.manifest.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
-        try:
-            written: set[int] = set()  # a row kept by an actor may be in the manifest too
-            with device_errors(self.manifest.parent), open(temp, "w", encoding="utf-8") as file:
-                for row in filter(is_well_formed, iter_json_records(earlier_lines(self.folder, self.leftovers))):
-                    key = hash((row.get("input"), row.get("method"), row.get("target")))
-                    if hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
-                            and row.get("status") in ("ok", "skipped") and not self.args.overwrite \
-                            and key not in written:
-                        written.add(key)
-                        file.write(manifest_line(self.marked(dict(row, status="skipped", error=None))) + "\n")
-                        self.stats["skipped"] += 1
-            os.replace(temp, self.manifest)
-        except BaseException:
-            temp.unlink(missing_ok=True)
-            raise
 
-    def _write_plan(self, finished: set[int], out) -> int:
+        def keep(row: dict) -> bool:
+            return hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
+                and row.get("status") in ("ok", "skipped") and not self.args.overwrite
+
+        self.manifest.start(filter(is_well_formed, iter_json_records(earlier_lines(self.folder, self.leftovers))), keep)
+
+    def _write_plan(self, finished: set[int], out, stop: StopFlag) -> int:
         """Plan files of the images to explain, with the methods still to run on each; failed
         rows for the inputs that are missing. Returns how many images are planned."""
         for source in self.listing:
+            if stop.set:  # Ctrl-C while planning: nothing is explained
+                break
             if source.error:
-                self._append(out, [self._row(source.input, method, label, status="failed", error=source.error)
-                                   for method in self.methods for label in self.labels])
+                self.manifest.append(out, [record.row() for method in self.methods
+                                           for record in self.records.failed(source.input, method, self.labels,
+                                                                             source.error)])
                 continue
             pending = [m for m in self.methods if self.args.overwrite or hash((source.input, m)) not in finished]
             if pending:
@@ -262,45 +198,15 @@ class RayRun:
         self.plan.flush()
         return self.plan.count
 
-    def _row(self, input: str, method: str, label: str, **values) -> dict:
-        checked = self.checked
-        return manifest_row(input, method, label, checked.layers[method], checked.settings[method], checked.task,
-                            **values)
-
-    def _append(self, out, rows: list[dict], report: bool = False) -> None:
-        """Rows to the manifest, whole lines in one write (a killed driver leaves at most a
-        partial last line, which readers drop and the next run's rewrite removes; a full disk
-        none); with ``report``, their failures on stderr too."""
-        if not rows:
-            return
-        rows = [self.marked(row) for row in rows]
-        with device_errors(self.manifest.parent):
-            append_whole(out, "".join(manifest_line(row) + "\n" for row in rows).encode("utf-8"))
-        if self.folder.filesystem is not None and time.monotonic() - self.published > PUBLISH_SECONDS:
-            self._publish()
-        reported = set()
-        for row in rows:
-            self.stats[row["status"]] += 1
-            if row.get("seconds") is not None:
-                self.seconds[row["method"]] = self.seconds.get(row["method"], 0.0) + row["seconds"]
-            if report and row["status"] == "failed" and (row["input"], row["error"]) not in reported:
-                reported.add((row["input"], row["error"]))
-                report_failure(row["input"], row["error"])
-
-    def _publish(self) -> None:
-        """A folder given by URI: upload the working copy of the manifest."""
-        if self.folder.filesystem is not None:
-            self.folder.upload(MANIFEST, self.manifest)
-            self.published = time.monotonic()
-
     def _fail_lost(self, out, received: set[int]) -> None:
         """Failed rows for the planned images whose rows never came back: their batch failed
         in Ray itself (an actor that died on it, past Ray's retries), not in our code."""
         error = "worker failed: Ray lost this image's batch (an actor died on it; see Ray's log)"
         for input, methods in self.plan.entries():
             if hash(input) not in received:
-                self._append(out, [self._row(input, method, label, status="failed", error=error)
-                                   for method in methods.split(",") for label in self.labels], report=True)
+                self.manifest.append(out, [record.row() for method in methods.split(",")
+                                           for record in self.records.failed(input, method, self.labels, error)],
+                                     report=True)
 
     # -- the run
 
@@ -316,14 +222,18 @@ class RayRun:
             counts = self._summary(end.images, time.perf_counter() - started)
             summary = counts if end.completed else interrupted_summary(counts)
             metrics_text = self._finish(ray, end, summary, time.perf_counter() - started)
-            self.folder.remove_folder(self.plan.rows_name)  # only once the manifest holds them
+            if end.kept_taken and not end.executing:  # else the next run reads them
+                self.folder.remove_folder(self.plan.rows_name)
         if metrics_text:
             print(metrics_text)
         if end.refused is not None:
             print(f"explain: error: {end.refused}", file=sys.stderr)
             summary = stopped_summary(end.refused, counts)
         print(summary)
-        return exit_code(self.stats["failed"], not end.completed, device_error=end.refused is not None)
+        if self.manifest.out_of_memory:
+            print(out_of_memory_note(self.manifest.out_of_memory), file=sys.stderr)
+        return exit_code(self.manifest.stats["failed"], not end.completed, device_error=end.refused is not None,
+                         out_of_memory=self.manifest.out_of_memory > 0, terminated=end.terminated)
 
     def _execute(self, ray, end: DriverEnd) -> None:
         inputs, finished = self._finished_pairs()
@@ -331,86 +241,142 @@ class RayRun:
             finished = set()
         self._start_manifest(inputs, finished)
         del inputs
-        self._publish()
+        self.manifest.publish()
         for leftover in self.leftovers:  # their rows are in the manifest now
             self.folder.remove_folder(leftover)
         # Unbuffered, so that a failed append is cut off whole (storage.append_whole).
-        with open(self.manifest, "ab", buffering=0) as out, StopFlag("the current batch") as stop:
-            planned = self._write_plan(finished, out)
-            del finished
-            progress = progress_bar(planned, self.args.quiet)
+        with open(self.manifest.path, "ab", buffering=0) as out, StopFlag(STOPPING) as stop:
+            progress = None
             try:
-                if planned:
+                planned = self._write_plan(finished, out, stop)
+                del finished
+                progress = progress_bar(planned, self.args.quiet)
+                if planned and not stop.set:
                     self._explain(ray, out, stop, progress, end)
-                end.completed = not end.interrupted
-            except KeyboardInterrupt:
-                end.interrupted = True
+                end.completed = not stop.set
+            except KeyboardInterrupt:  # a second Ctrl-C: at once, without waiting for the actors
+                pass
             finally:
-                progress.close()
+                if progress is not None:
+                    progress.close()
+                end.interrupted, end.terminated = not end.completed and end.refused is None, stop.terminated
+                self._take_kept_rows(out, end)
 
     def _explain(self, ray, out, stop: StopFlag, progress, end: DriverEnd) -> None:
-        """The plan's images on Ray, their rows appended as they come."""
+        """The plan's images on Ray, their rows appended as they come; on Ctrl-C, the actors
+        asked to stop and waited for (they write what they finished)."""
         from . import ray_stages
 
-        received: set[int] = set()
-        for rows in ray_stages.explain_plan(ray, self.folder.path(self.plan.name), self.folder.filesystem,
-                                            self.args.with_absolute_paths(), self.checked, self.resources,
-                                            rows_folder=self.plan.rows_name):
-            refused = [row for row in rows if row.get("refused")]  # files the folder's device refused
-            rows = [row for row in rows if not row.get("refused")]
-            self._append(out, rows, report=True)
-            count = len({row["input"] for row in rows})
-            received.update(hash(row["input"]) for row in rows)
-            end.images += count
-            progress.update(count)
-            if refused:
-                raise OutputDeviceError(refused[0]["error"])
-            if stop.set:
-                end.interrupted = True
-                return
-        self._fail_lost(out, received)
+        received = self.received_inputs  # inputs whose rows came back
+        stream = Stream(ray_stages.explain_plan(ray, self.folder.path(self.plan.name), self.folder.filesystem,
+                                                self.args.with_absolute_paths(), self.checked, self.resources,
+                                                rows_folder=self.plan.rows_name))
+        wait = 0.0  # a second Ctrl-C or an error: Ray's execution is ended, not waited for
+        try:
+            while not stop.set:
+                try:
+                    self._receive(out, stream.get(), progress, end, received)
+                except StopIteration:
+                    self._fail_lost(out, received)
+                    break
+            else:
+                ask_actors_to_stop(self.folder, self.plan.rows_name)
+                wait_for_calls(self.folder, self.plan.rows_name,
+                               lambda: self._receive(out, stream.get(), progress, end, received))
+            wait = CLOSE_SECONDS
+        except StopIteration:  # the stream ended while the actors stopped
+            wait = CLOSE_SECONDS
+        finally:
+            stream.close(wait)
+            end.executing = not stream.ended
+
+    def _receive(self, out, item, progress, end: DriverEnd, received: set[int]) -> None:
+        """Append one batch's rows (``item``: the rows and the files the actors kept them in,
+        removed once the rows are in the manifest; None: nothing came)."""
+        if item is None:
+            return
+        rows, kept = item
+        refused = [row for row in rows if row.get("refused")]  # files the folder's device refused
+        rows = [row for row in rows if not row.get("refused")]
+        self.manifest.append(out, rows, report=True)
+        for name in kept:
+            try:
+                self.folder.remove(name)
+            except OSError:  # left: not to be read again by _take_kept_rows
+                self.received_kept.add(name)
+        count = len({row["input"] for row in rows})
+        received.update(hash(row["input"]) for row in rows)
+        end.images += count
+        progress.update(count)
+        if refused:
+            raise OutputDeviceError(refused[0]["error"])
+
+    def _take_kept_rows(self, out, end: DriverEnd) -> None:
+        """Append the rows the actors kept whose inputs never came back (a stopped run's), then their files."""
+        try:
+            for name in set(kept_row_files(self.folder, self.plan.rows_name)) - self.received_kept:
+                self.manifest.append(out, kept_rows(self.folder, name, self.received_inputs), report=True)
+                self.folder.remove(name)
+        except OutputDeviceError as error:  # the next run reads them
+            end.refused = end.refused or error
+            return
+        except OSError:
+            return
+        end.kept_taken = True
 
     def _finish(self, ray, end: DriverEnd, summary: str, seconds: float) -> str:
         """Upload the manifest (a folder given by URI) and write index.html; the text of the
         metric summary (--metrics)."""
         metrics_text = ""
         try:
-            self._publish()
-            metrics_text, metrics_html = self._metric_summary(ray) if end.completed and self.checked.metrics \
+            self.manifest.publish()
+            metrics_text, metrics_html = metric_summary(ray, self.folder) if end.completed and self.checked.metrics \
                 else ("", "")
-            run = page_run("explain run", summary, self.stats, seconds, end.images,
+            run = page_run("explain run", summary, self.manifest.stats, seconds, end.images,
                            "complete" if end.completed else "interrupted", self.checked.zoom,
                            colour_scales(self.checked.settings, self.args.cmap, self.args.signed_cmap))
-            write_index(self.folder, self.manifest, run, metrics_html)
+            write_index(self.folder, self.manifest.path, run, metrics_html, self.args.copy_originals)
         except OutputDeviceError as error:
             end.refused = end.refused or error
         finally:
             if self.folder.filesystem is not None:  # the working copy, uploaded above
-                shutil.rmtree(self.manifest.parent, ignore_errors=True)
+                shutil.rmtree(self.manifest.path.parent, ignore_errors=True)
         return metrics_text
 
-    def _metric_summary(self, ray) -> tuple[str, str]:
-        """--metrics: the summary table (text and HTML) of the manifest's values, made in a Ray
-        task (the metrics' directions live beside torch)."""
-        from .ray_stages import remote_metric_summary
-
-        # Absolute: Ray's workers do not share this process's working directory.
-        return remote_metric_summary(ray, self.folder.location if self.folder.filesystem else self.folder.root)
-
     def _summary(self, images: int, elapsed: float) -> str:
-        text = (f"{run_summary(self.stats, images, elapsed, self.seconds, ' on Ray')}; "
+        summary = run_summary(self.manifest.stats, images, elapsed, self.manifest.seconds, " on Ray")
+        text = (f"{summary}{_verdicts(self)}; "
                 f"see {self.folder.shown('index.html')} and {self.folder.shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
             text += f" (index.html shows the first {INDEX_LIMIT:,} images)"
         return text
 
 
-def write_index(folder: OutputFolder, manifest: Path, run: PageRun, metrics_html: str) -> None:
-    """index.html of the manifest's first :data:`INDEX_LIMIT` images."""
+def metric_summary(ray, folder: OutputFolder) -> tuple[str, str]:
+    """--metrics: the summary table (text and HTML) of the values in the folder's manifest,
+    made in a Ray task (the metrics' directions live beside torch)."""
+    from .ray_stages import remote_metric_summary
+
+    # Absolute: Ray's workers do not share this process's working directory.
+    return remote_metric_summary(ray, folder.location if folder.filesystem else folder.root)
+
+
+def _verdicts(run: RayRun) -> str:
+    """With --labels, the summary line's count of the mistakes, read from the run's manifest."""
+    if run.args.labels is None or not run.manifest.path.is_file():
+        return ""
+    with open(run.manifest.path, encoding="utf-8", errors="replace") as lines:
+        return label_summary(iter_json_records(lines))
+
+
+def write_index(folder: OutputFolder, manifest: Path, run: PageRun, metrics_html: str, copy: bool = False) -> None:
+    """index.html of the manifest's first :data:`INDEX_LIMIT` images (``copy``: with thumbnails
+    of the originals copied into the folder, --copy-originals)."""
     # On an object store every ok row's file was written or found by this run: asking for each
     # again would cost a request per image.
     exists = folder.is_file if folder.filesystem is None else (lambda output: True)
-    write_page(folder, _index_rows(manifest, INDEX_LIMIT), run, metrics_html, exists)
+    write_page(folder, _index_rows(manifest, INDEX_LIMIT), run, metrics_html, exists,
+               OriginalCopies(folder) if copy else None)
 
 
 def _index_rows(path: Path, limit: int) -> list[dict]:

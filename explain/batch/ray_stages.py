@@ -13,13 +13,19 @@ import math
 import os
 import uuid
 import warnings
-from contextlib import contextmanager, redirect_stderr, suppress
+from contextlib import contextmanager, nullcontext, redirect_stderr, suppress
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import UsageError
+from ..pass_listener import PassListener
 from .options import CheckedRun, RunOptions
+from .ray_stream import BUSY_SUFFIX, ROWS_FILE_SUFFIX, STOP_FILE
+
+if TYPE_CHECKING:
+    from ..report import ManifestRecord
 
 #: CPUs a decode task reserves (it mostly waits on the disk and Pillow).
 DECODE_CPUS = 0.5
@@ -100,10 +106,10 @@ def explain_plan(
     checked: CheckedRun,
     resources: dict,
     rows_folder: str | None = None,
-):
-    """The rows (dicts) of the plan's images (parquet files in ``plan_dir``, on ``filesystem``:
-    pyarrow's, or None for a local folder), a batch at a time as the actors finish them; the
-    actors also keep each batch's rows in ``rows_folder`` of the output folder."""
+) -> ExplainedPlan:
+    """The execution on Ray Data of the plan's images (parquet files in ``plan_dir``, on
+    ``filesystem``: pyarrow's, or None for a local folder), the actors keeping each batch's
+    rows in ``rows_folder`` of the output folder too."""
     plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
     decoded = plan.map_batches(
         decode_files,
@@ -125,12 +131,36 @@ def explain_plan(
             max_task_retries=ACTOR_TASK_RETRIES,
             **resources,
         )
-    for batch in explained.iter_batches(batch_size=None, batch_format="numpy"):
-        rows = [json.loads(line) for line in batch["row"]]
-        for row, refused in zip(rows, batch["refused"], strict=True):
-            if refused:  # the output folder's device refused its files: the driver stops the run
-                row["refused"] = True
-        yield rows
+    return ExplainedPlan(explained)
+
+
+class ExplainedPlan:
+    """A plan explained on Ray Data: iterated, the rows (dicts) of its images a batch at a time
+    as the actors finish them, with the files of the rows folder that keep them too;
+    :meth:`shutdown` ends the execution from another thread (the thread that iterates then
+    sees its end)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        for batch in self.dataset.iter_batches(batch_size=None, batch_format="numpy"):
+            rows = [json.loads(line) for line in batch["row"]]
+            for row, refused in zip(rows, batch["refused"], strict=True):
+                if refused:  # the output folder's device refused its files: the driver stops the run
+                    row["refused"] = True
+            yield rows, sorted({str(name) for name in batch["kept"] if name})
+
+    def shutdown(self) -> bool:
+        """End the execution: its tasks cancelled and its actors killed (a stopped run has
+        waited for the calls under way). Whether it could: Ray Data (2.60) keeps the
+        execution's executor on the dataset once its first batch has come, and breaking off
+        an iteration, the only public way, must happen in the iterating thread."""
+        executor = getattr(self.dataset, "_current_executor", None)
+        if executor is None:
+            return False
+        executor.shutdown(force=True)
+        return True
 
 
 def remote_metric_summary(ray, location: str) -> tuple[str, str]:
@@ -240,6 +270,7 @@ class ExplainingActor:
 
         from .explaining import GroupExplainer
         from .preparation import prepare_run
+        from .storage import OutputFolder
 
         torch.set_num_threads(threads)
         with redirect_stderr(io.StringIO()):  # the driver has printed the notes once
@@ -248,23 +279,83 @@ class ExplainingActor:
         self.model_lock = threading.Lock()
         #: Where each batch's rows go as soon as its files are written (see WriteActor).
         self.rows_folder = rows_folder
+        #: Whether the driver asked the run to stop (its first Ctrl-C), read from the rows folder
+        self.stopping = StopMarker(OutputFolder(options.out), rows_folder) if rows_folder else None
 
     @contextmanager
     def explaining(self):
         """The block in which a call explains: the model's lock held, the run's memory budget
-        (``--max-memory``) for the methods' inner batches, and no progress bars of theirs."""
+        (``--max-memory``) for the methods' inner batches, no progress bars of theirs, and the
+        driver's stop (:class:`StopMarker`) asked within their passes, at each layer."""
         from ..passes import pass_settings
 
-        with self.model_lock, pass_settings(max_memory=self.explainer.options.max_memory, progress=False):
+        with (
+            self.model_lock,
+            pass_settings(max_memory=self.explainer.options.max_memory, progress=False, listener=self.stopping),
+            self.stopping.watched() if self.stopping is not None else nullcontext(),
+        ):
             yield
+
+
+#: How often an actor looks for the stop file while a call explains.
+STOP_LOOK_SECONDS = 0.25
+
+
+class StopMarker(PassListener):
+    """The stop of a run's actors: whether the driver wrote its stop file
+    (:data:`~explain.batch.ray_stream.STOP_FILE`) in the run's rows folder. :meth:`look` looks
+    at the folder; while a call explains (:meth:`watched`) a thread looks every
+    :data:`STOP_LOOK_SECONDS`. As the methods' :class:`~explain.pass_listener.PassListener` (asked at
+    each layer of the model), it answers what was seen, without looking again."""
+
+    asked_at_layers = True
+
+    def __init__(self, folder, rows_folder: str):
+        self.folder, self.name = folder, f"{rows_folder}/{STOP_FILE}"
+        self.seen = False
+
+    def should_stop(self) -> bool:
+        return self.seen
+
+    def look(self) -> bool:
+        """Whether the stop file is there (once seen, it stays seen)."""
+        if not self.seen:
+            with suppress(OSError):
+                self.seen = self.folder.is_file(self.name)
+        return self.seen
+
+    @contextmanager
+    def watched(self):
+        """The block of a call that explains, a thread looking for the stop meanwhile."""
+        import threading
+
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(STOP_LOOK_SECONDS) and not self.look():
+                pass
+
+        watcher = threading.Thread(target=watch, daemon=True, name="explain-stop-watch")
+        watcher.start()
+        try:
+            yield
+        finally:
+            done.set()
+            watcher.join()
 
 
 class WriteActor(ExplainingActor):
     """``explain run --engine ray``'s actor: explains a batch of the plan with the local engine's
     :class:`~explain.batch.explaining.GroupExplainer`, writes the overlays, and returns the
-    manifest rows (as JSON lines). The rows of each batch are also written at once, beside the
-    plan (``rows_folder``), so that a driver killed before they reach it loses no finished
-    output: the next run reads them back (:func:`~explain.batch.ray_driver.run_on_ray`).
+    manifest rows (as JSON lines) with the name of the file that keeps them: the rows of each
+    batch are also written at once, beside the plan (``rows_folder``), so that a driver killed,
+    or stopped, before they reach it loses no finished output (the driver removes the file once
+    the rows are in the manifest; a stopped driver and the next run read the rest back,
+    :mod:`~explain.batch.ray_stream`).
+
+    While a call works it keeps a ``.busy`` file in the rows folder; once the driver asks for a
+    stop (:class:`StopMarker`), the methods stop at their next layer, the call writes what
+    finished and its rows, and later calls explain nothing.
 
     Two calls run at once (:data:`CALLS_PER_ACTOR`): the model explains one batch (under the
     lock) while the other batch's overlays are drawn and written, as the local engine's writer
@@ -272,8 +363,28 @@ class WriteActor(ExplainingActor):
 
     def __call__(self, batch: dict) -> dict:
         from ..report import manifest_line
+        from .storage import OutputFolder
+
+        folder = OutputFolder(self.explainer.options.out)
+        busy = f"{self.rows_folder}/{uuid.uuid4().hex}{BUSY_SUFFIX}" if self.rows_folder else None
+        try:
+            if busy is not None:
+                folder.write(busy, b"")  # before the look at the stop file: the driver waits for it
+            if self.stopping is not None and self.stopping.look():
+                return _returned([], [], "")
+            rows, refused = self._explain_batch(folder, batch)
+            lines = [manifest_line(row.row()) for row in rows]
+            kept = self._keep_rows(folder, lines)
+            return _returned(lines, [manifest_line(row.row()) for row in refused], kept)
+        finally:
+            if busy is not None:
+                with suppress(Exception):
+                    folder.remove(busy)
+
+    def _explain_batch(self, folder, batch: dict) -> tuple[list[ManifestRecord], list[ManifestRecord]]:
+        """The records of a batch's outputs, and those whose files the folder's device refused."""
         from .inputs import Source
-        from .storage import OutputDeviceError, OutputFolder
+        from .storage import OutputDeviceError
 
         explainer = self.explainer
         by_name = {cam.name: cam for cam in explainer.prepared.explainers}
@@ -290,17 +401,18 @@ class WriteActor(ExplainingActor):
             )
             for i in range(len(batch["input"]))
         ]
-        rows: list[dict] = []
-        refused: list[dict] = []  # the rows whose files the output folder's device refused (a full disk)
-        folder = OutputFolder(explainer.options.out)
+        rows: list[ManifestRecord] = []
+        refused: list[ManifestRecord] = []  # the rows whose files the output folder's device refused (a full disk)
         try:
             decoded = decoded_groups(batch)
             for i, error in decoded.failures:
                 for cam in work[i][1]:
-                    rows += explainer.failed_rows(work[i][0], cam.name, error)
+                    rows += explainer.failed_records(work[i][0], cam.name, error)
             jobs = []
             with self.explaining():
                 for positions, images in decoded.groups:
+                    if self.stopping is not None and self.stopping.should_stop():
+                        break  # the driver stops: the groups left are the next run's
                     outcome = explainer.explain([work[p] for p in positions], images)
                     rows += outcome.failed
                     jobs += outcome.jobs
@@ -308,32 +420,39 @@ class WriteActor(ExplainingActor):
                 try:
                     rows += job.write(folder)
                 except OutputDeviceError as error:
-                    refused = [
-                        dict(row, status="failed", error=str(error)) for later in jobs[index:] for row in later.rows
-                    ]
+                    refused = [row.with_status("failed", str(error)) for later in jobs[index:] for row in later.rows]
                     break
         except Exception as error:  # a failure of the whole batch fails its rows, not the run
-            explained = {(row["input"], row["method"]) for row in rows + refused}
+            explained = {(row.input, row.method) for row in rows + refused}
             for source, cams in work:
                 for cam in cams:
                     if (source.input, cam.name) not in explained:
-                        rows += explainer.failed_rows(
+                        rows += explainer.failed_records(
                             source, cam.name, f"worker failed: {type(error).__name__}: {error}"
                         )
-        lines = [manifest_line(row) for row in rows]
-        self._keep_rows(folder, lines)
-        return {
-            "row": np.array(lines + [manifest_line(row) for row in refused], dtype=object),
-            "refused": np.array([False] * len(rows) + [True] * len(refused)),
-        }
+        return rows, refused
 
-    def _keep_rows(self, folder, lines: list[str]) -> None:
-        if self.rows_folder and lines:
-            # e.g. a full disk: the rows still reach the driver, only a kill loses them
-            with suppress(Exception):
-                folder.write(
-                    f"{self.rows_folder}/{uuid.uuid4().hex}.jsonl", "".join(line + "\n" for line in lines).encode()
-                )
+    def _keep_rows(self, folder, lines: list[str]) -> str:
+        """Write the rows to a file of their own in the rows folder; its name ("" where none)."""
+        if not (self.rows_folder and lines):
+            return ""
+        name = f"{self.rows_folder}/{uuid.uuid4().hex}{ROWS_FILE_SUFFIX}"
+        try:
+            folder.write(name, "".join(line + "\n" for line in lines).encode())
+        except Exception:  # e.g. a full disk: the rows still reach the driver, only a kill loses them
+            return ""
+        return name
+
+
+def _returned(lines: list[str], refused: list[str], kept: str) -> dict:
+    """A call's columns: each row (a JSON line), whether the device refused its files, and the
+    file in the rows folder that keeps the rows (the driver removes it once they are in the
+    manifest)."""
+    return {
+        "row": np.array(lines + refused, dtype=object),
+        "refused": np.array([False] * len(lines) + [True] * len(refused), dtype=bool),
+        "kept": np.array([kept] * (len(lines) + len(refused)), dtype=object),
+    }
 
 
 def metric_summary(location: str) -> tuple[str, str]:

@@ -103,6 +103,14 @@ class OutputFolder:
             reason = "read-only file system" if _read_only(self.root) else "permission denied"
             raise UsageError(f"--out {self.location}: cannot write there: {reason}; pass a folder you can write to")
 
+    def name_max(self, default: int) -> int:
+        """The longest name (bytes) the folder's file system takes (``NAME_MAX``); ``default``
+        for a folder given by URI or where the system does not say."""
+        if self.filesystem is None:
+            with suppress(OSError, ValueError, AttributeError):
+                return min(default, os.pathconf(self.root, "PC_NAME_MAX"))
+        return default
+
     def path(self, name: str) -> str:
         return f"{self.root.rstrip('/')}/{name}" if self.filesystem else os.path.join(self.root, name)
 

@@ -1,34 +1,50 @@
-"""What the task changes in a run, as a strategy of :class:`~explain.batch.explaining.GroupExplainer`:
-a classifier's outputs are its targets' classes (:class:`ClassifyOutputs`); a segmentation or
-detection model's are read per image from one pass of the model, a class over its region or
-the boxes the target selects, one output per box (:class:`DenseOutputs`)."""
+"""What the task changes in a run, as small strategies that return what they made of a group
+(:class:`~explain.batch.outputs.Explained`: outputs per image and method, and failures), never
+calling back into the engine: a classifier's outputs are its targets' classes
+(:class:`ClassifyOutputs`); a segmentation model's the class over its region
+(:class:`SegmentOutputs`), a detector's the boxes the target selects, one output per box
+(:class:`DetectOutputs`), both read per image from one pass of the model
+(:class:`DenseOutputs`)."""
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..errors import is_out_of_memory
+from ..errors import failure_reason, is_out_of_memory
 from ..hooks import preserved_state
 from ..passes import StopRequested
 from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
-from .explainers import class_name
+from .explainers import TargetSpec, class_name
 from .inputs import Source
 from .manifest import is_detection_row, safe_name
-from .method_results import Outcome, explain_all, raise_if_out_of_memory
-from .writing import Job
+from .method_results import explain_all, raise_if_out_of_memory
+from .outputs import Explained, Failure, ImageOutput, TargetOutput
+from .segment_sources import ImageSegments
+
+#: A method's scores of a batch's maps: ``scorer(cam, images, result)`` -> {(image, target
+#: rank): {column: value}} (--metrics; see :class:`~explain.batch.scoring.MetricScorer`).
+Scorer = Callable[..., dict]
 
 
-def outputs_for(task: str) -> ClassifyOutputs | DenseOutputs:
-    return ClassifyOutputs() if task == "classify" else DenseOutputs(task)
-
-
-def _rounded(value: float | None) -> float | None:
+def rounded(value: float | None) -> float | None:
     return None if value is None or value != value else round(float(value), 6)
+
+
+def outputs_for(prepared, scorer: Scorer) -> ClassifyOutputs | DenseOutputs:
+    """The strategy of ``prepared``'s task (a :class:`~explain.batch.preparation.PreparedRun`)."""
+    costs, names = prepared.costs, prepared.loaded.class_names
+    if prepared.task == "classify":
+        return ClassifyOutputs(prepared.target, costs, names, scorer, prepared.segments)
+    if prepared.task == "segment":
+        return SegmentOutputs(prepared.target, costs, names, prepared.loaded.model)
+    return DetectOutputs(prepared.target, costs, names, prepared.loaded.model, prepared.options.batch_size)
 
 
 class ClassifyOutputs:
@@ -37,19 +53,63 @@ class ClassifyOutputs:
     #: Whether a run knows all its outputs before it explains (the plan does not grow).
     plan_grows = False
 
+    def __init__(self, target: TargetSpec, costs: dict, class_names: list[str], scorer: Scorer, segments=None):
+        self.target, self.costs, self.class_names, self.scorer = target, costs, class_names, scorer
+        self.segments = segments  # --segments: each image's segments (None: no --segments)
+
     def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
         """The manifest keys of ``source``'s outputs by ``method``."""
         return [(source.input, method, label) for label in labels]
 
-    def explain(self, host, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray) -> Outcome:
-        target = host.prepared.target
-        cams = host.pending(work)
-        results, seconds = explain_all(cams, model_input, target.targets, target.topk, host.prepared.costs)
+    def explain(self, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray, cams) -> Explained:
+        segmented = [cam for cam in cams if self.segments is not None and cam.takes_segments]
+        found = self._explain(work, model_input, [cam for cam in cams if cam not in segmented])
+        if segmented:
+            found.extend(self._explain_segments(work, model_input, pictures, segmented))
+        return found
+
+    def _explain_segments(self, work, model_input: Tensor, pictures: np.ndarray, cams: list) -> Explained:
+        """--segments: the methods that score each image's segments, on the images that have
+        some; the others' records fail with the reason (no mask file, a bad one)."""
+        assert self.segments is not None
+        found = Explained()
+        try:
+            segments = self.segments([source for source, _ in work], pictures)
+        except Exception as error:  # the segmentation model fails on this group
+            raise_if_out_of_memory([error], len(work))
+            segments = [f"--segments: {type(error).__name__}: {error}"] * len(work)
+        for j, item in enumerate(segments):
+            if isinstance(item, str):
+                found.failures += [Failure([j], cam, item) for cam in cams]
+        ok = [j for j, item in enumerate(segments) if not isinstance(item, str)]
+        if ok:
+            part = self._explain(
+                [work[j] for j in ok],
+                model_input[torch.tensor(ok, device=model_input.device)],
+                cams,
+                [segments[j] for j in ok],
+            )
+            for image in part.outputs:
+                image.position = ok[image.position]
+            for failure in part.failures:
+                failure.positions = [ok[j] for j in failure.positions]
+            found.extend(part)
+        return found
+
+    def _explain(self, work, model_input: Tensor, cams: list, segments: list[ImageSegments] | None = None) -> Explained:
+        """The outputs of ``cams`` on the group (with ``segments``: each image's, which they score)."""
+        found = Explained()
+        if not cams:
+            return found
+        masks = None if segments is None else [each.masks for each in segments]
+        results, seconds = explain_all(cams, model_input, self.target.targets, self.target.topk, self.costs, masks)
         raise_if_out_of_memory(results, len(work))
-        outcome = Outcome()
+        everyone = list(range(len(work)))
         for cam, result in zip(cams, results, strict=True):
             if isinstance(result, Exception):
-                host.fail(outcome, work, range(len(work)), cam, f"{type(result).__name__}: {result}", str(result))
+                reason = failure_reason(result)
+                said = reason if is_out_of_memory(result) else str(result)
+                found.failures.append(Failure(everyone, cam, reason, said))
         # A method that Ctrl-C stopped is neither done nor failed: a resumed run does it.
         done = [
             (cam, result, took)
@@ -57,241 +117,245 @@ class ClassifyOutputs:
             if not isinstance(result, (Exception, StopRequested))
         ]
         if not done:
-            return outcome
+            return found
         best_probability, best_id = done[0][1].logits.float().softmax(dim=1).max(dim=1)
-        predicted = list(zip(best_id.cpu().tolist(), best_probability.cpu().tolist(), strict=True))
-        if target.targets is not None and callable(target.targets):  # an embedding (similar:IMAGE): no classes
-            predicted = [(None, None)] * len(work)
+        predicted: list[tuple]
+        if callable(self.target.targets):  # an embedding (similar:IMAGE): no classes
+            predicted = [(None, None, None)] * len(work)
+        else:
+            predicted = [
+                (i, self.class_names[i], rounded(p))
+                for i, p in zip(best_id.cpu().tolist(), best_probability.cpu().tolist(), strict=True)
+            ]
         for cam, result, took in done:
             started = time.perf_counter()
-            scores = host.scores(cam, model_input, result)
+            scores = self.scorer(cam, model_input, result)
             took += time.perf_counter() - started  # --metrics: the method's time includes its scoring
-            self._jobs(host, outcome, work, cam, result, scores, predicted, pictures, took / len(work))
-        return outcome
+            found.outputs += self._images(work, cam, result, scores, predicted, took / len(work), segments)
+        return found
 
-    def _jobs(
-        self, host, outcome: Outcome, work, cam, result, scores: dict, predicted: list, pictures, seconds: float
-    ) -> None:
-        """The files and rows of one method's explanation, per image that still needs it;
-        ``seconds``: the method's time per image, which the image's targets share."""
-        names, labels, options = host.loaded.class_names, host.prepared.target.labels, host.options
+    def _images(self, work, cam, result, scores: dict, predicted: list, seconds: float, segments) -> list[ImageOutput]:
+        """One method's outputs, per image that still needs it; ``seconds``: the method's time
+        per image, which the image's targets share."""
+        labels = self.target.labels
         maps, ids, probabilities = result.maps, result.targets, result.probabilities
         if ids.dim() == 1:  # one target per image: (N, H, W) maps (volumes (N, D, H, W), signals (N, L))
             maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]
         maps, ids, probabilities = maps.cpu().numpy(), ids.cpu().tolist(), probabilities.cpu().tolist()
         one_target = result.targets.dim() == 1  # raw then lacks the targets' axis
         raw = {name: (r[:, None] if one_target else r).cpu().numpy() for name, r in result.raw_layers.items()}
-        for j, (source, cams) in enumerate(work):
+        images = []
+        for j, (_, cams) in enumerate(work):
             if cam not in cams:
                 continue
-            best_id, best_probability = predicted[j]
-            rows = []
+            targets = []
             for rank, (label, class_id, probability) in enumerate(zip(labels, ids[j], probabilities[j], strict=False)):
                 # A callable target (similar:IMAGE) has no class: its label names it.
-                target_name = names[class_id] if class_id >= 0 else label
-                what = (
-                    f"{class_id}-{safe_name(target_name)}" if class_id >= 0 else safe_name(re.sub(r"\.\w+$", "", label))
-                )
-                output, maps_file = host.output_names(source, cam.name, what)
-                rows.append(
-                    host.row(
-                        source.input,
-                        cam.name,
+                name = self.class_names[class_id] if class_id >= 0 else label
+                what = f"{class_id}-{safe_name(name)}" if class_id >= 0 else safe_name(re.sub(r"\.\w+$", "", label))
+                targets.append(
+                    TargetOutput(
                         label,
-                        target_id=class_id,
-                        target_name=target_name,
-                        target_probability=_rounded(probability),
-                        predicted_id=best_id,
-                        predicted_name=None if best_id is None else names[best_id],
-                        predicted_probability=_rounded(best_probability),
-                        output=output,
-                        maps=maps_file,
+                        what,
+                        class_id,
+                        name,
+                        rounded(probability),
+                        seconds / len(labels),
                         metrics=scores.get((j, rank)),
-                        seconds=round(seconds / len(labels), 6),
                     )
                 )
-            npz = None
-            if options.save_maps:
-                npz = {"maps": maps[j], "targets": np.asarray(ids[j])}
-                npz.update({f"raw_{name}": r[j] for name, r in raw.items()})
-            outcome.jobs.append(
-                Job(
-                    rows,
-                    pictures[j],
-                    maps[j],
-                    npz,
-                    options.signed_cmap if result.signed else options.cmap,
-                    options.alpha,
-                    result.signed,
-                    draw=host.drawing(source),
-                )
+            image = ImageOutput(
+                j, cam, maps[j], targets, predicted[j], {n: r[j] for n, r in raw.items()}, result.signed
             )
+            if segments is not None:
+                self._with_segment_scores(image, result.segment_scores[j].cpu(), segments[j].names)
+            images.append(image)
+        return images
+
+    @staticmethod
+    def _with_segment_scores(image: ImageOutput, scores: Tensor, names: list[str]) -> None:
+        """Each target's ``segments``, {segment name: score} (None for a NaN: a segment XRAI
+        never added), and the .npz's ``segment_scores`` ((K,), or (k, K) for topk) and
+        ``segment_names``."""
+        by_rank = scores[None] if scores.dim() == 1 else scores
+        for target, values in zip(image.targets, by_rank.tolist(), strict=True):
+            target.segments = dict(zip(names, map(rounded, values), strict=True))
+        image.npz_extra = {"segment_scores": scores.numpy(), "segment_names": np.asarray(names)}
 
 
 class DenseOutputs:
     """A segmentation or detection model. Each group runs the model once to read its targets:
-    per image, the class and region of the --target (:class:`~explain.tasks.SegmentationTarget`),
-    or the boxes it selects (:meth:`~explain.tasks.DetectionTarget.select`), each box explained
-    on its own copy of the image. An output is named after its class (segment) or its box
-    (``box3``, the box's index in the detector's output), its overlay draws the region's outline
-    or the box, and its manifest row records the region or the box (``region``). As the boxes
-    are known only once the detector has run, an image's outputs enter the plan when they are
-    made; a finished image is known by its rows with the same settings."""
+    per image, the class and region of the --target, or the boxes it selects, each box
+    explained on its own copy of the image. An output's overlay draws the region's outline or
+    the box, and its record the region or the box (``region``). As the boxes are known only
+    once the detector has run, an image's outputs enter the plan when they are made; a
+    finished image is known by its rows with the same settings. What differs, the targets and
+    how they are read and named, is :class:`SegmentOutputs`' and :class:`DetectOutputs`'."""
 
     plan_grows = True
 
-    def __init__(self, task: str):
-        self.task = task
+    def __init__(self, target: TargetSpec, costs: dict, class_names: list[str], model: nn.Module):
+        self.target, self.costs, self.class_names, self.model = target, costs, class_names, model
 
     def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
-        if self.task == "detect":
-            found = [
-                key
-                for key, row in rows.items()
-                if key[:2] == (source.input, method) and is_detection_row(row, settings)
-            ]
-            if found:
-                return found
         return [(source.input, method, label) for label in labels]
 
-    def explain(self, host, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray) -> Outcome:
-        cams, outcome = host.pending(work), Outcome()
+    def explain(self, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray, cams) -> Explained:
+        found = Explained()
         try:
-            target, owners, records, marks, predicted = self._targets(host, model_input)
+            with preserved_state(self.model), torch.no_grad():
+                output = self.model(model_input)
+            target, owners, records, marks, predicted = self.targets(output, len(model_input))
         except Exception as error:  # the model or the target fails on this batch
             if is_out_of_memory(error) and len(work) > 1:
                 raise_if_out_of_memory([error], len(work))
-            for cam in cams:
-                host.fail(outcome, work, range(len(work)), cam, f"{type(error).__name__}: {error}")
-            return outcome
-        found = self._maps(host, cams, target, owners, model_input)
-        raise_if_out_of_memory(found.values(), len(work))  # nothing of this group is kept: its halves start again
+            found.failures += [Failure(list(range(len(work))), cam, failure_reason(error)) for cam in cams]
+            return found
+        maps = self._maps(cams, target, owners, model_input)
+        raise_if_out_of_memory(maps.values(), len(work))  # nothing of this group is kept: its halves start again
         empty = [j for j in range(len(work)) if j not in owners]
         for cam in cams:
-            host.fail(outcome, work, empty, cam, f"no detected box matches --target {host.prepared.target.labels[0]}")
-            if isinstance(found[cam], Exception):
-                host.fail(outcome, work, sorted(set(owners)), cam, f"{type(found[cam]).__name__}: {found[cam]}")
-            elif found[cam] and not isinstance(found[cam], StopRequested):
-                self._jobs(host, outcome, work, cam, found[cam], owners, records, marks, predicted, pictures)
-        return outcome
+            found.failures.append(Failure(empty, cam, f"no detected box matches --target {self.target.labels[0]}"))
+            if isinstance(maps[cam], Exception):
+                found.failures.append(Failure(sorted(set(owners)), cam, failure_reason(maps[cam])))
+            elif maps[cam] and not isinstance(maps[cam], StopRequested):
+                found.outputs += self._images(work, cam, maps[cam], owners, records, marks, predicted)
+        return found
 
-    def _maps(self, host, cams: list, target, owners: list[int], model_input: Tensor) -> dict:
-        """Per CAM, the (maps, raw layers, seconds per row) of each chunk of the target's rows,
-        or the error it raised. Boxes are explained --batch-size rows at a time: an image can
-        hold hundreds."""
-        step = len(owners) if self.task == "segment" else host.options.batch_size
+    def _maps(self, cams: list, target, owners: list[int], model_input: Tensor) -> dict:
+        """Per CAM, the (maps, raw layers, seconds per row) of each chunk of the target's rows
+        (:meth:`chunks`), or the error it raised."""
         found: dict = {cam: [] for cam in cams}
-        for start in range(0, len(owners), max(step, 1)):
-            rows = list(range(start, min(start + step, len(owners))))
-            if self.task == "segment":
-                chunk, batch = target, model_input
-            else:
-                chunk = target.subset(rows)
-                batch = model_input[chunk.image_ids.to(model_input.device)]
-            for cam, result, took in zip(
-                cams, *explain_all(cams, batch, chunk, costs=host.prepared.costs), strict=True
-            ):
+        for chunk, batch, rows in self.chunks(target, owners, model_input):
+            for cam, result, took in zip(cams, *explain_all(cams, batch, chunk, costs=self.costs), strict=True):
                 if isinstance(found[cam], (Exception, StopRequested)):
                     continue
                 if isinstance(result, (Exception, StopRequested)):  # stopped: not written, done on resume
                     found[cam] = result
                     continue
-                if self.task == "detect":
-                    result = crop_padding(result, host.loaded.model)
+                result = self.cropped(result)
                 found[cam].append(
-                    (
-                        result.maps.cpu().numpy(),
-                        {n: r.cpu().numpy() for n, r in result.raw_layers.items()},
-                        took / len(rows),
-                    )
+                    (result.maps.cpu().numpy(), {n: r.cpu().numpy() for n, r in result.raw_layers.items()}, took / rows)
                 )
             if any(isinstance(value, StopRequested) for value in found.values()):
                 break  # Ctrl-C: the boxes left are for a resumed run
         return found
 
-    def _jobs(
-        self,
-        host,
-        outcome: Outcome,
-        work,
-        cam,
-        chunks: list,
-        owners: list[int],
-        records: list[dict],
-        marks: list[dict],
-        predicted: list,
-        pictures: np.ndarray,
-    ) -> None:
-        names, options = host.loaded.class_names, host.options
+    def _images(
+        self, work, cam, chunks: list, owners: list[int], records: list[dict], marks: list[dict], predicted: list
+    ) -> list[ImageOutput]:
         maps = np.concatenate([maps for maps, _, _ in chunks])
         raw = {name: np.concatenate([layers[name] for _, layers, _ in chunks]) for name in chunks[0][1]}
         seconds = [per_row for chunk_maps, _, per_row in chunks for _ in chunk_maps]
+        images = []
         for j in sorted(set(owners)):
-            source, cams = work[j]
-            if cam not in cams:
+            if cam not in work[j][1]:
                 continue
             mine = [r for r, owner in enumerate(owners) if owner == j]
-            best_id, best_probability = predicted[j]
-            rows = []
+            targets = []
             for r in mine:
                 record = records[r]
-                name = class_name(names, record["class_id"])
-                label = f"box{record['index']}" if self.task == "detect" else host.prepared.target.labels[0]
-                output, maps_file = host.output_names(
-                    source, cam.name, f"{label if self.task == 'detect' else record['class_id']}-{safe_name(name)}"
-                )
-                rows.append(
-                    host.row(
-                        source.input,
-                        cam.name,
+                name = class_name(self.class_names, record["class_id"])
+                label, what = self.naming(record)
+                region = {
+                    key: value
+                    for key, value in record.items()
+                    if key not in ("task", "class_id", "class_name", "probability")
+                }
+                targets.append(
+                    TargetOutput(
                         label,
-                        target_id=record["class_id"],
-                        target_name=name,
-                        target_probability=record["probability"],
-                        predicted_id=best_id,
-                        predicted_name=None if best_id is None else class_name(names, best_id),
-                        predicted_probability=best_probability,
-                        output=output,
-                        maps=maps_file,
-                        seconds=round(seconds[r], 6),
-                        region={
-                            key: value
-                            for key, value in record.items()
-                            if key not in ("task", "class_id", "class_name", "probability")
-                        },
+                        f"{what}-{safe_name(name)}",
+                        record["class_id"],
+                        name,
+                        record["probability"],
+                        seconds[r],
+                        region=region,
+                        marks=marks[r],
                     )
                 )
-            npz = None
-            if options.save_maps:
-                npz = {"maps": maps[mine], "targets": np.asarray([records[r]["class_id"] for r in mine])}
-                npz.update({f"raw_{name}": r[mine] for name, r in raw.items()})
-            outcome.jobs.append(
-                Job(rows, pictures[j], maps[mine], npz, options.cmap, options.alpha, False, [marks[r] for r in mine])
-            )
+            best_id, best_probability = predicted[j]
+            best = (best_id, None if best_id is None else class_name(self.class_names, best_id), best_probability)
+            images.append(ImageOutput(j, cam, maps[mine], targets, best, {n: r[mine] for n, r in raw.items()}))
+        return images
 
-    def _targets(self, host, images: Tensor):
-        """The group's targets from one pass of the model: the target, the image of each of its
-        rows, each row's record (class, region or box, probability) and overlay marks, and each
-        image's prediction (class id, probability)."""
-        model: nn.Module = host.loaded.model
-        names, spec = host.loaded.class_names, host.prepared.target
-        with preserved_state(model), torch.no_grad():
-            output = model(images)
-        n = len(images)
-        if self.task == "segment":
-            target = spec.targets.resolve(output)
-            probabilities = target.probabilities(output).tolist()
-            records = [dict(target.describe(j, names), probability=_rounded(probabilities[j])) for j in range(n)]
-            marks = [{"outline": target.mask[j if len(target.mask) > 1 else 0].cpu().numpy()} for j in range(n)]
-            top = SegmentationTarget().resolve(output)
-            best = top.probabilities(output).tolist()
-            predicted = [(top.describe(j)["class_id"], _rounded(best[j])) for j in range(n)]
-            return target, list(range(n)), records, marks, predicted
-        target = DetectionTarget.select(output, **spec.select)
-        records = [dict(d.describe(names), probability=_rounded(d.score)) for d in target.detections]
+    # -- what the task says
+
+    def targets(self, output, n: int) -> tuple:
+        """The group's targets from the model's ``output`` on its ``n`` images: the target, the
+        image of each of its rows, each row's record (class, region or box, probability) and
+        overlay marks, and each image's prediction (class id, probability)."""
+        raise NotImplementedError
+
+    def chunks(self, target, owners: list[int], model_input: Tensor):
+        """(target, images, rows) in the pieces that are explained at once."""
+        raise NotImplementedError
+
+    def cropped(self, result):
+        return result
+
+    def naming(self, record: dict) -> tuple[str, object]:
+        """A row's target column and what names its file (before the class name)."""
+        raise NotImplementedError
+
+
+class SegmentOutputs(DenseOutputs):
+    """A segmentation model: per image, the class of the --target over its predicted region
+    (:class:`~explain.tasks.SegmentationTarget`); an output is named after its class."""
+
+    def targets(self, output, n: int) -> tuple:
+        spec: Any = self.target.targets  # a SegmentationTarget, whose region the output sets
+        target = spec.resolve(output)
+        probabilities = target.probabilities(output).tolist()
+        records = [dict(target.describe(j, self.class_names), probability=rounded(probabilities[j])) for j in range(n)]
+        marks = [{"outline": target.mask[j if len(target.mask) > 1 else 0].cpu().numpy()} for j in range(n)]
+        top = SegmentationTarget().resolve(output)
+        best = top.probabilities(output).tolist()
+        predicted = [(top.describe(j)["class_id"], rounded(best[j])) for j in range(n)]
+        return target, list(range(n)), records, marks, predicted
+
+    def chunks(self, target, owners: list[int], model_input: Tensor):
+        yield target, model_input, len(owners)
+
+    def naming(self, record: dict) -> tuple[str, object]:
+        return self.target.labels[0], record["class_id"]
+
+
+class DetectOutputs(DenseOutputs):
+    """A detector: the boxes the target selects (:meth:`~explain.tasks.DetectionTarget.select`),
+    each explained on its own copy of its image, ``batch_size`` boxes at a time (an image can
+    hold hundreds); an output is named after its box (``box3``, the box's index in the
+    detector's output)."""
+
+    def __init__(self, target: TargetSpec, costs: dict, class_names: list[str], model: nn.Module, batch_size: int):
+        super().__init__(target, costs, class_names, model)
+        self.batch_size = batch_size
+
+    def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
+        found = [
+            key for key, row in rows.items() if key[:2] == (source.input, method) and is_detection_row(row, settings)
+        ]
+        return found or super().keys(rows, source, method, labels, settings)
+
+    def targets(self, output, n: int) -> tuple:
+        names = self.class_names
+        target = DetectionTarget.select(output, **(self.target.select or {}))
+        records = [dict(d.describe(names), probability=rounded(d.score)) for d in target.detections]
         marks = [
             {"boxes": [d.box], "labels": [f"{class_name(names, d.label)} {d.score:.2f}"]} for d in target.detections
         ]
-        tops = {d.image: (d.label, _rounded(d.score)) for d in DetectionTarget.select(output).detections}
-        predicted = [tops.get(j, (None, None)) for j in range(n)]
-        return target, target.image_ids.tolist(), records, marks, predicted
+        tops = {d.image: (d.label, rounded(d.score)) for d in DetectionTarget.select(output).detections}
+        return target, target.image_ids.tolist(), records, marks, [tops.get(j, (None, None)) for j in range(n)]
+
+    def chunks(self, target, owners: list[int], model_input: Tensor):
+        step = max(self.batch_size, 1)
+        for start in range(0, len(owners), step):
+            chunk = target.subset(list(range(start, min(start + step, len(owners)))))
+            yield chunk, model_input[chunk.image_ids.to(model_input.device)], min(step, len(owners) - start)
+
+    def cropped(self, result):
+        return crop_padding(result, self.model)
+
+    def naming(self, record: dict) -> tuple[str, object]:
+        label = f"box{record['index']}"
+        return label, label

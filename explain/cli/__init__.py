@@ -5,6 +5,7 @@
     explain evaluate INPUT... --out DIR [--methods gradcam,ig] [--metrics deletion,insertion,road]
     explain methods
     explain layers MODEL
+    explain samples
 
 ``explain run`` decodes images in DataLoader workers, explains them in batches on the
 model's device and writes overlays from a thread pool, so decoding, compute and PNG

@@ -1,4 +1,4 @@
-"""``explain methods`` and ``explain layers``."""
+"""``explain methods``, ``explain layers`` and ``explain samples``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 from ..batch.outcome import EXIT_OK
+from ..options import SAMPLE_PHOTOS
 
 METHOD_HEADER = ("method", "family", "layer", "cost per image and target", "description")
 #: Spaces between the columns of a table.
@@ -18,6 +19,13 @@ def methods_command(args) -> int:
 
     width = shutil.get_terminal_size().columns  # COLUMNS where set, else the terminal's, else 80
     print(fit_table(METHOD_HEADER, METHOD_ROWS, width - 1, wrapped=(1, 3, 4)), end="")
+    return EXIT_OK
+
+
+def samples_command(args) -> int:
+    """The folder of the sample photos (:func:`explain.data.sample_folder`), found without
+    importing :mod:`explain.data`, whose other data may need torch."""
+    print(Path(__file__).resolve().parents[1].joinpath(*SAMPLE_PHOTOS))
     return EXIT_OK
 
 
@@ -88,7 +96,8 @@ def write_method_table() -> None:
     Path(__file__).with_name("method_table.py").write_text(
         '"""The rows ``explain methods`` prints, kept as text so that the command answers without\n'
         "importing torch and the methods (``tests/test_cli.py`` checks them against the registry).\n"
-        'Regenerate them after adding or changing a method: ``python -m explain.cli.listing``."""\n\n'
+        "Generated from the registry by ``python -m explain.cli.listing``: run it after adding or\n"
+        'changing a method."""\n\n'
         f"METHOD_ROWS = (\n{rows})\n",
         encoding="utf-8",
     )

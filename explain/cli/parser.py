@@ -14,8 +14,9 @@ from pathlib import Path
 from PIL import Image
 
 from .. import __version__
-from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_USAGE
-from ..errors import UsageError, is_out_of_memory
+from ..batch.guards import Terminated, terminated_as_interrupt
+from ..batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OUT_OF_MEMORY, EXIT_TERMINATED, EXIT_USAGE
+from ..errors import UsageError, first_line, is_out_of_memory
 from ..options import BUNDLED_MODEL, LOCALISATION_METRICS, METRIC_NAMES, MODEL_FORMS, REDUCTIONS, STEP_METRICS, TASKS
 from .common import non_negative_int, positive_int
 
@@ -26,7 +27,7 @@ def console_main() -> None:
     (about a second): its files are written and closed by then, the Ray engine's cluster shut
     down, and a user who pressed Ctrl-C waits for nothing else."""
     status = main()
-    if status == EXIT_INTERRUPTED:
+    if status in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
@@ -37,13 +38,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module, function = args.handler.split(":")
     try:
-        return getattr(importlib.import_module(f".{module}", __package__), function)(args)
+        with terminated_as_interrupt():  # SIGTERM stops as Ctrl-C does, with status 143
+            return getattr(importlib.import_module(f".{module}", __package__), function)(args)
     except UsageError as error:
         print(f"explain: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # before the first batch (loading the model, checking the methods)
-        print("\nexplain: interrupted before any image was explained", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as interrupt:  # before the first batch (loading the model, checking the methods)
+        terminated = isinstance(interrupt, Terminated)
+        print(f"\nexplain: {'terminated' if terminated else 'interrupted'} before any image was explained",
+              file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except BrokenPipeError:  # the reader left (`explain layers MODEL --all | head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs advise
         return EXIT_FAILED
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if not is_out_of_memory(error):
             raise
         # Before the first batch: loading the model, checking the methods.
-        print(f"explain: error: out of memory before any image was explained ({str(error).splitlines()[0]}); "
+        print(f"explain: error: out of memory before any image was explained ({first_line(error)}); "
               "this is the device's limit, not a mistake in the options: free the device's memory, pick a smaller "
               "model or fewer methods, or pass --device cpu", file=sys.stderr)
         return EXIT_OUT_OF_MEMORY
@@ -87,11 +91,12 @@ def _add_run_command(commands) -> None:
         "run", formatter_class=DefaultsOnceFormatter, help="write heatmap overlays for images, folders and lists",
         description="Write one heatmap overlay per image, method and target under --out, with "
         "manifest.jsonl and index.html. Re-running the same command skips finished outputs. "
-        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory before the first image, "
-        "4 the output folder's disk refused a write (full, read-only), 130 interrupted.",
+        "Exit status: 0 all ok, 1 some inputs failed, 2 usage error, 3 out of memory (before the first image, "
+        "or outputs that failed for it), 4 the output folder's disk refused a write (full, read-only), "
+        "130 interrupted (Ctrl-C), 143 terminated (SIGTERM).",
     )
     _add_inputs_and_model(run)
-    run.add_argument("--method", "-m", default="gradcam",
+    run.add_argument("--method", "-m", default="gradcam", dest="methods", metavar="METHOD",
                      help="method(s), comma-separated, or 'all'; see `explain methods`. KIND:METHOD (KIND smoothgrad, "
                      "smoothgrad-sq or vargrad) aggregates METHOD's maps of noisy copies, e.g. smoothgrad:ig")
     run.add_argument("--layer", default="auto",
@@ -137,11 +142,30 @@ def _add_run_command(commands) -> None:
                      help="also score each map with these metrics (comma-separated; see `explain evaluate --help`): "
                      "values per row in the manifest, their summary in index.html")
     _add_step_option(run)
+    run.set_defaults(handler="run:run_command")
+    _add_explorer_options(run)
+    _add_scaling_options(run)
+
+
+def _add_explorer_options(run: argparse.ArgumentParser) -> None:
+    """The files that come with each image (its segments, its label) and the explorer's options."""
+    run.add_argument("--segments", default=None, metavar="DIR|model:NAME",
+                     help="score these segments of each image instead of a window or superpixels, with the methods "
+                     "that take segments (occlusion, lime, kernelshap, ablation, shapley-sampling, xrai): DIR holds a "
+                     "mask file per image named by its stem, .npy (a label image (H, W) of integers, or masks "
+                     "(K, H, W) of booleans, which may overlap) or .png (a label image), at the image's size (resized "
+                     "and cropped as the image, nearest-neighbour) or the model input's; model:NAME[=WEIGHTS] takes "
+                     "each class a segmentation model predicts as a segment. The manifest's segments column holds "
+                     "each segment's score (--save-maps: the .npz too); an image without a usable mask file fails "
+                     "those rows with the reason")
     run.add_argument("--labels", type=Path, default=None, metavar="FILE",
                      help="the images' true classes, a CSV of path,label lines (label: a class id or name); "
-                     "each row then records whether the prediction is right, and index.html filters the mistakes")
-    run.set_defaults(handler="run:run_command")
-    _add_scaling_options(run)
+                     "each row then records whether the prediction is right, the summary counts the mistakes, "
+                     "and index.html filters them")
+    run.add_argument("--copy-originals", action="store_true",
+                     help="copy a thumbnail of each input image into --out/originals/ for index.html, so that the "
+                     "run folder can be moved or shared with its originals (by default index.html links the "
+                     "input images relatively from --out: they show only where the inputs are found from there)")
 
 
 def _add_scaling_options(run: argparse.ArgumentParser) -> None:
@@ -165,7 +189,8 @@ def _add_evaluate_command(commands) -> None:
         "scores.csv (one row per image, method, target and metric column), failures.csv, curves.jsonl, "
         "summary.csv, summary.md and plots/*.png; prints the summary (mean ± std per method and metric, * marks "
         "the best). Re-running skips the scores already in scores.csv. Exit status: 0 all ok, 1 some images "
-        "or metrics failed, 2 usage error, 3 out of memory before the first image, 130 interrupted.",
+        "or metrics failed, 2 usage error, 3 out of memory before the first image, 130 interrupted (Ctrl-C), "
+        "143 terminated (SIGTERM).",
     )
     _add_inputs_and_model(scoring, evaluate=True)
     scoring.add_argument("--methods", "--method", "-m", default="gradcam",
@@ -214,6 +239,14 @@ def _add_listing_commands(commands) -> None:
     layers.add_argument("--all", action="store_true", help="the full per-layer table and every candidate layer")
     _add_model_options(layers, with_model=False)
     layers.set_defaults(handler="listing:layers_command")
+
+    samples = commands.add_parser(
+        "samples", help="the folder of the sample photos installed with explain",
+        description="Print the folder that holds the sample photos installed with the package "
+        "(explain.data.sample_folder()), an input for a first run from any folder: "
+        'explain run "$(explain samples)" --out out',
+    )
+    samples.set_defaults(handler="listing:samples_command")
 
 
 def _add_inputs_and_model(parser: argparse.ArgumentParser, evaluate: bool = False) -> None:
@@ -272,5 +305,5 @@ def _add_model_options(parser: argparse.ArgumentParser, with_model: bool = True)
 def _add_step_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=positive_int, default=None,
                         help="pixels removed or inserted per step by " + ", ".join(STEP_METRICS) + " (fewer steps "
-                        "run faster) (default: each metric's own: one row of the image for deletion and insertion, "
-                        "1 %% of it for pixel-flipping)")
+                        "run faster) (default: each metric's own: one row of the image for deletion, insertion and "
+                        "non-sensitivity, 1 %% of it for pixel-flipping)")

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..batch.inputs import collect_inputs, input_extensions
 from ..batch.options import RunOptions
 from ..batch.storage import OutputFolder, is_uri
 from ..errors import UsageError
+from .checks import check_run_options
 
 
 def run_command(args) -> int:
     options = RunOptions.from_values(args)
+    check_run_options(options)  # the mistakes that show without torch: answered at once
     check_display_options(options)
     if options.engine == "ray":
         from ..batch.ray_driver import run_on_ray
@@ -30,6 +31,8 @@ def run_command(args) -> int:
     out_dir = Path(options.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    from ..batch.inputs import collect_inputs, input_extensions  # numpy and PIL: after the checks above
+
     # mistakes in the inputs answer before torch loads
     sources = collect_inputs(options.inputs, out_dir, input_extensions(options.model))
     OutputFolder(out_dir).create()  # and an --out that cannot be made or written to

@@ -3,7 +3,6 @@ a folder of images, as one boolean mask per image at the model input's size."""
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from torch import Tensor
 
 from ..images import READABLE_EXTENSIONS, ImageError, load_rgb
 from ..regions import region_masks
+from ..text_files import csv_records
 
 __all__ = ["BOX_FIELDS", "read_regions"]
 
@@ -56,32 +56,35 @@ def read_regions(
 
 
 def _read_boxes(path: Path) -> dict[str, list[list[float]]]:
+    what, hint = f"regions file {path}", f"give a CSV file with the header {','.join(BOX_FIELDS)}"
+    boxes: dict[str, list[list[float]]] = {}
     try:
-        with open(path, newline="", encoding="utf-8-sig") as file:
-            lines = list(csv.reader(file))
+        records = csv_records(path, what, hint)
+        first = next(records, None)
+        if first is None or [cell.strip().lower() for cell in first[1]] != list(BOX_FIELDS):
+            raise ValueError(f"{path}: the first line must be the header {','.join(BOX_FIELDS)}")
+        for number, line in records:
+            if any(cell.strip() for cell in line):
+                boxes.setdefault(line[0].strip(), []).append(_box(path, number, line))
     except OSError as error:
         raise ValueError(f"cannot read regions file {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not a text CSV file of regions") from None
-    if not lines or [cell.strip().lower() for cell in lines[0]] != list(BOX_FIELDS):
-        raise ValueError(f"{path}: the first line must be the header {','.join(BOX_FIELDS)}")
-    boxes: dict[str, list[list[float]]] = {}
-    for number, line in enumerate(lines[1:], start=2):
-        if not any(cell.strip() for cell in line):
-            continue
-        try:
-            if len(line) != len(BOX_FIELDS):
-                raise ValueError
-            x0, y0, x1, y1 = (float(cell) for cell in line[1:])
-            if not (x0 <= x1 and y0 <= y1) or not np.isfinite([x0, y0, x1, y1]).all():
-                raise ValueError
-        except ValueError:
-            raise ValueError(
-                f"{path}, line {number}: expected image,x0,y0,x1,y1 with x0 <= x1 and y0 <= y1 "
-                f"in pixels, got {','.join(line)!r}"
-            ) from None
-        boxes.setdefault(line[0].strip(), []).append([x0, y0, x1, y1])
     return boxes
+
+
+def _box(path: Path, number: int, line: list[str]) -> list[float]:
+    """The box of one line of a regions file."""
+    try:
+        if len(line) != len(BOX_FIELDS):
+            raise ValueError
+        x0, y0, x1, y1 = (float(cell) for cell in line[1:])
+        if not (x0 <= x1 and y0 <= y1) or not np.isfinite([x0, y0, x1, y1]).all():
+            raise ValueError
+    except ValueError:
+        raise ValueError(
+            f"{path}, line {number}: expected image,x0,y0,x1,y1 with x0 <= x1 and y0 <= y1 in pixels, "
+            f"got {','.join(line)!r}"
+        ) from None
+    return [x0, y0, x1, y1]
 
 
 def _mask_of(path: Path | None, size: tuple[int, int], resize) -> Tensor | None:

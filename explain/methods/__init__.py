@@ -3,9 +3,11 @@
 - :mod:`~explain.methods.gradient_cams`: maps from a layer's activations and gradients
   (Grad-CAM, Grad-CAM++, XGrad-CAM, HiResCAM, LayerCAM, the element-wise and Eigen variants,
   SmoothGrad-CAM++, Shapley-CAM, Finer-CAM);
+- :mod:`~explain.methods.combined_cams`: CAMs made of another CAM's maps (RefineCAM, a base
+  CAM's maps at several layers multiplied);
 - :mod:`~explain.methods.full_gradient`: FullGrad, through every layer with a bias;
 - :mod:`~explain.methods.gradient_free_cams`: maps from activations alone (CAM, Eigen-CAM,
-  KPCA-CAM, FEM, Random-CAM);
+  KPCA-CAM, FEM, Random-CAM) and the image's edges (Sobel-CAM, a baseline);
 - :mod:`~explain.methods.perturbation_cams`: channel weights from perturbed passes
   (Score-CAM, SS-CAM, IS-CAM, Ablation-CAM);
 - :mod:`~explain.methods.gradient_attribution`: maps of the input from gradients, through
@@ -22,6 +24,8 @@
 - :mod:`~explain.methods.perturbation_attribution`: maps of the input from perturbed
   copies, through captum (Occlusion, LIME, KernelSHAP, Shapley value sampling, Feature Ablation
   over superpixels), and RISE;
+- :mod:`~explain.methods.segment_attribution`: the perturbation methods (and XRAI) over the
+  caller's segments (``segments=``: masks, overlapping or not, or a label image);
 - :mod:`~explain.methods.mask_optimisation`: the smooth mask of a given area that keeps
   the score, found by gradient descent (extremal perturbations);
 - :mod:`~explain.methods.drise`: D-RISE, a detected box's saliency from randomly masked copies;
@@ -33,124 +37,42 @@
 :mod:`~explain.methods.cam_base` holds what they share (the capture, ``eigen_smooth``,
 ``aug_smooth``, :func:`explain_together`); :mod:`~explain.methods.layer_replay` runs the
 layers after a target layer on their own; :mod:`~explain.methods.attribution_base` holds
-what the attribution methods share (targets, channel reduction, normalisation, baselines).
-A new method is one class over :class:`~explain.methods.cam_base.BaseCAM` (or
-:class:`~explain.Explainer`), registered with :func:`explain.register`.
+what the attribution methods share (targets, channel reduction, normalisation, baselines);
+:mod:`~explain.methods.captum_adapter` is the one module that reaches into captum's private
+parts. A new method is one class in its family's module, over
+:class:`~explain.methods.cam_base.BaseCAM` (or :class:`~explain.Explainer`), registered with
+:func:`explain.register`: this package exports every registered class by name.
 """
 
-# The import order is the order explain.method_names() lists the methods in.
-from .gradient_cams import (  # isort: skip
-    EigenGradCAM,
-    FinerCAM,
-    GradCAM,
-    GradCAMElementWise,
-    GradCAMPlusPlus,
-    GradientCAM,
-    HiResCAM,
-    LayerCAM,
-    ShapleyCAM,
-    SmoothGradCAMPlusPlus,
-    XGradCAM,
-)
-from .gradient_free_cams import CAM, FEM, KPCACAM, EigenCAM, RandomCAM  # isort: skip
-from .perturbation_cams import ISCAM, SSCAM, AblationCAM, ScoreCAM  # isort: skip
-from .full_gradient import FullGrad  # isort: skip
-from .gradient_attribution import (  # isort: skip
-    Deconvolution,
-    DeepLift,
-    DeepLiftShap,
-    GradientShap,
-    GuidedBackprop,
-    GuidedGradCAM,
-    InputXGradient,
-    Saliency,
-    SmoothGrad,
-    VarGrad,
-)
-from .path_attribution import BlurIG, GuidedIG, IntegratedGradients  # isort: skip
-from .layer_attribution import (  # isort: skip
-    InternalInfluence,
-    LayerConductance,
-    LayerGradientXActivation,
-    LayerIntegratedGradients,
-)
-from .region_attribution import XRAI  # isort: skip
-from .perturbation_attribution import (  # isort: skip
-    RISE,
-    FeatureAblation,
-    KernelShap,
-    Lime,
-    Occlusion,
-    ShapleyValueSampling,
-)
-from .mask_optimisation import ExtremalPerturbation  # isort: skip
-from .drise import DRISE  # isort: skip
-from .relevance import LRP, ContrastiveExcitationBackprop, ExcitationBackprop  # isort: skip
-from .transformer_attention import AttentionRelevance, AttentionRollout, LeGrad, TransformerAttention  # isort: skip
-from .noise_tunnel import NoiseTunnel  # isort: skip
-from .attribution_base import Attribution  # isort: skip
-from .cam_base import BaseCAM, Captured, explain_together  # isort: skip
-from .layer_replay import LayerReplay  # isort: skip
+# Importing a family module registers its methods (the star imports bind its names here, for
+# static type checkers too); every registered class is exported by name below, with the
+# bases a method builds on: the registry is the list.
+from ..base import registered
+from .attribution_base import Attribution  # noqa: F401 -- in __all__ (BASES)
+from .cam_base import BaseCAM, Captured, explain_together  # noqa: F401
+from .combined_cams import *  # noqa: F403 -- each family's names, for static type checkers
+from .drise import *  # noqa: F403
+from .full_gradient import *  # noqa: F403
+from .gradient_attribution import *  # noqa: F403
+from .gradient_cams import *  # noqa: F403
+from .gradient_free_cams import *  # noqa: F403
+from .layer_attribution import *  # noqa: F403
+from .layer_replay import LayerReplay  # noqa: F401
+from .mask_optimisation import *  # noqa: F403
+from .noise_tunnel import *  # noqa: F403
+from .path_attribution import *  # noqa: F403
+from .perturbation_attribution import *  # noqa: F403
+from .perturbation_cams import *  # noqa: F403
+from .region_attribution import *  # noqa: F403
+from .relevance import *  # noqa: F403
+from .segment_attribution import TakesSegments  # noqa: F401 -- in __all__ (SUPPORT)
+from .transformer_attention import *  # noqa: F403
 
-__all__ = [
-    "CAM",
-    "DRISE",
-    "FEM",
-    "ISCAM",
-    "KPCACAM",
-    "LRP",
-    "RISE",
-    "SSCAM",
-    "XRAI",
-    "AblationCAM",
-    "AttentionRelevance",
-    "AttentionRollout",
-    "Attribution",
-    "BaseCAM",
-    "BlurIG",
-    "Captured",
-    "ContrastiveExcitationBackprop",
-    "Deconvolution",
-    "DeepLift",
-    "DeepLiftShap",
-    "EigenCAM",
-    "EigenGradCAM",
-    "ExcitationBackprop",
-    "ExtremalPerturbation",
-    "FeatureAblation",
-    "FinerCAM",
-    "FullGrad",
-    "GradCAM",
-    "GradCAMElementWise",
-    "GradCAMPlusPlus",
-    "GradientCAM",
-    "GradientShap",
-    "GuidedBackprop",
-    "GuidedGradCAM",
-    "GuidedIG",
-    "HiResCAM",
-    "InputXGradient",
-    "IntegratedGradients",
-    "InternalInfluence",
-    "KernelShap",
-    "LayerCAM",
-    "LayerConductance",
-    "LayerGradientXActivation",
-    "LayerIntegratedGradients",
-    "LayerReplay",
-    "LeGrad",
-    "Lime",
-    "NoiseTunnel",
-    "Occlusion",
-    "RandomCAM",
-    "Saliency",
-    "ScoreCAM",
-    "ShapleyCAM",
-    "ShapleyValueSampling",
-    "SmoothGrad",
-    "SmoothGradCAMPlusPlus",
-    "TransformerAttention",
-    "VarGrad",
-    "XGradCAM",
-    "explain_together",
-]
+#: What the methods build on, exported with them by :mod:`explain` too.
+BASES = ("Attribution", "BaseCAM", "GradientCAM", "NoiseTunnel", "explain_together")
+#: What the methods' bases hand a subclass, exported here only.
+SUPPORT = ("Captured", "LayerReplay", "TakesSegments", "TransformerAttention")
+#: The built-in methods' classes by class name, in the order they are listed.
+METHOD_CLASSES = {cls.__name__: cls for cls in registered().values() if cls.__module__.startswith(f"{__name__}.")}
+
+__all__ = [*BASES, *SUPPORT, *METHOD_CLASSES]  # noqa: PLE0604 -- built from the registry

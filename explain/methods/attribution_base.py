@@ -35,7 +35,7 @@ from ..explanation import Explanation
 from ..hooks import preserved_state
 from ..options import REDUCTIONS
 from ..passes import Passes, advance, inner_rows
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from .cam_base import detached, map_tensors
 
 __all__ = [
@@ -216,9 +216,7 @@ class ScoredModel(nn.Module):
         self.targets = targets
         self.topk = topk
         self.class_names = class_names
-        self.custom: Callable[[Tensor], Tensor] | None = (
-            targets if callable(targets) and not isinstance(targets, Tensor) else None
-        )
+        self.custom: Callable[[Tensor], Tensor] | None = custom_target(targets)
         #: The model's output for the images (its logits, unless the target is a callable).
         self.output: Tensor | dict | tuple | None = None
         self.ids: Tensor | None = None
@@ -354,21 +352,24 @@ class Attribution(Explainer):
         methods that can share work between targets override this."""
         return [self.attribute(scored, images, k) for k in range(scored.num_targets)]
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
-        """Explain ``targets`` (default: each image's top class) for a batch of images.
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """The attributions of each target (:meth:`attribute`), their channels reduced
+        (``reduction``) and the maps normalised: volumes (N, C, D, H, W) and signals
+        (N, C, L) give maps (N, D, H, W) and (N, L)."""
+        return self.explained(images, targets, topk, {})
 
-        ``targets`` is a class id, a class name, a list with one of those per image (or with
-        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
-        each image's k best classes and gives maps of shape (N, k, H, W); volumes
-        (N, C, D, H, W) and signals (N, C, L) give maps (N, D, H, W) and (N, L).
-        """
+    def explained(self, images: Tensor, targets: Targets, topk: int | None, memo: dict) -> Explanation:
+        """The body of a call, the call's ``memo`` started with ``memo`` (a call with
+        ``segments=`` starts it with the segments, see
+        :class:`~explain.methods.segment_attribution.TakesSegments`)."""
         images = check_images(images, self.model)
         self.check_applies(images)
         scored = ScoredModel(
             self.model, targets, topk, self.class_names, len(images), images.dtype, tuple(images.shape[2:])
         )
+        scored.memo.update(memo)
         columns = []
-        planned = self.planned_passes(images) * (topk or 1)
+        planned = self.call_passes(images, scored.memo) * (topk or 1)
         with attribution_context(self.model), channel_hint(images), Passes(self.name, planned):
             if images.is_inference():  # made under inference_mode: autograd cannot use it
                 images = images.clone()
@@ -384,6 +385,11 @@ class Attribution(Explainer):
         columns = [column.detach() if column.dtype == torch.float64 else column.detach().float() for column in columns]
         raw = columns[0] if scored.resolved_ids.dim() == 1 else torch.stack(columns, dim=1)
         return self.explanation(raw, scored)
+
+    def call_passes(self, images: Tensor, memo: dict) -> int:
+        """The rows a call on ``images`` runs (one target each), knowing its ``memo``: by
+        default :meth:`~explain.Explainer.planned_passes`."""
+        return self.planned_passes(images)
 
     def explanation(self, raw: Tensor, scored: ScoredModel) -> Explanation:
         """The Explanation of attributions ``raw``: channels reduced, maps normalised."""
@@ -407,7 +413,7 @@ class Attribution(Explainer):
         self.check_applies(images)
         if self.check_runs:
             per_image = (
-                not callable(targets)
+                custom_target(targets) is None
                 and not isinstance(targets, (str, int))
                 and targets is not None
                 and (len(targets) == len(images) if isinstance(targets, Sequence) else getattr(targets, "ndim", 0) >= 1)
@@ -439,8 +445,9 @@ class Batched(Attribution):
             None if internal_batch_size is None else positive_int("internal_batch_size", internal_batch_size)
         )
 
-    def rows(self, images: Tensor, total: int) -> int:
-        """Rows of one pass for a call that runs ``total`` rows like ``images[0]``:
+    def rows(self, images: Tensor, total: int, call_rows: int | None = None) -> int:
+        """Rows of one pass for a call that runs ``total`` rows like ``images[0]`` (of
+        ``call_rows`` in all, by default :meth:`~explain.Explainer.planned_passes`):
         ``internal_batch_size``, or sized from the memory budget."""
         return inner_rows(
             self.model,
@@ -448,7 +455,7 @@ class Batched(Attribution):
             backward=self.backward,
             total=total,
             given=self.internal_batch_size,
-            call_rows=self.planned_passes(images),
+            call_rows=call_rows or self.planned_passes(images),
         )
 
 

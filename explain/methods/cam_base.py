@@ -33,9 +33,9 @@ from torch import Tensor, nn
 from ..base import Explainer, NotApplicable, check_training_options
 from ..checks import channel_hint, check_images, interpolation_mode, spatial_dims
 from ..explanation import Explanation, scale_maps
-from ..hooks import LayerCapture
+from ..hooks import LayerCapture, check_layers_ran
 from ..layers import LayerSpec, find_target_layer, resolve_layers
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from ..tokens import Reshape, ReshapeFunction, TokenLayout, infer_layout
 
 __all__ = ["AUGMENTATIONS", "BaseCAM", "Captured", "explain_together", "principal_component", "safe_divide"]
@@ -59,13 +59,14 @@ def agree_in_sign(projection: Tensor, evidence: Tensor) -> Tensor:
     return projection * torch.where(agreement < 0, -1.0, 1.0)[:, None]
 
 
-def principal_component(terms: Tensor) -> Tensor:
+def principal_component(terms: Tensor, *, sign: str = "sum") -> Tensor:
     """Projection of each location's channel vector on the first principal component.
 
     ``terms`` is (N, C, h, w) (or (N, C, d, h, w), (N, C, l)). With X the (h*w, C) matrix
     of one image, centred per channel, the map is X v1, v1 the first right singular vector
-    of X, signed to agree with the channel sum of ``terms``. Returns (N, h, w) (the input's
-    spatial shape).
+    of X, signed to agree with the channel sum of ``terms`` (``sign="sum"``), or so that its
+    largest magnitude is positive (``sign="peak"``: negated where |min| > |max|, Seg-Eigen-CAM's
+    eq. 13). Returns (N, h, w) (the input's spatial shape).
 
     >>> terms = torch.tensor([[[[2.0, -2.0]], [[4.0, -3.0]]]])  # C = 2 on a 1 x 2 grid
     >>> principal_component(terms).flatten().tolist()  # +-sqrt(16.25)
@@ -76,7 +77,20 @@ def principal_component(terms: Tensor) -> Tensor:
     centred = matrix - matrix.mean(dim=1, keepdim=True)
     _, _, vh = torch.linalg.svd(centred, full_matrices=False)
     projection = (centred @ vh[:, 0, :, None]).squeeze(2)
+    if sign == "peak":
+        flip = projection.amin(dim=1).abs() > projection.amax(dim=1).abs()
+        return (projection * torch.where(flip, -1.0, 1.0)[:, None]).reshape(n, *spatial)
     return agree_in_sign(projection, matrix.sum(dim=2)).reshape(n, *spatial)
+
+
+def check_image_rows(name: str, output: Tensor, images: Tensor) -> None:
+    """Raise where layer ``name``'s ``output`` of a pass of ``images`` has not a row per image."""
+    if output.shape[0] != images.shape[0]:
+        raise ValueError(
+            f"layer {name!r} outputs {output.shape[0]} rows for {images.shape[0]} images: the model folds patches "
+            "into the batch there (as MobileViT's and TNT's inner transformers do), so its rows are not the images'; "
+            "pass target_layer= a layer outside it (`explain layers MODEL` lists the layers)"
+        )
 
 
 def layer_layout(reshape: Reshape | None, model: nn.Module, name: str, output: Tensor, images: Tensor):
@@ -170,6 +184,12 @@ class Captured:
         return self.layouts[layer].to_layer(activations, self.layer_outputs[layer][rows])
 
     @property
+    def logits(self) -> Tensor | dict | tuple:
+        """What an :class:`~explain.Explanation` keeps as ``logits``: the class logits, or the
+        model's output where a callable target chose the scores."""
+        return self.output if self.custom_target is not None else class_logits(self.output)
+
+    @property
     def num_targets(self) -> int:
         """Targets explained per image: 1, or k with ``topk``."""
         return 1 if self.targets.dim() == 1 else self.targets.shape[1]
@@ -247,6 +267,7 @@ class BaseCAM(Explainer):
     """
 
     needs_layer = True
+    runs_on = "explain"
     #: Whether the capture needs one backward pass per target.
     uses_gradients: ClassVar[bool] = True
     #: Whether the map is clipped at zero, as most CAMs are ("ReLU(sum_k ...)").
@@ -290,14 +311,9 @@ class BaseCAM(Explainer):
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         return tuple(self.target_layers(images))
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
-        """Explain ``targets`` (default: each image's top class) for a batch of images.
-
-        ``targets`` is a class id, a class name, a list with one of those per image (or with
-        k of them per image), or a callable ``f(output) -> (N,) scores``; ``topk=k`` explains
-        each image's k best classes in one pass and gives maps of shape (N, k, H, W)
-        ((N, k, D, H, W) for volumes, (N, k, L) for signals).
-        """
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """One forward pass (and a backward pass per target) through the target layers, the
+        ``topk`` classes in one pass; with ``aug_smooth``, six."""
         if self.aug_smooth:
             return self._augmented(images, targets, topk)
         return self.explain(self.capture(images, targets, topk=topk))
@@ -317,12 +333,9 @@ class BaseCAM(Explainer):
             with channel_hint(images):
                 output = self.model(images)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
-            missing = [name for name in layers if name not in capture.activations]
-            if missing:
-                raise ValueError(
-                    f"layer(s) {missing} did not run in the forward pass; pick layers the model uses "
-                    "at inference (`explain layers MODEL` lists them)"
-                )
+            check_layers_ran(layers, capture.activations)
+            for name in layers:
+                check_image_rows(name, capture.activations[name], images)
             layouts = {
                 name: layer_layout(self.reshape, self.model, name, capture.activations[name], images) for name in layers
             }
@@ -339,7 +352,7 @@ class BaseCAM(Explainer):
                 for name in layers
             }
         activations = {name: layouts[name].to_spatial(output_) for name, output_ in outputs.items()}
-        custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
+        custom = custom_target(targets)
         return Captured(
             activations,
             recorded,
@@ -378,13 +391,17 @@ class BaseCAM(Explainer):
 
     def explain(self, captured: Captured) -> Explanation:
         """This method's maps from what :meth:`capture` recorded (by this or another method)."""
+        return _explanation(self.raw_layer_maps(captured), captured, self.name, self.class_names)
+
+    def raw_layer_maps(self, captured: Captured) -> dict[str, Tensor]:
+        """Each layer's unscaled maps (after the final ReLU), (N, h, w) or (N, k, h, w) with topk."""
         raw_layers = {}
         for name in captured.activations:
             raw = self.layer_maps(captured, name)
             if self.final_relu:
                 raw = F.relu(raw)
             raw_layers[name] = raw.squeeze(1) if captured.targets.dim() == 1 else raw
-        return _explanation(raw_layers, captured, self.name, self.class_names)
+        return raw_layers
 
     def _augmented(self, images: Tensor, targets: Targets, topk: int | None) -> Explanation:
         """aug_smooth: the mean of the maps over AUGMENTATIONS, each mapped back."""
@@ -397,7 +414,8 @@ class BaseCAM(Explainer):
             )
         size, mode = tuple(images.shape[2:]), interpolation_mode(spatial)
         plain = self.explain(self.capture(images, targets, topk=topk))
-        fixed = targets if callable(targets) and not isinstance(targets, Tensor) else plain.targets
+        custom = custom_target(targets)
+        fixed = custom if custom is not None else plain.targets
         total = torch.zeros_like(plain.maps)
         for flip, scale in AUGMENTATIONS:
             if not flip and scale == 1.0:
@@ -421,8 +439,7 @@ def _explanation(raw_layers: dict[str, Tensor], captured: Captured, method: str,
     maps = torch.stack([scale_maps(raw, size) for raw in raw_layers.values()]).mean(dim=0)
     if len(raw_layers) > 1:
         maps = scale_maps(maps, size)
-    logits = captured.output if captured.custom_target is not None else class_logits(captured.output)
-    return Explanation(maps, raw_layers, logits, captured.targets, method, class_names)
+    return Explanation(maps, raw_layers, captured.logits, captured.targets, method, class_names)
 
 
 def explain_together(

@@ -122,8 +122,13 @@ class DRISE(Explainer):
     """
 
     name = "drise"
+    formula = (
+        "a box's saliency: the masks averaged, each weighted by how well the detector still finds the box "
+        "in the masked image ({n_masks:code}, {p:code})"
+    )
+    runs_on = "explain"
     family = "perturbation attribution"
-    cost = "1 + n_masks (5000) forward"
+    cost = "1 + {n_masks} forward"
     backward = False
     images_only = "it masks an image with a 2-D grid and explains a detector's boxes"
     #: The task whose outputs it explains: the command line runs it with --task detect.
@@ -162,7 +167,7 @@ class DRISE(Explainer):
         with preserved_state(self.model, freeze=False), torch.inference_mode():
             self._references(images, targets, topk)
 
-    def __call__(self, images: Tensor, targets=None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets=None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         size = (images.shape[-2], images.shape[-1])

@@ -18,7 +18,7 @@ from ..checks import channel_hint, check_images
 from ..explanation import Explanation, scale_maps
 from ..hooks import LayerCapture
 from ..layers import module_calls
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from .cam_base import detached
 
 __all__ = ["FullGrad", "bias_of"]
@@ -72,6 +72,8 @@ class FullGrad(Explainer):
     """
 
     name = "fullgrad"
+    formula = "psi(grad_x ⊙ x) + sum over layers of psi(bias-gradients); no target layer"
+    runs_on = "explain"
     family = "gradient CAM"
     cost = "1 forward + 1 backward"
     needs_layer = False
@@ -125,7 +127,7 @@ class FullGrad(Explainer):
             self._layers = layers
         return self._layers
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         layers = self.bias_layers(images)
@@ -152,7 +154,7 @@ class FullGrad(Explainer):
                 maps.append(total)
         raw = torch.stack(maps, dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
-        custom = callable(targets) and not isinstance(targets, Tensor)
+        custom = custom_target(targets) is not None
         logits = detached(output if custom else class_logits(output))
         return Explanation(
             scale_maps(raw, size), {self.layer_names(images)[0]: raw}, logits, ids, self.name, self.class_names

@@ -24,14 +24,11 @@ Backprop and Deconvolution follow the plain gradient and DeepLift the gradient r
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import captum.attr as captum_attr
 import torch
 import torch.nn.functional as F
-from captum._utils.common import _register_backward_hook
-from captum.attr._core.deep_lift import SUPPORTED_NON_LINEAR, nonlinear
 from torch import Tensor, nn
 
 from ..base import register
@@ -39,6 +36,7 @@ from ..baselines import make_baselines, seeded
 from ..checks import checked_number, interpolation_mode, positive_int
 from ..layers import LayerSpec
 from .attribution_base import Attribution, Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
+from .captum_adapter import DeconvolutionAt, GuidedBackpropAt, RescaleDeepLift, RescaleDeepLiftShap
 from .gradient_cams import GradCAM
 
 __all__ = [
@@ -115,92 +113,12 @@ def _is_elementwise_activation(module: nn.Module) -> bool:
     )
 
 
-class _GuidedEverywhere:
-    """Mixin for captum's ModifiedReluGradientAttribution: hook every ReLU-like module."""
-
-    # captum's, set by ModifiedReluGradientAttribution
-    backward_hooks: list
-    _backward_hook: Callable[..., Any]
-
-    def _register_hooks(self, module: nn.Module) -> None:
-        if is_relu_like(module):
-            self.backward_hooks.extend(_register_backward_hook(module, self._backward_hook, self))
+def _guided_backprop(model: nn.Module) -> GuidedBackpropAt:
+    return GuidedBackpropAt(model, guided=is_relu_like)
 
 
-class _CaptumGuidedBackprop(_GuidedEverywhere, captum_attr.GuidedBackprop):
-    pass
-
-
-class _CaptumDeconvolution(_GuidedEverywhere, captum_attr.Deconvolution):
-    pass
-
-
-class _RescaleEverywhere:
-    """Mixin for captum's DeepLift: the rescale rule at every element-wise activation, and
-    one record per call of a module, so a module may run several times in a forward pass.
-
-    A module's calls are undone in reverse order in the backward pass when each call feeds
-    the next (the ReLU a ResNet block calls twice). A call whose output does not reach the
-    score leaves its record behind, which is reported; a module applied to parallel
-    branches is not supported (a mismatch of shapes is reported, equal shapes are not seen).
-    """
-
-    # captum's, set by DeepLift
-    model: nn.Module
-    eps: float
-
-    def attribute(self, inputs, *args, **kwargs):
-        modules = [module for module in self.model.modules() if self._is_non_linear(module)]
-        for module in modules:
-            module.__dict__.pop("explain_inputs", None)
-            module.__dict__.pop("explain_outputs", None)
-        attributions = super().attribute(inputs, *args, **kwargs)  # type: ignore[misc]  # a mixin: DeepLift's
-        left = [type(module).__name__ for module in modules if module.__dict__.get("explain_inputs")]
-        if left:
-            raise RuntimeError(
-                f"DeepLift: a {left[0]} module ran in the forward pass on a path that does not reach the "
-                "explained score, so its calls cannot be matched to the backward pass; explain a model "
-                "without unused branches"
-            )
-        return attributions
-
-    def _is_non_linear(self, module: nn.Module) -> bool:
-        return type(module) in SUPPORTED_NON_LINEAR or _is_elementwise_activation(module)
-
-    def _forward_pre_hook(self, module: nn.Module, inputs) -> None:
-        module.__dict__.setdefault("explain_inputs", []).append(inputs[0].clone().detach())
-
-    def _forward_hook(self, module: nn.Module, inputs, outputs) -> None:
-        output = outputs[0] if isinstance(outputs, tuple) else outputs
-        module.__dict__.setdefault("explain_outputs", []).append(output.clone().detach())
-
-    def _backward_hook(self, module: nn.Module, grad_input, grad_output):
-        inputs, outputs = module.__dict__.get("explain_inputs"), module.__dict__.get("explain_outputs")
-        if not inputs or not outputs:
-            raise RuntimeError(
-                f"DeepLift found no recorded forward call of {type(module).__name__} for its backward pass"
-            )
-        recorded_input, recorded_output = inputs.pop(), outputs.pop()
-        gradient = grad_input[0] if isinstance(grad_input, tuple) else grad_input
-        if gradient.shape != recorded_input.shape:
-            raise RuntimeError(
-                f"a {type(module).__name__} module runs on parallel branches, which DeepLift cannot "
-                "follow; give each branch its own module"
-            )
-        rule = SUPPORTED_NON_LINEAR.get(type(module), nonlinear)
-        module.input = recorded_input  # captum's max-pool rule reads it there
-        try:
-            return rule(module, recorded_input, recorded_output, grad_input, grad_output, eps=self.eps)
-        finally:
-            del module.input
-
-
-class _CaptumDeepLift(_RescaleEverywhere, captum_attr.DeepLift):
-    pass
-
-
-class _CaptumDeepLiftShap(_RescaleEverywhere, captum_attr.DeepLiftShap):
-    pass
+def _deconvolution(model: nn.Module) -> DeconvolutionAt:
+    return DeconvolutionAt(model, guided=is_relu_like)
 
 
 class _OnePass(Attribution):
@@ -209,8 +127,9 @@ class _OnePass(Attribution):
     family = "gradient attribution"
     cost = "1 forward + 1 backward"
     single_pass = True
-    #: The captum class that computes it, and the options it is called with.
-    captum_method: ClassVar[type]
+    #: The captum class (or a static function of the model that makes one) that computes it,
+    #: and the options it is called with.
+    captum_method: ClassVar[Any]
     captum_options: ClassVar[dict] = {}
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
@@ -227,6 +146,8 @@ class Saliency(_OnePass):
     """
 
     name = "saliency"
+    formula = 'dS/dx (the paper\'s map: `reduction="max-abs"`)'
+    runs_on = "captum `Saliency`"
     captum_method = captum_attr.Saliency
     captum_options: ClassVar[dict] = {"abs": False}  # raw keeps the sign; the reduction takes magnitudes
 
@@ -240,6 +161,8 @@ class InputXGradient(_OnePass):
     """
 
     name = "inputxgrad"
+    formula = "x ⊙ dS/dx"
+    runs_on = "captum `InputXGradient`"
     captum_method = captum_attr.InputXGradient
 
 
@@ -248,7 +171,7 @@ class _NoiseTunnel(Batched):
 
     nt_type: ClassVar[str] = ""
     family = "gradient attribution"
-    cost = "1 forward + n_samples (50) forward + backward"
+    cost = "1 forward + {n_samples} forward + backward"
 
     def __init__(self, model: nn.Module, *, n_samples: int = 50, noise_level: float = 0.15, **options):
         super().__init__(model, **options)
@@ -296,6 +219,8 @@ class SmoothGrad(_NoiseTunnel):
     """
 
     name = "smoothgrad"
+    formula = "mean of dS/dx over {n_samples:code} copies x + N(0, ({noise_level:value}·range)²)"
+    runs_on = "captum `NoiseTunnel`"
     nt_type = "smoothgrad"
 
 
@@ -311,6 +236,8 @@ class VarGrad(_NoiseTunnel):
     """
 
     name = "vargrad"
+    formula = "variance of dS/dx over {n_samples:code} copies x + N(0, ({noise_level:value}·range)²)"
+    runs_on = "captum `NoiseTunnel`"
     nt_type = "vargrad"
     nonnegative = True
 
@@ -329,7 +256,9 @@ class GuidedBackprop(_OnePass):
     """
 
     name = "guidedbp"
-    captum_method = _CaptumGuidedBackprop
+    formula = "the gradient guided at every ReLU-like module: only positive gradients pass where the input is positive"
+    runs_on = "captum, extended"
+    captum_method = staticmethod(_guided_backprop)
 
 
 @register
@@ -343,7 +272,9 @@ class Deconvolution(_OnePass):
     """
 
     name = "deconv"
-    captum_method = _CaptumDeconvolution
+    formula = "the gradient guided at every ReLU-like module: only positive gradients pass, whatever the input"
+    runs_on = "captum, extended"
+    captum_method = staticmethod(_deconvolution)
 
 
 @register
@@ -359,6 +290,8 @@ class GuidedGradCAM(Attribution):
     """
 
     name = "guidedgradcam"
+    formula = "`guidedbp` ⊙ Grad-CAM upsampled bilinearly"
+    runs_on = "explain + captum"
     family = "gradient attribution"
     cost = "2 forward + 2 backward (one to the layer)"
     needs_layer = True
@@ -369,9 +302,9 @@ class GuidedGradCAM(Attribution):
         self.cam = GradCAM(model, target_layer, class_names=self.class_names)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        guided = _CaptumGuidedBackprop(scored).attribute(images, target=scored.target(k))
+        guided = _guided_backprop(scored).attribute(images, target=scored.target(k))
         targets = scored.custom if scored.custom is not None else scored.ids_of(k)
-        cams = list(self.cam(images, targets).raw_layers.values())
+        cams = list(self.cam._explain(images, targets).raw_layers.values())  # inside this call: its lock held
         size, mode = tuple(images.shape[2:]), interpolation_mode(images.dim() - 2)
         if len(cams) > 1:  # each layer on the same scale, as the CAMs average their scaled maps
             cams = [c / c.flatten(1).amax(1).clamp_min(1e-12).view(-1, *[1] * (c.dim() - 1)) for c in cams]
@@ -416,6 +349,8 @@ class DeepLift(WithBaseline):
     """
 
     name = "deeplift"
+    formula = "rescale rule: contributions summing to S(x) - S(x')"
+    runs_on = "captum, extended"
     family = "gradient attribution"
     cost = "1 forward + backward of 2 rows"
     single_pass = True  # its pass starts with the images (up to internal_batch_size / 2 of them)
@@ -427,7 +362,7 @@ class DeepLift(WithBaseline):
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         baselines = self.baselines(scored, images)
         step = rows_per_pass(self.rows(images, 2 * len(images)), pair_rows(self.internal_batch_size))
-        deeplift = _CaptumDeepLift(scored)
+        deeplift = RescaleDeepLift(scored, rescaled=_is_elementwise_activation)
         if len(images) <= step:  # one pass, on the images then their baselines: it reads the targets
             return deeplift.attribute(images, baselines=baselines)
         if scored.ids is None:
@@ -495,7 +430,9 @@ class DeepLiftShap(_Shap):
     """
 
     name = "deepliftshap"
-    cost = "1 forward + 1 forward + backward of 2 x n_baselines (16) rows"
+    formula = "DeepLift averaged over a distribution of {n_baselines:code} baselines"
+    runs_on = "captum, extended"
+    cost = "1 forward + 1 forward + backward of 2 x {n_baselines} rows"
     check_runs = True
 
     def planned_passes(self, images: Tensor) -> int:
@@ -504,7 +441,7 @@ class DeepLiftShap(_Shap):
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         target = scored.target(k)
         step = max(2, self.rows(images, 2 * self._distribution_size()) // pair_rows(self.internal_batch_size))
-        deeplift = _CaptumDeepLiftShap(scored)
+        deeplift = RescaleDeepLiftShap(scored, rescaled=_is_elementwise_activation)
         results = []
         for i in range(len(images)):
             baselines = self.distribution(images[i : i + 1])
@@ -537,7 +474,9 @@ class GradientShap(_Shap):
     """
 
     name = "gradientshap"
-    cost = "1 forward + n_samples (50) forward + backward"
+    formula = "expected gradients over a baseline distribution, {n_samples:code} draws"
+    runs_on = "captum `GradientShap`"
+    cost = "1 forward + {n_samples} forward + backward"
 
     def __init__(self, model: nn.Module, *, n_samples: int = 50, stdevs: float = 0.0, **options):
         super().__init__(model, **options)

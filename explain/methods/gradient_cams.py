@@ -20,9 +20,9 @@ from torch import Tensor, nn
 from ..attention_capture import explicit_attention_kernels
 from ..base import register, registered_class
 from ..checks import positive_int, spatial_axes
+from ..hooks import check_layers_ran
 from ..layers import LayerSpec
 from ..targets import Targets, class_logits
-from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "GradientCAM",
     "HiResCAM",
     "LayerCAM",
+    "SegEigenCAM",
     "ShapleyCAM",
     "SmoothGradCAMPlusPlus",
     "XGradCAM",
@@ -90,6 +91,7 @@ class GradCAM(GradientCAM):
     """
 
     name = "gradcam"
+    formula = "sum_k mean(G^k) A^k"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -111,6 +113,7 @@ class GradCAMPlusPlus(GradientCAM):
     """
 
     name = "gradcam++"
+    formula = "sum_k (sum_ij alpha^k_ij ReLU(G^k_ij)) A^k, alpha = G²/(2G² + sum A·G³)"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -129,6 +132,7 @@ class XGradCAM(GradientCAM):
     """
 
     name = "xgradcam"
+    formula = "sum_k (sum_ij A^k_ij G^k_ij / sum_ij A^k_ij) A^k"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -152,6 +156,7 @@ class HiResCAM(GradientCAM):
     """
 
     name = "hirescam"
+    formula = "sum_k G^k ⊙ A^k"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -169,6 +174,7 @@ class LayerCAM(GradientCAM):
     """
 
     name = "layercam"
+    formula = "sum_k ReLU(G^k) ⊙ A^k"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -187,6 +193,7 @@ class GradCAMElementWise(GradientCAM):
     """
 
     name = "gradcam-elementwise"
+    formula = "sum_k ReLU(G^k ⊙ A^k)"
 
     @staticmethod
     def contributions(activations: Tensor, gradients: Tensor) -> Tensor:
@@ -208,12 +215,38 @@ class EigenGradCAM(GradientCAM):
     """
 
     name = "eigengradcam"
+    formula = "first principal component of G ⊙ A"
     channel_sum = False
     trains = False  # a singular vector's gradient is unstable where singular values are close
 
     @staticmethod
     def cam(activations: Tensor, gradients: Tensor) -> Tensor:
         return principal_component(gradients * activations)
+
+
+@register
+class SegEigenCAM(GradientCAM):
+    """Seg-Eigen-CAM: first principal component of abs(gradient) times activation, its peak positive.
+
+    With X the (h*w, C) matrix of abs(G) ⊙ A (eq. 10: the gradient's magnitude, location by
+    location, so that negative gradients count too), centred per channel, P = X v1, v1 the
+    first right singular vector of X (eq. 11-12); P is negated where abs(min P) > max P (eq. 13,
+    the sign correction: the salient region is the component's largest magnitude) and
+    L = ReLU(P). Made for segmentation models, with a ``SegmentationTarget`` (a class's score
+    summed over its pixels); any differentiable score works.
+
+    Chung & Ying, "Seg-Eigen-CAM: Eigen-Value-Based Visual Explanations for Semantic
+    Segmentation Models", Applied Sciences 15(13), 7562, 2025, eq. 10-13.
+    """
+
+    name = "segeigencam"
+    formula = "first principal component of abs(G) ⊙ A, negated where abs(min) > max"
+    channel_sum = False
+    trains = False  # a singular vector's gradient is unstable where singular values are close
+
+    @staticmethod
+    def cam(activations: Tensor, gradients: Tensor) -> Tensor:
+        return principal_component(gradients.abs() * activations, sign="peak")
 
 
 @register
@@ -234,7 +267,8 @@ class SmoothGradCAMPlusPlus(GradientCAM):
     """
 
     name = "smoothgradcam++"
-    cost = "1 forward + n_samples (4) forward + backward to the layer"
+    formula = "Grad-CAM++ with G, G², G³ averaged over {n_samples:code} noisy inputs ({noise:code} = std)"
+    cost = "1 forward + {n_samples} forward + backward to the layer"
     shares_capture = False
     trains = False
 
@@ -246,20 +280,14 @@ class SmoothGradCAMPlusPlus(GradientCAM):
         n_samples: int = 4,
         noise: float = 0.3,
         seed: int = 0,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
+
+    def planned_passes(self, images: Tensor) -> int:
+        """The image as given, then ``n_samples`` noisy copies (forward and backward)."""
+        return len(images) * (1 + self.n_samples)
 
     def capture(
         self, images: Tensor, targets: Targets = None, *, topk: int | None = None, gradients: bool | None = None
@@ -312,6 +340,7 @@ class ShapleyCAM(GradientCAM):
     """
 
     name = "shapleycam"
+    formula = "sum_k mean(G - ½ H·A)^k A^k, H the Hessian; score ReST = y_c + log p_c"
     cost = "1 forward + 1 double backward to the layer"
     shares_capture = False
     trains = False
@@ -322,19 +351,9 @@ class ShapleyCAM(GradientCAM):
         target_layer: LayerSpec = None,
         *,
         rest: bool = True,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.rest = bool(rest)
 
     contributions = staticmethod(GradCAM.contributions)
@@ -356,9 +375,7 @@ class ShapleyCAM(GradientCAM):
 
     def record_gradients(self, capture, scores: Tensor) -> dict[str, Tensor]:
         names = list(capture.layers)
-        missing = [name for name in names if name not in capture.activations]
-        if missing:
-            raise ValueError(f"layer(s) {missing} did not run in the forward pass; pick layers the model uses")
+        check_layers_ran(names, capture.activations)
         activations = [capture.activations[name] for name in names]
         first = torch.autograd.grad(scores.sum(), activations, create_graph=True, retain_graph=True, allow_unused=True)
         unused = [name for name, gradient in zip(names, first, strict=True) if gradient is None]
@@ -401,6 +418,7 @@ class FinerCAM(GradientCAM):
     """
 
     name = "finercam"
+    formula = "Grad-CAM of sum_d p_d (y_c - alpha y_d) / sum_d p_d, d the classes nearest to c"
     cost = "1 forward + 1 backward to the layer"
     shares_capture = False
     trains = False
@@ -413,19 +431,9 @@ class FinerCAM(GradientCAM):
         alpha: float = 1.0,
         comparison: Sequence[int] = (1, 2, 3),
         base: str = "gradcam",
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         base_class = registered_class(base)
         if not issubclass(base_class, GradientCAM) or not base_class.channel_sum or base_class.shares_capture is False:
             raise ValueError(f"Finer-CAM's base must be a plain gradient CAM such as gradcam or layercam, not {base!r}")

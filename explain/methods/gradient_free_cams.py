@@ -8,20 +8,30 @@ finds salient in the image.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import NotApplicable, register
-from ..checks import spatial_axes
+from ..base import Explainer, NotApplicable, register
+from ..checks import channel_hint, check_images, spatial_axes
+from ..explanation import ConceptExplanation, Explanation, scale_maps
+from ..hooks import preserved_state
 from ..layers import LayerSpec, resolve_layers
-from ..targets import class_logits
-from ..tokens import Reshape
-from .cam_base import BaseCAM, Captured, agree_in_sign, principal_component
+from ..targets import CUSTOM_TARGET, Targets, class_logits, custom_target, select_targets
+from .cam_base import BaseCAM, Captured, agree_in_sign, detached, principal_component
 
-__all__ = ["CAM", "FEM", "KPCACAM", "EigenCAM", "RandomCAM", "kernel_principal_component"]
+__all__ = [
+    "CAM",
+    "FEM",
+    "KPCACAM",
+    "DeepFeatureFactorization",
+    "EigenCAM",
+    "RandomCAM",
+    "SobelCAM",
+    "factorize",
+    "kernel_principal_component",
+    "sobel_edges",
+]
 
 
 @register
@@ -41,6 +51,7 @@ class CAM(BaseCAM):
     """
 
     name = "cam"
+    formula = "sum_k W_ck A^k, W the linear head after global pooling (no ReLU, as the paper)"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -52,19 +63,9 @@ class CAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         fc_layer: str | nn.Linear | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self._fc: nn.Linear | None = None
         if fc_layer is not None:
             ((name, fc),) = resolve_layers(model, fc_layer).items()
@@ -137,6 +138,7 @@ class EigenCAM(BaseCAM):
     """
 
     name = "eigencam"
+    formula = "first principal component of A"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -200,6 +202,7 @@ class KPCACAM(BaseCAM):
     """
 
     name = "kpcacam"
+    formula = "first kernel principal component of A ({kernel:code})"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -212,19 +215,9 @@ class KPCACAM(BaseCAM):
         *,
         kernel: str = "sigmoid",
         gamma: float | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         kernel_principal_component(torch.ones(1, 1, 1, 2), kernel)  # an unknown kernel fails now
         self.kernel, self.gamma = kernel, gamma
 
@@ -245,6 +238,7 @@ class FEM(BaseCAM):
     """
 
     name = "fem"
+    formula = "sum_k mean_ij[A^k > mu_k + k sigma_k] A^k ({k:code})"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -255,19 +249,9 @@ class FEM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         k: float = 2.0,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.k = k
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -290,6 +274,7 @@ class RandomCAM(BaseCAM):
     """
 
     name = "randomcam"
+    formula = "sum_k U(-1, 1) A^k: the baseline for sanity checks"
     family = "gradient-free CAM"
     cost = "1 forward"
     uses_gradients = False
@@ -300,19 +285,9 @@ class RandomCAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         seed: int | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.seed = seed
 
     def channel_terms(self, captured: Captured, layer: str, k: int) -> Tensor:
@@ -324,3 +299,196 @@ class RandomCAM(BaseCAM):
             weights = torch.rand((k + 1, *activations.shape[:2]), generator=generator, device=activations.device)[k]
         weights = weights * 2 - 1
         return _per_channel(weights, activations) * activations
+
+
+#: ITU-R BT.601 luma weights of R, G and B, as OpenCV's RGB-to-gray conversion.
+LUMA = (0.299, 0.587, 0.114)
+
+
+def sobel_edges(images: Tensor) -> Tensor:
+    """0.5 abs(G_x) + 0.5 abs(G_y) of the gray image, (N, H, W), from (N, C, H, W) images.
+
+    Gray is 0.299 R + 0.587 G + 0.114 B for three channels (OpenCV's weights), the mean of
+    the channels otherwise; G_x and G_y are the 3 x 3 Sobel derivatives ([1, 2, 1] smoothing
+    times [-1, 0, 1] differences), with the border reflected without repeating the edge pixel
+    (OpenCV's default border).
+
+    >>> step = torch.tensor([0.0, 0.0, 1.0, 1.0]).expand(1, 1, 3, 4)  # a vertical edge
+    >>> sobel_edges(step)[0, 0].tolist()  # G_x = 4 beside the edge, halved
+    [0.0, 2.0, 2.0, 0.0]
+    """
+    x = images.float()
+    if x.shape[1] == 3:  # the gray image, halved: the formula's 0.5, folded in
+        half = x[:, 0] * (0.5 * LUMA[0])
+        half.add_(x[:, 1], alpha=0.5 * LUMA[1]).add_(x[:, 2], alpha=0.5 * LUMA[2])
+    else:
+        half = x.mean(dim=1).mul_(0.5)
+    # Separable, in slices of the padded image (a conv2d of 1 -> 2 channels is slower on CPU).
+    padded = F.pad(half, (1, 1, 1, 1), mode="reflect")
+    across = padded[:, :, 2:] - padded[:, :, :-2]  # [-1, 0, 1] along x
+    g_x = torch.add(across[:, :-2], across[:, 2:]).add_(across[:, 1:-1], alpha=2)  # [1, 2, 1] along y
+    smooth = torch.add(padded[:, :, :-2], padded[:, :, 2:]).add_(padded[:, :, 1:-1], alpha=2)  # along x
+    g_y = smooth[:, 2:] - smooth[:, :-2]  # [-1, 0, 1] along y
+    return g_x.abs_().add_(g_y.abs_())
+
+
+@register
+class SobelCAM(Explainer):
+    """Sobel-CAM: the image's edges, a baseline that ignores the model.
+
+    L = 0.5 abs(G_x) + 0.5 abs(G_y), G_x and G_y the 3 x 3 Sobel derivatives of the gray image
+    (0.299 R + 0.587 G + 0.114 B, ``sobel_edges`` in this module), computed on the input
+    tensor as given (normalised or not). Like Random-CAM, it is the yardstick of the sanity
+    checks: a map that scores no better than the image's edges on a metric tells nothing
+    about the model (Adebayo et al. found several saliency methods to act as edge
+    detectors). The model runs once, for the logits and the targets; the map is the same
+    for every target. pytorch-grad-cam 1.5.7's ``sobel_cam`` computes the same on the uint8
+    image and saturates at 255 (``cv2.convertScaleAbs``); here nothing saturates.
+
+    Sobel & Feldman, "A 3x3 isotropic gradient operator for image processing", 1968;
+    Adebayo et al., "Sanity Checks for Saliency Maps", NeurIPS 2018.
+    """
+
+    name = "sobelcam"
+    formula = "0.5 abs(Sobel_x(gray)) + 0.5 abs(Sobel_y(gray)) of the image: the edge baseline"
+    family = "gradient-free CAM"
+    cost = "1 forward"
+    runs_on = "explain"
+    backward = False
+    images_only = "its Sobel kernels are 2-D"
+
+    def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, class_names=None):
+        super().__init__(model, class_names=class_names)
+        if target_layer is not None:
+            raise ValueError("Sobel-CAM maps the image's edges through no layer; it takes no target_layer (pass None)")
+
+    def layer_names(self, images: Tensor) -> tuple[str, ...]:
+        return ("input",)
+
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        images = check_images(images, self.model)
+        self.check_applies(images)
+        with preserved_state(self.model, freeze=False), torch.no_grad(), channel_hint(images):
+            output = self.model(images)
+            _, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
+            edges = sobel_edges(images)  # no autograd graph, whatever the images require
+        raw = edges if ids.dim() == 1 else edges[:, None].expand(*ids.shape, *edges.shape[1:])
+        logits = detached(output if custom_target(targets) is not None else class_logits(output))
+        size = tuple(images.shape[2:])
+        return Explanation(scale_maps(raw, size), {"input": raw}, logits, ids, self.name, self.class_names)
+
+
+def factorize(activations: Tensor, n_components: int, random_state: int = 0, max_iter: int = 200, tol: float = 1e-4):
+    """Deep Feature Factorization of (N, C, ...) activations: the (C, N * positions) matrix,
+    less each channel's minimum m (so that it is non-negative), factorized by scikit-learn's
+    NMF (random init, coordinate descent, stopping at ``tol`` or ``max_iter``; scikit-learn's
+    defaults, as pytorch-grad-cam's) as W H, W (C, k) and H (k, N * positions).
+
+    Returns the concepts W + m (C, k) and their maps H as (N, k, ...).
+    """
+    from sklearn.decomposition import NMF
+
+    n, c, *spatial = activations.shape
+    matrix = activations.detach().transpose(0, 1).reshape(c, -1).cpu().float().nan_to_num(0.0).numpy()
+    offset = matrix.min(axis=1, keepdims=True)
+    nmf = NMF(n_components=n_components, init="random", random_state=random_state, max_iter=max_iter, tol=tol)
+    weights = nmf.fit_transform(matrix - offset)
+    concepts = torch.from_numpy(weights + offset).to(activations.device)
+    maps = torch.from_numpy(nmf.components_).reshape(n_components, n, *spatial).transpose(0, 1)
+    return concepts, maps.to(activations.device)
+
+
+@register
+class DeepFeatureFactorization(BaseCAM):
+    """Deep Feature Factorization (DFF): a layer's activations over the batch factorized into
+    k concepts, each concept's map per image, and the classes each concept drives.
+
+    A - m ~= W H by non-negative matrix factorization (scikit-learn's NMF, random init with
+    ``random_state``), A the (C, N * h * w) activations of the batch's positions and m each
+    channel's minimum: column j of W + m is concept j's embedding (its C channels), row j of H,
+    reshaped to (N, h, w), its map in each image. The maps are per concept, not per target:
+    the result is a :class:`~explain.ConceptExplanation` with maps (N, k, H, W)
+    (``n_components`` = k), the embeddings (``concepts``, (C, k)) and, where the model has a
+    classifier head after the layer, its scores of the embeddings (``concept_scores``, (k,
+    classes)); ``targets`` (N, k) is each concept's top class. ``classifier`` is the head: a
+    submodule, its name, ``"auto"`` (the model's last ``nn.Linear`` that takes C features) or
+    None. Concepts are found across the whole batch, so the maps of an image depend on the
+    others in its batch; a call takes no ``targets``.
+
+    Collins, Achanta and Susstrunk, "Deep Feature Factorization For Concept Discovery",
+    ECCV 2018, arXiv:1806.10206; pytorch-grad-cam 1.5.7's ``DeepFeatureFactorization``.
+    """
+
+    name = "dff"
+    formula = "rows of H in A - min A ~= W H (NMF, {n_components:code} concepts)"
+    family = "gradient-free CAM"
+    cost = "1 forward (and an NMF of the activations of the batch)"
+    uses_gradients = False
+    channel_sum = False
+    final_relu = False
+    shares_capture = False
+    per_concept = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        target_layer: LayerSpec = None,
+        *,
+        n_components: int = 16,
+        classifier: str | nn.Module | None = "auto",
+        random_state: int = 0,
+        max_iter: int = 200,
+        class_names=None,
+        reshape=None,
+    ):
+        super().__init__(model, target_layer, class_names=class_names, reshape=reshape)
+        if n_components < 1:
+            raise ValueError(f"n_components is the number of concepts, at least 1; got {n_components}")
+        if isinstance(classifier, str) and classifier != "auto":
+            classifier = model.get_submodule(classifier)
+        self.n_components, self.classifier = n_components, classifier
+        self.random_state, self.max_iter = random_state, max_iter
+
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        if targets is not None or topk is not None:
+            raise NotApplicable(
+                "dff's maps are per concept, not per target: leave targets and topk out "
+                "(n_components sets the number of concepts; concept_scores their classes)"
+            )
+        return self.explain(self.capture(images))
+
+    def head(self, channels: int) -> nn.Module | None:
+        """The classifier head of the concept embeddings (see ``classifier``)."""
+        if self.classifier != "auto":
+            return self.classifier  # type: ignore[return-value]  # a module or None
+        heads = [m for m in self.model.modules() if isinstance(m, nn.Linear) and m.in_features == channels]
+        return heads[-1] if heads else None
+
+    def explain(self, captured: Captured) -> Explanation:
+        """The concepts of the captured layer's activations, their maps and classes."""
+        if len(captured.activations) != 1:
+            raise ValueError(
+                f"dff factorizes one layer's activations; pass one target_layer, not {len(captured.activations)}"
+            )
+        ((layer, activations),) = captured.activations.items()
+        concepts, raw = factorize(activations, self.n_components, self.random_state, self.max_iter)
+        head = self.head(concepts.shape[0])
+        n, k = raw.shape[:2]
+        scores, ids = None, torch.full((n, k), CUSTOM_TARGET, dtype=torch.long, device=raw.device)
+        if head is not None:
+            param = next(head.parameters(), None)
+            with preserved_state(head), torch.no_grad():
+                embeddings = concepts.T.float()
+                scores = head(embeddings.to(param) if param is not None else embeddings).detach().float()
+            ids = scores.argmax(dim=1).expand(n, k).clone()
+        raw = raw.float()
+        return ConceptExplanation(
+            scale_maps(raw, captured.input_size),
+            {layer: raw},
+            class_logits(captured.output),
+            ids,
+            self.name,
+            self.class_names,
+            concepts=concepts.float(),
+            concept_scores=scores,
+        )

@@ -33,13 +33,12 @@ from typing import ClassVar
 import captum.attr as captum_attr
 import torch
 import torch.nn.functional as F
-from captum.attr._utils.approximation_methods import approximation_parameters
 from torch import Tensor, nn
 
 from ..base import register
 from ..checks import channel_hint, check_images, interpolation_mode, positive_int
 from ..explanation import Explanation
-from ..hooks import LayerCapture
+from ..hooks import LayerCapture, check_layers_ran
 from ..layers import LayerSpec, find_target_layer, resolve_layers
 from ..passes import advance
 from ..targets import CUSTOM_TARGET, Targets
@@ -51,7 +50,8 @@ from .attribution_base import (
     normalize_maps,
     reduce_channels,
 )
-from .cam_base import layer_layout
+from .cam_base import check_image_rows, layer_layout
+from .captum_adapter import path_points
 from .path_attribution import QUADRATURES
 
 __all__ = [
@@ -145,6 +145,8 @@ class _ThroughLayer(Batched):
     #: Whether ``neuron=`` explains the class score through the neuron (conductance) rather
     #: than the neuron's activation.
     neuron_explains_class: ClassVar[bool] = False
+    #: What ``neuron=`` attributes, in one line, as the guide's table of layer methods shows it.
+    neuron_formula: ClassVar[str] = ""
 
     def __init__(
         self, model: nn.Module, target_layer: LayerSpec = None, *, neuron=None, resolution: str = "input", **options
@@ -178,11 +180,11 @@ class _ThroughLayer(Batched):
     def layer_names(self, images: Tensor) -> tuple[str, ...]:
         return ("input",) if self.neuron is not None else (self.target_layer(images)[0],)
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
-        """Explain ``targets`` as :meth:`Attribution.__call__ <explain.Attribution.__call__>`
-        does; with ``neuron=`` (but for conductance), the neuron's activation, and no targets."""
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+        """Explain ``targets`` as every attribution does; with ``neuron=`` (but for
+        conductance), the neuron's activation, and no targets."""
         self._check_no_targets(targets, topk)
-        return super().__call__(images, targets, topk=topk)
+        return super()._explain(images, targets, topk=topk)
 
     def _check_no_targets(self, targets: Targets, topk: int | None) -> None:
         if not self.explains_class and (targets is not None or topk is not None):
@@ -243,8 +245,8 @@ class _ThroughLayer(Batched):
         name, module = self.target_layer(images)
         with LayerCapture(self.model, {name: module}, gradients=False) as capture, channel_hint(images):
             self.model(images[:1])
-        if name not in capture.activations:
-            raise ValueError(f"layer {name!r} did not run in the forward pass; pick a layer the model uses")
+        check_layers_ran([name], capture.activations)
+        check_image_rows(name, capture.activations[name], images[:1])
         layer_layout(None, self.model, name, capture.activations[name], images[:1])  # raises where no grid fits
         if self.neuron is not None:
             NeuronSelector(self.neuron, self.model, name, images).grid(capture.activations[name])
@@ -256,7 +258,7 @@ class _ThroughLayer(Batched):
 class _AlongPath(_ThroughLayer, WithBaseline):
     """A layer attribution integrated along the straight path from a baseline to the image."""
 
-    cost = "1 forward + n_steps (50) forward + backward"
+    cost = "1 forward + {n_steps} forward + backward"
 
     def __init__(self, model: nn.Module, target_layer: LayerSpec = None, *, n_steps: int = 50, **options):
         super().__init__(model, target_layer, **options)
@@ -339,7 +341,10 @@ class LayerIntegratedGradients(_Quadrature):
     """
 
     name = "layer-ig"
-    cost = "3 forward + n_steps (50) forward + backward"
+    formula = "(a - a') ⊙ ∫ dS/da along a' → a, {n_steps:code}"
+    runs_on = "captum `LayerIntegratedGradients`, `NeuronIntegratedGradients`"
+    neuron_formula = "IG of the neuron w.r.t. the input"
+    cost = "3 forward + {n_steps} forward + backward"
     captum_method = captum_attr.LayerIntegratedGradients
     multiply_by_inputs = True
 
@@ -368,6 +373,9 @@ class InternalInfluence(_Quadrature):
     """
 
     name = "internal-influence"
+    formula = "∫ dS/da(x_t) along x' → x"
+    runs_on = "captum `InternalInfluence`, `NeuronIntegratedGradients`"
+    neuron_formula = "IG of the neuron without its (x - x') factor"
     captum_method = captum_attr.InternalInfluence
     multiply_by_inputs = False
 
@@ -393,7 +401,10 @@ class LayerConductance(_AlongPath):
     """
 
     name = "layer-conductance"
-    cost = "1 forward + n_steps + 1 (51) forward + backward"
+    formula = "Σ_t dS/da(x_t) ⊙ (a(x_{{t+1}}) - a(x_t)) along x' → x, {n_steps:code} equal steps"
+    runs_on = "captum `LayerConductance`, `NeuronConductance`; a channel's in explain"
+    neuron_formula = "the class score's conductance through the neuron (a channel's: the sum over its neurons)"
+    cost = "1 forward + {n_steps:+1} forward + backward"
     neuron_explains_class = True
 
     def planned_passes(self, images: Tensor) -> int:
@@ -440,7 +451,7 @@ class LayerConductance(_AlongPath):
         """(x - x') * sum_t w_t sum_p dS/dy_p dy_p/dx at x' + t (x - x'), y_p the channel's
         neurons: each point's layer gradient dS/dy, held fixed, weights the channel's
         activations, whose gradient with respect to the input is the sum over p."""
-        step_sizes, alphas = (f(self.n_steps) for f in approximation_parameters("riemann_trapezoid"))
+        step_sizes, alphas = path_points("riemann_trapezoid", self.n_steps)
         baselines = self.baselines(scored, images)
         pairs = [(i, s) for i in range(len(images)) for s in range(self.n_steps)]
         rows = self.rows(images, len(pairs))
@@ -476,6 +487,9 @@ class LayerGradientXActivation(_ThroughLayer):
     """
 
     name = "layer-gradxact"
+    formula = "a ⊙ dS/da"
+    runs_on = "captum `LayerGradientXActivation`, `NeuronGradient`"
+    neuron_formula = "x ⊙ d(neuron)/dx"
     cost = "1 forward + 1 backward"
     single_pass = True
 

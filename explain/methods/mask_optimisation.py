@@ -212,9 +212,14 @@ class ExtremalPerturbation(Batched):
     """
 
     name = "extremal"
+    formula = (
+        "smooth masks of {areas:code} that keep the score, the rest blurred ({steps:code}); `raw` one "
+        "mask per area, the map their sum"
+    )
+    runs_on = "explain (TorchRay's numbers)"
     family = "perturbation attribution"
     images_only = "its smooth masks and blur pyramid are 2-D; use occlusion, whose window has the inputs' rank"
-    cost = "1 forward + steps (800) x len(areas) (3) forward + backward"
+    cost = "1 forward + {steps} x {areas:len} forward + backward"
     nonnegative = True
 
     def __init__(

@@ -140,7 +140,7 @@ class NoiseTunnel(Explainer):
     def check(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> None:
         self.method.check(images, targets, topk=topk)
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         """Explain ``targets`` (default: each image's top class) as ``method`` does, through
         ``n_samples`` noisy copies of each image."""
         images = check_images(images, self.model)
@@ -175,7 +175,7 @@ class NoiseTunnel(Explainer):
             total_sq: dict[str, Tensor] = {}
             for start in range(0, self.n_samples, copies):
                 chunk = noisy[start : start + copies]
-                result = self.method(chunk, self.targets_of(scored, i, len(chunk)))
+                result = self.method._explain(chunk, self.targets_of(scored, i, len(chunk)))  # inside this call
                 advance(self.method.planned_passes(chunk) * scored.num_targets)
                 for name, raw in result.raw_layers.items():
                     part, part_sq = raw.sum(dim=0), (raw * raw).sum(dim=0)

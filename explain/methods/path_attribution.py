@@ -62,8 +62,10 @@ class IntegratedGradients(WithBaseline):
     """
 
     name = "ig"
+    formula = "(x - x') ⊙ ∫ dS/dx along x' → x, {n_steps:code}"
+    runs_on = "captum `IntegratedGradients`"
     family = "gradient attribution"
-    cost = "1 forward + n_steps (50) forward + backward"
+    cost = "1 forward + {n_steps} forward + backward"
 
     def __init__(self, model: nn.Module, *, n_steps: int = 50, method: str = "gausslegendre", **options):
         super().__init__(model, **options)
@@ -152,8 +154,13 @@ class GuidedIG(WithBaseline):
     """
 
     name = "guidedig"
+    formula = (
+        "IG along an adaptive path: the features of smallest |dS/dx| move first ({steps:code}, "
+        "{fraction:code}, {max_dist:code})"
+    )
+    runs_on = "explain (PAIR `saliency`'s numbers)"
     family = "gradient attribution"
-    cost = "1 forward + steps (200) forward + backward"
+    cost = "1 forward + {steps} forward + backward"
 
     def __init__(
         self, model: nn.Module, *, steps: int = 200, fraction: float = 0.25, max_dist: float = 0.02, **options
@@ -199,9 +206,11 @@ class BlurIG(Batched):
     """
 
     name = "blurig"
+    formula = "IG along a path of decreasing Gaussian blur ({max_sigma:code}, {steps:code})"
+    runs_on = "explain (PAIR `saliency`'s numbers)"
     family = "gradient attribution"
     images_only = "its path blurs the two spatial axes of an image"
-    cost = "1 forward + steps (100) forward + backward"
+    cost = "1 forward + {steps} forward + backward"
 
     def __init__(
         self, model: nn.Module, *, max_sigma: float = 50.0, steps: int = 100, grad_step: float = 0.01, **options

@@ -3,10 +3,11 @@ replaced by a baseline, computed by captum.
 
 Occlusion slides a square window over the image (a box over a volume, a segment along a
 signal); LIME, KernelSHAP, Shapley value sampling and Feature Ablation switch SLIC
-superpixels (scikit-image) of images on and off, and do not apply to volumes and signals. All
-run their perturbed copies in internal batches of at most ``internal_batch_size`` rows, and
-their random draws on a stream seeded with ``seed`` (the caller's random stream is left as it
-was).
+superpixels (scikit-image) of images on and off, and do not apply to volumes and signals.
+Each of the five also scores segments the caller gives instead (``segments=``: masks, which
+may overlap, or a label image; :mod:`~explain.methods.segment_attribution`). All run their
+perturbed copies in internal batches of at most ``internal_batch_size`` rows, and their random
+draws on a stream seeded with ``seed`` (the caller's random stream is left as it was).
 """
 
 from __future__ import annotations
@@ -23,19 +24,72 @@ from ..checks import checked_number, positive_int
 from ..passes import advance
 from ..superpixels import superpixels
 from ..targets import class_logits
-from .attribution_base import Batched, ScoredModel, WithBaseline, rows_per_pass, slice_target
+from .attribution_base import Batched, ScoredModel, rows_per_pass, slice_target
+from .captum_adapter import lasso
 from .drise import mask_grids, upsampled_masks
+from .segment_attribution import Coalitions, SegmentAttribution, seeded_scores
 
-__all__ = ["RISE", "FeatureAblation", "KernelShap", "Lime", "Occlusion", "ShapleyValueSampling"]
+__all__ = [
+    "RISE",
+    "FeatureAblation",
+    "KernelShap",
+    "Lime",
+    "Occlusion",
+    "ShapleyValueSampling",
+    "occlusion_positions",
+    "occlusion_window",
+]
+
+
+#: The image size at which ``cost`` counts the passes that depend on it.
+COST_SIZE = (224, 224)
+
+
+def occlusion_window(
+    sides: tuple[int, ...], window: int | None, stride: int | None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Occlusion's window and stride on inputs of spatial size ``sides``, one size per axis:
+    ``window`` and ``stride`` where given, else a seventh of the shorter side of an image (a
+    third of each side of a volume, a sixteenth of a signal) and half the window.
+
+    >>> occlusion_window((224, 224), None, None)
+    ((32, 32), (16, 16))
+    """
+    if window is not None:
+        windows = (window,) * len(sides)
+    elif len(sides) == 2:  # a square on images
+        windows = (max(1, min(sides) // 7),) * 2
+    else:  # about as many positions as on images: 5 per axis of a volume, 31 along a signal
+        windows = tuple(max(1, side // (3 if len(sides) == 3 else 16)) for side in sides)
+    strides = tuple(stride or max(1, size // 2) for size in windows)
+    if any(size > side for size, side in zip(windows, sides, strict=True)):
+        shown = str(windows[0]) if len(set(windows)) == 1 else " x ".join(map(str, windows))
+        raise ValueError(
+            f"the occlusion window ({shown}) is larger than the {'images' if len(sides) == 2 else 'inputs'} "
+            f"({' x '.join(map(str, sides))}); pass a smaller window"
+        )
+    return windows, strides
+
+
+def occlusion_positions(sides: tuple[int, ...], window: int | None, stride: int | None) -> int:
+    """The positions of Occlusion's window on inputs of spatial size ``sides``.
+
+    >>> occlusion_positions((224, 224), None, None)
+    169
+    """
+    windows, strides = occlusion_window(sides, window, stride)
+    return math.prod((side - size) // step + 1 for side, size, step in zip(sides, windows, strides, strict=True))
 
 
 @register
-class Occlusion(WithBaseline):
+class Occlusion(SegmentAttribution):
     """Occlusion: the drop in the score when a sliding square is replaced by the baseline.
 
     The square is ``window`` x ``window``, slid with ``stride``; each pixel gets the mean
     drop over the windows that cover it. On volumes and videos the window is a box,
-    on signals a segment, of ``window`` along every axis.
+    on signals a segment, of ``window`` along every axis. With ``segments=`` the segments
+    are occluded in turn instead of the window (each gets the drop when it alone is
+    replaced: Feature Ablation of the segments).
 
     Zeiler and Fergus, "Visualizing and Understanding Convolutional Networks", ECCV 2014,
     sec. 4.2. Runs captum's Occlusion. The window defaults to a seventh of the shorter
@@ -45,9 +99,11 @@ class Occlusion(WithBaseline):
     """
 
     name = "occlusion"
+    formula = "score drop under a sliding {window_size} x {window_size} window (stride {stride_size}) at 224 x 224"
+    runs_on = "captum `Occlusion`"
     family = "perturbation attribution"
     backward = False
-    cost = "2 + 169 forward at 224 x 224 (window 32, stride 16)"
+    cost = "2 + {positions} forward at 224 x 224 (window {window_size}, stride {stride_size})"
 
     def __init__(self, model: nn.Module, *, window: int | None = None, stride: int | None = None, **options):
         super().__init__(model, **options)
@@ -57,28 +113,16 @@ class Occlusion(WithBaseline):
     def window_and_stride(self, images: Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The window and stride on ``images``, one size per spatial axis, the defaults scaled
         to their size."""
-        sides = tuple(images.shape[2:])
-        if self.window is not None:
-            window = (self.window,) * len(sides)
-        elif len(sides) == 2:  # a square on images
-            window = (max(1, min(sides) // 7),) * 2
-        else:  # about as many positions as on images: 5 per axis of a volume, 31 along a signal
-            window = tuple(max(1, side // (3 if len(sides) == 3 else 16)) for side in sides)
-        stride = tuple(self.stride or max(1, size // 2) for size in window)
-        if any(size > side for size, side in zip(window, sides, strict=True)):
-            shown = str(window[0]) if len(set(window)) == 1 else " x ".join(map(str, window))
-            raise ValueError(
-                f"the occlusion window ({shown}) is larger than the {'images' if len(sides) == 2 else 'inputs'} "
-                f"({' x '.join(map(str, sides))}); pass a smaller window"
-            )
-        return window, stride
+        return occlusion_window(tuple(images.shape[2:]), self.window, self.stride)
 
     def planned_passes(self, images: Tensor) -> int:
-        window, stride = self.window_and_stride(images)
-        positions = math.prod(
-            (side - size) // step + 1 for side, size, step in zip(images.shape[2:], window, stride, strict=True)
-        )
-        return len(images) * (2 + positions)
+        return len(images) * (2 + occlusion_positions(tuple(images.shape[2:]), self.window, self.stride))
+
+    @classmethod
+    def cost_fields(cls) -> dict[str, object]:
+        window, stride = occlusion_window(COST_SIZE, None, None)
+        positions = occlusion_positions(COST_SIZE, None, None)
+        return {"positions": positions, "window_size": window[0], "stride_size": stride[0]}
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         channels = images.shape[1]
@@ -93,9 +137,15 @@ class Occlusion(WithBaseline):
             perturbations_per_eval=rows_per_pass(rows, len(images)),
         )
 
+    def segment_passes(self, segments: int) -> int:
+        return 2 + segments
 
-class _Superpixels(WithBaseline):
-    """A perturbation method over SLIC superpixels of each image."""
+    def score_segments(self, coalitions: Coalitions, segments: int, rows: int) -> Tensor:
+        return seeded_scores(captum_attr.FeatureAblation, coalitions, segments, rows, None)
+
+
+class _Superpixels(SegmentAttribution):
+    """A perturbation method over SLIC superpixels of each image (or over ``segments=``)."""
 
     family = "perturbation attribution"
     backward = False
@@ -106,11 +156,11 @@ class _Superpixels(WithBaseline):
         self.n_segments = positive_int("n_segments", n_segments)
         self.compactness = float(compactness)
 
-    def segments(self, scored: ScoredModel, images: Tensor) -> Tensor:
+    def superpixel_masks(self, scored: ScoredModel, images: Tensor) -> Tensor:
         """The superpixels of ``images``, made once per call."""
-        if "segments" not in scored.memo:
-            scored.memo["segments"] = superpixels(images, self.n_segments, self.compactness)
-        return scored.memo["segments"]
+        if "superpixels" not in scored.memo:
+            scored.memo["superpixels"] = superpixels(images, self.n_segments, self.compactness)
+        return scored.memo["superpixels"]
 
 
 class _Sampled(_Superpixels):
@@ -120,14 +170,29 @@ class _Sampled(_Superpixels):
         super().__init__(model, **options)
         self.n_samples = positive_int("n_samples", n_samples)
 
-    def method(self, scored: ScoredModel):
+    def method(self, forward):
+        """captum's method on ``forward`` (the scored model, or a segment game)."""
         raise NotImplementedError
 
     def planned_passes(self, images: Tensor) -> int:
         return len(images) * (1 + self.n_samples)
 
+    def segment_passes(self, segments: int) -> int:
+        return 3 if segments == 1 else 1 + self.n_samples
+
+    def score_segments(self, coalitions: Coalitions, segments: int, rows: int) -> Tensor:
+        if segments == 1:  # its value is S(x) - S(baseline); captum's fit needs two features
+            pair = coalitions(torch.tensor([[1.0], [0.0]], device=coalitions.image.device))
+            return (pair[0] - pair[1]).view(1)
+        scores = seeded_scores(self.method, coalitions, segments, rows, self.seed, n_samples=self.n_samples).flatten()
+        scored, k, i = coalitions.scored, coalitions.k, coalitions.i
+        # rounding noise of the fit, as below
+        tolerance = 1e-6 * float(scored.explained_scores(scored.output, k)[i].abs().float().clamp_min(1e-12))
+        return torch.where(scores.abs() < tolerance, 0.0, scores)
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        masks, baselines, target = self.segments(scored, images), self.baselines(scored, images), scored.target(k)
+        masks, baselines = self.superpixel_masks(scored, images), self.baselines(scored, images)
+        target = scored.target(k)
         rows_per_eval = self.rows(images, self.n_samples)
         method = self.method(scored)
         per_image = []
@@ -175,16 +240,16 @@ class Lime(_Sampled):
     """
 
     name = "lime"
-    cost = "1 + n_samples (256) forward"
+    formula = "Lasso over SLIC superpixels switched on/off ({n_samples:code})"
+    runs_on = "captum `Lime` + scikit-image"
+    cost = "1 + {n_samples} forward"
 
     def __init__(self, model: nn.Module, *, lasso_alpha: float = 0.01, **options):
         super().__init__(model, **options)
         self.lasso_alpha = checked_number("lasso_alpha", lasso_alpha, positive=False)
 
-    def method(self, scored: ScoredModel):
-        from captum._utils.models.linear_model import SkLearnLasso
-
-        return captum_attr.Lime(scored, interpretable_model=SkLearnLasso(alpha=self.lasso_alpha))
+    def method(self, forward):
+        return captum_attr.Lime(forward, interpretable_model=lasso(self.lasso_alpha))
 
 
 @register
@@ -199,10 +264,12 @@ class KernelShap(_Sampled):
     """
 
     name = "kernelshap"
-    cost = "1 + n_samples (256) forward"
+    formula = "Shapley values of SLIC superpixels"
+    runs_on = "captum `KernelShap` + scikit-image"
+    cost = "1 + {n_samples} forward"
 
-    def method(self, scored: ScoredModel):
-        return captum_attr.KernelShap(scored)
+    def method(self, forward):
+        return captum_attr.KernelShap(forward)
 
 
 @register
@@ -214,10 +281,18 @@ class FeatureAblation(_Superpixels):
     """
 
     name = "ablation"
-    cost = "2 + n_segments (~50) forward"
+    formula = "score drop per superpixel"
+    runs_on = "captum `FeatureAblation` + scikit-image"
+    cost = "2 + {n_segments:~} forward"
 
     def planned_passes(self, images: Tensor) -> int:
         return len(images) * (2 + self.n_segments)
+
+    def segment_passes(self, segments: int) -> int:
+        return 2 + segments
+
+    def score_segments(self, coalitions: Coalitions, segments: int, rows: int) -> Tensor:
+        return seeded_scores(captum_attr.FeatureAblation, coalitions, segments, rows, None)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         rows = self.rows(images, self.planned_passes(images))
@@ -225,7 +300,7 @@ class FeatureAblation(_Superpixels):
             images,
             baselines=self.baselines(scored, images),
             target=scored.target(k),
-            feature_mask=self.segments(scored, images),
+            feature_mask=self.superpixel_masks(scored, images),
             perturbations_per_eval=rows_per_pass(rows, len(images)),
         )
 
@@ -250,7 +325,12 @@ class ShapleyValueSampling(_Superpixels):
     """
 
     name = "shapley-sampling"
-    cost = "2 + n_samples (25) x n_segments (~50) forward"
+    formula = (
+        "Shapley values of SLIC superpixels: each one's mean gain as it joins the others in "
+        "{n_samples:code} random orders; they add up to S(x) - S(x')"
+    )
+    runs_on = "captum `ShapleyValueSampling` + scikit-image"
+    cost = "2 + {n_samples} x {n_segments:~} forward"
 
     def __init__(self, model: nn.Module, *, n_samples: int = 25, **options):
         super().__init__(model, **options)
@@ -259,8 +339,17 @@ class ShapleyValueSampling(_Superpixels):
     def planned_passes(self, images: Tensor) -> int:
         return len(images) * (2 + self.n_samples * self.n_segments)
 
+    def segment_passes(self, segments: int) -> int:
+        return 2 + self.n_samples * segments
+
+    def score_segments(self, coalitions: Coalitions, segments: int, rows: int) -> Tensor:
+        return seeded_scores(
+            captum_attr.ShapleyValueSampling, coalitions, segments, rows, self.seed, n_samples=self.n_samples
+        )
+
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        masks, baselines, target = self.segments(scored, images), self.baselines(scored, images), scored.target(k)
+        masks, baselines = self.superpixel_masks(scored, images), self.baselines(scored, images)
+        target = scored.target(k)
         rows = self.rows(images, self.planned_passes(images))
         method = captum_attr.ShapleyValueSampling(scored)
         per_image = []
@@ -299,8 +388,13 @@ class RISE(Batched):
     """
 
     name = "rise"
+    formula = (
+        "masks weighted by the class probability of the masked image: Σ P(c|x⊙M) M / (N p) "
+        "({n_masks:code}, 7 x 7 cells, {p:code}); `raw` (N, 1, H, W)"
+    )
+    runs_on = "explain, D-RISE's masks"
     family = "perturbation attribution"
-    cost = "1 + n_masks (4000) forward"
+    cost = "1 + {n_masks} forward"
     backward = False
     images_only = "its masks are 2-D grids over an image; use occlusion, whose window has the inputs' rank"
 

@@ -19,18 +19,17 @@ channel, made as cheap as the method allows:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import register
-from ..checks import interpolation_mode, positive_int, spatial_axes
+from ..checks import check_finite_output, interpolation_mode, positive_int, spatial_axes
 from ..hooks import preserved_state
 from ..layers import LayerSpec
 from ..passes import Passes, budget_rows, inner_rows, timed_chunks
-from ..tokens import Reshape
 from .cam_base import BaseCAM, Captured, principal_component, safe_divide
 from .layer_replay import LayerReplay
 
@@ -53,19 +52,9 @@ class PerturbationCAM(BaseCAM):
         target_layer: LayerSpec = None,
         *,
         batch_size: int | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, **options)
         self.batch_size = None if batch_size is None else positive_int("batch_size", batch_size)
 
     def planned_passes(self, images: Tensor) -> int:
@@ -120,6 +109,7 @@ class ScoreCAM(PerturbationCAM):
     """
 
     name = "scorecam"
+    formula = "sum_k p_c(X ⊙ s(Up(A^k))) A^k"
     weightings = ("probability", "channel-softmax")
 
     def __init__(
@@ -129,20 +119,9 @@ class ScoreCAM(PerturbationCAM):
         *,
         batch_size: int | None = None,
         weighting: str = "probability",
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            batch_size=batch_size,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, batch_size=batch_size, **options)
         if weighting not in self.weightings:
             raise ValueError(f"weighting must be one of {', '.join(self.weightings)}; got {weighting!r}")
         self.weighting = weighting
@@ -242,7 +221,8 @@ class SSCAM(ScoreCAM):
     """
 
     name = "sscam"
-    cost = "1 + C x n_samples (35) forward"
+    formula = "Score-CAM, scores averaged over {n_samples:code} noisy masks"
+    cost = "1 + C x {n_samples} forward"
 
     def __init__(
         self,
@@ -254,21 +234,9 @@ class SSCAM(ScoreCAM):
         seed: int = 0,
         batch_size: int | None = None,
         weighting: str = "probability",
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            batch_size=batch_size,
-            weighting=weighting,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, **options)
         self.n_samples, self.noise, self.seed = positive_int("n_samples", n_samples), float(noise), int(seed)
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
@@ -294,7 +262,8 @@ class ISCAM(ScoreCAM):
     """
 
     name = "iscam"
-    cost = "1 + C x n_samples (10) forward"
+    formula = "Score-CAM, scores integrated over {n_samples:code} growing masks"
+    cost = "1 + C x {n_samples} forward"
 
     def __init__(
         self,
@@ -304,21 +273,9 @@ class ISCAM(ScoreCAM):
         n_samples: int = 10,
         batch_size: int | None = None,
         weighting: str = "probability",
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            batch_size=batch_size,
-            weighting=weighting,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, batch_size=batch_size, weighting=weighting, **options)
         self.n_samples = positive_int("n_samples", n_samples)
 
     def sample_masks(self, masks: Tensor, channels: Tensor) -> Iterator[Tensor]:
@@ -345,6 +302,7 @@ class AblationCAM(PerturbationCAM):
     """
 
     name = "ablationcam"
+    formula = "sum_k ((y_c - y_c with A^k zeroed) / y_c) A^k"
     cost = "1 forward + C forward of the layers after the target (C channels there)"
 
     def __init__(
@@ -353,20 +311,9 @@ class AblationCAM(PerturbationCAM):
         target_layer: LayerSpec = None,
         *,
         batch_size: int | None = None,
-        class_names: Sequence[str] | None = None,
-        eigen_smooth: bool = False,
-        aug_smooth: bool = False,
-        reshape: Reshape | None = None,
+        **options,
     ):
-        super().__init__(
-            model,
-            target_layer,
-            batch_size=batch_size,
-            class_names=class_names,
-            eigen_smooth=eigen_smooth,
-            aug_smooth=aug_smooth,
-            reshape=reshape,
-        )
+        super().__init__(model, target_layer, batch_size=batch_size, **options)
         self._replays: dict[str, LayerReplay] = {}
 
     def replay(self, layer: str) -> LayerReplay:
@@ -381,6 +328,7 @@ class AblationCAM(PerturbationCAM):
         replay = self.replay(layer)
         everyone = torch.arange(n, device=activations.device)
         layer_output = captured.in_layer_layout(layer, activations, everyone)
+        check_finite_output(captured.output, "Ablation-CAM")  # the replay's check compares outputs
         replay.prepare(captured.images, layer_output, captured.output)
         original = captured.scores(replay(layer_output, everyone), everyone)  # (N, num_targets)
         ablated = original[:, None, :].repeat(1, channels, 1)  # (N, C, num_targets)

@@ -17,8 +17,9 @@ from ..checks import checked_number, positive_int
 from ..superpixels import felzenszwalb_regions
 from .attribution_base import Batched, ScoredModel
 from .path_attribution import score_gradients
+from .segment_attribution import TakesSegments
 
-__all__ = ["XRAI", "riemann_integrated_gradients", "xrai_ranking"]
+__all__ = ["XRAI", "ranked_regions", "riemann_integrated_gradients", "xrai_ranking"]
 
 #: A region must add at least this many pixels to the regions before it to be ranked (PAIR's).
 MIN_PIXEL_DIFF = 50
@@ -59,6 +60,21 @@ def xrai_ranking(
     >>> xrai_ranking(attribution, regions, min_pixel_diff=1).tolist()   # the lone pixel: the mean of those left
     [[1.0, 1.0], [0.0, 3.0]]
     """
+    return ranked_regions(attribution, regions, area_threshold, min_pixel_diff)[0]
+
+
+def ranked_regions(
+    attribution: Tensor, regions: Tensor, area_threshold: float = 1.0, min_pixel_diff: int = MIN_PIXEL_DIFF
+) -> tuple[Tensor, Tensor]:
+    """:func:`xrai_ranking`'s heatmap (H, W) and each region's gain (M,): the mean attribution
+    of the pixels it added when it was added, NaN for a region never added (it would have
+    added under ``min_pixel_diff`` pixels, or the area threshold was reached before it).
+
+    >>> attribution = torch.tensor([[3.0, 3.0], [0.0, 1.0]])
+    >>> regions = torch.tensor([[[True, True], [False, True]], [[False, False], [False, True]]])
+    >>> ranked_regions(attribution, regions, min_pixel_diff=1)[1].tolist()   # the second adds nothing
+    [2.3333333333333335, nan]
+    """
     values = attribution.flatten().double()
     candidates = regions.flatten(1).to(values.device)
     # Each region's uncovered pixels and their attribution, lowered as regions are added: the
@@ -67,6 +83,7 @@ def xrai_ranking(
     alive = torch.ones(len(candidates), dtype=torch.bool, device=values.device)
     covered = torch.zeros_like(values, dtype=torch.bool)
     heatmap = torch.full_like(values, -torch.inf)
+    added_gains = torch.full((len(candidates),), torch.nan, dtype=values.dtype, device=values.device)
     covered_pixels = 0
     while covered_pixels / len(values) <= area_threshold:
         alive &= counts >= max(min_pixel_diff, 1)
@@ -75,7 +92,7 @@ def xrai_ranking(
         gains = torch.where(alive, sums / counts.clamp_min(1), -torch.inf)
         best = int(gains.argmax())  # the first of equal gains, as PAIR's strict comparison
         new = candidates[best] & ~covered
-        heatmap[new] = gains[best]
+        heatmap[new] = added_gains[best] = gains[best]
         covered |= new
         alive[best] = False
         added = new.nonzero().squeeze(1)
@@ -85,7 +102,7 @@ def xrai_ranking(
     left = heatmap == -torch.inf
     if bool(left.any()):
         heatmap[left] = values[left].mean()
-    return heatmap.view(attribution.shape)
+    return heatmap.view(attribution.shape), added_gains
 
 
 def weighted_sums(masks: Tensor, values: Tensor) -> Tensor:
@@ -95,7 +112,7 @@ def weighted_sums(masks: Tensor, values: Tensor) -> Tensor:
 
 
 @register
-class XRAI(Batched):
+class XRAI(TakesSegments, Batched):
     """XRAI: image regions ranked by the Integrated Gradients attribution they gain.
 
     Overlapping Felzenszwalb segments (scales 50 to 1200, dilated) are added greedily, the
@@ -109,13 +126,27 @@ class XRAI(Batched):
     ``saliency`` package (``explain.superpixels.felzenszwalb_regions``,
     ``riemann_integrated_gradients`` and ``xrai_ranking`` of this module). ``raw`` is the heatmap,
     (N, 1, H, W); the default ``reduction="sum"`` keeps its sign (regions that lower the
-    score rank last). Grey or colour images only (NotApplicable otherwise).
+    score rank last). Regions adding under ``min_pixel_diff`` new pixels are dropped (PAIR's
+    50). Grey or colour images only (NotApplicable otherwise).
+
+    ``segments=`` (a call's: masks or a label image per image, see :mod:`explain.segments`)
+    are the candidate regions instead of the Felzenszwalb segments, used as given (not
+    dilated), as PAIR's ``GetMask(segments=)`` takes them (the paper's regions may come
+    from any segmentation, sec. 3.1); then images of any number of channels. Each segment's
+    score (``segment_scores``) is its gain when XRAI added it, NaN for a segment it never
+    added (its new pixels under ``min_pixel_diff``, or added after the area threshold);
+    the map stays XRAI's heatmap.
     """
 
     name = "xrai"
+    formula = (
+        "Felzenszwalb regions (6 scales, dilated) ranked by the IG they gain, black and white baselines; "
+        "`raw` (N, 1, H, W), signed"
+    )
+    runs_on = "explain + scikit-image (PAIR `saliency`'s numbers)"
     family = "gradient attribution"
     images_only = "its regions are Felzenszwalb segments of a 2-D image; use guidedig or ig"
-    cost = "1 forward + 2 x steps (100) forward + backward"
+    cost = "1 forward + 2 x {steps} forward + backward"
 
     def __init__(
         self,
@@ -125,10 +156,12 @@ class XRAI(Batched):
         dilation_radius: int = 5,
         area_threshold: float = 1.0,
         reduction: str = "sum",
+        min_pixel_diff: int = MIN_PIXEL_DIFF,
         **options,
     ):
         super().__init__(model, reduction=reduction, **options)
         self.steps = positive_int("steps", steps)
+        self.min_pixel_diff = positive_int("min_pixel_diff", min_pixel_diff)
         if isinstance(dilation_radius, bool) or not isinstance(dilation_radius, int) or dilation_radius < 0:
             raise ValueError(f"dilation_radius must be a non-negative int (pixels), got {dilation_radius!r}")
         self.dilation_radius = dilation_radius
@@ -138,7 +171,8 @@ class XRAI(Batched):
         return len(images) * (1 + 2 * self.steps)
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
-        if images.shape[1] not in (1, 3):
+        given = scored.memo.get("segments")
+        if given is None and images.shape[1] not in (1, 3):
             raise NotApplicable(
                 f"XRAI segments grey or colour images (1 or 3 channels), not {images.shape[1]} channels; "
                 "use ig or guidedig for other inputs"
@@ -152,8 +186,13 @@ class XRAI(Batched):
             scored, images.repeat(2, 1, 1, 1), torch.cat([low, high]), owners, k, self.steps, rows
         )
         pixels = ((attributions[:n] + attributions[n:]) / 2).amax(dim=1)
-        if "regions" not in scored.memo:
+        if given is None and "regions" not in scored.memo:
             scored.memo["regions"] = [felzenszwalb_regions(image, self.dilation_radius) for image in images]
-        regions = scored.memo["regions"]
-        heatmaps = [xrai_ranking(p, r, self.area_threshold) for p, r in zip(pixels, regions, strict=True)]
-        return torch.stack(heatmaps)[:, None].to(images.dtype)
+        regions = scored.memo["regions"] if given is None else given
+        ranked = [
+            ranked_regions(p, r, self.area_threshold, self.min_pixel_diff) for p, r in zip(pixels, regions, strict=True)
+        ]
+        if given is not None:
+            dtype = torch.float64 if images.dtype == torch.float64 else torch.float32
+            scored.memo.setdefault("segment_scores", []).append([gains.to(dtype) for _, gains in ranked])
+        return torch.stack([heatmap for heatmap, _ in ranked])[:, None].to(images.dtype)

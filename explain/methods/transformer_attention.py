@@ -5,28 +5,32 @@ through :class:`~explain.attention_capture.AttentionCapture`, turns them into a 
 and shows the patch tokens' relevance on the patch grid (:class:`~explain.TokenLayout`),
 upsampled to the input and min-max scaled like every map of the library.
 
-They need global self-attention over all tokens (ViT, DeiT, EVA-style models of timm,
-torchvision and Hugging Face). Swin's windowed attention has no token that sees the whole
-image, and a model whose attention does not run through ``F.scaled_dot_product_attention``
-or ``nn.MultiheadAttention`` is not seen: both are refused with a ``ValueError`` that says
-so (Grad-CAM works on both).
+They need global self-attention over the same tokens in every layer (ViT, DeiT, EVA,
+BEiT, DINOv2, SigLIP, CLIP, I-JEPA and the like, of timm, torchvision and Hugging Face),
+with a class token or without one (the row of what the head reads,
+:mod:`~explain.methods.attention_readout`), computed through
+``F.scaled_dot_product_attention``, ``nn.MultiheadAttention`` or by hand. Swin's windowed
+attention has no token that sees the whole image, and hierarchical models (PVT, CvT,
+LeViT) attend over other tokens in each stage: both raise :class:`~explain.NotApplicable`
+(Grad-CAM works on both).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from ..attention_capture import AttentionCapture
 from ..base import Explainer, NotApplicable, register
+from ..blocks import token_blocks, trace_calls
 from ..checks import channel_hint, check_images, checked_number
 from ..explanation import Explanation, scale_maps
-from ..layers import transformer_blocks
-from ..targets import Targets, class_logits, select_targets
+from ..targets import Targets, class_logits, custom_target, select_targets
 from ..tokens import TokenLayout, infer_layout
+from .attention_readout import find_readout, readout_row, replay_readout
 from .cam_base import detached
 
 __all__ = ["AttentionRelevance", "AttentionRollout", "LeGrad", "TransformerAttention"]
@@ -55,56 +59,80 @@ class TransformerAttention(Explainer):
             raise ValueError("layout must be an explain.TokenLayout('tokens', prefix=P, grid=(h, w))")
         self.layout = layout
 
-    def check_attention(self, weights: list[Tensor], images: Tensor) -> TokenLayout:
-        """The token layout of the recorded attention; an error where the model's attention
-        was not seen or is not global self-attention over a class token and the patches."""
+    def check_attention(self, capture: AttentionCapture, images: Tensor) -> TokenLayout:
+        """The token layout of the recorded attention; :class:`~explain.NotApplicable` where the
+        model's attention was not seen or is not global self-attention over the same tokens
+        in every layer."""
+        weights = capture.weights
+        if not weights and capture.skipped:
+            raise NotApplicable(
+                f"{self.name} needs self-attention over the model's tokens, and its {capture.skipped} attention "
+                "call(s) attend over other tokens than their input's (keys and values pooled or strided, as in CvT "
+                "and PVT, or channels, as in XCiT); use Grad-CAM, which works on any transformer"
+            )
         if not weights:
             raise NotApplicable(
-                f"{self.name} saw no attention: the model computes none through F.scaled_dot_product_attention or "
-                "nn.MultiheadAttention (torchvision's Swin computes its windowed attention by hand); use Grad-CAM, "
-                "which works on any transformer"
+                f"{self.name} saw no attention: the model has no attention module that computes softmax(Q K^T) over "
+                "its tokens; use Grad-CAM, which works on any model"
+            )
+        if capture.several:
+            raise NotApplicable(
+                f"{self.name} needs one attention matrix per layer, and this model's attention modules form several "
+                "in one call (differential attention subtracts two softmaxes), whose difference is no attention "
+                "flow; use Grad-CAM"
             )
         n = images.shape[0]
         shapes = {tuple(w.shape) for w in weights}
         t = weights[0].shape[-1]
-        if len(shapes) != 1 or weights[0].shape[0] != n or weights[0].shape[-2] != t:
+        if len(shapes) != 1 or weights[0].shape[0] != n or capture.skipped:
+            other = f" and {capture.skipped} attention call(s) over other tokens" if capture.skipped else ""
             raise NotApplicable(
                 f"{self.name} needs global self-attention over the same tokens in every layer, and this model's "
-                f"attention matrices have shapes {sorted(shapes)[:3]} for {n} images (windowed attention, as in "
-                "Swin, or cross-attention); use Grad-CAM"
+                f"attention matrices have shapes {sorted(shapes)[:3]} for {n} images{other} (windowed attention, "
+                "as in Swin; stages over other tokens, as in PVT, CvT and LeViT; patches folded into the batch, as "
+                "in MobileViT; attention over channels, as in XCiT); use Grad-CAM"
             )
-        layout = self.layout or infer_layout((n, t, 1), (images.shape[-2], images.shape[-1]), self.model)
-        if layout.prefix < 1:
-            raise NotApplicable(
-                f"{self.name} reads the class token's attention, and this model's {t} tokens have none before the "
-                "patches (an average-pooled transformer); use Grad-CAM, or pass layout= if token 0 is a class token"
-            )
-        return layout
+        if self.layout is not None:
+            return self.layout
+        try:
+            return infer_layout((n, t, 1), (images.shape[-2], images.shape[-1]), self.model)
+        except ValueError:
+            raise ValueError(
+                f"{self.name} found no patch grid among the {t} tokens of the model's attention for a "
+                f"{images.shape[-2]} x {images.shape[-1]} input; pass layout=explain.TokenLayout('tokens', prefix=P, "
+                "grid=(h, w)) (P tokens before the patches, an h x w patch grid)"
+            ) from None
 
-    def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None) -> Tensor:
-        """(N, T) relevance of every token for the class token, from the attention weights
-        (and, for gradient methods, their gradients for one target)."""
+    def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None, row: Tensor) -> Tensor:
+        """(N, T) relevance of every token for what the head reads (``row``, (N, T) weights
+        of the last layer's tokens: the class token, or the pooled ones), from the attention
+        weights (and, for gradient methods, their gradients for one target)."""
         raise NotImplementedError
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         with AttentionCapture(self.model, gradients=self.uses_gradients) as capture:
             with channel_hint(images):
                 output = self.model(images)
             scores, ids = select_targets(output, targets, topk=topk, class_names=self.class_names)
-            layout = self.check_attention(capture.weights, images)
+            layout = self.check_attention(capture, images)
             weights = [w.detach().float() for w in capture.weights]
+            n, _, t, _ = weights[0].shape
+            try:
+                row = readout_row(self.model, layout, capture.pooling, n, t, weights[0].device)
+            except ValueError as error:
+                raise NotApplicable(f"{self.name}: {error}; use Grad-CAM") from None
             columns = (scores if scores.dim() == 2 else scores[:, None]).unbind(dim=1)
             relevances = [
-                self.relevance(weights, self.gradients(capture, output, column, ids, k))
+                self.relevance(weights, self.gradients(capture, output, column, ids, k), row)
                 for k, column in enumerate(columns)
             ]
         assert layout.grid is not None  # a token layout (check_attention)
         h, w = layout.grid
         raw = torch.stack([r[:, layout.prefix : layout.prefix + h * w].reshape(-1, h, w) for r in relevances], dim=1)
         raw = raw.squeeze(1) if ids.dim() == 1 else raw
-        custom = callable(targets) and not isinstance(targets, Tensor)
+        custom = custom_target(targets) is not None
         return Explanation(
             scale_maps(raw, (images.shape[-2], images.shape[-1])),
             {"attention": raw},
@@ -140,8 +168,10 @@ class AttentionRollout(TransformerAttention):
     With A_l each layer's attention averaged over heads (``head_fusion``: ``"mean"``,
     ``"max"`` or ``"min"``), Â_l = (A_l + I) / 2 with rows renormalised to sum to 1 (the
     residual path carries half of each token), and the rollout R = Â_L ... Â_2 Â_1, the map
-    is R's class-token row over the patch tokens. It does not depend on the class: rollout
-    shows what the class token attends to. ``discard_ratio`` zeroes that fraction of each
+    is the row of what the head reads over the patch tokens: the class token's, or for a
+    pooled head the mean of the pooled tokens' rows or an attention pool's weights times R
+    (:mod:`~explain.methods.attention_readout`). It does not depend on the class: rollout
+    shows what the head's token attends to. ``discard_ratio`` zeroes that fraction of each
     layer's smallest fused attentions (never the class token's own) before adding I, as
     the widely used implementation by J. Gildenblat does; the paper has no such step
     (default 0).
@@ -150,6 +180,11 @@ class AttentionRollout(TransformerAttention):
     """
 
     name = "attention-rollout"
+    formula = (
+        "the row of what the head reads in prod_l (A_l + I)/2, A_l averaged over heads ({head_fusion:code}: mean, "
+        "max or min; {discard_ratio:code}); not class-specific"
+    )
+    runs_on = "explain"
     cost = "1 forward"
 
     def __init__(
@@ -169,7 +204,7 @@ class AttentionRollout(TransformerAttention):
             raise ValueError(f"discard_ratio is a fraction of the attentions to drop, in [0, 1); got {discard_ratio}")
         self.head_fusion, self.discard_ratio = head_fusion, discard_ratio
 
-    def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None) -> Tensor:
+    def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None, row: Tensor) -> Tensor:
         n, _, t, _ = weights[0].shape
         eye = torch.eye(t, device=weights[0].device)
         rollout = eye.expand(n, t, t)
@@ -184,7 +219,7 @@ class AttentionRollout(TransformerAttention):
             mixed = (fused + eye) / 2
             mixed = mixed / mixed.sum(dim=-1, keepdim=True)
             rollout = mixed @ rollout
-        return rollout[:, 0]
+        return (row[:, None] @ rollout)[:, 0]
 
 
 @register
@@ -194,25 +229,36 @@ class AttentionRelevance(TransformerAttention):
 
     R starts as the identity; for every layer in the order of the forward pass,
     Ā_l = E_h[(∇A_l ⊙ A_l)^+] (the positive part of gradient times attention, averaged over
-    heads) and R ← R + Ā_l R. The map is R's class-token row over the patch tokens. One
-    forward pass and one backward pass per target, down to the first attention layer.
+    heads) and R ← R + Ā_l R. The map is the row of what the head reads (the class token's,
+    or the mean of the pooled tokens' rows, see :mod:`~explain.methods.attention_readout`)
+    over the patch tokens, without the identity's share where that is the same for every
+    patch (it only shifts the map). One forward pass and one backward pass per target, down
+    to the first attention layer.
 
     Chefer, Gur & Wolf, "Generic Attention-model Explainability for Interpreting Bi-Modal
     and Encoder-Decoder Transformers", ICCV 2021, eq. 5-6 (the self-attention rules).
     """
 
     name = "attention-relevance"
+    formula = "R = I, R += E_h[(grad A_l * A_l)^+] R per layer; the row of what the head reads"
+    runs_on = "explain"
     cost = "1 forward + 1 backward to the first attention"
     uses_gradients = True
 
-    def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None) -> Tensor:
+    def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None, row: Tensor) -> Tensor:
         n, _, t, _ = weights[0].shape
         relevance = torch.eye(t, device=weights[0].device).expand(n, t, t)
         assert gradients is not None  # (uses_gradients)
         for attention, gradient in zip(weights, gradients, strict=True):
             weighted = (gradient * attention).clamp_min(0).mean(dim=1)
             relevance = relevance + weighted @ relevance
-        return relevance[:, 0]
+        # The identity's share of a row that weighs its tokens equally (a class token, or the
+        # mean of pooled tokens) is the same for every patch: left out, so that small
+        # gradient terms are not lost under it (it only shifts the map, which is min-max scaled).
+        read = row > 0
+        equal = ((row - row.amax(dim=1, keepdim=True)).abs() * read).amax(dim=1) == 0
+        relevance = relevance - torch.eye(t, device=relevance.device) * equal[:, None, None]
+        return (row[:, None] @ relevance)[:, 0]
 
 
 @register
@@ -227,10 +273,14 @@ class LeGrad(TransformerAttention):
     authors' code defaults to the last two). One forward pass, then one backward pass per
     layer and target, each from that layer's readout down to its attention.
 
-    The readout is found for timm's ViTs (``forward_head(norm(z))``), torchvision's
-    ``VisionTransformer`` and Hugging Face ViT/DeiT classifiers; for other models pass
-    ``readout=`` (a function of the last block's tokens that returns the logits). It is
-    checked on each call against the model's logits.
+    The readout is the model's own head where it is known (timm's ``forward_head(norm(z))``,
+    torchvision's ``VisionTransformer``, Hugging Face's ViT and DeiT classifiers) and gives
+    the model's logits on the last block's tokens; for any other model (BEiT, DINOv2, CLIP,
+    SigLIP, DeiT with its teacher's head, ...) the model is replayed with its last block's
+    output replaced by z_l (:func:`~explain.methods.attention_readout.replay_readout`: one
+    more forward pass per layer). ``readout=`` (a function of the last block's tokens that
+    returns the logits) replaces both; it is checked on each call against the model's logits.
+    LeGrad needs no class token: the mean over query tokens is the same for any head.
 
     Bousselham, Boggust, Chaybouti, Strobelt & Kuehne, "LeGrad: An Explainability Method
     for Vision Transformers via Feature Formation Sensitivity", ICCV 2025, arXiv:2404.03214,
@@ -238,6 +288,11 @@ class LeGrad(TransformerAttention):
     """
 
     name = "legrad"
+    formula = (
+        "mean over layers of E_{{h,i}}[ReLU(d s_l / d A_l)], s_l the class score read out from layer l's "
+        "tokens by the model's head"
+    )
+    runs_on = "explain"
     cost = "1 forward + 1 backward per layer to its attention"
     uses_gradients = True
 
@@ -253,43 +308,49 @@ class LeGrad(TransformerAttention):
         super().__init__(model, class_names=class_names, layout=layout)
         if isinstance(start_layer, bool) or not isinstance(start_layer, int):
             raise ValueError(f"start_layer must be an int (negative counts from the last layer), got {start_layer!r}")
+        if readout is not None and not callable(readout):
+            raise TypeError(f"readout must be a function of the last block's tokens, got {type(readout).__name__}")
         self.start_layer = start_layer
-        found = readout if readout is not None else find_readout(model)
-        if found is None:
-            raise NotApplicable(
-                f"LeGrad reads every layer's tokens through the model's head, and {type(model).__name__} is none of "
-                "the models whose head explain knows (timm, torchvision and Hugging Face ViTs); pass readout= (a "
-                "function of the last block's tokens that returns the logits)"
-            )
-        self.readout: Callable[[Tensor], Tensor] = found
-        self._blocks: list[nn.Module] | None = None
+        self.readout = readout
+        self._blocks: list[tuple[nn.Module, int]] | None = None
         self._tokens: list[Tensor] = []
+        self._images: Tensor | None = None
+        self._replaying = False
 
-    def __call__(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
+    def _explain(self, images: Tensor, targets: Targets = None, *, topk: int | None = None) -> Explanation:
         images = check_images(images, self.model)
         self.check_applies(images)
         if self._blocks is None:
-            self._blocks = [self.model.get_submodule(name) for name in transformer_blocks(self.model, images[:1])]
-        self._tokens = []
-        handles = [
-            block.register_forward_hook(
-                lambda module, args, output: self._tokens.append(output[0] if isinstance(output, tuple) else output)
-            )
-            for block in self._blocks
-        ]
+            example = images[:1]
+            calls = token_blocks(trace_calls(self.model, example), example)
+            self._blocks = [(self.model.get_submodule(call.name), call.output) for call in calls]
+        self._tokens, self._images = [], images
+
+        def keep(index: int):
+            def hook(module: nn.Module, args, output) -> None:
+                if self._replaying:
+                    return
+                tensors = [
+                    t for t in (output if isinstance(output, (tuple, list)) else (output,)) if isinstance(t, Tensor)
+                ]
+                self._tokens.append(tensors[index])
+
+            return hook
+
+        handles = [block.register_forward_hook(keep(index)) for block, index in self._blocks]
         try:
-            return super().__call__(images, targets, topk=topk)
+            return super()._explain(images, targets, topk=topk)
         finally:
             for handle in handles:
                 handle.remove()
-            self._tokens = []
+            self._tokens, self._images = [], None
 
     def gradients(self, capture: AttentionCapture, output, scores: Tensor, ids: Tensor, k: int) -> list[Tensor]:
-        tokens = self._tokens
+        tokens = list(self._tokens)
         if len(tokens) != len(capture.weights):
-            raise ValueError(
-                f"LeGrad pairs each block with its attention, and found {len(tokens)} blocks for "
-                f"{len(capture.weights)} attention layers; pass readout= and check the model is a plain ViT"
+            raise NotApplicable(
+                f"LeGrad pairs each block with its attention, and found {len(tokens)} transformer blocks for "
+                f"{len(capture.weights)} self-attention layers; use Grad-CAM or attention rollout"
             )
         layers = range(len(tokens))[self.start_layer :]
         if not layers:
@@ -297,48 +358,60 @@ class LeGrad(TransformerAttention):
         column = ids if ids.dim() == 1 else ids[:, k]
         if column.min() < 0:
             raise ValueError("LeGrad reads class logits at every layer; pass class targets, not a callable")
-        logits = class_logits(output).detach()
-        final = self.readout(tokens[-1])
-        if (
-            not isinstance(final, Tensor)
-            or final.shape != logits.shape
-            or not torch.allclose(
-                final.detach().float(), logits.float(), rtol=1e-4, atol=1e-4 * float(logits.abs().max().clamp_min(1))
-            )
-        ):
-            raise ValueError(
-                "the readout applied to the last block's tokens does not give the model's logits; "
-                "pass readout= (a function of the last block's tokens that returns the logits)"
-            )
+        readout = self._readout(capture, tokens[-1], class_logits(output).detach())
         rows = torch.arange(len(column), device=column.device)
         gradients = []
         for layer in layers:
-            score = self.readout(tokens[layer]).float()[rows, column]
+            with capture.paused():
+                score = readout(tokens[layer]).float()[rows, column]
             (gradient,) = torch.autograd.grad(score.sum(), capture.weights[layer], retain_graph=True)
             gradients.append(gradient.float())
         return gradients
 
-    def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None) -> Tensor:
+    def _readout(self, capture: AttentionCapture, last: Tensor, logits: Tensor) -> Callable[[Tensor], Tensor]:
+        """The readout: ``readout=``, else the model's known head where it gives the model's
+        logits on the last block's tokens, else a replay of the model after its last block."""
+        candidates = [self.readout] if self.readout is not None else [find_readout(self.model)]
+        for readout in candidates:
+            if readout is None:
+                continue
+            try:
+                with capture.paused():
+                    final = readout(last)
+            except Exception:  # a known head that does not take these tokens: replay instead
+                if self.readout is not None:
+                    raise
+                final = None
+            if (
+                isinstance(final, Tensor)
+                and final.shape == logits.shape
+                and torch.allclose(
+                    final.detach().float(),
+                    logits.float(),
+                    rtol=1e-4,
+                    atol=1e-4 * float(logits.abs().max().clamp_min(1)),
+                )
+            ):
+                return readout
+            if self.readout is not None:
+                raise ValueError(
+                    "the readout applied to the last block's tokens does not give the model's logits; "
+                    "pass readout= (a function of the last block's tokens that returns the logits)"
+                )
+        assert self._blocks and self._images is not None  # set by __call__
+        block, index = self._blocks[-1]
+        replay = replay_readout(self.model, block, self._images, index)
+
+        def replayed(tokens: Tensor) -> Tensor:
+            self._replaying = True
+            try:
+                return replay(tokens)
+            finally:
+                self._replaying = False
+
+        return replayed
+
+    def relevance(self, weights: list[Tensor], gradients: list[Tensor] | None, row: Tensor) -> Tensor:
         assert gradients is not None  # (uses_gradients)
         per_layer = [g.clamp_min(0).mean(dim=(1, 2)) for g in gradients]  # (N, T) each
         return torch.stack(per_layer).mean(dim=0)
-
-
-def find_readout(model: nn.Module) -> Callable[[Tensor], Tensor] | None:
-    """The function from the last block's tokens to the logits, for the model families whose
-    head is known; None otherwise (LeGrad then asks for ``readout=``)."""
-    dynamic: Any = model  # the attributes of each family's own classes
-    if hasattr(model, "forward_head") and isinstance(getattr(model, "norm", None), nn.Module):  # timm
-        return lambda tokens: dynamic.forward_head(dynamic.norm(tokens))
-    if (
-        type(model).__name__ == "VisionTransformer" and hasattr(model, "heads") and hasattr(model, "encoder")
-    ):  # torchvision
-        return lambda tokens: dynamic.heads(dynamic.encoder.ln(tokens)[:, 0])
-    base: Any = getattr(model, "base_model", None)
-    if (
-        hasattr(model, "classifier")
-        and isinstance(getattr(base, "layernorm", None), nn.Module)
-        and getattr(getattr(model, "config", None), "model_type", "") in ("vit", "deit")
-    ):  # Hugging Face
-        return lambda tokens: dynamic.classifier(base.layernorm(tokens)[:, 0])
-    return None

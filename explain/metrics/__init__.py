@@ -17,8 +17,11 @@ alone.
 """
 
 from ..regions import region_masks
+from .arcc import arcc, coherency
+from .axiomatic import completeness, input_invariance, non_sensitivity
 from .base import Score
-from .concentration import complexity, sparseness
+from .compactness import mst_c
+from .concentration import complexity, effective_complexity, sparseness
 from .faithfulness import (
     average_drop,
     deletion,
@@ -35,8 +38,18 @@ from .faithfulness import (
     road,
     selectivity,
     sensitivity_n,
+    sufficiency,
 )
-from .localisation import energy_pointing_game, pointing_game, relevance_mass, relevance_rank, top_k_intersection
+from .focus import focus, mosaics
+from .localisation import (
+    attribution_localisation,
+    auc,
+    energy_pointing_game,
+    pointing_game,
+    relevance_mass,
+    relevance_rank,
+    top_k_intersection,
+)
 from .randomisation import (
     efficient_model_randomisation,
     model_randomisation,
@@ -45,6 +58,7 @@ from .randomisation import (
 )
 from .registry import METRICS, Metric, columns, compute, metric, metric_names
 from .robustness import (
+    consistency,
     continuity,
     local_lipschitz_estimate,
     relative_input_stability,
@@ -57,17 +71,26 @@ __all__ = [
     "METRICS",
     "Metric",
     "Score",
+    "arcc",
+    "attribution_localisation",
+    "auc",
     "average_drop",
+    "coherency",
     "columns",
+    "completeness",
     "complexity",
     "compute",
+    "consistency",
     "continuity",
     "deletion",
+    "effective_complexity",
     "efficient_model_randomisation",
     "energy_pointing_game",
     "faithfulness_correlation",
     "faithfulness_estimate",
+    "focus",
     "infidelity",
+    "input_invariance",
     "insertion",
     "irof",
     "local_lipschitz_estimate",
@@ -76,6 +99,9 @@ __all__ = [
     "model_randomisation",
     "monotonicity",
     "monotonicity_correlation",
+    "mosaics",
+    "mst_c",
+    "non_sensitivity",
     "pic",
     "pixel_flipping",
     "pointing_game",
@@ -93,5 +119,6 @@ __all__ = [
     "sensitivity_n",
     "smooth_model_randomisation",
     "sparseness",
+    "sufficiency",
     "top_k_intersection",
 ]

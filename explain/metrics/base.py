@@ -22,12 +22,15 @@ __all__ = [
     "batched_scores",
     "draws",
     "explanation_batch",
+    "listed_scores",
+    "neighbour_agreement",
     "pairs_of",
     "pearson",
     "perturbation_curve",
     "perturbed_scores",
     "probability_and_hit",
     "read_scores",
+    "top_classes",
 ]
 
 
@@ -303,6 +306,72 @@ def perturbed_scores(
 
     scores = batched_scores(model, batches(), score, total)
     return scores.view(m, columns, *scores.shape[1:])
+
+
+def listed_scores(
+    model: nn.Module,
+    images: Tensor,
+    targets: Tensor,
+    rows: Tensor,
+    build: Callable[[Tensor], Tensor],
+    *,
+    batch_size: int | None,
+    score: str | Callable[[Tensor, Tensor], Tensor],
+) -> Tensor:
+    """The targets' scores on a list of perturbed copies, (J,): copy ``j`` is of image
+    ``rows[j]``, and ``build(jobs)`` returns the copies (B, C, H, W) of a batch of job
+    indices. For metrics whose images need different numbers of copies; batches are built
+    as :func:`perturbed_scores` builds them.
+
+    >>> model = nn.Sequential(nn.Flatten(), nn.Linear(2, 1))
+    >>> images = torch.ones(2, 1, 1, 2)
+    >>> listed_scores(model, images, torch.zeros(2, dtype=torch.long), torch.tensor([0, 0, 1]),
+    ...               lambda jobs: images[torch.tensor([0, 0, 1])[jobs]], batch_size=2, score="logit").shape
+    torch.Size([3])
+    """
+    total = len(rows)
+    batch_size = batch_size_for(batch_size, model, images, max(total, 1))
+    jobs = torch.arange(total, device=images.device)
+    rows = rows.to(images.device)
+
+    def batches() -> Iterator[tuple[Tensor, Tensor]]:
+        for part in chunks(total, batch_size):
+            yield build(jobs[part]), targets[rows[part]]
+
+    if total == 0:
+        return torch.empty(0, device=images.device)
+    return batched_scores(model, batches(), score, total)
+
+
+def top_classes(model: nn.Module, images: Tensor, *, batch_size: int | None) -> Tensor:
+    """The model's top class for each image, (N,) int64, in batches as the other passes."""
+    n = len(images)
+    size = batch_size_for(batch_size, model, images, n)
+    anyone = torch.zeros(n, dtype=torch.long, device=images.device)
+    batches = ((images[part], anyone[part]) for part in chunks(n, size))
+    return batched_scores(model, batches, lambda output, _: output.argmax(1).float(), n).long()
+
+
+def neighbour_agreement(similar: Tensor, pairs: Pairs, classes: Tensor) -> tuple[Tensor, Tensor]:
+    """For each triple, the share of the *other images'* triples marked in its row of
+    ``similar`` (M, M) whose image the model puts in the same class (``classes`` (N,) per
+    image), NaN where none is marked; with the number marked, (M,) each. A triple's
+    neighbours never include the triples of its own image (the other targets of a ``topk``
+    explanation).
+
+    >>> pairs = Pairs(torch.zeros(3, 1, 2, 2), torch.zeros(3, 2, 2), torch.zeros(3, dtype=torch.long), (3,), False)
+    >>> share, count = neighbour_agreement(torch.ones(3, 3, dtype=torch.bool), pairs, torch.tensor([4, 4, 7]))
+    >>> share.tolist(), count.tolist()
+    ([0.5, 0.5, 0.0], [2, 2, 2])
+    """
+    m, k = len(pairs.targets), pairs.per_image
+    image = torch.arange(m, device=similar.device) // k
+    others = similar & (image[:, None] != image[None, :])
+    per_triple = classes.to(similar.device)[image]
+    agree = others & (per_triple[:, None] == per_triple[None, :])
+    count = others.sum(1)
+    share = agree.sum(1).double() / count.clamp_min(1)
+    return torch.where(count > 0, share, float("nan")).float(), count
 
 
 def perturbation_curve(

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import checked_number
 from ..explanation import Explanation
 from ..passes import with_pass_options
 from .base import Score, check_finite
 
-__all__ = ["complexity", "sparseness"]
+__all__ = ["complexity", "effective_complexity", "sparseness"]
 
 
 def _magnitudes(explanation: Explanation | Tensor) -> tuple[Tensor, tuple[int, ...]]:
@@ -60,3 +61,30 @@ def complexity(explanation: Explanation | Tensor) -> Score:
     p = magnitudes / total.clamp_min(1e-300)
     entropy = -(p * torch.log(p.clamp_min(1e-300))).sum(1)
     return Score("complexity", entropy.float().reshape(shape), higher_is_better=False)
+
+
+@with_pass_options
+def effective_complexity(explanation: Explanation | Tensor, *, eps: float = 1e-5) -> Score:
+    """Effective complexity: the number of pixels whose relevance matters, ``|a_i|`` above
+    ``eps`` times the map's largest magnitude (lower is better: fewer pixels explain).
+
+    Nguyen & Rodriguez Martinez, "On Quantitative Aspects of Model Interpretability", arXiv
+    2007.07584 (2020). ``extra["share"]`` is the count over the number of pixels. An
+    all-zero map scores 0. (Quantus's EffectiveComplexity scales every map by the largest
+    magnitude of the whole batch, not its own, so that a map's count depends on the
+    others: the same where every map has the same largest magnitude, as CAMs scaled to
+    [0, 1] have.)
+
+    >>> effective_complexity(torch.tensor([[[1.0, 0.5], [1e-7, 0.0]]])).values.item()
+    2.0
+    """
+    eps = checked_number("eps", eps, positive=False)
+    magnitudes, shape = _magnitudes(explanation)
+    largest = magnitudes.amax(1, keepdim=True)
+    count = ((magnitudes > eps * largest) & (largest > 0)).sum(1).float()
+    return Score(
+        "effective-complexity",
+        count.reshape(shape),
+        higher_is_better=False,
+        extra={"share": (count / magnitudes.shape[1]).reshape(shape)},
+    )

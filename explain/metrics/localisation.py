@@ -16,7 +16,15 @@ from ..passes import with_pass_options
 from ..regions import region_masks
 from .base import Score, check_finite
 
-__all__ = ["energy_pointing_game", "pointing_game", "relevance_mass", "relevance_rank", "top_k_intersection"]
+__all__ = [
+    "attribution_localisation",
+    "auc",
+    "energy_pointing_game",
+    "pointing_game",
+    "relevance_mass",
+    "relevance_rank",
+    "top_k_intersection",
+]
 
 
 def _maps_and_masks(explanation: Explanation | Tensor, regions: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
@@ -153,3 +161,84 @@ def top_k_intersection(
     if concept_influence:
         share = share * flat_masks.shape[1] / flat_masks.sum(1).clamp_min(1)
     return Score("top-k-intersection", _empty_is_nan(share, masks).reshape(shape), higher_is_better=True)
+
+
+def average_ranks(values: Tensor) -> Tensor:
+    """Each value's rank within its row of ``values`` (M, P), 1 for the smallest, tied
+    values sharing the mean of their ranks (as ``scipy.stats.rankdata``), float64.
+
+    >>> average_ranks(torch.tensor([[0.5, 0.1, 0.5, 0.9]])).tolist()
+    [[2.5, 1.0, 2.5, 4.0]]
+    """
+    ordered = values.sort(dim=1).values.contiguous()
+    below = torch.searchsorted(ordered, values.contiguous(), right=False)
+    up_to = torch.searchsorted(ordered, values.contiguous(), right=True)
+    return (below + up_to + 1).double() / 2
+
+
+@with_pass_options
+def auc(explanation: Explanation | Tensor, regions: Tensor) -> Score:
+    """AUC: the area under the ROC curve of the map's values as a detector of the region's
+    pixels, the chance that a pixel of the region outranks a pixel outside it (ties
+    count half; higher is better, 0.5 is chance).
+
+    Fawcett, "An Introduction to ROC Analysis", Pattern Recognition Letters 2006, as
+    Quantus's AUC applies it to a map and a segmentation mask (scikit-learn's
+    ``roc_curve`` and ``auc``): computed here in closed form from the pixels' ranks,
+    (sum of the region's ranks - K (K + 1) / 2) / (K (P - K)), K the region's pixels of P.
+    NaN for an empty region, or one that covers the image.
+
+    >>> maps = torch.tensor([[[3.0, 1.0], [2.0, 0.0]]])
+    >>> auc(maps, torch.tensor([[[True, False], [True, False]]])).values.item()
+    1.0
+    """
+    maps, masks, shape = _maps_and_masks(explanation, regions)
+    flat_masks = masks.flatten(1)
+    inside = flat_masks.sum(1).double()
+    outside = flat_masks.shape[1] - inside
+    rank_sum = (average_ranks(maps.flatten(1)) * flat_masks).sum(1)
+    area = (rank_sum - inside * (inside + 1) / 2) / (inside * outside).clamp_min(1)
+    area = torch.where((inside > 0) & (outside > 0), area, float("nan"))
+    return Score("auc", area.float().reshape(shape), higher_is_better=True)
+
+
+@with_pass_options
+def attribution_localisation(
+    explanation: Explanation | Tensor, regions: Tensor, *, weighted: bool = False, magnitude: bool = False
+) -> Score:
+    """Attribution localisation: the share of the map's positive relevance inside the
+    region, the inside-total relevance ratio (higher is better).
+
+    Kohlbrenner et al., "Towards Best Practice in Explaining Neural Network Decisions with
+    LRP", IJCNN 2020: mu = R_in / R_tot over the positive relevance (what
+    :func:`relevance_mass` computes too). With ``weighted``, mu_w = mu * S_tot / S_in, S the
+    sizes of the image and of the region: relevance spread evenly scores 1, and a small
+    region counts for more. With ``magnitude`` the share is of ``|a|``, Quantus's default
+    (``abs=True``); ``extra["share"]`` is the region's share of the image, S_in / S_tot.
+    An empty region scores NaN.
+
+    Quantus's AttributionLocalisation takes ``|a|`` by default and, with ``weighted=True``,
+    multiplies mu by the region's share of the image instead of dividing by it (sized from
+    ``x_batch[2:]``, the images after the second, not one image).
+
+    >>> maps = torch.tensor([[[3.0, 1.0], [0.0, -1.0]]])
+    >>> box = torch.tensor([[[True, False], [False, False]]])
+    >>> attribution_localisation(maps, box).values.item()
+    0.75
+    >>> attribution_localisation(maps, box, weighted=True).values.item()   # 0.75 / (1 / 4)
+    3.0
+    """
+    maps, masks, shape = _maps_and_masks(explanation, regions)
+    relevance = (maps.abs() if magnitude else maps.clamp_min(0)).flatten(1)
+    flat_masks = masks.flatten(1)
+    total = relevance.sum(1)
+    share = torch.where(total > 0, (relevance * flat_masks).sum(1) / total.clamp_min(1e-30), 0.0)
+    size = flat_masks.float().mean(1)
+    if weighted:
+        share = share / size.clamp_min(1e-30)
+    return Score(
+        "attribution-localisation",
+        _empty_is_nan(share, masks).reshape(shape),
+        higher_is_better=True,
+        extra={"share": size.reshape(shape)},
+    )

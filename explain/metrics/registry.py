@@ -10,8 +10,10 @@ from torch import Tensor
 
 from ..base import Explainer
 from ..explanation import Explanation
-from . import concentration, faithfulness, localisation, randomisation, robustness
+from . import axiomatic, compactness, concentration, faithfulness, localisation, randomisation, robustness
+from .arcc import arcc
 from .base import Score
+from .focus import focus
 
 __all__ = ["METRICS", "Metric", "columns", "compute", "metric", "metric_names"]
 
@@ -43,6 +45,7 @@ def _metric(name, function, needs, cost, higher_is_better, **extra_columns) -> M
     return Metric(name, function, needs, {name: (None, higher_is_better), **extra_columns}, cost)
 
 
+#: Every metric by name, each a :class:`Metric`, in the order :func:`metric_names` lists them.
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in [
@@ -82,6 +85,35 @@ METRICS: dict[str, Metric] = {
             True,
             aic=("aic", True),
         ),
+        _metric("sufficiency", faithfulness.sufficiency, "model", "1 forward", True),
+        _metric(
+            "arcc",
+            arcc,
+            "explainer",
+            "1 explanation + 8 forwards + imputation",
+            True,
+            **{
+                "arcc-coherency": ("coherency", True),
+                "arcc-complexity": ("complexity", False),
+                "arcc-road": ("road", True),
+            },
+        ),
+        _metric(
+            "completeness",
+            axiomatic.completeness,
+            "model",
+            "2 forwards",
+            False,
+            **{"completeness-met": ("complete", True)},
+        ),
+        _metric(
+            "non-sensitivity",
+            axiomatic.non_sensitivity,
+            "model",
+            "one forward per run of a row's worth of pixels + 1 (~225 at 224 px)",
+            False,
+        ),
+        _metric("input-invariance", axiomatic.input_invariance, "explainer", "1 explanation + 2 forwards", True),
         _metric(
             "sensitivity",
             robustness.sensitivity,
@@ -103,6 +135,7 @@ METRICS: dict[str, Metric] = {
             "10 explanations + 11 forwards",
             False,
         ),
+        _metric("consistency", robustness.consistency, "model", "1 forward", True),
         _metric(
             "randomisation",
             randomisation.model_randomisation,
@@ -127,8 +160,13 @@ METRICS: dict[str, Metric] = {
         _metric("relevance-rank", localisation.relevance_rank, "regions", "none", True),
         _metric("energy-pointing-game", localisation.energy_pointing_game, "regions", "none", True),
         _metric("top-k-intersection", localisation.top_k_intersection, "regions", "none", True),
+        _metric("auc", localisation.auc, "regions", "none", True),
+        _metric("attribution-localisation", localisation.attribution_localisation, "regions", "none", True),
+        _metric("focus", focus, "explainer", "1 explanation (of a mosaic) + 1 forward", True),
         _metric("sparseness", concentration.sparseness, "map", "none", True),
         _metric("complexity", concentration.complexity, "map", "none", False),
+        _metric("effective-complexity", concentration.effective_complexity, "map", "none", False),
+        _metric("mst-c", compactness.mst_c, "map", "none (0.1-0.5 s of CPU per 224 px map)", True),
     ]
 }
 

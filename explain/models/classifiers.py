@@ -20,8 +20,10 @@ import torch
 from torch import Tensor, nn
 from torchvision import transforms
 
+from ..errors import first_line
 from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..options import BUNDLED_MODEL
+from .devices import checked_device
 from .files import read_state_dict
 
 __all__ = [
@@ -84,7 +86,9 @@ def load(
     *,
     device: torch.device | str = "cpu",
 ) -> tuple[nn.Module, Preprocess, list[str]]:
-    """Load a classifier in eval mode with its preprocessing and class names.
+    """Load a classifier in eval mode with its preprocessing and class names, onto ``device``
+    (one this machine lacks, such as ``"cuda"`` without CUDA, is a ``ValueError`` raised
+    before anything loads).
 
     Parameters
     ----------
@@ -107,7 +111,14 @@ def load(
     tuple
         ``(model, preprocess, class_names)``: ``preprocess`` turns a PIL image into a normalised (3, H, W) tensor;
         ``model.class_names`` is set too, so explainers accept class names as targets.
+
+    Examples
+    --------
+    >>> import explain
+    >>> model, preprocess, class_names = explain.models.load()  # doctest: +SKIP
+    >>> x = preprocess(explain.data.sample_image("coffee")).unsqueeze(0)  # doctest: +SKIP
     """
+    device = checked_device(device)
     if is_bundled(name):
         model, preprocess, classes = _load_bundled(weights)
     elif name.startswith(TIMM_PREFIX):
@@ -265,9 +276,7 @@ def _load_timm(name: str, weights) -> tuple[nn.Module, Preprocess, list[str]]:
         try:
             model.load_state_dict(state)
         except RuntimeError as error:
-            raise ValueError(
-                f"{weights} does not hold the weights of timm's {name}: {str(error).splitlines()[0]}"
-            ) from None
+            raise ValueError(f"{weights} does not hold the weights of timm's {name}: {first_line(error)}") from None
     preprocess = create_transform(**resolve_data_config({}, model=model))
     classes = imagenet_classes() if num_classes == 1000 else [str(i) for i in range(num_classes)]
     return model, preprocess, classes

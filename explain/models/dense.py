@@ -13,6 +13,7 @@ from torchvision import transforms
 
 from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..model_tasks import torchvision_task
+from .devices import checked_device
 from .files import read_state_dict
 
 __all__ = ["load_task_model", "preprocess_for"]
@@ -54,6 +55,7 @@ def load_task_model(
     """
     import torchvision.models as tvm
 
+    device = checked_device(device)
     task = torchvision_task(name)
     if task is None:
         raise ValueError(f"{name!r} is not a torchvision segmentation or detection model")

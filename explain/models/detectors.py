@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torchvision import transforms
 
 from ..detectors import DETRDetector, YOLODetector, is_yolo
-from ..errors import UsageError
+from ..errors import UsageError, first_line
 from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -169,7 +169,7 @@ def _load_huggingface_detector(folder: Path) -> nn.Module:
     try:
         return AutoModelForObjectDetection.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError) as error:
-        raise UsageError(f"cannot load the detector in {folder}: {str(error).splitlines()[0]}") from None
+        raise UsageError(f"cannot load the detector in {folder}: {first_line(error)}") from None
     finally:
         if bars:
             hf_logging.enable_progress_bar()

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..errors import UsageError
+from ..errors import UsageError, is_out_of_memory
 from ..options import MODEL_FILE_SUFFIXES
 
 __all__ = ["MODEL_FILE_SUFFIXES", "read_model_file", "read_state_dict"]
@@ -37,6 +37,8 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
             warnings.simplefilter("ignore", UserWarning)
             state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
+        if is_out_of_memory(error):  # the machine's limit, not a damaged file: the caller says so
+            raise
         if "Unsupported global" in str(error):
             raise ValueError(
                 f"weights file {path} holds pickled Python objects besides tensors (a whole model, or a "
@@ -65,6 +67,8 @@ def read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int]
     except UsageError:
         raise
     except Exception as error:  # a corrupt or foreign file: say which, not a traceback
+        if is_out_of_memory(error):  # the machine's limit, not a damaged file: the caller says so
+            raise
         raise UsageError(f"cannot load model file {path}: {_in_brief(error)}") from None
 
 
@@ -95,6 +99,8 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
             warnings.simplefilter("ignore", UserWarning)
             loaded = torch.load(path, map_location="cpu", weights_only=not trust)
     except Exception as error:
+        if is_out_of_memory(error):
+            raise
         # weights_only loading names the first Python object it refuses; other failures
         # (not a torch file, cut short) are no reason to suggest trusting the file.
         if trust or "Unsupported global" not in str(error):

@@ -14,7 +14,7 @@ from PIL import Image
 from torch import Tensor, nn
 
 from ..concurrency import process_lock
-from ..errors import UsageError
+from ..errors import UsageError, is_out_of_memory
 from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
 from ..options import MODEL_FORMS
 from . import classifiers
@@ -83,6 +83,8 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
                 hint = f"did you mean {', '.join(error.close)}? A" if error.close else "a"
                 raise UsageError(f"unknown model {spec!r}; {hint} model is {MODEL_FORMS}") from None
             except (ValueError, FileNotFoundError, RuntimeError) as error:
+                if is_out_of_memory(error):  # allocating the weights: the machine's limit, exit 3
+                    raise
                 raise UsageError(f"{error}") from None
         fixed_batch = False
         random_weights = weights is None and not (

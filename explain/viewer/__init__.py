@@ -313,8 +313,16 @@ def page_files(
 
 
 def _script_json(value) -> str:
-    """JSON that can sit inside a <script> element."""
-    return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
+    r"""JSON that can sit inside a <script> element: ``<``, ``>`` and ``&`` as ``\u003c``,
+    ``\u003e`` and ``\u0026``, which JavaScript reads as the same characters, so that no string
+    (``</script>``, ``<!--<script>``, which would put the HTML parser in its double-escaped
+    script state and leave the page blank) can change how the page is parsed.
+
+    >>> _script_json({"name": "<!--<script>&"})
+    '{"name": "\\u003c!--\\u003cscript\\u003e\\u0026"}'
+    """
+    text = json.dumps(value, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def index_document(data_files: list[str], tables: Tables, run: PageRun, metrics_html: str) -> str:

@@ -88,6 +88,12 @@
         " explained" : "no images explained";
       parts.push("this run: " + seconds(run.seconds) + ", " + explained);
     }
+    if (hasLabels) {  // --labels: the images whose top class is not their label
+      var labelled = 0, wrong = 0;
+      for (var i = 0; i < nImages; i++) { if (correct[i] >= 0) { labelled++; if (!correct[i]) wrong++; } }
+      parts.push('<span id="mistakes">mistakes <b>' + wrong.toLocaleString() + "</b> of " +
+                 labelled.toLocaleString() + " labelled image" + (labelled === 1 ? "" : "s") + "</span>");
+    }
     var state = run.state === "complete" ? "" : ' <span class="state">' + esc(run.state) + "</span>";
     $("counts").innerHTML = parts.join(" · ") + state;
     $("summary").textContent = run.summary || "";
@@ -364,6 +370,19 @@
     var button = event.target.closest("button.open");
     if (button) openDetail(+button.closest(".row").dataset.image);
   });
+  // An original that does not load: index.html links the inputs relatively from the run
+  // folder, so a folder moved away from them loses them (explain run --copy-originals keeps
+  // thumbnails inside it instead).
+  document.addEventListener("error", function (event) {
+    var img = event.target;
+    if (img.tagName !== "IMG" || img.alt !== "original" || !img.parentNode) return;
+    var note = document.createElement("span");
+    note.className = "empty missing-original";
+    note.textContent = "original not found";
+    note.title = "index.html links the originals relatively (" + img.getAttribute("src") + "): move the run " +
+      "folder together with its inputs, or rerun with --copy-originals to keep copies inside it";
+    img.parentNode.replaceWith(note);
+  }, true);
   apply();
   window.explorerFirstScreen = setup.times.firstScreen = performance.now();
   document.body.dataset.ready = "1";

@@ -8,6 +8,9 @@ from the output, layer by layer, with a rule per kind of layer.
   merge, the first convolution, merges no rule covers);
 - :mod:`~explain.methods.relevance.composites`: which rule each layer gets;
 - :mod:`~explain.methods.relevance.lrp`: Layer-wise Relevance Propagation (:class:`~explain.LRP`);
+- :mod:`~explain.methods.relevance.attnlrp`: AttnLRP, LRP for transformers (:class:`~explain.AttnLRP`), with
+  its rules as modified gradients (:mod:`~explain.methods.relevance.attention_rules`) and the
+  canonizer of its layer norms and activations (:mod:`~explain.methods.relevance.transformer_canonizers`);
 - :mod:`~explain.methods.relevance.excitation`: Excitation Backprop and its contrastive form
   (:class:`~explain.ExcitationBackprop`, :class:`~explain.ContrastiveExcitationBackprop`).
 
@@ -18,6 +21,7 @@ torchvision's ResNet, MobileNetV2 / V3, EfficientNet and RegNet blocks and timm'
 / MobileNet blocks become zennit ``Sum`` modules.
 """
 
+from .attnlrp import AttnLRP
 from .canonizers import ResidualSumCanonizer, TracedMergeBatchNorm, restored_modules
 from .excitation import ContrastiveExcitationBackprop, ExcitationBackprop, excitation_layer
 from .lrp import FIRST_RULES, LRP
@@ -27,6 +31,7 @@ from .tracing import traced_batch_norm_pairs, unseen_merges
 __all__ = [
     "FIRST_RULES",
     "LRP",
+    "AttnLRP",
     "ContrastiveExcitationBackprop",
     "ExcitationBackprop",
     "ResidualSumCanonizer",

@@ -21,6 +21,7 @@ from zennit.torchvision import ResNetBasicBlockCanonizer, ResNetBottleneckCanoni
 from zennit.types import Activation, AvgPool, BatchNorm, ConvolutionStandard
 from zennit.types import Linear as WeightedLayer
 
+from ...checks import check_finite_output
 from ...imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..gradient_attribution import is_relu_like
 from .canonizers import FunctionalHeadCanonizer, GateCanonizer, ResidualSumCanonizer, TracedMergeBatchNorm
@@ -179,8 +180,19 @@ def registered_composite(composite: Composite, model: nn.Module) -> Iterator[Non
 
 
 def check_canonical_output(output: Tensor, reference: Tensor, method: str = "LRP") -> None:
-    """RuntimeError unless the canonical model's ``output`` matches the model's ``reference``."""
+    """RuntimeError unless the canonical model's ``output`` matches the model's ``reference``;
+    ValueError where the model's output is NaN (nothing to explain) or where a float16 or
+    bfloat16 model's canonical form rounds its output differently (the fix: float32)."""
+    check_finite_output(reference, method)
     if not torch.allclose(output.detach(), reference, rtol=1e-3, atol=1e-4 * float(reference.abs().max())):
+        if reference.dtype in (torch.float16, torch.bfloat16):
+            gap = float((output.detach().float() - reference.float()).abs().max() / reference.float().abs().max())
+            raise ValueError(
+                f"{method} on a {str(reference.dtype).removeprefix('torch.')} model: its canonical form (batch norms "
+                f"merged into their layers) rounds the output differently, by up to {gap:.1%} of its largest "
+                f"value, past what {method} can check; explain the model in float32: model.float() and "
+                "float32 images"
+            )
         raise RuntimeError(
             f"{method}'s canonical form of the model (batch norms merged into their layers, residual additions "
             "as modules) computes another output than the model, e.g. where a merged layer's output is "

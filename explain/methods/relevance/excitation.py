@@ -26,10 +26,11 @@ from torch import Tensor, nn
 from ...attention_capture import has_attention
 from ...base import NotApplicable, register
 from ...checks import channel_hint, check_images, checked_number
+from ...hooks import check_layers_ran
 from ...layers import LayerSpec, candidate_layers, find_target_layer
-from ...targets import Targets, class_logits, select_targets
+from ...targets import Targets, class_logits, custom_target, select_targets
 from ..attribution_base import attribution_context
-from ..cam_base import BaseCAM, Captured, detached, layer_layout, output_tensors
+from ..cam_base import BaseCAM, Captured, check_image_rows, detached, layer_layout, output_tensors
 from .canonizers import restored_modules
 from .composites import check_canonical_output, excitation_composite, registered_composite
 from .tracing import RuleSpans, on_every_path, reshaped_from, traced_layers, unruled_steps
@@ -119,6 +120,11 @@ class ExcitationBackprop(BaseCAM):
     """
 
     name = "excitation-backprop"
+    formula = (
+        "sum_k P(A^k), the winning probability handed down from P = 1 at the class: P(a_i) = sum_j a_i "
+        "w_ij^+ / (sum_i' a_i' w_i'j^+) P(a_j); by default one stage before the CAMs' layer"
+    )
+    runs_on = "zennit, with canonizers"
     family = "relevance"
     cost = "3 forward + 1 backward to the layer, each layer rerun twice by its rule"
     uses_gradients = True
@@ -157,7 +163,7 @@ class ExcitationBackprop(BaseCAM):
         self.check_applies(images)
         self._refuse_attention()
         layers = self.target_layers(images)
-        custom = targets if callable(targets) and not isinstance(targets, Tensor) else None
+        custom = custom_target(targets)
         with attribution_context(self.model), channel_hint(images):
             if images.is_inference():  # made under inference_mode: autograd cannot use it
                 images = images.clone()
@@ -171,6 +177,8 @@ class ExcitationBackprop(BaseCAM):
                 return class_logits(output).gather(1, ids.view(len(images), -1))
 
             outputs, probabilities = self._winning_probabilities(images, layers, reference, scores, custom is None)
+        for name in layers:
+            check_image_rows(name, outputs[name], images)
         layouts = {name: layer_layout(self.reshape, self.model, name, outputs[name], images) for name in layers}
         return Captured(
             {name: layouts[name].to_spatial(outputs[name].detach()).float() for name in layers},
@@ -201,9 +209,7 @@ class ExcitationBackprop(BaseCAM):
             ruled = [module for name, module in model.named_modules() if composite.module_map({}, name, module)]
             with RuleSpans(ruled) as spans, _layer_outputs(layers) as outputs:
                 output = model(images.detach().requires_grad_())
-            missing = [name for name in layers if name not in outputs]
-            if missing:
-                raise ValueError(f"layer(s) {missing} did not run in the forward pass; pick layers the model uses")
+            check_layers_ran(layers, outputs)
             explained, wanted = (class_logits(output), class_logits(reference)) if logits else (output, reference)
             for got, expected in zip(output_tensors(explained), output_tensors(wanted), strict=True):
                 check_canonical_output(got, expected, "Excitation Backprop")
@@ -276,5 +282,7 @@ class ContrastiveExcitationBackprop(ExcitationBackprop):
     """
 
     name = "c-excitation-backprop"
+    formula = "sum_k P(A^k) - P_dual(A^k), P_dual from the dual unit (the classifier's weights negated)"
+    runs_on = "zennit, with canonizers"
     cost = "3 forward + 2 backward to the layer, each layer rerun twice by its rule"
     contrastive = True

@@ -16,6 +16,7 @@ from ...base import NotApplicable, register
 from ...checks import checked_number
 from ...targets import class_logits
 from ..attribution_base import Attribution, ScoredModel
+from ..cam_base import output_tensors
 from .canonizers import restored_modules
 from .composites import (
     LRP_COMPOSITES,
@@ -131,6 +132,13 @@ class LRP(Attribution):
     """
 
     name = "lrp"
+    formula = (
+        "relevance propagated with an epsilon / gamma / first-layer composite, the biases shared so that "
+        "it sums to the score; `composite=` also takes zennit's `epsilon-gamma-box`, `epsilon-plus-flat`, "
+        "`epsilon-alpha2-beta1`, `excitation-backprop` (biases absorbed; on the command line `-M "
+        "lrp:composite=epsilon-plus-flat`)"
+    )
+    runs_on = "zennit, with canonizers"
     family = "gradient attribution"
     images_only = "its box rule's bounds and canonizers are written for 2-D convolutions"
     cost = "3 forward + 1 backward, each layer rerun about 8 times by its rule"
@@ -184,35 +192,33 @@ class LRP(Attribution):
                 "legrad or gradcam"
             )
         model, reference = scored.model, scored.output
-        if not isinstance(reference, Tensor):
-            raise TypeError(
-                f"LRP with a callable target needs a model that returns one tensor, got "
-                f"{type(reference).__name__}; explain class ids, which LRP reads by the output's logits"
-            )
         inputs = images.detach().requires_grad_()
         relevances = []
         with restored_modules(model), self.registered(self.composite(model, images), model):
             output = model(inputs)
-            if scored.custom is None:  # a dict or a Hugging Face output: its logits, as the other methods read
+            if scored.custom is None:  # a dict, namedtuple or Hugging Face output: its logits, as elsewhere
                 output = class_logits(output)
-            check_canonical_output(output, reference)
-            merges = unseen_merges(output)
+            produced, expected = _scored_tensors(output, reference, len(images))
+            for got, wanted in zip(produced, expected, strict=True):
+                check_canonical_output(got, wanted)
+            merges = sum(unseen_merges(tensor) for tensor in produced)
             for k in range(scored.num_targets):
-                start = _start_relevance(scored, output, k)
+                starts = _start_relevance(scored, output, produced, k)
                 last = k == scored.num_targets - 1
-                (relevance,) = torch.autograd.grad(output, inputs, grad_outputs=start, retain_graph=not last)
+                (relevance,) = torch.autograd.grad(produced, inputs, grad_outputs=starts, retain_graph=not last)
                 if k == 0:
-                    self._check_conservation(relevance, start, merges)
+                    score = torch.stack([start.flatten(1).sum(dim=1) for start in starts]).sum(dim=0)
+                    self._check_conservation(relevance, score, merges)
                 relevances.append(relevance)
         return relevances
 
     def attribute(self, scored: ScoredModel, images: Tensor, k: int) -> Tensor:
         return self.attribute_targets(scored, images)[k]
 
-    def _check_conservation(self, relevance: Tensor, start: Tensor, merges: int) -> None:
-        """Warn where the pixels' relevance does not sum to the output's: a larger epsilon
-        absorbs some on purpose, anything else means parts of the model no rule covers."""
-        score = start.flatten(1).sum(dim=1)
+    def _check_conservation(self, relevance: Tensor, score: Tensor, merges: int) -> None:
+        """Warn where the pixels' relevance does not sum to the output's (``score``: the
+        relevance handed in at the output, per image): a larger epsilon absorbs some on
+        purpose, anything else means parts of the model no rule covers."""
         gap = float(((relevance.flatten(1).sum(dim=1) - score).abs() / score.abs().clamp_min(1e-12)).max())
         if merges:
             cause = (
@@ -227,11 +233,35 @@ class LRP(Attribution):
         warnings.warn(f"LRP: the pixels' relevance does not sum to the score: {cause}", stacklevel=4)
 
 
-def _start_relevance(scored: ScoredModel, output: Tensor, k: int) -> Tensor:
-    """The relevance at the output: the explained logit in its place, or z * df/dz for a
-    callable target f."""
+def _scored_tensors(output, reference, rows: int) -> tuple[list[Tensor], list[Tensor]]:
+    """The tensors of the canonical model's ``output`` that relevance starts from (floating,
+    one row per image, on autograd's graph: the logits, or for a callable target each such
+    tensor of a dict or tuple output), with the model's own (``reference``) at their places."""
+    produced, expected = output_tensors(output), output_tensors(reference)
+    if len(produced) != len(expected):
+        raise RuntimeError("LRP's canonical form of the model returns other outputs than the model")
+    kept = [
+        (got, wanted)
+        for got, wanted in zip(produced, expected, strict=True)
+        if got.is_floating_point() and got.requires_grad and got.dim() >= 1 and got.shape[0] == rows
+    ]
+    if not kept:
+        raise TypeError(
+            f"LRP needs a model output with a tensor of one row per image, got {type(output).__name__}; "
+            "explain class ids, which LRP reads by the output's logits"
+        )
+    return [got for got, _ in kept], [wanted for _, wanted in kept]
+
+
+def _start_relevance(scored: ScoredModel, output, produced: list[Tensor], k: int) -> list[Tensor]:
+    """The relevance at each of the ``produced`` outputs: the explained logit in its place, or
+    z * df/dz for a callable target f (of the whole ``output``, whose tensors they are)."""
     if scored.custom is not None:
-        (gradient,) = torch.autograd.grad(scored.custom(output).sum(), output, retain_graph=True)
-        return (output * gradient).detach()
+        gradients = torch.autograd.grad(scored.custom(output).sum(), produced, retain_graph=True, allow_unused=True)
+        return [
+            torch.zeros_like(z) if gradient is None else (z * gradient).detach()
+            for z, gradient in zip(produced, gradients, strict=True)
+        ]
+    (logits,) = produced
     ids = scored.ids_of(k)[:, None]
-    return torch.zeros_like(output).scatter(1, ids, output.gather(1, ids)).detach()
+    return [torch.zeros_like(logits).scatter(1, ids, logits.gather(1, ids)).detach()]

@@ -15,10 +15,13 @@ from ...hooks import preserved_state
 from ..cam_base import output_tensors
 
 __all__ = [
+    "LINEAR_STEPS",
+    "PRODUCT_STEPS",
     "RESHAPING_STEPS",
     "ROUTING_STEPS",
     "RuleSpans",
     "TracedLayers",
+    "nonlinear_steps",
     "on_every_path",
     "reshaped_from",
     "traced_batch_norm_pairs",
@@ -264,3 +267,115 @@ def _reaches(roots: list, image: Tensor, blocked) -> bool:
             return True
         stack.extend(parent for parent, _ in node.next_functions)
     return False
+
+
+#: Autograd steps that are linear in the activations they take (the rest of their inputs
+#: constants), or route values: their gradient times input is LRP-epsilon (epsilon -> 0)
+#: over them. ReLU's gradient times input is the identity rule (relu(x) = x where it passes),
+#: max pooling's routes to the winner, softmax's is the Taylor rule of AttnLRP, and batch
+#: norm in eval mode is an affine map.
+LINEAR_STEPS = ROUTING_STEPS | frozenset(
+    {
+        "AddBackward0",
+        "AddBackward1",
+        "AddmmBackward0",
+        "AsStridedBackward0",
+        "AsStridedBackward1",
+        "AvgPool2DBackward0",
+        "AdaptiveAvgPool2DBackward0",
+        "ConvolutionBackward0",
+        "CudnnBatchNormBackward0",
+        "DivBackward1",
+        "ExpandBackward0",
+        "FlipBackward0",
+        "IndexBackward0",
+        "IndexSelectBackward0",
+        "GatherBackward0",
+        "MaskedFillBackward0",
+        "MeanBackward0",
+        "MeanBackward1",
+        "MulBackward1",
+        "NativeBatchNormBackward0",
+        "NegBackward0",
+        "RepeatBackward0",
+        "RollBackward0",
+        "RsubBackward1",
+        "SoftmaxBackward0",
+        "SubBackward0",
+        "SubBackward1",
+        "SumBackward0",
+        "SumBackward1",
+        "ViewAsRealBackward0",
+    }
+)
+#: Products: linear where at most one factor depends on the input.
+PRODUCT_STEPS = frozenset({"MulBackward0", "BmmBackward0", "MmBackward0", "AddmmBackward0", "BaddbmmBackward0"})
+
+
+def _reaching(roots: list, leaf) -> set:
+    """The autograd nodes from ``roots`` down whose graph reaches node ``leaf``."""
+    reaching, done, stack = set(), set(), [(root, False) for root in roots if root is not None]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            done.add(node)
+            if node is leaf or any(parent in reaching for parent, _ in node.next_functions):
+                reaching.add(node)
+            continue
+        if node in done:
+            continue
+        stack.append((node, True))
+        stack.extend((parent, False) for parent, _ in node.next_functions if parent is not None and parent not in done)
+    return reaching
+
+
+def _through_shapes(node, rules: frozenset[str]) -> bool:
+    """Whether ``node`` is a step named in ``rules``, reached through reshaping steps only."""
+    while node is not None and type(node).__name__ not in rules:
+        parents = [parent for parent, _ in node.next_functions if parent is not None]
+        if type(node).__name__ not in ROUTING_STEPS | {"ExpandBackward0"} or len(parents) != 1:
+            return False
+        node = parents[0]
+    return node is not None
+
+
+def nonlinear_steps(
+    outputs: list[Tensor], inputs: Tensor, rules: frozenset[str], product_rules: frozenset[str]
+) -> list[str]:
+    """The steps between ``inputs`` and ``outputs`` that are neither linear in the input
+    (:data:`LINEAR_STEPS`; a product or a division whose other factor does not depend on the
+    input) nor a step named in ``rules`` (custom autograd functions that carry a rule), nor a
+    product whose every factor that depends on the input comes from a step named in
+    ``product_rules`` (a rule for products): their names, without ``Backward``, once each,
+    sorted; "Mul" etc. for products of two activations."""
+    roots = [tensor.grad_fn for tensor in outputs if tensor.grad_fn is not None]
+    leaf = _input_node(roots, inputs)
+    if leaf is None:
+        return []
+    reaching = _reaching(roots, leaf)
+    found = set()
+    for node in reaching:
+        name = type(node).__name__
+        active = [parent for parent, _ in node.next_functions if parent in reaching]
+        if name in rules or (name in LINEAR_STEPS and name not in PRODUCT_STEPS):
+            continue
+        if name == "DivBackward0" and node.next_functions[1][0] not in reaching:
+            continue
+        if name in PRODUCT_STEPS and (len(active) <= 1 or all(_through_shapes(p, product_rules) for p in active)):
+            continue
+        found.add(re.sub(r"Backward\d*$", "", name))
+    return sorted(found)
+
+
+def _input_node(roots: list, inputs: Tensor):
+    """The AccumulateGrad node of the leaf tensor ``inputs`` in the graph of ``roots``."""
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if getattr(node, "variable", None) is inputs:
+            return node
+        stack.extend(parent for parent, _ in node.next_functions)
+    return None

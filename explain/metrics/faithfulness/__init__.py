@@ -12,6 +12,7 @@ first); ties keep raster order.
 - ``curves.py``: deletion, insertion, pixel-flipping, region perturbation, selectivity, IROF;
 - ``remove_and_debias.py``: ROAD;
 - ``drop.py``: Average Drop, Increase in Confidence, Average Gain;
+- ``sufficiency.py``: sufficiency (do the images whose maps are close get the same class?);
 - ``random_removal.py``: infidelity and sensitivity-n (the map's sum over a random part against
   the score's drop when it is removed);
 - ``correlation.py``: faithfulness correlation and faithfulness estimate;
@@ -27,6 +28,7 @@ from .information_curves import pic
 from .monotonic import monotonicity, monotonicity_correlation
 from .random_removal import infidelity, sensitivity_n
 from .remove_and_debias import road
+from .sufficiency import sufficiency
 
 __all__ = [
     "average_drop",
@@ -45,4 +47,5 @@ __all__ = [
     "road",
     "selectivity",
     "sensitivity_n",
+    "sufficiency",
 ]

@@ -11,7 +11,27 @@ from ...passes import with_pass_options
 from ..base import Score, batch_size_for, batched_scores, chunks, pairs_of
 from .perturbing import baselines_for
 
-__all__ = ["average_drop"]
+__all__ = ["MASKS", "average_drop", "masks_of"]
+
+#: How a map becomes the mask the image is multiplied by.
+MASKS = ("clip", "minmax")
+
+
+def masks_of(maps: Tensor, mask: str) -> Tensor:
+    """The maps (M, H, W) as masks in [0, 1]: ``"clip"`` clips them to [0, 1]; ``"minmax"``
+    scales the map's magnitude by its own minimum and maximum (xplique's ``_perturb_with_mask``, whose
+    1e-8 in the denominator this keeps).
+
+    >>> masks_of(torch.tensor([[[-2.0, 0.5], [1.5, 0.0]]]), "clip").tolist()
+    [[[0.0, 0.5], [1.0, 0.0]]]
+    """
+    if mask == "clip":
+        return maps.clamp(0, 1)
+    if mask == "minmax":
+        magnitude = maps.abs().flatten(1)
+        low, high = magnitude.amin(1, keepdim=True), magnitude.amax(1, keepdim=True)
+        return ((magnitude - low) / (high - low + 1e-8)).view_as(maps)
+    raise ValueError(f"unknown mask {mask!r}; use one of {', '.join(MASKS)}")
 
 
 @with_pass_options
@@ -22,21 +42,34 @@ def average_drop(
     targets: Tensor | None = None,
     *,
     baseline: str | float | Tensor = "zeros",
+    mask: str = "clip",
     batch_size: int | None = None,
 ) -> Score:
     """Average Drop (lower is better), with Increase in Confidence and Average Gain.
 
     The image is masked by its map, ``x' = b + E * (x - b)`` with ``E`` the map in [0, 1]
-    (a signed map's positive part) and ``b`` the ``baseline`` (zeros in the model's input
-    space, so ``x' = E * x`` as in the papers). With ``Y`` and ``O`` the explained class's
-    softmax probability for ``x`` and ``x'``, per image:
+    (``mask="clip"``: the map as it is, a signed map's positive part, values above 1
+    clipped; ``"minmax"``: the map's magnitude scaled to [0, 1] by its own minimum and maximum, as
+    xplique masks) and ``b`` the ``baseline`` (zeros in the model's input space, so
+    ``x' = E * x`` as in the papers). With ``Y`` and ``O`` the explained class's softmax
+    probability for ``x`` and ``x'``, per image:
 
     - Average Drop = 100 * max(0, Y - O) / Y, and
     - Increase in Confidence = 100 * [Y < O] (Chattopadhay et al., "Grad-CAM++", WACV 2018);
     - Average Gain = 100 * max(0, O - Y) / (1 - Y) (Zhang et al., "Opti-CAM", 2023).
 
-    ``values`` holds the drop; ``extra`` holds ``"increase"`` and ``"gain"``. Their means
-    over images are the papers' figures.
+    ``values`` holds the drop; ``extra`` holds ``"increase"``, ``"gain"``, the two
+    probabilities and ``"change"`` = O - Y. Their means over images are the papers'
+    figures (in percent).
+
+    The anchors: xplique 1.5's AverageDropMetric, AverageIncreaseMetric and
+    AverageGainMetric compute the same three as fractions (divide by 100), with 1e-8 added
+    to Y and to 1 - Y, on the mask ``"minmax"`` (for a CAM in [0, 1] that reaches 0 and 1,
+    the same as ``"clip"``), and on the model's raw output unless given
+    ``activation="softmax"``. pytorch-grad-cam's IncreaseInConfidence is [O > Y] (0 or 1);
+    its DropInConfidence is max(0, Y - O), not divided by Y (``max(0, -change)``), both on
+    what its target returns (the logit for ``ClassifierOutputTarget``, the probability
+    for ``ClassifierOutputSoftmaxTarget``), the input multiplied by the CAM as here.
 
     >>> import math
     >>> model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2, 2, bias=False))
@@ -48,7 +81,7 @@ def average_drop(
     (33.3333, 0.0)
     """
     pairs = pairs_of(model, images, explanation, targets)
-    weights = pairs.maps.clamp(0, 1)[:, None]
+    weights = masks_of(pairs.maps, mask)[:, None]
     base = baselines_for(pairs, baseline)
     masked = base + weights * (pairs.images - base)
     m = len(pairs.targets)
@@ -69,5 +102,6 @@ def average_drop(
             "gain": pairs.unflatten(gain),
             "probability": pairs.unflatten(y),
             "masked_probability": pairs.unflatten(o),
+            "change": pairs.unflatten(o - y),
         },
     )
