@@ -33,7 +33,7 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def compare(name: str, model, layer: str, image: torch.Tensor, k: int = 4) -> None:
     ours = CRP(model, layer)(image, k=k)
-    target = int(ours.targets[0])
+    target = int(ours.targets[0, 0])
     lrp = LRP(model)
     concept = ChannelConcept()
     with concept_context(model):
@@ -42,12 +42,12 @@ def compare(name: str, model, layer: str, image: torch.Tensor, k: int = 4) -> No
         data = image.clone().requires_grad_()
         full = attribution(data, [{"y": [target]}], composite, record_layer=[layer])
         relevances = concept.attribute(full.relevances[layer], abs_norm=False)[0]
-        conditions = [{layer: [c], "y": [target]} for c in ours.ids[0].tolist()]
+        conditions = [{layer: [c], "y": [target]} for c in ours.concept_ids[0].tolist()]
         data = image.clone().requires_grad_()
         theirs = attribution(data, conditions, lrp.composite(model, image), record_layer=[layer])
         ranked, normed, neurons = concept.reference_sampling(full.relevances[layer], max_target="sum", abs_norm=True)
     print(f"| {name} {layer} | channel relevances | {relative(ours.channel_relevances[0], relevances):.1e} |")
-    print(f"| {name} {layer} | conditional heatmaps (k={k}) | {relative(ours.maps[0], theirs.heatmap):.1e} |")
+    print(f"| {name} {layer} | conditional heatmaps (k={k}) | {relative(ours.raw[0], theirs.heatmap):.1e} |")
     probe = AtlasProbe(model, [layer])(image)
     values = probe.layers[layer].relevance[0]
     print(f"| {name} {layer} | RelMax value (sum, abs_norm) | {relative(values[ranked[:, 0]], normed[:, 0]):.1e} |")

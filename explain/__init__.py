@@ -19,7 +19,7 @@ _SUBMODULES = ("concepts", "data", "detectors", "methods", "metrics", "models", 
 # once, and a Ray driver plans a run without torch's memory.
 _EXPORTS = {
     "base": ("Explainer", "NotApplicable", "register"),
-    "concepts": ("CRP", "ConceptAtlas", "ConceptExplanation", "concept_atlas", "reference_patches"),
+    "concepts": ("CRP", "ConceptAtlas", "concept_atlas", "reference_patches"),
     "catalogue": ("describe_methods", "explainer", "method_class", "method_names"),
     "explanation": ("ConceptExplanation", "Explanation"),
     "hooks": ("LayerCapture",),

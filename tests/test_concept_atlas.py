@@ -4,7 +4,7 @@ resuming, the reductions against zennit-crp's definitions, and the reference box
 
 import pytest
 import torch
-from conftest import ModelState
+from conftest import ModelState, listening
 
 from explain.concepts import AtlasProbe, ConceptAtlas, concept_atlas, reference_patches
 from explain.concepts.atlas import TopN
@@ -56,8 +56,8 @@ def test_the_reductions_are_zennit_crps(cnn, images):
     summed = crp.channel_relevances
     layer = batch.layers["block4"]
     assert torch.allclose(layer.relevance, summed / (summed.abs().sum(dim=1, keepdim=True) + 1e-10), atol=1e-5)
-    assert torch.equal(layer.top, crp.ids)
-    assert torch.equal(batch.classes, crp.targets)
+    assert torch.equal(layer.top, crp.concept_ids)
+    assert torch.equal(batch.classes, crp.targets[:, 0])
     with torch.no_grad():
         activation = cnn.block4(cnn.block3(cnn.block2(cnn.block1(images[:4])))).flatten(2)
     assert torch.allclose(layer.activation, activation.amax(dim=2), atol=1e-5)
@@ -85,14 +85,20 @@ def test_the_atlas_holds_each_channels_best_images(cnn, images, atlas):
     assert statistics.images == 24
 
 
+def same_references(one, other) -> bool:
+    """The same images, places and classes; the values up to float rounding (the passes' inner
+    batch sizes, measured for speed, may differ between calls)."""
+    same = all(torch.equal(getattr(one, f), getattr(other, f)) for f in ("ids", "positions", "classes"))
+    return same and torch.allclose(one.values, other.values, rtol=1e-5, atol=1e-7)
+
+
 def test_merged_shards_are_the_atlas_of_one_pass(cnn, images, atlas):
     first = concept_atlas(cnn, images[:16], LAYERS, top_n=5, batch_size=8)
     second = concept_atlas(cnn, [(torch.arange(16, 24), images[16:])], LAYERS, top_n=5)
     merged = ConceptAtlas(5).merge(second).merge(first)  # in any order
     for name in LAYERS:
         for mode in ("relevance", "activation"):
-            one, both = atlas.references(name, mode), merged.references(name, mode)
-            assert all(torch.equal(a, b) for a, b in zip(one, both)), (name, mode)
+            assert same_references(atlas.references(name, mode), merged.references(name, mode)), (name, mode)
         assert torch.equal(atlas.statistics(name).top_by_class, merged.statistics(name).top_by_class)
         assert torch.allclose(atlas.statistics(name).mean_relevance, merged.statistics(name).mean_relevance)
 
@@ -104,7 +110,7 @@ def test_saved_and_resumed_is_the_same_atlas(cnn, images, atlas, tmp_path):
     batches = [(torch.arange(8, 16), images[8:16]), (torch.arange(16, 24), images[16:])]
     resumed = concept_atlas(cnn, batches, LAYERS, atlas=restored)
     for name in LAYERS:
-        assert all(torch.equal(a, b) for a, b in zip(atlas.references(name), resumed.references(name)))
+        assert same_references(atlas.references(name), resumed.references(name)), name
     assert resumed.settings == atlas.settings
     with pytest.raises(ValueError, match="not a saved concept atlas"):
         ConceptAtlas.from_state_dict({"format": "other"})
@@ -165,7 +171,7 @@ def test_relevant_box_by_hand():
 def test_the_model_is_left_as_it_was_and_a_stop_ends_the_atlas(images):
     model = ShortcutCNN().train()
     state = ModelState(model)
-    with pytest.raises(StopRequested), pass_settings(stop=lambda: True):
+    with pytest.raises(StopRequested), pass_settings(listener=listening(should_stop=lambda: True)):
         concept_atlas(model, images, LAYERS, batch_size=4)
     state.assert_unchanged()
     concept_atlas(model, images[:4], LAYERS)

@@ -19,11 +19,11 @@ import threading
 import pytest
 import torch
 import torchvision
-from conftest import BackwardFails, ModelState
+from conftest import BackwardFails, ModelState, listening
 from torch import nn
 
 import explain
-from explain.concepts import CRP, Concept
+from explain.concepts import CRP, Concept, concept_figure, concept_overlays
 from explain.concepts.conditions import channel_relevance, direction_mask
 from explain.data import ShortcutCNN
 from explain.methods.relevance import LRP
@@ -51,12 +51,12 @@ def tiny_model() -> nn.Module:
 
 def test_channel_relevances_and_conditional_maps_by_hand():
     result = CRP(tiny_model(), "1", normalization=HALF)(X, k=2)
-    assert result.targets.tolist() == [0]
+    assert result.targets.tolist() == [[0, 0]]  # the explained class, for each concept
     assert torch.allclose(result.channel_relevances, torch.tensor([R1]), atol=1e-5)
-    assert result.ids.tolist() == [[0, 1]]  # the more relevant channel first
+    assert result.concept_ids.tolist() == [[0, 1]]  # the more relevant channel first
     assert torch.allclose(result.relevances, torch.tensor([R1]), atol=1e-5)
     # the pixel map sums the input's two channels
-    assert torch.allclose(result.maps[0, :, 0, 0], torch.tensor([sum(PIXELS[0]), sum(PIXELS[1])]), atol=1e-5)
+    assert torch.allclose(result.raw[0, :, 0, 0], torch.tensor([sum(PIXELS[0]), sum(PIXELS[1])]), atol=1e-5)
     assert result.labels == (("0", "1"),)
     shares = torch.tensor(R1) / sum(R1)
     assert torch.allclose(result.shares[0], shares, atol=1e-5)
@@ -66,7 +66,7 @@ def test_the_conditional_maps_of_all_channels_sum_to_the_lrp_map():
     model = tiny_model()
     lrp = LRP(model, normalization=HALF)(X).raw.sum(dim=1)
     result = CRP(model, "3", normalization=HALF)(X, k=2)
-    assert torch.allclose(result.maps.sum(dim=1), lrp, atol=1e-6)
+    assert torch.allclose(result.raw.sum(dim=1), lrp, atol=1e-6)
     assert torch.allclose(result.channel_relevances, torch.tensor([R2]), atol=1e-5)
 
 
@@ -75,14 +75,14 @@ def test_given_concepts_sets_and_directions_by_hand():
     v, u = torch.tensor([1.0, 1.0]) / 2**0.5, torch.tensor([1.0, -1.0]) / 2**0.5
     result = crp(X, concepts=[[0, 1], 1, v, u])
     assert result.labels == (("0+1", "1", "direction", "direction"),)
-    assert result.ids.tolist() == [[-1, 1, -1, -1]]
+    assert result.concept_ids.tolist() == [[-1, 1, -1, -1]]
     # a1 = [1, 1.5]: along v, M = v_c (v . a) / (|v|^2 a_c) = 1.25 / a_c; along u, -0.25 / a_c.
     along_v = 1.25 * R1[0] + 1.25 / 1.5 * R1[1]
     along_u = -0.25 * R1[0] + 0.25 / 1.5 * R1[1]
     expected = torch.tensor([[sum(R1), R1[1], along_v, along_u]])
     assert torch.allclose(result.relevances, expected, atol=1e-5)
     assert torch.allclose(result.relevances[0, 2] + result.relevances[0, 3], torch.tensor(sum(R1)), atol=1e-5)
-    assert torch.allclose(result.maps[0, 2:].sum(dim=0), result.maps[0, 0], atol=1e-5)  # a basis's maps sum up
+    assert torch.allclose(result.raw[0, 2:].sum(dim=0), result.raw[0, 0], atol=1e-5)  # a basis's maps sum up
 
 
 def test_direction_masks_of_a_basis_sum_to_one_also_where_a_unit_is_off():
@@ -139,11 +139,11 @@ def test_conservation_on_resnet18(resnet):
     halves = [list(range(128)), list(range(128, 256)), 7, 9]
     result = CRP(resnet, "layer3")(images, concepts=halves)
     lrp = LRP(resnet)(images).raw.sum(dim=1)
-    assert torch.allclose(result.maps[:, :2].sum(dim=1), lrp, atol=1e-4 * lrp.abs().amax())  # every path crosses layer3
-    score = result.logits.gather(1, result.targets[:, None])[:, 0]
+    assert torch.allclose(result.raw[:, :2].sum(dim=1), lrp, atol=1e-4 * lrp.abs().amax())  # every path crosses layer3
+    score = result.logits.gather(1, result.targets[:, :1])[:, 0]
     assert torch.allclose(result.channel_relevances.sum(dim=1), score, rtol=1e-4)
     assert torch.allclose(result.relevances[:, 2:], result.channel_relevances[:, [7, 9]], rtol=1e-4)
-    assert torch.allclose(result.maps.flatten(2).sum(dim=2), result.relevances, atol=1e-4 * score.abs().max())
+    assert torch.allclose(result.raw.flatten(2).sum(dim=2), result.relevances, atol=1e-4 * score.abs().max())
     graph = CRP(resnet, "layer3").graph(images[:1], 7, ["layer2"], width=128)  # all of layer2's channels
     children = graph.children(0)
     assert len(children) == 128
@@ -154,16 +154,16 @@ def test_inner_batches_give_the_same_maps(cnn):
     images = torch.rand(2, 3, 32, 32)
     whole = CRP(cnn, "block3", batch_size=16)(images, k=3)
     rows = CRP(cnn, "block3", batch_size=1)(images, k=3)
-    assert torch.equal(whole.ids, rows.ids)
-    assert torch.allclose(whole.maps, rows.maps, atol=1e-5 * whole.maps.abs().max())
+    assert torch.equal(whole.concept_ids, rows.concept_ids)
+    assert torch.allclose(whole.raw, rows.raw, atol=1e-5 * whole.raw.abs().max())
 
 
 def test_targets_and_names(cnn):
     images = torch.rand(2, 3, 32, 32)
     crp = CRP(cnn, "block4", class_names=list("abcd"))
-    assert crp(images, ["b", "c"], k=1).targets.tolist() == [1, 2]
+    assert crp(images, ["b", "c"], k=1).targets.tolist() == [[1], [2]]
     result = crp(images, lambda logits: logits[:, 3], k=2)
-    assert result.targets.tolist() == [-1, -1]
+    assert result.targets.tolist() == [[-1, -1], [-1, -1]]
     assert torch.allclose(result.channel_relevances.sum(dim=1), result.logits[:, 3], rtol=1e-4)
     with pytest.raises(ValueError, match="one target per image"):
         crp(images, [[0, 1], [1, 2]])
@@ -185,14 +185,16 @@ def test_results_draw(cnn):
     matplotlib.use("Agg")
     images = torch.rand(1, 3, 32, 32)
     result = CRP(cnn, "block4")(images, k=2)
-    overlays = result.overlays(images[0])
+    overlays = concept_overlays(result, images[0])
     assert len(overlays) == 2 and overlays[0].shape == (32, 32, 3)
-    figure = result.figure(images[0])
+    figure = concept_figure(result, images[0])
     assert [axis.get_title().split("\n")[0] for axis in figure.axes[:3]][1:] == [
-        f"block4:{c}" for c in result.ids[0].tolist()
+        f"block4:{c}" for c in result.concept_ids[0].tolist()
     ]
-    assert result.scaled_maps().abs().max() <= 1
-    assert "ConceptExplanation(layer='block4'" in repr(result)
+    assert result.signed and result.maps.abs().max() <= 1 and result.layer == "block4"
+    assert torch.equal(result.maps.sign(), result.raw.sign())  # scaled, not changed in sign
+    assert repr(result).startswith("ConceptExplanation(method='crp', maps=(1, 2, 32, 32), raw_layers={'block4'")
+    assert isinstance(result, explain.ConceptExplanation) and result.to("cpu").concept_ids is not None
 
 
 def test_a_transformer_is_not_applicable():
@@ -236,7 +238,7 @@ def test_a_stop_request_ends_the_call_between_inner_batches(cnn):
         asked.append(1)
         return len(asked) >= 2
 
-    with pass_settings(stop=stop), pytest.raises(StopRequested):
+    with pass_settings(listener=listening(should_stop=stop)), pytest.raises(StopRequested):
         CRP(cnn, "block4", batch_size=1)(torch.rand(1, 3, 32, 32), k=4)
     assert len(asked) == 2  # the layer's pass, then the first inner batch of maps
     state.assert_unchanged()
@@ -270,7 +272,7 @@ def test_the_bundled_model(bundled, photos):
     model, _, _ = bundled
     state = ModelState(model)
     result = CRP(model, "blocks.5")(photos[1][:1], k=2)
-    score = result.logits.gather(1, result.targets[:, None])[:, 0]
+    score = result.logits.gather(1, result.targets[:, :1])[:, 0]
     assert torch.allclose(result.channel_relevances.sum(dim=1), score, rtol=1e-4)  # LRP conserves on it
-    assert torch.allclose(result.maps.flatten(2).sum(dim=2), result.relevances, rtol=1e-3)
+    assert torch.allclose(result.raw.flatten(2).sum(dim=2), result.relevances, rtol=1e-3)
     state.assert_unchanged()

@@ -38,11 +38,11 @@ def mark_channel(model, marked_triangles):
     images, marks = marked_triangles
     result = CRP(model, LAYER)(images, k=4)
     near = F.max_pool2d(marks[:, None].float(), 5, 1, 2)[:, 0] > 0
-    positive = result.maps.clamp(min=0)
+    positive = result.raw.clamp(min=0)
     share = (positive * near[:, None]).flatten(2).sum(2) / positive.flatten(2).sum(2).clamp_min(1e-12)
     assert (result.targets == SHORTCUT_CLASS).all()
     assert (share.amax(dim=1) > 0.5).all(), share  # in every marked triangle, a concept on the mark
-    on_mark = result.ids[share > 0.5]
+    on_mark = result.concept_ids[share > 0.5]
     return int(on_mark.mode().values)
 
 

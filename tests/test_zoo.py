@@ -240,9 +240,9 @@ def test_concept_relevance(arch):
     images = torch.rand(2, 3, 32, 32)
     with torch.no_grad():
         result = CRP(model, CRP_LAYERS[arch])(images, k=2)
-    score = result.logits.gather(1, result.targets[:, None])[:, 0]
-    assert result.maps.shape == (2, 2, 32, 32) and torch.isfinite(result.maps).all()
+    score = result.logits.gather(1, result.targets[:, :1])[:, 0]
+    assert result.raw.shape == (2, 2, 32, 32) and torch.isfinite(result.raw).all()
     assert torch.allclose(result.channel_relevances.sum(dim=1), score, rtol=1e-3, atol=1e-6), arch
-    assert torch.allclose(result.maps.flatten(2).sum(dim=2), result.relevances, rtol=1e-3, atol=1e-5 * score.abs().max())
+    assert torch.allclose(result.raw.flatten(2).sum(dim=2), result.relevances, rtol=1e-3, atol=1e-5 * score.abs().max())
     assert (result.relevances[:, 0] >= result.relevances[:, 1]).all()
     state.assert_unchanged()

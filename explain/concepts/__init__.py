@@ -5,7 +5,8 @@ their reference images in a dataset, and their feature visualisations.
   and the masks that condition relevance on them;
 - :mod:`~explain.concepts.crp`: Concept Relevance Propagation (:class:`.CRP`): the concepts of
   a decision, ranked, with their conditional heatmaps, and the attribution graph of a concept;
-- :mod:`~explain.concepts.results`: :class:`.ConceptExplanation`, :class:`.AttributionGraph`;
+- :mod:`~explain.concepts.results`: :class:`.AttributionGraph`, and the overlays and figure of
+  the :class:`~explain.ConceptExplanation` that CRP returns;
 - :mod:`~explain.concepts.probe` and :mod:`~explain.concepts.atlas`: the concept atlas of a
   dataset (Relevance and Activation Maximization): :class:`.AtlasProbe` makes each batch's
   values, :class:`.ConceptAtlas` keeps the running top-N (update, merge, state_dict),
@@ -23,7 +24,7 @@ from .parameterization import FourierImage, MagnitudeImage, natural_magnitude
 from .probe import AtlasBatch, AtlasProbe, LayerBatch
 from .propagation import ConceptPasses, concept_context
 from .references import ReferencePatches, reference_patches
-from .results import AttributionGraph, ConceptExplanation, GraphNode
+from .results import AttributionGraph, GraphNode, concept_figure, concept_overlays
 from .visualization import FeatureVisualization, Objective, visualize
 
 __all__ = [
@@ -34,7 +35,6 @@ __all__ = [
     "ChannelStatistics",
     "Concept",
     "ConceptAtlas",
-    "ConceptExplanation",
     "ConceptPasses",
     "FeatureVisualization",
     "FourierImage",
@@ -47,7 +47,9 @@ __all__ = [
     "channel_relevance",
     "concept_atlas",
     "concept_context",
+    "concept_figure",
     "concept_masks",
+    "concept_overlays",
     "concept_relevances",
     "natural_magnitude",
     "parse_concepts",

@@ -24,14 +24,14 @@ from torch import Tensor, nn
 
 from ..checks import channel_hint, check_images, positive_int
 from ..concurrency import model_lock
+from ..explanation import ConceptExplanation
 from ..layers import resolve_layers
-from ..methods.relevance import LRP
-from ..methods.relevance.composites import LRP_COMPOSITES
+from ..methods import LRP, LRP_COMPOSITES, normalize_maps
 from ..passes import Passes, call_settings
 from ..targets import CUSTOM_TARGET, Targets, select_targets
 from .conditions import Concept, channel_relevance, concept_masks, concept_relevances, parse_concepts
 from .propagation import ConceptPasses, concept_context, row_chunks
-from .results import AttributionGraph, ConceptExplanation, GraphNode
+from .results import AttributionGraph, GraphNode
 
 __all__ = ["CRP", "start_relevance"]
 
@@ -74,7 +74,7 @@ class CRP:
     >>> import torchvision
     >>> crp = CRP(torchvision.models.resnet18(num_classes=4).eval(), "layer3")
     >>> result = crp(torch.rand(1, 3, 64, 64), k=3)
-    >>> result.maps.shape, result.ids.shape
+    >>> result.maps.shape, result.concept_ids.shape
     (torch.Size([1, 3, 64, 64]), torch.Size([1, 3]))
     """
 
@@ -105,7 +105,10 @@ class CRP:
     def __call__(
         self, images: Tensor, targets: Targets = None, *, k: int = 8, concepts=None, max_memory=None, progress=None
     ) -> ConceptExplanation:
-        """The concepts of each image's decision for ``targets`` (default: its top class).
+        """The concepts of each image's decision for ``targets`` (default: its top class), as a
+        :class:`~explain.ConceptExplanation`: ``maps`` the conditional heatmaps scaled to
+        [-1, 1], ``raw`` the unscaled ones (N, K, H, W), ``concept_ids``, ``relevances`` and
+        ``channel_relevances``.
 
         By default the ``k`` most relevant channels of the layer (at most its channel count),
         each with its conditional heatmap; with ``concepts`` (a channel id, a list of them,
@@ -128,15 +131,17 @@ class CRP:
                 masks = torch.stack([concept_masks(row, activation[i : i + 1]) for i, row in enumerate(picked)])
                 maps = self._conditional_maps(images, relevance, masks, passes)
         return ConceptExplanation(
-            layer=self.layer,
-            ids=torch.tensor([[c.channel for c in row] for row in picked], device=images.device),
-            labels=tuple(tuple(c.label for c in row) for row in picked),
+            normalize_maps(maps),
+            {self.layer: maps},
+            logits,
+            ids[:, None].expand(-1, maps.shape[1]).clone(),
+            self.name,
+            self.class_names,
+            signed=True,
+            concept_ids=torch.tensor([[c.channel for c in row] for row in picked], device=images.device),
+            concept_labels=tuple(tuple(c.label for c in row) for row in picked),
             relevances=concept_relevances(relevance, masks),
-            maps=maps,
             channel_relevances=channels,
-            targets=ids,
-            logits=logits,
-            class_names=self.class_names,
         )
 
     def _checked(self, images: Tensor) -> Tensor:

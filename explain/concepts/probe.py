@@ -31,8 +31,7 @@ from torch import Tensor, nn
 from ..checks import channel_hint, check_images, positive_int
 from ..concurrency import model_lock
 from ..layers import resolve_layers
-from ..methods.relevance import LRP
-from ..methods.relevance.composites import LRP_COMPOSITES
+from ..methods import LRP, LRP_COMPOSITES
 from ..passes import Passes, call_settings
 from ..targets import select_targets
 from .conditions import channel_relevance

@@ -37,8 +37,7 @@ from ..attention_capture import has_attention
 from ..base import NotApplicable
 from ..checks import channel_hint
 from ..hooks import preserved_state
-from ..methods.relevance import LRP, restored_modules
-from ..methods.relevance.composites import check_canonical_output
+from ..methods import LRP, check_canonical_output, restored_modules
 from ..passes import budget_rows, timed_chunks
 
 __all__ = [

@@ -24,8 +24,7 @@ from ..baselines import gaussian_filter
 from ..checks import positive_int
 from ..concurrency import model_lock
 from ..layers import resolve_layers
-from ..methods.relevance import LRP
-from ..methods.relevance.composites import LRP_COMPOSITES
+from ..methods import LRP, LRP_COMPOSITES
 from ..passes import Passes, call_settings
 from .atlas import ConceptAtlas
 from .propagation import ConceptPasses, concept_context, row_chunks

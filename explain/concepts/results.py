@@ -1,142 +1,58 @@
-"""What concept relevance returns: :class:`.ConceptExplanation` (the concepts of a decision,
-with their conditional heatmaps) and :class:`.AttributionGraph` (a concept decomposed into
-the concepts of lower layers that feed it)."""
+"""What concept relevance returns besides its :class:`~explain.ConceptExplanation` (the
+concepts of a decision, with their conditional heatmaps: the result type DFF returns too):
+:class:`.AttributionGraph` (a concept decomposed into the concepts of lower layers that feed
+it), and the overlays and figure of a :class:`~explain.ConceptExplanation`."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ..drawing import overlay, to_rgb
-from ..methods.attribution_base import normalize_maps
+from ..explanation import ConceptExplanation
 
-__all__ = ["AttributionGraph", "ConceptExplanation", "GraphNode"]
+__all__ = ["AttributionGraph", "GraphNode", "concept_figure", "concept_overlays"]
 
 
-@dataclass(frozen=True, repr=False)
-class ConceptExplanation:
-    """The concepts of a layer that carry each image's decision, and where each is relevant.
+def concept_overlays(
+    result: ConceptExplanation, image, index: int = 0, *, alpha: float = 0.6, cmap=None
+) -> list[np.ndarray]:
+    """(H, W, 3) uint8 overlays of image ``index``'s concept maps on ``image`` (the picture
+    as shown, anything :func:`~explain.to_rgb` reads), one per concept: for signed maps (CRP's
+    conditional heatmaps) red where the concept speaks for the target, blue where against it."""
+    rgb = to_rgb(image)
+    return [overlay(rgb, heat, cmap, alpha, signed=result.signed) for heat in result.maps[index]]
 
-    Attributes
-    ----------
-    layer:
-        The layer's name.
-    ids:
-        (N, K) the concepts' channel ids (-1 for a set of channels or a direction).
-    labels:
-        N tuples of K names: the channel id, ids joined by ``+``, or ``direction``.
-    relevances:
-        (N, K) each concept's relevance for the target: the layer's relevance under the
-        concept's mask, summed (the sum of its conditional map, where the rules conserve).
-    maps:
-        (N, K, H, W) the conditional heatmaps R(x | layer, concept, target): the pixels'
-        relevance, signed, summed over the input's channels, not scaled.
-    channel_relevances:
-        (N, C) the relevance of every channel of the layer: the "glocal" ranking.
-    targets:
-        (N,) the explained class ids (-1 where a callable picked the score).
-    logits:
-        The model output, detached.
-    class_names:
-        The model's class names, where known.
-    """
 
-    layer: str
-    ids: Tensor
-    labels: tuple[tuple[str, ...], ...]
-    relevances: Tensor
-    maps: Tensor
-    channel_relevances: Tensor
-    targets: Tensor
-    logits: Tensor
-    class_names: Sequence[str] | None = field(default=None, repr=False)
+def concept_figure(
+    result: ConceptExplanation, image, index: int = 0, *, alpha: float = 0.6, columns: int | None = None
+):
+    """A matplotlib figure: the image, then each concept's map over it, titled with the
+    layer and the concept (and for CRP its relevance and share of the layer's)."""
+    import matplotlib.pyplot as plt
 
-    def __len__(self) -> int:
-        return self.maps.shape[0]
-
-    @property
-    def shares(self) -> Tensor:
-        """(N, K) each concept's relevance over the sum of the channels' absolute relevances
-        (zennit-crp's ``abs_norm``): comparable across images."""
-        total = self.channel_relevances.abs().sum(dim=1, keepdim=True)
-        return self.relevances / (total + 1e-10)
-
-    @property
-    def target_names(self) -> list[str]:
-        """The explained classes' names (their ids as text where unnamed)."""
-        names = self.class_names
-        return [("custom" if i < 0 else names[i] if names else str(i)) for i in self.targets.tolist()]
-
-    def scaled_maps(self, clip_percentile: float = 99.0) -> Tensor:
-        """(N, K, H, W) the maps in [-1, 1], each divided by a high percentile of its
-        magnitude (as the attribution methods' maps are)."""
-        return normalize_maps(self.maps, clip_percentile)
-
-    def overlays(self, image, index: int = 0, *, alpha: float = 0.6, cmap=None) -> list[np.ndarray]:
-        """(H, W, 3) uint8 overlays of image ``index``'s conditional maps on ``image`` (the
-        picture as shown, anything :func:`~explain.to_rgb` reads), one per concept:
-        red where the concept speaks for the target, blue where against it."""
-        rgb = to_rgb(image)
-        return [overlay(rgb, heat, cmap, alpha, signed=True) for heat in self.scaled_maps()[index]]
-
-    def figure(self, image, index: int = 0, *, alpha: float = 0.6, columns: int | None = None):
-        """A matplotlib figure: the image, then each concept's conditional map over it,
-        titled with the concept, its relevance and its share."""
-        import matplotlib.pyplot as plt
-
-        panels = [("image", to_rgb(image))]
-        shares = self.shares[index].tolist()
-        for label, rel, share, picture in zip(
-            self.labels[index],
-            self.relevances[index].tolist(),
-            shares,
-            self.overlays(image, index, alpha=alpha),
-            strict=True,
-        ):
-            panels.append((f"{self.layer}:{label}\nR={rel:.3g} ({share:.0%})", picture))
-        columns = columns or min(len(panels), 5)
-        rows = -(-len(panels) // columns)
-        figure, axes = plt.subplots(
-            rows, columns, figsize=(2.6 * columns, 2.9 * rows), squeeze=False, layout="constrained"
-        )
-        for axis in axes.flat:
-            axis.axis("off")
-        for axis, (title, picture) in zip(axes.flat, panels, strict=False):
-            axis.imshow(picture)
-            axis.set_title(title, fontsize=8)
-        figure.suptitle(f"{self.target_names[index]}: its concepts at {self.layer}", fontsize=9)
-        return figure
-
-    def to(self, device: torch.device | str) -> ConceptExplanation:
-        """The same explanation with every tensor on ``device``."""
-        return replace(
-            self,
-            **{
-                name: getattr(self, name).to(device)
-                for name in ("ids", "relevances", "maps", "channel_relevances", "targets", "logits")
-            },
-        )
-
-    def __repr__(self) -> str:
-        """One line: the layer, the shapes and the first image's concepts.
-
-        >>> ConceptExplanation("layer4", torch.tensor([[3, 1]]), (("3", "1"),), torch.tensor([[0.5, 0.25]]),
-        ...                    torch.zeros(1, 2, 8, 8), torch.zeros(1, 4), torch.tensor([7]), torch.zeros(1, 10))
-        ConceptExplanation(layer='layer4', maps=(1, 2, 8, 8), targets=[7], concepts of image 0: 3 (0.5), 1 (0.25))
-        """
-        first = ", ".join(
-            f"{label} ({rel:.3g})" for label, rel in zip(self.labels[0], self.relevances[0].tolist(), strict=True)
-        )
-        targets = self.targets.tolist() if self.targets.numel() <= 8 else f"shape {tuple(self.targets.shape)}"
-        return (
-            f"ConceptExplanation(layer={self.layer!r}, maps={tuple(self.maps.shape)}, targets={targets}, "
-            f"concepts of image 0: {first})"
-        )
+    panels = [("image", to_rgb(image))]
+    labels = result.labels[index]
+    notes = [""] * len(labels)
+    if result.relevances is not None and result.channel_relevances is not None:
+        pairs = zip(result.relevances[index].tolist(), result.shares[index].tolist(), strict=True)
+        notes = [f"\nR={rel:.3g} ({share:.0%})" for rel, share in pairs]
+    for label, note, picture in zip(labels, notes, concept_overlays(result, image, index, alpha=alpha), strict=True):
+        panels.append((f"{result.layer}:{label}{note}", picture))
+    columns = columns or min(len(panels), 5)
+    rows = -(-len(panels) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(2.6 * columns, 2.9 * rows), squeeze=False, layout="constrained")
+    for axis in axes.flat:
+        axis.axis("off")
+    for axis, (title, picture) in zip(axes.flat, panels, strict=False):
+        axis.imshow(picture)
+        axis.set_title(title, fontsize=8)
+    names = result.target_names[index]
+    name = names[0] if isinstance(names, list) and len(set(names)) == 1 else result.method
+    figure.suptitle(f"{name}: its concepts at {result.layer}", fontsize=9)
+    return figure
 
 
 class GraphNode(NamedTuple):

@@ -39,7 +39,7 @@ from ..checks import positive_int
 from ..concurrency import model_lock
 from ..hooks import preserved_state
 from ..layers import resolve_layers
-from ..methods.relevance.composites import mean_and_std
+from ..methods import mean_and_std
 from ..passes import Passes, call_settings
 from ..tokens import infer_layout
 from .parameterization import FourierImage, MagnitudeImage, random_crops, robust_views
