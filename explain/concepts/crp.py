@@ -71,11 +71,14 @@ class CRP:
 
     Examples
     --------
-    >>> import torchvision
-    >>> crp = CRP(torchvision.models.resnet18(num_classes=4).eval(), "layer3")
-    >>> result = crp(torch.rand(1, 3, 64, 64), k=3)
-    >>> result.maps.shape, result.concept_ids.shape
-    (torch.Size([1, 3, 64, 64]), torch.Size([1, 3]))
+    >>> from explain.data import load_shortcut_model, shortcut_dataset
+    >>> model = load_shortcut_model()                   # a small CNN (the shortcut benchmark's)
+    >>> images = shortcut_dataset(4, seed=0).inputs     # (4, 3, 64, 64), one of each class
+    >>> result = CRP(model, "block3")(images, k=3)      # the 3 most relevant channels of each
+    >>> result.maps.shape, result.concept_ids.shape, result.raw.shape
+    (torch.Size([4, 3, 64, 64]), torch.Size([4, 3]), torch.Size([4, 3, 64, 64]))
+    >>> bool(torch.allclose(result.raw.sum(dim=(2, 3)), result.relevances, rtol=1e-3, atol=1e-4))
+    True
     """
 
     name = "crp"
