@@ -56,6 +56,7 @@ TRAIN_MARK_RATE = 0.9
 MARK_CELL = 2
 #: The normalisation the model expects: pixels in [0, 1] to [-1, 1].
 MEAN = (0.5, 0.5, 0.5)
+#: The normalisation's standard deviation (with :data:`MEAN`).
 STD = (0.5, 0.5, 0.5)
 #: The file of the trained weights, in this package.
 WEIGHTS = "shortcut_cnn.pt"
@@ -258,6 +259,7 @@ class ShortcutCNN(nn.Module):
         self.pretrained_cfg = {"mean": MEAN, "std": STD}
 
     def forward(self, x: Tensor) -> Tensor:
+        """(N, num_classes) logits of normalised images (N, 3, H, W) (:attr:`.ShortcutSet.inputs`)."""
         for i in range(1, 5):
             x = getattr(self, f"block{i}")(x)
         return self.fc(self.flatten(self.pool(x)))
