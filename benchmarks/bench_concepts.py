@@ -27,6 +27,7 @@ distort the numbers: compare ratios within one run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
 import resource
 import subprocess
@@ -44,7 +45,7 @@ from explain.data import load_shortcut_model, shortcut_dataset
 from explain.methods.relevance import LRP
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_gradcam import interleaved_medians  # noqa: E402
+from bench_gradcam import interleaved_medians
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "images"
 
@@ -137,8 +138,9 @@ def bench_rss() -> None:
     peaks = {}
     for count in (1000, 10_000):
         started = time.perf_counter()
-        out = subprocess.run([sys.executable, __file__, "--rss-run", str(count)], capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--rss-run", str(count)], capture_output=True, text=True, check=True
+        )
         images, peak = map(int, out.stdout.split()[-2:])
         peaks[count] = peak
         print(f"| atlas peak RSS, {images} images | {peak / 1024:.0f} MiB | {time.perf_counter() - started:.0f} s | |")
@@ -151,11 +153,8 @@ def bare_step(model, layer: str, views: torch.Tensor, whole: bool):
 
     def run():
         x = views.clone().requires_grad_()
-        with Gates({layer: module}, stop=None if whole else layer) as gates:
-            try:
-                model(x)
-            except Truncated:
-                pass
+        with Gates({layer: module}, stop=None if whole else layer) as gates, contextlib.suppress(Truncated):
+            model(x)
         torch.autograd.grad(gates[layer].activation[:, 0].mean(), x)
 
     return run
@@ -166,7 +165,12 @@ def bench_fv(repeats: int) -> None:
     vit = __import__("timm").create_model("vit_tiny_patch16_224", pretrained=False).eval()
     for name, model, layer in (("efficientnet_lite0", bundled, "blocks.5"), ("vit_tiny", vit, "blocks.8")):
         for method, views in (("fourier", 8), ("maco", 16)):
-            steps = {s: (lambda s=s: visualize(model, layer, 0, method=method, steps=s, views=views)) for s in (2, 4)}
+            steps = {
+                s: lambda s=s, model=model, layer=layer, method=method, views=views: visualize(
+                    model, layer, 0, method=method, steps=s, views=views
+                )
+                for s in (2, 4)
+            }
             times = interleaved_medians(steps, repeats)
             per_step = (times[4] - times[2]) / 2
             batch = torch.rand(views, 3, 224, 224)

@@ -68,8 +68,14 @@ def reference_heatmaps(name, model, layer, image, positions, lrp, attribution) -
         ours, _ = ConceptPasses(lrp).from_layer(rows, (layer, module), neuron_relevance(channels, positions))
         conditions = [{layer: {int(c): [int(p)]}} for c, p in zip(channels, positions, strict=True)]
         data = rows.clone().requires_grad_()
-        theirs = attribution(data, conditions, lrp.composite(model, rows), mask_map=ChannelConcept.mask_rf,
-                             start_layer=layer, exclude_parallel=False)
+        theirs = attribution(
+            data,
+            conditions,
+            lrp.composite(model, rows),
+            mask_map=ChannelConcept.mask_rf,
+            start_layer=layer,
+            exclude_parallel=False,
+        )
     print(f"| {name} {layer} | receptive-field heatmaps | {relative(ours.sum(dim=1), theirs.heatmap):.1e} |")
 
 
