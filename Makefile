@@ -58,6 +58,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/bench_metrics.py
 	$(BIN)/python benchmarks/bench_viewer.py
 	$(BIN)/python benchmarks/bench_interrupt.py
+	$(BIN)/python benchmarks/bench_concepts.py
 	$(BIN)/python benchmarks/bench_heavy.py
 
 # The peers (pytorch-grad-cam, torchcam) are an optional extra, installed for this alone.

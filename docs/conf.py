@@ -39,7 +39,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     # Names of other libraries in signatures: without intersphinx (offline) they cannot resolve.
     (r"py:.*", r"(torch|torchvision|numpy|np|PIL|matplotlib|ray|pyarrow|captum|zennit|scipy|skimage|nn|os|"
-              r"threading|collections\.abc|typing|pathlib|inspect)\b.*"),
+              r"threading|collections\.abc|typing|pathlib|inspect|Tensor)\b.*"),
 ]
 
 # autodoc: the signatures as written; each module's __all__ is what a page documents.

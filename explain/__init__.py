@@ -11,7 +11,7 @@
 import importlib
 
 #: Subpackages that ``explain.NAME`` imports on first use.
-_SUBMODULES = ("data", "detectors", "methods", "metrics", "models", "passes", "tasks")
+_SUBMODULES = ("concepts", "data", "detectors", "methods", "metrics", "models", "passes", "tasks")
 
 # Each public name, under the module it lives in: the one list of what `explain` exports
 # besides the methods, which `explain.methods` lists from the registry (METHODS_MODULE below).
@@ -19,6 +19,7 @@ _SUBMODULES = ("data", "detectors", "methods", "metrics", "models", "passes", "t
 # once, and a Ray driver plans a run without torch's memory.
 _EXPORTS = {
     "base": ("Explainer", "NotApplicable", "register"),
+    "concepts": ("CRP", "ConceptAtlas", "concept_atlas", "reference_patches"),
     "catalogue": ("describe_methods", "explainer", "method_class", "method_names"),
     "explanation": ("ConceptExplanation", "Explanation"),
     "hooks": ("LayerCapture",),

@@ -152,7 +152,7 @@ class Explanation:
             ]
         )
         return (
-            f"Explanation(method={self.method!r}, maps={shape(self.maps)}, raw_layers={{{layers}}}, "
+            f"{type(self).__name__}(method={self.method!r}, maps={shape(self.maps)}, raw_layers={{{layers}}}, "
             f"targets={targets}, logits={shape(self.logits)}{extra})"
         )
 
@@ -177,29 +177,77 @@ class Explanation:
 @dataclass(frozen=True, repr=False)
 class ConceptExplanation(Explanation):
     """An :class:`Explanation` whose maps are per concept, not per target: Deep Feature
-    Factorization's (:class:`~explain.DeepFeatureFactorization`).
+    Factorization's (:class:`~explain.DeepFeatureFactorization`) and Concept Relevance
+    Propagation's (:class:`~explain.concepts.CRP`).
 
-    ``maps`` are (N, k, H, W), concept j's map of each image in [0, 1] (as ``topk=k`` lays
-    out targets); ``raw_layers`` holds the concepts' unscaled maps (N, k, h, w) at the layer;
-    ``targets`` (N, k) the class each concept drives most (the same for every image; ``-1``
-    where the model has no classifier head for the concepts).
+    ``maps`` are (N, k, H, W), concept j's map of each image (as ``topk=k`` lays out
+    targets): in [0, 1] for DFF; for CRP the conditional heatmaps, signed, in [-1, 1]
+    (``signed``). ``raw_layers`` holds, under the concepts' layer (:attr:`layer`), the
+    concepts' unscaled maps (N, k, ...): DFF's at the layer's resolution, CRP's the pixels'
+    conditional relevance (summed over the input's channels) at the input's. ``targets``
+    (N, k): the class each concept drives most (DFF, the same for every image; ``-1`` where
+    the model has no classifier head for the concepts), or the class whose relevance each
+    map explains (CRP, the same for every concept of an image).
 
     Attributes
     ----------
     concepts:
-        (C, k) the concepts' embeddings: each concept's activation of the layer's C channels.
+        DFF: (C, k) the concepts' embeddings, each concept's activation of the layer's C
+        channels.
     concept_scores:
-        (k, num_classes) the classifier head's scores of the concept embeddings (logits;
-        ``softmax(dim=1)`` for probabilities), or None without a head.
+        DFF: (k, num_classes) the classifier head's scores of the concept embeddings
+        (logits; ``softmax(dim=1)`` for probabilities), or None without a head.
+    concept_ids:
+        CRP: (N, k) the concepts' channel ids (-1 for a set of channels or a direction).
+    concept_labels:
+        CRP: N tuples of k names: the channel id, ids joined by ``+``, or ``direction``.
+    relevances:
+        CRP: (N, k) each concept's relevance for the target, R(theta | y): the layer's
+        relevance under the concept's mask, summed (the sum of its conditional map, where
+        the rules conserve).
+    channel_relevances:
+        CRP: (N, C) the relevance of every channel of the layer: the "glocal" ranking.
     """
 
     concepts: Tensor | None = field(default=None, repr=False)
     concept_scores: Tensor | None = field(default=None, repr=False)
+    concept_ids: Tensor | None = field(default=None, repr=False)
+    concept_labels: tuple[tuple[str, ...], ...] | None = field(default=None, repr=False)
+    relevances: Tensor | None = field(default=None, repr=False)
+    channel_relevances: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def layer(self) -> str:
+        """The name of the layer whose concepts these are."""
+        return self.layers[0]
+
+    @property
+    def labels(self) -> tuple[tuple[str, ...], ...]:
+        """Each image's concepts' names: ``concept_labels``, else the concepts' indices."""
+        if self.concept_labels is not None:
+            return self.concept_labels
+        return tuple(tuple(str(j) for j in range(self.maps.shape[1])) for _ in range(len(self)))
+
+    @property
+    def shares(self) -> Tensor:
+        """(N, k) each concept's relevance over the sum of the channels' absolute relevances
+        (zennit-crp's ``abs_norm``): comparable across images (CRP's results only)."""
+        if self.relevances is None or self.channel_relevances is None:
+            raise ValueError(f"{self.method}'s concepts carry no relevances; shares are CRP's (explain.concepts.CRP)")
+        total = self.channel_relevances.abs().sum(dim=1, keepdim=True)
+        return self.relevances / (total + 1e-10)
 
     def to(self, device: torch.device | str) -> ConceptExplanation:
         moved = cast(ConceptExplanation, super().to(device))
+
+        def moved_to(value: Tensor | None) -> Tensor | None:
+            return None if value is None else value.to(device)
+
         return replace(
             moved,
-            concepts=None if self.concepts is None else self.concepts.to(device),
-            concept_scores=None if self.concept_scores is None else self.concept_scores.to(device),
+            concepts=moved_to(self.concepts),
+            concept_scores=moved_to(self.concept_scores),
+            concept_ids=moved_to(self.concept_ids),
+            relevances=moved_to(self.relevances),
+            channel_relevances=moved_to(self.channel_relevances),
         )

@@ -37,15 +37,19 @@ LAYERS: list[tuple[str, ...]] = [
     ("explain.evaluation", "explain.report", "explain.viewer", "explain.model_summary"),  # 4 scoring, reports, summaries
     ("explain.tasks", "explain.metrics"),                                 # 5 tasks and metrics
     ("explain.catalogue",),                                               # 6 the methods by name
-    ("explain.methods",),                                                 # 7 the methods
-    ("explain.models",),                                                  # 8 loading models
-    CORE,                                                                 # 9 the core
+    ("explain.concepts",),                                                # 7 concepts: CRP, the atlas, feature visualisation
+    ("explain.methods",),                                                 # 8 the methods
+    ("explain.models",),                                                  # 9 loading models
+    CORE,                                                                 # 10 the core
 ]
 #: The lazy face of the package, exempt from every rule.
 FACE = "explain"
 #: (importer, imported): imports forbidden besides the layering (a metric scores any
-#: explainer, so the metrics never reach for the methods).
-FORBIDDEN = [("explain.metrics", "explain.methods"), ("explain.metrics", "explain.catalogue")]
+#: explainer, so the metrics never reach for the methods, nor for the concepts built on them).
+FORBIDDEN = [
+    ("explain.metrics", "explain.methods"), ("explain.metrics", "explain.catalogue"),
+    ("explain.metrics", "explain.concepts"),
+]
 #: The batch layer's engines: what runs the jobs, here and on Ray.
 ENGINES = ("explain.batch.local_run", "explain.batch.ray_driver", "explain.batch.ray_stages")
 #: What the engines run never reaches back for them: the job interface and its jobs, the group

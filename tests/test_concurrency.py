@@ -169,3 +169,35 @@ def test_attention_captures_on_two_models_at_once_put_the_kernel_back():
         assert all(torch.allclose(m, expected, atol=1e-6) for m in maps)
     assert F.scaled_dot_product_attention is kernel, "the explicit kernel was left in place"
     assert torch.backends.mha.get_fastpath_enabled()
+
+
+def test_concept_calls_in_threads_get_the_serial_results_and_leave_the_model_untouched():
+    from explain.concepts import CRP, AtlasProbe, visualize
+    from explain.data import ShortcutCNN
+
+    torch.manual_seed(0)
+    model = ShortcutCNN().train()  # batch norms merged by the canonizers, flags put back
+    state = ModelState(model)
+    images = torch.rand(2, 3, 32, 32) * 2 - 1
+    calls = {
+        "crp": lambda: CRP(model, "block3")(images, k=2).maps,
+        "atlas": lambda: AtlasProbe(model, ["block2", "block4"])(images).layers["block4"].relevance,
+        "visualize": lambda: visualize(model, "block3", [0, 1], steps=2, views=2, input_size=32).images,
+        "fails": lambda: CRP(model, "block3")(torch.rand(1, 1, 32, 32)),  # one channel: refused mid-call
+    }
+    serial = {name: call() for name, call in calls.items() if name != "fails"}
+    barrier = threading.Barrier(len(calls))
+
+    def work(name):
+        barrier.wait()
+        try:
+            return name, calls[name]()
+        except ValueError:
+            return name, None
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        results = dict(pool.map(work, calls))
+    assert results["fails"] is None
+    for name, expected in serial.items():
+        assert torch.allclose(results[name], expected, atol=1e-6), name
+    state.assert_unchanged()

@@ -237,3 +237,27 @@ def test_embedders(name):
         assert res.maps.min() >= low and res.maps.max() <= 1 and res.targets.tolist() == [-1, -1], method
     assert refused == EMBEDDER_REFUSALS[name]
     state.assert_unchanged()
+
+
+# Concept relevance (explain.concepts.CRP) on the architectures of issue 42, at a middle layer:
+# the channels' relevances sum to the score (LRP conserves on each: tests/test_lrp_composites.py),
+# each conditional map sums to its concept's relevance, and the model is left as it was.
+CRP_LAYERS = {"resnet18": "layer3", "vgg11": "features.10", "densenet121": "features.denseblock3",
+              "convnext_tiny": "features.5"}
+
+
+@pytest.mark.parametrize("arch", list(CRP_LAYERS))
+def test_concept_relevance(arch):
+    from explain.concepts import CRP
+
+    model = make(arch)
+    state = ModelState(model)
+    images = torch.rand(1, 3, 32, 32)  # rows of several images: tests/test_concepts.py
+    with torch.no_grad():
+        result = CRP(model, CRP_LAYERS[arch])(images, k=2)
+    score = result.logits.gather(1, result.targets[:, :1])[:, 0]
+    assert result.raw.shape == (1, 2, 32, 32) and torch.isfinite(result.raw).all()
+    assert torch.allclose(result.channel_relevances.sum(dim=1), score, rtol=1e-3, atol=1e-6), arch
+    assert torch.allclose(result.raw.flatten(2).sum(dim=2), result.relevances, rtol=1e-3, atol=1e-5 * score.abs().max())
+    assert (result.relevances[:, 0] >= result.relevances[:, 1]).all()
+    state.assert_unchanged()

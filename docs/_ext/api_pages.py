@@ -43,8 +43,9 @@ EXPLAIN_SECTIONS = [
     ("Inputs and targets", ("image_input", "similarity")),
     ("Segmentation and detection", ("tasks", "detectors")),
 ]
-#: Names documented on another page (explain.tasks), though explain exports them too.
-ELSEWHERE = ("SegmentationTarget", "DetectionTarget")
+#: Names documented on another page (explain.tasks, explain.concepts), though explain exports
+#: them too.
+ELSEWHERE = ("SegmentationTarget", "DetectionTarget", "CRP", "ConceptAtlas", "concept_atlas", "reference_patches")
 
 
 _ROLE = re.compile(r":[\w:]+:`(~?)([^`<]*?)\s*(?:<([^>]+)>)?`")

@@ -48,7 +48,10 @@ parts. A new method is one class in its family's module, over
 # static type checkers too); every registered class is exported by name below, with the
 # bases a method builds on: the registry is the list.
 from ..base import registered
-from .attribution_base import Attribution  # noqa: F401 -- in __all__ (BASES)
+from .attribution_base import (
+    Attribution,  # noqa: F401 -- in __all__ (BASES)
+    normalize_maps,  # noqa: F401 -- CONCEPT_SUPPORT
+)
 from .cam_base import BaseCAM, Captured, explain_together  # noqa: F401
 from .combined_cams import *  # noqa: F403 -- each family's names, for static type checkers
 from .drise import *  # noqa: F403
@@ -65,6 +68,8 @@ from .perturbation_attribution import *  # noqa: F403
 from .perturbation_cams import *  # noqa: F403
 from .region_attribution import *  # noqa: F403
 from .relevance import *  # noqa: F403
+from .relevance import restored_modules  # noqa: F401 -- CONCEPT_SUPPORT
+from .relevance.composites import LRP_COMPOSITES, check_canonical_output, mean_and_std  # noqa: F401
 from .segment_attribution import TakesSegments  # noqa: F401 -- in __all__ (SUPPORT)
 from .transformer_attention import *  # noqa: F403
 
@@ -72,6 +77,10 @@ from .transformer_attention import *  # noqa: F403
 BASES = ("Attribution", "BaseCAM", "GradientCAM", "NoiseTunnel", "explain_together")
 #: What the methods' bases hand a subclass, exported here only.
 SUPPORT = ("Captured", "LayerReplay", "TakesSegments", "TransformerAttention")
+#: What the concept layer (:mod:`explain.concepts`, built on LRP) takes from the methods'
+#: modules, exported here only (not in ``__all__``): LRP's composites, its canonizers'
+#: restoration and output check, the model's normalisation, and the attributions' scaling.
+CONCEPT_SUPPORT = ("LRP_COMPOSITES", "check_canonical_output", "mean_and_std", "normalize_maps", "restored_modules")
 #: The built-in methods' classes by class name, in the order they are listed.
 METHOD_CLASSES = {cls.__name__: cls for cls in registered().values() if cls.__module__.startswith(f"{__name__}.")}
 
