@@ -17,6 +17,8 @@ For example (``tests/test_ray_engine.py`` runs the same on a local Ray)::
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -71,7 +73,7 @@ def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str | Sequence
     try:
         checked = remote_prepare(ray, options)
     except UsageError as error:
-        raise ValueError(str(error).replace("--method", "methods").replace("--", "")) from None
+        raise ValueError(for_python(str(error))) from None
     if checked.task != "classify":
         raise ValueError(f"{model} is a {checked.task} model; explain_dataset explains classifiers "
                          "(explain run --engine ray runs segmentation and detection models)")
@@ -152,3 +154,16 @@ def _object_array(values: list) -> np.ndarray:
     array = np.empty(len(values), dtype=object)
     array[:] = values
     return array
+
+
+def for_python(message: str) -> str:
+    """A message of ``explain run``'s checks worded for :func:`explain_dataset`'s caller: each
+    flag that is one of its parameters named as the parameter (``--method`` is ``methods``); the
+    others (``--method-option``, which it does not take) left as the command line's.
+
+    >>> for_python("--max-memory 2XB: give a size such as 2GB; --method-option ig: ...")
+    'max_memory 2XB: give a size such as 2GB; --method-option ig: ...'
+    """
+    parameters = {"--" + name.replace("_", "-"): name for name in inspect.signature(explain_dataset).parameters}
+    parameters["--method"] = "methods"
+    return re.sub(r"--[a-z][a-z-]*", lambda flag: parameters.get(flag.group(0), flag.group(0)), message)

@@ -223,8 +223,10 @@ def test_explain_dataset_reports_mistakes_before_any_image_runs():
     dataset = ray.data.from_items([{"picture": np.zeros((8, 8, 3), np.uint8)}])
     with pytest.raises(ValueError, match="neither an 'image' column"):
         explain_dataset(dataset)
-    with pytest.raises(ValueError, match="unknown method"):
+    with pytest.raises(ValueError, match="^methods: unknown method"):
         explain_dataset(dataset, methods="gradcan")
+    with pytest.raises(ValueError, match="^max_memory 2XB: "):  # its parameter, not the flag
+        explain_dataset(dataset, max_memory="2XB")
 
 
 def test_usage_errors_of_the_ray_engine(tmp_path, capsys, monkeypatch):
