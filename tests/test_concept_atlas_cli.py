@@ -26,7 +26,7 @@ from explain.batch.concept_files import CONCEPTS_FILE
 from explain.batch.inputs import collect_inputs
 from explain.batch.job import run_job
 from explain.batch.options import AtlasOptions
-from explain.batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from explain.batch.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_OUT_OF_MEMORY
 from explain.cli import main
 from explain.concepts import CRP, AtlasProbe, ConceptAtlas
 from explain.data import SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
@@ -174,6 +174,41 @@ def test_a_stopped_run_resumed_gives_the_atlas_of_one_run(folder, tmp_path, caps
         assert f"{6 - len(kept['images'])} images added to the atlas now" in capsys.readouterr().out
         _same_atlas(whole, _state(out))
         assert json.loads((out / CONCEPTS_FILE).read_text())["images"] == 6
+
+
+class Crowded:
+    """A probe on a device that holds one image at a time, and not the third one it is given."""
+
+    def __init__(self, probe):
+        self.probe, self.singles, self.settings = probe, 0, probe.settings
+
+    def __call__(self, images, ids=None):
+        if len(images) == 1:
+            self.singles += 1
+        if len(images) > 1 or self.singles == 3:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.probe(images, ids)
+
+
+class Halving(AtlasJob):
+    def __init__(self, prepared, *args):
+        super().__init__(prepared, *args)
+        prepared.probe = Crowded(prepared.probe)
+
+
+def test_a_group_out_of_memory_is_probed_in_halves_and_an_image_that_alone_fails_is_redone(folder, tmp_path, capsys):
+    assert _job(folder, tmp_path / "whole") == EXIT_OK
+    assert _job(folder, tmp_path / "out", Halving) == EXIT_OUT_OF_MEMORY
+    captured = capsys.readouterr()
+    assert "img2.png: out of memory: CUDA out of memory" in captured.err
+    assert "5 images added to the atlas now, 0 skipped (already in atlas.pt), 1 failed" in captured.out
+    assert [Path(p).name for p in _state(tmp_path / "out")["images"]] == [f"img{i}.png" for i in (0, 1, 3, 4, 5)]
+    assert _job(folder, tmp_path / "out") == EXIT_OK  # the image that failed, on a device with room
+    resumed, whole = _state(tmp_path / "out"), _state(tmp_path / "whole")
+    assert [Path(p).name for p in resumed["images"]] == [f"img{i}.png" for i in (0, 1, 3, 4, 5, 2)]
+    assert torch.equal(resumed["atlas"]["layers"]["conv2"]["top_count"], whole["atlas"]["layers"]["conv2"]["top_count"])
+    torch.testing.assert_close(resumed["atlas"]["layers"]["conv2"]["activation_sum"],
+                               whole["atlas"]["layers"]["conv2"]["activation_sum"])
 
 
 def test_a_broken_image_fails_and_the_others_are_done(folder, tmp_path, capsys):

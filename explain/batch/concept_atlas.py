@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import io
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ..concepts import AtlasProbe, ConceptAtlas
-from ..errors import UsageError
+from ..concepts import AtlasBatch, AtlasProbe, ConceptAtlas
+from ..errors import UsageError, failure_reason, is_out_of_memory
 from ..layers import resolve_layers
 from ..models import LoadedModel, load_model, warn_if_random
 from ..report import atomic_write, remove_temp_files
@@ -33,7 +33,7 @@ from .explainers import max_memory_option
 from .guards import pixel_limit, sole_run
 from .inputs import Source, collect_inputs
 from .job import DatasetJob, run_job
-from .loop import LoopEnd
+from .loop import LoopEnd, OutOfMemory, in_halves
 from .options import AtlasOptions
 from .outcome import report_failure
 from .progress import time_taken
@@ -150,11 +150,30 @@ class AtlasJob(DatasetJob):
         report_failure(self.sources[index].input, error)
 
     def group(self, indices: list[int], images: Tensor) -> None:
+        """Probe the group into the atlas; where it runs out of device memory, each half again,
+        down to single images (one that alone does not fit fails with the reason)."""
         model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
-        ids = torch.arange(len(self.images), len(self.images) + len(indices))
-        self.atlas.update(self.prepared.probe(model_input, ids))
-        self.images.extend(self.sources[i].path for i in indices)  # only once the atlas holds them
-        self.added += len(indices)
+
+        def once(members: list[int], batch: Tensor) -> tuple[list[int], AtlasBatch | str]:
+            try:
+                return members, self.prepared.probe(batch)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                if len(members) > 1:
+                    raise OutOfMemory from None
+                return members, failure_reason(error)
+
+        for members, found in in_halves(once, indices, model_input, self.loaded.device):
+            if isinstance(found, str):
+                self.out_of_memory += 1
+                self.failed_input(members[0], found)
+                continue
+            # the ids: the next numbers, in the order of the images (however the group was cut)
+            ids = torch.arange(len(self.images), len(self.images) + len(members))
+            self.atlas.update(replace(found, ids=ids))
+            self.images.extend(self.sources[i].path for i in members)  # only once the atlas holds them
+            self.added += len(members)
 
     def between_batches(self) -> None:
         if time.monotonic() - self.saved_at >= self.checkpoint_seconds:

@@ -61,6 +61,16 @@ class AtlasImages:
         in ToTensor and Normalize), or None where it cannot be read any more."""
         return self.decoded(index)
 
+    def picture(self, index: int) -> Tensor | None:
+        """The image of id ``index`` as uint8 pixels of the model input's frame (a preprocessing
+        that normalises in the workers undone where its mean and std are known)."""
+        image = self.pixels(index)
+        if image is None or image.dtype == torch.uint8:
+            return image
+        if self.inputs.mean is not None and self.inputs.std is not None:
+            image = image * torch.tensor(self.inputs.std).view(-1, 1, 1) + torch.tensor(self.inputs.mean).view(-1, 1, 1)
+        return image.float().clamp(0, 1).mul(255).round().to(torch.uint8)
+
     def model_inputs(self, ids: Tensor) -> Tensor:
         """What the model takes, for ``ids`` (zeros for an image that cannot be read any more)."""
         shape = (3, *self.example.shape[-2:])
@@ -72,9 +82,7 @@ class AtlasImages:
 
 
 def png_bytes(image: Tensor) -> bytes:
-    """A (3, H, W) image, uint8 or in [0, 1], as PNG."""
-    if image.dtype != torch.uint8:
-        image = image.float().clamp(0, 1).mul(255).round().to(torch.uint8)
+    """A (3, H, W) uint8 image as PNG."""
     buffer = io.BytesIO()
     Image.fromarray(image.permute(1, 2, 0).cpu().numpy()).save(buffer, format="PNG")
     return buffer.getvalue()
@@ -174,7 +182,7 @@ def _write_patches(
             if index < 0:
                 break
             x0, y0, x1, y1 = box
-            pixels = source.pixels(index)
+            pixels = source.picture(index)
             name = None
             if pixels is not None:
                 name = (folder / f"{channel:04d}" / f"{kind}_{rank}.png").as_posix()
