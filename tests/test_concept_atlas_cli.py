@@ -116,6 +116,12 @@ def test_the_command_writes_the_atlas_its_patches_and_a_rerun_skips_everything(f
     _same_atlas(state, _state(out))
     assert (out / CONCEPTS_FILE).stat().st_mtime_ns == written  # nothing new: the files stay
 
+    assert _cli(folder, out, "--channels", "1,3") == EXIT_OK  # other channels: their files, and only theirs
+    concepts = json.loads((out / CONCEPTS_FILE).read_text())["layers"]["conv2"]["concepts"]
+    assert [c["channel"] for c in concepts] == [1, 3]
+    assert sorted(p.name for p in (out / "patches" / "conv2").iterdir()) == ["0001", "0003"]
+    _same_atlas(state, _state(out))
+
 
 def test_usage_mistakes_answer_before_the_model_loads(folder, tmp_path, capsys):
     for extra, message in (

@@ -27,7 +27,15 @@ from ..errors import UsageError, failure_reason, is_out_of_memory
 from ..layers import resolve_layers
 from ..models import LoadedModel, load_model, warn_if_random
 from ..report import atomic_write, remove_temp_files
-from .concept_files import CONCEPTS_FILE, FAILURES_FILE, PATCHES_FOLDER, AtlasFiles, write_concepts, write_failures
+from .concept_files import (
+    CONCEPTS_FILE,
+    FAILURES_FILE,
+    PATCHES_FOLDER,
+    AtlasFiles,
+    concepts_current,
+    write_concepts,
+    write_failures,
+)
 from .decoding import ModelInputs, default_workers
 from .explainers import max_memory_option
 from .guards import pixel_limit, sole_run
@@ -197,7 +205,7 @@ class AtlasJob(DatasetJob):
         self.save()
         with device_errors(self.out_dir):
             write_failures(self.out_dir, self.failures)
-            stale = self.added or not (self.out_dir / CONCEPTS_FILE).exists()
+            stale = self.added or not concepts_current(self.out_dir, self.options)
             if completed and self.atlas.images and stale:  # interrupted: the next run writes them
                 files = AtlasFiles(self.options, self.loaded, self.atlas, self.prepared.layers, self.images)
                 write_concepts(self.out_dir, files)

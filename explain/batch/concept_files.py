@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -100,15 +101,27 @@ class AtlasFiles:
     images: list[str]
 
 
+def concepts_current(out_dir: Path, options: AtlasOptions) -> bool:
+    """Whether ``concepts.json`` (and the patches) under ``out_dir`` are of this atlas's images
+    and ``--channels``, which a run that adds no image keeps."""
+    try:
+        document = json.loads((out_dir / CONCEPTS_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and document.get("patch_channels", "") == options.channels
+
+
 def write_concepts(out_dir: Path, files: AtlasFiles) -> None:
-    """Write each layer's reference patches and ``concepts.json``."""
+    """Write each layer's reference patches (those of an earlier atlas removed) and ``concepts.json``."""
     options, atlas = files.options, files.atlas
+    shutil.rmtree(out_dir / PATCHES_FOLDER, ignore_errors=True)
     source = AtlasImages(files.loaded, files.images)
     layers = {layer: _layer_concepts(out_dir, files, source, layer) for layer in files.layers}
     document = {
         "format": CONCEPTS_FORMAT,
         "model": options.model,
         "weights": options.weights,
+        "patch_channels": options.channels,
         "images": atlas.images,
         "top_n": atlas.top_n,
         "settings": atlas.settings,
