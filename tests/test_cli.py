@@ -732,6 +732,10 @@ MISTAKES_WITHOUT_TORCH = [
     (["evaluate", ".", "--out", "o", "--regions", "absent.csv", "--metrics", "pointing-game"], "--regions absent.csv: "
      "no such file or folder"),
     (["evaluate", "no-such-folder", "--out", "o"], "no-such-folder: no such file or folder"),
+    (["concepts", "atlas", ".", "--out", "o", "--layer", "auto"], "--layer: name the layer(s) of the atlas"),
+    (["concepts", "atlas", ".", "--out", "o", "--layer", "l", "--channels", "2-x"], "--channels 2-x: give channel"),
+    (["concepts", "atlas", ".", "--out", "o", "--layer", "l", "--max-memory", "2XB"], "--max-memory 2XB: give a"),
+    (["concepts", "atlas", "no-such-folder", "--out", "o", "--layer", "l"], "no-such-folder: no such file or folder"),
 ]
 
 
@@ -807,9 +811,9 @@ def test_help_shows_each_default_once_and_every_option_has_help(capsys, monkeypa
 
     top = help_of()
     commands = re.findall(r"^    (\w+) ", top, flags=re.MULTILINE)
-    assert commands == ["run", "evaluate", "methods", "layers", "samples"]
-    for command in commands:
-        text = help_of(command)
+    assert commands == ["run", "evaluate", "concepts", "methods", "layers", "samples"]
+    for command in [*commands, "concepts atlas"]:
+        text = help_of(*command.split())
         assert "default: None" not in text and "default: False" not in text, command
         # An entry: its flags (or name) at two spaces, its help after them or on the lines below.
         entries = re.split(r"\n(?=  \S)", text.split("\n\n", 2)[2])

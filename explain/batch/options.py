@@ -1,7 +1,8 @@
 """What a batch job is asked to do, as typed values: :class:`RunOptions` for ``explain run`` (and
 the Ray engine and :func:`explain.ray_data.explain_dataset`), :class:`EvaluateOptions` for
-``explain evaluate``. The command line builds them from its flags; Python callers build them
-directly. Free of torch, so that the Ray engine's driver plans without it.
+``explain evaluate``, :class:`AtlasOptions` for ``explain concepts atlas``. The command line
+builds them from its flags; Python callers build them directly. Free of torch, so that the
+Ray engine's driver plans without it.
 
 Lists of names (``methods``, ``metrics``, ``layer``) are :class:`NameList` s, parsed once where
 the options are made (a comma-separated string, the command line's form, or a list):
@@ -169,6 +170,36 @@ class EvaluateOptions(ModelOptions):
         super().__post_init__()
         self.methods = NameList.parse(self.methods)
         self.metrics = NameList.parse(self.metrics)
+
+
+@dataclass
+class AtlasOptions(ModelOptions):
+    """``explain concepts atlas``: the concept atlas of the images at ``layer``: per channel, its
+    ``top_n`` RelMax and ActMax reference images, with the statistics counting each image's
+    ``top_k`` most relevant channels."""
+
+    top_n: int = 8
+    top_k: int = 5
+    #: --channels: the channels whose reference patches and concepts.json entries are written,
+    #: such as "0-15,31" (None: all); the atlas keeps every channel
+    channels: str | None = None
+
+
+def parse_channels(text: str) -> list[int]:
+    """``--channels``: channel numbers and ranges, comma-separated, in order without repeats.
+
+    >>> parse_channels("7, 0-2")
+    [0, 1, 2, 7]
+    """
+    channels: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        first, dash, last = part.partition("-")
+        if not (first.strip().isdigit() and (not dash or last.strip().isdigit())):
+            raise ValueError("give channel numbers and ranges, such as 0-15,31")
+        channels.update(range(int(first), int(last if dash else first) + 1))
+    if not channels:
+        raise ValueError("the ranges hold no channel; write FIRST-LAST with FIRST <= LAST, such as 0-15")
+    return sorted(channels)
 
 
 @dataclass

@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run_command(commands)
     _add_evaluate_command(commands)
+    _add_concepts_command(commands)
     _add_listing_commands(commands)
     return parser
 
@@ -219,6 +220,49 @@ def _add_evaluate_command(commands) -> None:
     scoring.add_argument("--quiet", "-q", action="store_true",
                          help="no progress (bar or lines); errors and the summary still print")
     scoring.set_defaults(handler="evaluate:evaluate_command")
+
+
+def _add_concepts_command(commands) -> None:
+    concepts = commands.add_parser(
+        "concepts", help="what a model's channels respond to: the concept atlas of a dataset",
+        description="Concepts of a layer (its channels) across a dataset; see `explain concepts atlas --help`.",
+    )
+    subcommands = concepts.add_subparsers(dest="concepts_command", required=True, metavar="SUBCOMMAND")
+    atlas = subcommands.add_parser(
+        "atlas", formatter_class=DefaultsOnceFormatter,
+        help="per channel of --layer, the images and regions it responds to most (RelMax, ActMax)",
+        description="The concept atlas of the images at --layer (Relevance and Activation Maximization, "
+        "Achtibat et al. 2023): per channel, the --top-n images in which it is most relevant for the predicted "
+        "class (RelMax) and that activate it most (ActMax), with statistics. Writes under --out: atlas.pt (the "
+        "running atlas, saved every few seconds: a rerun after Ctrl-C or kill -9 skips the images in it and "
+        "ends with the atlas of one uninterrupted run), patches/LAYER/CHANNEL/{relmax,actmax}_RANK.png (the "
+        "region of each reference image where the channel is relevant), concepts.json (per channel: reference "
+        "images, boxes, values, classes, statistics) and failures.csv. Exit status: 0 all ok, 1 some images "
+        "failed, 2 usage error, 3 out of memory before the first image, 4 the output folder's disk refused a "
+        "write, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM).",
+    )
+    atlas.add_argument("inputs", nargs="+", metavar="INPUT",
+                       help="image files, folders (searched recursively), glob patterns (quoted), "
+                       "or @list.txt naming one input per line")
+    atlas.add_argument("--out", "-o", required=True, type=Path, help="output folder")
+    atlas.add_argument("--layer", required=True,
+                       help="the layer(s) whose channels are the concepts, comma-separated; see `explain layers MODEL`")
+    _add_model_options(atlas)
+    atlas.add_argument("--top-n", "-n", type=positive_int, default=8,
+                       help="reference images per channel and kind (RelMax, ActMax)")
+    atlas.add_argument("--channels", default=None, metavar="LIST",
+                       help="the channels whose patches and concepts.json entries are written, such as 0-15,31 "
+                       "(default: all; the atlas keeps every channel, and a rerun with other --channels writes theirs)")
+    atlas.add_argument("--top-k", type=positive_int, default=5,
+                       help="an image's most relevant channels, counted in each channel's statistics")
+    _add_batch_size(atlas)
+    _add_max_memory(atlas)
+    atlas.add_argument("--workers", "-j", type=non_negative_int, default=None,
+                       help="processes decoding images (0: decode in the main process) (default: as for run)")
+    _add_max_pixels(atlas)
+    atlas.add_argument("--quiet", "-q", action="store_true",
+                       help="no progress (bar or lines); errors and the summary still print")
+    atlas.set_defaults(handler="concepts:atlas_command")
 
 
 def _add_listing_commands(commands) -> None:

@@ -1,0 +1,41 @@
+"""``explain concepts atlas``: the options that need no model checked here (an empty or
+``auto`` --layer, --max-memory, the inputs, --out), before torch loads; then the job handed to
+the batch layer (:mod:`explain.batch.concept_atlas`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..batch.inputs import collect_inputs
+from ..batch.options import AtlasOptions, parse_channels
+from ..batch.storage import OutputFolder
+from ..errors import UsageError
+from .checks import check_max_memory
+
+
+def atlas_command(args) -> int:
+    options = AtlasOptions.from_values(args)
+    check_atlas_options(options)  # the mistakes that show without torch: answered at once
+    out_dir = Path(options.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    sources = collect_inputs(options.inputs, out_dir)  # and those in the inputs, before torch loads
+    OutputFolder(out_dir).create()  # and an --out that cannot be made or written to
+    from ..batch.concept_atlas import run_atlas
+
+    return run_atlas(options, sources)
+
+
+def check_atlas_options(options: AtlasOptions) -> None:
+    """``explain concepts atlas``'s options that need no model."""
+    if options.layer.auto or not options.layer.names:
+        raise UsageError(
+            f"--layer: name the layer(s) of the atlas, comma-separated, such as layer4 or block3; "
+            f"see `explain layers {options.model}`"
+        )
+    check_max_memory(options.max_memory)
+    if options.channels is not None:
+        try:
+            parse_channels(options.channels)
+        except ValueError as error:
+            raise UsageError(f"--channels {options.channels}: {error}") from None
