@@ -109,17 +109,23 @@ def test_saved_and_resumed_is_the_same_atlas(cnn, images, atlas, tmp_path):
     restored = ConceptAtlas.from_state_dict(torch.load(tmp_path / "atlas.pt", weights_only=True))
     batches = [(torch.arange(8, 16), images[8:16]), (torch.arange(16, 24), images[16:])]
     resumed = concept_atlas(cnn, batches, LAYERS, atlas=restored)
+    # the images given without their ids are numbered on from those the atlas holds
+    continued = concept_atlas(cnn, images[8:], LAYERS, atlas=ConceptAtlas.from_state_dict(part.state_dict()))
     for name in LAYERS:
         assert same_references(atlas.references(name), resumed.references(name)), name
+        assert same_references(atlas.references(name), continued.references(name)), name
     assert resumed.settings == atlas.settings
+    with pytest.raises(ValueError, match="targets go with a tensor of images"):
+        concept_atlas(cnn, batches, LAYERS, targets=torch.zeros(16, dtype=torch.long))
     with pytest.raises(ValueError, match="not a saved concept atlas"):
         ConceptAtlas.from_state_dict({"format": "other"})
 
 
 def test_batches_of_other_settings_or_sizes_are_refused(cnn, images, atlas):
-    other = AtlasProbe(cnn, LAYERS, activation="mean")(images[:2])
-    with pytest.raises(ValueError, match="probed with"):
-        ConceptAtlas.from_state_dict(atlas.state_dict()).update(other)
+    for other_setting in ({"activation": "mean"}, {"first_rule": "flat"}, {"normalization": ([0.5] * 3, [0.2] * 3)}):
+        other = AtlasProbe(cnn, LAYERS, **other_setting)(images[:2])
+        with pytest.raises(ValueError, match="probed with"):
+            ConceptAtlas.from_state_dict(atlas.state_dict()).update(other)
     larger = AtlasProbe(cnn, LAYERS)(torch.rand(2, 3, 64, 64))
     with pytest.raises(ValueError, match="same input size"):
         ConceptAtlas.from_state_dict(atlas.state_dict()).update(larger)

@@ -158,12 +158,45 @@ class Stopped(AtlasJob):
             super().finish(end, completed, summary)
 
 
-def _job(folder: Path, out: Path, job=AtlasJob, **stopping) -> int:
+def _job(folder: Path, out: Path, job=AtlasJob, first: int | None = None, **stopping) -> int:
+    """The job on the folder's images (its ``first`` ones only, where given)."""
     options = AtlasOptions(inputs=[str(folder / "in")], out=out, model=str(folder / "tiny.pt"),
                            trust_model_file=True, layer="conv2", top_n=2, batch_size=2, workers=0, quiet=True)
     out.mkdir(exist_ok=True)
     prepared = prepare_atlas(options, out)
-    return run_job(job(prepared, out, collect_inputs(options.inputs, out), **stopping))
+    return run_job(job(prepared, out, collect_inputs(options.inputs, out)[:first], **stopping))
+
+
+class StoppedAfterItsLastGroup(AtlasJob):
+    """Ctrl-C once every image is in the atlas, before the job's files are written."""
+
+    def group(self, indices, images):
+        super().group(indices, images)
+        if self.added == len(self.sources) - self.skipped:
+            raise KeyboardInterrupt
+
+
+def test_a_run_stopped_after_its_last_group_leaves_concepts_json_to_the_next_run(folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _job(folder, out, first=4) == EXIT_OK
+    assert json.loads((out / CONCEPTS_FILE).read_text())["images"] == 4
+    assert _job(folder, out, StoppedAfterItsLastGroup) == EXIT_INTERRUPTED
+    assert len(_state(out)["images"]) == 6  # the atlas saved whole; concepts.json still of 4
+    assert json.loads((out / CONCEPTS_FILE).read_text())["images"] == 4
+    capsys.readouterr()
+    assert _job(folder, out) == EXIT_OK  # nothing to add, and yet the files are of the 4
+    assert "0 images added to the atlas now, 6 skipped" in capsys.readouterr().out
+    assert json.loads((out / CONCEPTS_FILE).read_text())["images"] == 6
+
+
+def test_channels_that_a_layer_lacks_leave_it_without_patches(folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _cli(folder, out, "--channels", "2-9") == EXIT_OK
+    assert "conv2 has channels 0-3; the others are left out" in capsys.readouterr().err
+    assert _cli(folder, out, "--channels", "7-9") == EXIT_OK  # none of them: no patch, no failure
+    document = json.loads((out / CONCEPTS_FILE).read_text())
+    assert document["patch_channels"] == "7-9" and document["images"] == 6
+    assert not list((out / "patches").rglob("*.png"))
 
 
 def test_a_stopped_run_resumed_gives_the_atlas_of_one_run(folder, tmp_path, capsys):

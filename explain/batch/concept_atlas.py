@@ -205,7 +205,7 @@ class AtlasJob(DatasetJob):
         self.save()
         with device_errors(self.out_dir):
             write_failures(self.out_dir, self.failures)
-            stale = self.added or not concepts_current(self.out_dir, self.options)
+            stale = self.added or not concepts_current(self.out_dir, self.options, self.atlas)
             if completed and self.atlas.images and stale:  # interrupted: the next run writes them
                 files = AtlasFiles(self.options, self.loaded, self.atlas, self.prepared.layers, self.images)
                 write_concepts(self.out_dir, files)

@@ -101,19 +101,26 @@ class AtlasFiles:
     images: list[str]
 
 
-def concepts_current(out_dir: Path, options: AtlasOptions) -> bool:
+def concepts_current(out_dir: Path, options: AtlasOptions, atlas: ConceptAtlas) -> bool:
     """Whether ``concepts.json`` (and the patches) under ``out_dir`` are of this atlas's images
-    and ``--channels``, which a run that adds no image keeps."""
+    and ``--channels``, which a run that adds no image keeps (a run stopped after its last
+    save of the atlas left them behind it)."""
     try:
         document = json.loads((out_dir / CONCEPTS_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(document, dict) and document.get("patch_channels", "") == options.channels
+    return (
+        isinstance(document, dict)
+        and document.get("patch_channels", "") == options.channels
+        and document.get("images") == atlas.images
+    )
 
 
 def write_concepts(out_dir: Path, files: AtlasFiles) -> None:
     """Write each layer's reference patches (those of an earlier atlas removed) and ``concepts.json``."""
     options, atlas = files.options, files.atlas
+    # concepts.json goes first: stopped among the patches, no file names patches that are gone
+    (out_dir / CONCEPTS_FILE).unlink(missing_ok=True)
     shutil.rmtree(out_dir / PATCHES_FOLDER, ignore_errors=True)
     source = AtlasImages(files.loaded, files.images)
     layers = {layer: _layer_concepts(out_dir, files, source, layer) for layer in files.layers}

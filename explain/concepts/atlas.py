@@ -308,12 +308,14 @@ def concept_atlas(
     RelMax and ActMax reference images (with the position of each maximum) and statistics.
 
     ``images`` is a tensor (N, C, H, W), whose rows are the image ids, cut into batches of
-    ``batch_size``; or an iterable of batches, each a tensor (ids counted on from 0) or an
+    ``batch_size``; or an iterable of batches, each a tensor (ids counted on) or an
     ``(ids, tensor)`` pair (a :meth:`~explain.data.ShortcutSet.batches` iterator, a
     DataLoader yielding pairs). ``targets`` (a tensor, one class id per image of a tensor
     ``images``) explains given classes instead of the predicted ones. ``atlas`` goes on with
     an atlas (resume: one restored by :meth:`.ConceptAtlas.from_state_dict`, fed the images
-    it has not seen). ``probe_options`` go to :class:`~explain.concepts.AtlasProbe`
+    it has not seen); ids that ``images`` does not give are then counted on from the images
+    it holds (:attr:`.ConceptAtlas.images`), as in one uninterrupted call.
+    ``probe_options`` go to :class:`~explain.concepts.AtlasProbe`
     (``top_k``, ``activation``, ``relevance``, ``normalized``, the LRP rules, ``batch_size``
     of the inner batches is ``inner_batch_size`` here). Memory: the atlas's tensors, whose
     size does not depend on the number of images, and one batch at a time.
@@ -323,11 +325,14 @@ def concept_atlas(
     """
     inner = probe_options.pop("inner_batch_size", None)
     probe = AtlasProbe(model, layers, batch_size=inner, **probe_options)
+    if targets is not None and not isinstance(images, Tensor):
+        raise ValueError("targets go with a tensor of images (one class id per row); give the images as a tensor")
     atlas = ConceptAtlas(top_n) if atlas is None else atlas
+    first = atlas.images  # an atlas gone on with numbers its new images on
     total = len(images) if isinstance(images, Tensor) else 0
     with call_settings(max_memory, progress), Passes("atlas", total) as passes:
-        for ids, batch in _batches(images, positive_int("batch_size", batch_size)):
-            rows = None if targets is None or not isinstance(images, Tensor) else targets[ids]
+        for ids, batch in _batches(images, positive_int("batch_size", batch_size), first):
+            rows = None if targets is None else targets[ids - first]
             atlas.update(probe(batch, ids, rows))
             if not total:
                 passes.total = passes.done + len(batch)
@@ -335,13 +340,15 @@ def concept_atlas(
     return atlas
 
 
-def _batches(images, batch_size: int) -> Iterator[tuple[Tensor, Tensor]]:
-    """(ids, images) of each batch of ``images`` (see :func:`.concept_atlas`)."""
+def _batches(images, batch_size: int, first: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+    """(ids, images) of each batch of ``images`` (see :func:`.concept_atlas`), ids counted from
+    ``first`` where ``images`` does not give them."""
     if isinstance(images, Tensor):
         for start in range(0, len(images), batch_size):
-            yield torch.arange(start, min(start + batch_size, len(images))), images[start : start + batch_size]
+            ids = torch.arange(start, min(start + batch_size, len(images))) + first
+            yield ids, images[start : start + batch_size]
         return
-    counted = 0
+    counted = first
     for item in images:
         if isinstance(item, Tensor):
             ids, batch = torch.arange(counted, counted + len(item)), item

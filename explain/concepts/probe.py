@@ -142,6 +142,9 @@ class AtlasProbe:
             "composite": composite,
             "epsilon": float(epsilon),
             "gamma": float(gamma),
+            "first_rule": first_rule,
+            # the z-box bounds, as LRP resolved them (plain lists: the settings are saved)
+            "normalization": [lrp.mean.flatten().tolist(), lrp.std.flatten().tolist()],
         }
         self.checked = False
 

@@ -152,6 +152,8 @@ def reference_patches(
     passes_ = ConceptPasses(LRP(model, composite=composite, **lrp_options))
     ((name, module),) = resolve_layers(model, layer).items()
     rows = (ids >= 0).nonzero().tolist()
+    if not rows:  # no channel asked for, or no reference yet: nothing to run
+        return ReferencePatches(layer, mode, picked, ids, references.values[:, picked].T, boxes)
     given = None if batch_size is None else positive_int("batch_size", batch_size)
     with (
         model_lock(model),
