@@ -4,21 +4,17 @@ the batch layer (:mod:`explain.batch.concept_atlas`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..batch.inputs import collect_inputs
 from ..batch.options import AtlasOptions, parse_channels
 from ..batch.storage import OutputFolder
 from ..errors import UsageError
-from .checks import check_max_memory
+from .checks import check_max_memory, out_folder
 
 
 def atlas_command(args) -> int:
     options = AtlasOptions.from_values(args)
     check_atlas_options(options)  # the mistakes that show without torch: answered at once
-    out_dir = Path(options.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    out_dir = out_folder(options.out)
     sources = collect_inputs(options.inputs, out_dir)  # and those in the inputs, before torch loads
     OutputFolder(out_dir).create()  # and an --out that cannot be made or written to
     from ..batch.concept_atlas import run_atlas

@@ -3,20 +3,15 @@ then handed to the batch layer (:mod:`explain.batch.evaluating`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..batch.inputs import collect_inputs
 from ..batch.options import EvaluateOptions
-from ..errors import UsageError
-from .checks import check_evaluate_options
+from .checks import check_evaluate_options, out_folder
 
 
 def evaluate_command(args) -> int:
     options = EvaluateOptions.from_values(args)
     check_evaluate_options(options)  # the mistakes that show without torch: answered at once
-    out_dir = Path(options.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    out_dir = out_folder(options.out)
     sources = collect_inputs(options.inputs, out_dir)  # and those in the inputs, before torch loads
     from ..batch.evaluating import run_evaluation
 

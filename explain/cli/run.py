@@ -4,12 +4,10 @@ batch layer, on this machine (:mod:`explain.batch.local_run`) or on Ray Data (``
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..batch.options import RunOptions
 from ..batch.storage import OutputFolder, is_uri
 from ..errors import UsageError
-from .checks import check_run_options
+from .checks import check_run_options, out_folder
 
 
 def run_command(args) -> int:
@@ -28,9 +26,7 @@ def run_command(args) -> int:
             f"--out {options.out}: the local engine writes to a folder on this machine; folders given by "
             "URI take --engine ray"
         )
-    out_dir = Path(options.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    out_dir = out_folder(options.out)
     from ..batch.inputs import collect_inputs, input_extensions  # numpy and PIL: after the checks above
 
     # mistakes in the inputs answer before torch loads
