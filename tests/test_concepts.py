@@ -20,7 +20,7 @@ import pytest
 import torch
 import torchvision
 from conftest import BackwardFails, ModelState, listening
-from torch import nn
+from test_relevance import tiny_model  # the model whose LRP relevances are worked out there by hand
 
 import explain
 from explain.concepts import CRP, Concept, concept_figure, concept_overlays
@@ -35,18 +35,6 @@ R1 = [1.56875, 1.43125]
 R2 = [2.75, 0.25]
 # Channel c of the first ReLU, back to the pixels' two channels by the z-box rule.
 PIXELS = [[R1[0] * 2 / 2.5, R1[0] * 0.5 / 2.5], [R1[1] * 4 / 5.5, R1[1] * 1.5 / 5.5]]
-
-
-def tiny_model() -> nn.Module:
-    first, second, head = nn.Conv2d(2, 2, 1), nn.Conv2d(2, 2, 1), nn.Linear(2, 2)
-    with torch.no_grad():
-        first.weight.copy_(torch.tensor([[1.0, -1.0], [2.0, 1.0]])[:, :, None, None])
-        first.bias.copy_(torch.tensor([0.5, -1.0]))
-        second.weight.copy_(torch.tensor([[1.0, 1.0], [-1.0, 1.0]])[:, :, None, None])
-        second.bias.copy_(torch.tensor([0.0, -1.0]))
-        head.weight.copy_(torch.tensor([[1.0, 2.0], [0.5, -1.0]]))
-        head.bias.copy_(torch.tensor([0.5, 0.0]))
-    return nn.Sequential(first, nn.ReLU(), second, nn.ReLU(), nn.Flatten(), head).eval()
 
 
 def test_channel_relevances_and_conditional_maps_by_hand():
