@@ -45,7 +45,7 @@ from .loop import LoopEnd, OutOfMemory, in_halves
 from .options import AtlasOptions
 from .outcome import report_failure
 from .progress import time_taken
-from .storage import device_errors
+from .storage import device_errors, out_folder
 
 #: The saved atlas (a dict of tensors and plain values, read back with ``weights_only``).
 ATLAS_FILE = "atlas.pt"
@@ -226,9 +226,7 @@ class AtlasJob(DatasetJob):
 def run_atlas(options: AtlasOptions, sources: list[Source] | None = None) -> int:
     """``explain concepts atlas``: the atlas of the images ``options.inputs`` name (or of
     ``sources``) under ``options.out``, going on with the atlas there; the exit status."""
-    out_dir = Path(options.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    out_dir = out_folder(options.out)
     max_memory_option(options.max_memory)
     if sources is None:
         sources = collect_inputs(options.inputs, out_dir)

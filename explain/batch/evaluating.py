@@ -49,7 +49,7 @@ from .outcome import report_failure
 from .page import page_run, write_page
 from .preparation import checked_explainers
 from .progress import time_taken
-from .storage import OutputFolder, device_errors
+from .storage import OutputFolder, device_errors, out_folder
 
 
 def _save_figure(path: Path, figure) -> None:
@@ -346,9 +346,7 @@ def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
     """``explain evaluate``: check the options against the model, then compute the scores that are
     missing under ``args.out`` (of ``sources``: by default the images that ``args.inputs``
     name); returns the exit status."""
-    out_dir = Path(args.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    out_dir = out_folder(args.out)
     metrics = parse_metrics(args.metrics, with_regions=args.regions is not None)
     max_memory_option(args.max_memory)
     if args.regions is not None:

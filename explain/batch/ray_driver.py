@@ -40,7 +40,7 @@ from .planning import finished_pairs
 from .progress import label_summary, progress_bar, run_summary
 from .ray_files import ROWS_SUFFIX, DriverManifest, PlanFiles
 from .ray_stream import CLOSE_SECONDS, Stream, ask_actors_to_stop, kept_lines, kept_row_files, kept_rows, wait_for_calls
-from .storage import OutputDeviceError, OutputFolder
+from .storage import OutputDeviceError, OutputFolder, out_folder
 
 #: Ray Data's block size for the run: a decoded batch (16 images at 224 px: 2.4 MB) is passed
 #: on at once instead of gathered with the rest of its file, so that rows reach the manifest
@@ -94,9 +94,7 @@ def run_on_ray(args: RunOptions) -> int:
     """``explain run --engine ray``: plan here, explain on Ray; returns the exit status."""
     folder = OutputFolder(args.out)
     local = folder.filesystem is None
-    out_dir = Path(args.out)
-    if local and out_dir.exists() and not out_dir.is_dir():
-        raise UsageError(f"--out {out_dir} is a file; pass a folder")
+    out_dir = out_folder(args.out) if local else Path(args.out)
     listing = InputListing(args.inputs, out_dir if local else None)
     ray = import_ray()
     folder.create()

@@ -220,3 +220,12 @@ def _read_only(path: str) -> bool:
         return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
         return False
+
+
+def out_folder(out) -> Path:
+    """``--out`` as a folder on this machine: one that exists as a file is refused (every
+    command that writes a folder of outputs checks it, before torch loads)."""
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--out {path} is a file; pass a folder")
+    return path

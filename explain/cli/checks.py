@@ -18,7 +18,6 @@ import difflib
 import os
 import re
 import sys
-from pathlib import Path
 
 from ..batch.options import NameList
 from ..errors import UsageError
@@ -211,12 +210,3 @@ def check_evaluate_options(args) -> None:
                 f"--regions is read only by {', '.join(LOCALISATION_METRICS)}; add one of them to --metrics"
             )
     check_step(args.step, metrics)
-
-
-def out_folder(out) -> Path:
-    """``--out`` as a folder: one that exists as a file is refused (every command that writes
-    a folder of outputs checks it before torch loads)."""
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {path} is a file; pass a folder")
-    return path

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from ..batch.inputs import collect_inputs
 from ..batch.options import AtlasOptions, parse_channels
-from ..batch.storage import OutputFolder
+from ..batch.storage import OutputFolder, out_folder
 from ..errors import UsageError
-from .checks import check_max_memory, out_folder
+from .checks import check_max_memory
 
 
 def atlas_command(args) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..batch.inputs import collect_inputs
 from ..batch.options import EvaluateOptions
-from .checks import check_evaluate_options, out_folder
+from ..batch.storage import out_folder
+from .checks import check_evaluate_options
 
 
 def evaluate_command(args) -> int:

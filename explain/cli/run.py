@@ -5,9 +5,9 @@ batch layer, on this machine (:mod:`explain.batch.local_run`) or on Ray Data (``
 from __future__ import annotations
 
 from ..batch.options import RunOptions
-from ..batch.storage import OutputFolder, is_uri
+from ..batch.storage import OutputFolder, is_uri, out_folder
 from ..errors import UsageError
-from .checks import check_run_options, out_folder
+from .checks import check_run_options
 
 
 def run_command(args) -> int:
