@@ -220,6 +220,8 @@ class CheckedRun:
     messages: str = ""  # what the check printed (a note on random weights), for the driver to show
     class_names: list[str] = field(default_factory=list)  # the model's, for --labels
     zoom: float | None = None  # how the model's crop frames an image (explain.batch.decoding.crop_zoom)
+    #: method -> its concepts per target (--method crp: one row each), for the methods that have them
+    concepts: dict[str, int] = field(default_factory=dict)
 
     @property
     def records(self):
