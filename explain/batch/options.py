@@ -148,6 +148,9 @@ class RunOptions(ModelOptions):
     #: --copy-originals: index.html shows thumbnails copied into the output folder, not links
     #: to the inputs (see explain.batch.page.OriginalCopies)
     copy_originals: bool = False
+    #: --atlas: an `explain concepts atlas` folder whose concept pages index.html links
+    #: --method crp's concepts to (see explain.batch.page.atlas_links)
+    atlas: Path | None = None
     engine: str = "local"
     address: str | None = None
     actors: int | None = None
