@@ -90,6 +90,7 @@ def test_crp_writes_an_overlay_per_concept_with_its_id_and_relevance(folder, tmp
             assert saved["concept_ids"].tolist() == channels
             np.testing.assert_allclose(saved["concept_relevances"], relevances, rtol=1e-5)
             np.testing.assert_allclose(saved["raw_conv2"].sum(axis=(1, 2)), relevances, rtol=1e-3, atol=1e-6)
+    _ray_driver_finds(out, rows)
     # a rerun finds every output; one overlay deleted is made again, the rest skipped
     assert _run(folder, out, "--method", "gradcam,crp", "-M", "crp:concepts=2", "-M", "crp:layer=conv2",
                 "--save-maps") == 0
@@ -106,6 +107,29 @@ def test_crp_writes_an_overlay_per_concept_with_its_id_and_relevance(folder, tmp
     assert _run(folder, out, "--method", "crp", "-M", "crp:concepts=3", "-M", "crp:layer=conv2") == 0
     third = [row for row in _rows(out) if row["method"] == "crp"]
     assert len(third) == 9 and {row["status"] for row in third} == {"ok"}
+
+
+def _ray_driver_finds(out: Path, rows: list[dict]) -> None:
+    """The Ray driver's resume (planning.finished_pairs, by hashes) finds an image's crp
+    outputs finished where each of its concepts' rows is, and not with more concepts asked
+    for, or one overlay gone."""
+    from explain.batch.options import CheckedRun
+    from explain.batch.planning import finished_pairs
+
+    crp = [row for row in rows if row["method"] == "crp"]
+    inputs = sorted({row["input"] for row in crp})
+    lines = (out / "manifest.jsonl").read_text(encoding="utf-8").splitlines()
+
+    def finished(concepts: int, exists=lambda name: (out / name).is_file()) -> set[int]:
+        checked = CheckedRun(["crp"], ["top1"], {"crp": "conv2"}, {"crp": crp[0]["settings"]}, "classify", [], [],
+                             False, "cpu", concepts={"crp": concepts})
+        return finished_pairs(lines, inputs, checked, exists, True)[1]
+
+    assert finished(2) == {hash((input, "crp")) for input in inputs}
+    assert finished(3) == set()
+    gone = crp[0]["output"]
+    assert finished(2, lambda name: name != gone and (out / name).is_file()) == {
+        hash((input, "crp")) for input in inputs if input != crp[0]["input"]}
 
 
 def test_crp_gives_each_target_its_concepts(folder, tmp_path):
@@ -129,7 +153,7 @@ def _tiny_vit(path: Path) -> Path:
     (["--method", "crp", "-M", "crp:concepts=5", "-M", "crp:layer=conv2"],
      "layer conv2 has 4 channels, fewer than concepts=5; give concepts=4 or less"),
     (["--method", "crp", "--metrics", "sparseness"], "its maps are per concept, and --metrics score the map"),
-    (["--method", "crp", "-M", "crp:layer=nothing"], "nothing"),
+    (["--method", "crp", "-M", "crp:layer=nothing"], "model has no layer named 'nothing'; top-level layers are: conv1"),
 ])
 def test_crp_mistakes_are_usage_errors(folder, tmp_path, capsys, extra, message):
     assert _run(folder, tmp_path / "out", *extra) == 2
