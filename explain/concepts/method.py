@@ -1,7 +1,7 @@
 """Concept Relevance Propagation as a method of the registry (``crp``), so that ``explain run
 --method crp`` and :func:`~explain.explainer` make it as any method: each target's most
-relevant channels of a layer, each with its conditional heatmap (:class:`.CRP` computes
-them), laid out as :class:`~explain.ConceptExplanation` s are."""
+relevant channels of a layer, each with its conditional heatmap
+(:class:`~explain.concepts.CRP` computes them), laid out as :class:`~explain.ConceptExplanation` s are."""
 
 from __future__ import annotations
 
