@@ -152,12 +152,19 @@ def _tiny_vit(path: Path) -> Path:
 @pytest.mark.parametrize("extra, message", [
     (["--method", "crp", "-M", "crp:concepts=5", "-M", "crp:layer=conv2"],
      "layer conv2 has 4 channels, fewer than concepts=5; give concepts=4 or less"),
-    (["--method", "crp", "--metrics", "sparseness"], "its maps are per concept, and --metrics score the map"),
+    (["--method", "crp", "--metrics", "sparseness"],
+     "--method crp: its maps are per concept, and --metrics score the map of a target; run it without --metrics"),
     (["--method", "crp", "-M", "crp:layer=nothing"], "model has no layer named 'nothing'; top-level layers are: conv1"),
 ])
 def test_crp_mistakes_are_usage_errors(folder, tmp_path, capsys, extra, message):
     assert _run(folder, tmp_path / "out", *extra) == 2
     assert message in capsys.readouterr().err
+
+
+def test_explain_evaluate_refuses_crp(folder, tmp_path, capsys):
+    assert main(["evaluate", str(folder / "in" / "img0.png"), "--model", str(folder / "tiny.pt"), "--trust-model-file",
+                 "--metrics", "sparseness", "-q", "-j", "0", "--out", str(tmp_path / "one"), "--methods", "crp"]) == 2
+    assert "--method crp: its maps are per concept, and explain evaluate scores the map" in capsys.readouterr().err
 
 
 def test_crp_on_a_transformer_says_why_not(folder, tmp_path, capsys):

@@ -139,7 +139,7 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         layer = _task_layer(args, loaded, task, metrics)
     explainers, layers = checked_explainers(args, loaded, layer, target, method_options, **flag_options)
     if metrics:
-        explainers = _without_concepts(args, explainers)
+        explainers = without_concepts(args, explainers, "--metrics score the map of a target", "without --metrics")
     segments = _segments(args, loaded, task, explainers, metrics)
     costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
     settings = _method_settings(args, task, flag_options, explainers, method_options)
@@ -165,16 +165,16 @@ def checked_explainers(
     return explainers, layers
 
 
-def _without_concepts(args: RunOptions, explainers: list) -> list:
-    """With --metrics, the explainers but the concept methods (crp), whose maps are per
-    concept, not the map of a target that the metrics score: left out of --method all with a
-    note, a usage error where named."""
+def without_concepts(args: RunOptions | EvaluateOptions, explainers: list, scored: str, fix: str) -> list:
+    """The explainers but the concept methods (crp), whose maps are per concept, not the map
+    of a target that metrics score (``scored``: what scores them): left out of --method all
+    with a note, a usage error that says to run it ``fix`` where named."""
     concepts = [cam.name for cam in explainers if concept_count(cam)]
     if not concepts:
         return explainers
-    why = "its maps are per concept, and --metrics score the map of a target"
+    why = f"its maps are per concept, and {scored}"
     if not args.methods.every:
-        raise UsageError(f"--method {', '.join(concepts)} with --metrics: {why}; run it without --metrics")
+        raise UsageError(f"--method {', '.join(concepts)}: {why}; run it {fix}")
     for name in concepts:
         print(f"explain: --method all: leaving out {name}: {why}", file=sys.stderr)
     return [cam for cam in explainers if not concept_count(cam)]
