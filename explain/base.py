@@ -163,6 +163,10 @@ class Explainer:
     #: Whether the maps are per concept (N, k, ...), found across the batch, not per target
     #: (Deep Feature Factorization): a call takes no targets, and the batch CLI leaves it out.
     per_concept: ClassVar[bool] = False
+    #: Whether the maps of each target are its image's most relevant concepts, ``concepts``
+    #: of them (Concept Relevance Propagation): maps (N, targets * concepts, ...), which the
+    #: batch CLI writes one overlay per concept, its id and relevance in the manifest.
+    per_image_concepts: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module, *, class_names: Sequence[str] | None = None):
         if not isinstance(model, nn.Module):

@@ -1,8 +1,8 @@
 """The catalogue of methods: every registered method, the built-in ones included, by name.
 
-Importing this module imports :mod:`explain.methods`, whose classes register themselves
-(:func:`explain.register`), so the catalogue lists them; a class registered later is listed
-too.
+Importing this module imports :mod:`explain.methods` and :mod:`explain.concepts` (``crp``),
+whose classes register themselves (:func:`explain.register`), so the catalogue lists them;
+a class registered later is listed too.
 
 >>> "gradcam" in method_names()
 True
@@ -15,6 +15,7 @@ import inspect
 from torch import nn
 
 from .base import Explainer, check_training_options, cost_text, registered, registered_class
+from .concepts import ConceptRelevance  # noqa: F401 -- registers crp, the concept layer's method
 from .methods import tunnel_class  # (importing the methods registers the built-in ones)
 
 __all__ = ["describe_methods", "explainer", "method_class", "method_names"]

@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 __all__ = [
+    "CONCEPT_FIELDS",
     "MANIFEST_FIELDS",
     "SEGMENTS_FIELD",
     "TASK_FIELDS",
@@ -68,6 +69,12 @@ class ManifestRecord:
     label_id: int | None = None  # with --labels: the image's true class id
     label_name: str | None = None  # its class name
     correct: bool | None = None  # whether the model's top class is the label (true, false; empty without one)
+    #: Written after the columns only for the concepts of a concept method (``--method crp``),
+    #: one row per concept: the concept (``layer:channel``), its rank among the target's
+    #: concepts (1 the most relevant) and its relevance for the target, R(concept | target).
+    concept: str | None = None
+    concept_rank: int | None = None
+    concept_relevance: float | None = None
     #: Written after the columns only for segmentation and detection rows (``explain run --task``):
     #: the task (segment or detect) and the region, what the output explains: ``{kind, pixels, box}``
     #: of the class's region (kind: predicted, mask or box), or ``{box, score, index}`` of the box.
@@ -89,7 +96,9 @@ class ManifestRecord:
 
 #: Every column a record has, in order.
 RECORD_FIELDS = tuple(field.name for field in dataclasses.fields(ManifestRecord))
-#: Written after the columns only for segmentation and detection rows: ``task`` and ``region``.
+#: Written after the columns only for the rows of a concept method (``--method crp``).
+CONCEPT_FIELDS = ("concept", "concept_rank", "concept_relevance")
+#: Written after those only for segmentation and detection rows: ``task`` and ``region``.
 TASK_FIELDS = ("task", "region")
 #: Written after those only with ``explain run --metrics``.
 METRICS_FIELD = "metrics"
@@ -97,7 +106,9 @@ METRICS_FIELD = "metrics"
 SEGMENTS_FIELD = "segments"
 #: Columns of the manifest, one JSON object per line in this key order: those of
 #: :class:`ManifestRecord` that every row has.
-MANIFEST_FIELDS = tuple(name for name in RECORD_FIELDS if name not in (*TASK_FIELDS, METRICS_FIELD, SEGMENTS_FIELD))
+MANIFEST_FIELDS = tuple(
+    name for name in RECORD_FIELDS if name not in (*CONCEPT_FIELDS, *TASK_FIELDS, METRICS_FIELD, SEGMENTS_FIELD)
+)
 
 
 #: Bytes that the name of :func:`atomic_write`'s temporary file adds to the name it stands for
@@ -158,7 +169,8 @@ def _json_value(value):
 
 def write_manifest(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Write rows as JSON Lines with the columns of :data:`MANIFEST_FIELDS` (then
-    :data:`TASK_FIELDS` for segmentation and detection rows, and ``metrics`` and ``segments``
+    :data:`CONCEPT_FIELDS` for a concept method's rows, :data:`TASK_FIELDS` for
+    segmentation and detection rows, and ``metrics`` and ``segments``
     where a row has them), atomically."""
     lines = [manifest_line(row) for row in rows]
     atomic_write(path, ("\n".join(lines) + "\n" if lines else "").encode("utf-8"))
@@ -169,6 +181,8 @@ def manifest_line(row: dict) -> str:
     not UTF-8 (held by Python as surrogate escapes) makes its line ASCII, with ``\\udcXX``
     escapes that ``json.loads`` reads back to the same name: lossless, and valid UTF-8."""
     fields = {key: _json_value(row.get(key)) for key in MANIFEST_FIELDS}
+    if row.get("concept_rank") is not None:
+        fields.update({key: _json_value(row.get(key)) for key in CONCEPT_FIELDS})
     if row.get("task") not in (None, "classify"):
         fields.update({key: _json_value(row.get(key)) for key in TASK_FIELDS})
     if row.get(METRICS_FIELD) is not None:

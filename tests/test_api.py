@@ -73,8 +73,9 @@ def test_methods_and_factory():
     assert {described[name]["family"] for name in LAYER_ATTRIBUTIONS} == {"layer attribution"}
     assert all(described[name]["needs_layer"] for name in LAYER_ATTRIBUTIONS)
     assert {described[name]["family"] for name in RELEVANCE} == {"relevance"}
-    for name in RELEVANCE:  # maps at a layer, as the CAMs'
-        assert isinstance(explain.explainer(name, model, target_layer="layer3"), explain.BaseCAM)
+    for name in RELEVANCE:  # maps at a layer, as the CAMs'; CRP's per concept of the layer (test_crp_cli.py)
+        made = explain.explainer(name, model, target_layer="layer3")
+        assert isinstance(made, explain.BaseCAM) != made.per_image_concepts
     assert [name for name in METHODS + ATTRIBUTIONS if described[name]["needs_layer"]] == (
         [name for name in METHODS if isinstance(explain.explainer(name, model), explain.BaseCAM)] + ["guidedgradcam"])
 

@@ -139,7 +139,8 @@ FAMILIES = {"yolo": (yolov8n, (128, 160), "model.model.9"),
 # models (YOLO adds and multiplies in forward, DETR attends).
 SKIP = {"cam", "finercam", "lrp", "attnlrp", "attention-rollout", "attention-relevance", "legrad", "excitation-backprop",
         "c-excitation-backprop",
-        "sess", "dff"}  # SESS scores patches by a class (a box moves with the patch); DFF's maps are per concept
+        "sess", "dff", "crp"}  # SESS scores patches by a class (a box moves with the patch); DFF's and CRP's maps
+# are per concept (CRP's of a classifier's class: tests/test_crp_cli.py)
 # One masked pass per channel of YOLO's 256-channel SPPF: Score-CAM stands for its variants.
 SLOW_ON_YOLO = {"sscam", "iscam", "ablationcam"}
 

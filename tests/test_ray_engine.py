@@ -22,7 +22,7 @@ import explain.batch.ray_stages
 import explain.ray_data
 from explain.cli import main
 from explain.errors import UsageError
-from explain.report import MANIFEST_FIELDS
+from explain.report import CONCEPT_FIELDS, MANIFEST_FIELDS
 from explain.batch.ray_driver import import_ray
 from explain.ray_data import explain_dataset
 from explain.viewer import DATA_FOLDER, read_page
@@ -67,19 +67,19 @@ def _files(out: Path) -> set[str]:
 
 
 def _by_key(rows: list[dict]) -> dict[tuple, dict]:
-    keyed = {(r["input"], r["method"], r["target"]): r for r in rows}
+    keyed = {(r["input"], r["method"], r["target"], r.get("concept_rank")): r for r in rows}
     assert len(keyed) == len(rows), "a manifest row is written twice"
     return keyed
 
 
 def _read_rows(path: Path) -> list[dict]:
     """The manifest's rows, parsed as strictly as :func:`test_cli.read_rows`; a last field of
-    metric values (--metrics) allowed."""
+    metric values (--metrics) allowed, and the concept columns of --method crp."""
     text = path.read_text(encoding="utf-8")
     assert text == "" or text.endswith("\n")
     rows = [json.loads(line) for line in text.splitlines()]
     for row in rows:
-        assert list(row) in (list(MANIFEST_FIELDS), [*MANIFEST_FIELDS, "metrics"])
+        assert list(row) in (list(MANIFEST_FIELDS), [*MANIFEST_FIELDS, "metrics"], [*MANIFEST_FIELDS, *CONCEPT_FIELDS])
     return rows
 
 
@@ -143,6 +143,28 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
     assert all(set(row["metrics"]) == {"sparseness"} for row in ray_rows.values() if row["status"] == "ok")
     assert all(row["metrics"]["sparseness"] > 0 for row in ray_rows.values() if row["status"] == "ok")
     assert sum("~" in name for name in _files(on_ray)) == 6  # two overlays and a .npz of each method
+
+
+def test_crp_runs_on_ray_as_locally(tmp_path, capsys):
+    # The actors' GroupExplainer runs --method crp as the local engine's: the same concept rows
+    # (channel, rank, relevance) and overlays.
+    from test_crp_cli import _tiny_cnn
+
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        noise_image(i, size=(40, 32)).save(tmp_path / "in" / f"n{i}.png")
+    torch.save(_tiny_cnn(), tmp_path / "tiny.pt")
+    os.chdir(tmp_path)
+    # the model by its absolute path, as the Ray engine records it in the settings
+    options = ["in", "--model", str(tmp_path / "tiny.pt"), "--trust-model-file", "--method", "crp", "-M", "crp:concepts=2",
+               "-M", "crp:layer=conv2", "-q"]
+    assert main(["run", *options, "--out", "local", "-j", "0"]) == 0
+    assert main(["run", *options, "--out", "on_ray", "--engine", "ray", "--batch-size", "2"]) == 0
+    rows = _same_rows(tmp_path / "on_ray", tmp_path / "local")
+    assert sorted(key[3] for key in rows) == [1, 1, 1, 2, 2, 2]
+    assert all(row["status"] == "ok" and row["concept"].startswith("conv2:") for row in rows.values())
+    assert _files(tmp_path / "on_ray") == _files(tmp_path / "local")
+    # (the driver's resume of concept rows, planning.finished_pairs: tests/test_crp_cli.py)
 
 
 def test_outputs_to_a_folder_given_by_uri(tmp_path, capsys):

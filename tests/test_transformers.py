@@ -357,6 +357,8 @@ REFUSED = {
     "c-excitation-backprop": "attention",
     "drise": "explains a detector's boxes",      # a classifier has none
 }
+# Concept Relevance Propagation runs LRP: no rule for attention either.
+REFUSED.update({m: "attention" for m in explain.method_names() if explain.method_class(m).per_image_concepts})
 # Swin's windowed attention, computed by hand, is seen and refused as windowed.
 REFUSED_SWIN = {method: "windowed attention, as in Swin" for method in ("attention-rollout", "attention-relevance",
                                                                         "legrad")}
@@ -386,7 +388,7 @@ def test_every_method_on_transformers(name):
         assert res.targets.tolist() == logits_of(res.logits).argmax(1).tolist(), (name, method)
         ran.append(method)
     state.assert_unchanged()
-    assert len(ran) >= len(explain.method_names()) - 13  # Swin: 3 skipped, 9 refused; DFF
+    assert len(ran) >= len(explain.method_names()) - 14  # Swin: 3 skipped, 10 refused (CRP among them); DFF
 
 
 def test_score_cams_on_vit_b16():
@@ -476,9 +478,10 @@ def test_cli_runs_a_hugging_face_folder_and_leaves_out_what_does_not_apply(tmp_p
     err = capsys.readouterr().err
     assert "leaving out cam: " in err and "leaving out lrp: " in err and "leaving out drise: " in err
     assert "leaving out excitation-backprop: " in err and "leaving out c-excitation-backprop: " in err
-    assert "leaving out dff: its maps are per concept" in err
+    assert "leaving out dff: its maps are per concept" in err and "leaving out crp: " in err
     methods = {json.loads(line)["method"] for line in (tmp_path / "all" / "manifest.jsonl").read_text().splitlines()}
-    assert methods == set(explain.method_names()) - {
+    concepts = {m for m in explain.method_names() if explain.method_class(m).per_image_concepts}  # CRP
+    assert methods == set(explain.method_names()) - concepts - {
         "cam", "lrp", "drise", "excitation-backprop", "c-excitation-backprop", "dff"}
     # Named explicitly, a method that does not apply is a usage error that says why.
     assert main(["run", str(photo), "--out", str(tmp_path / "cam"), "--model", str(folder), "--method", "cam"]) == 2

@@ -222,8 +222,8 @@ def test_embedders(name):
     state = ModelState(inner)
     refused = set()
     for method in explain.method_names():
-        if method in ("sscam", "iscam") or (method == "scorecam" and name != "clip") or method == "dff":
-            continue  # one pass per channel: Score-CAM runs on CLIP's 32 channels only
+        if method in ("sscam", "iscam") or (method == "scorecam" and name != "clip") or method in ("dff", "crp"):
+            continue  # one pass per channel: Score-CAM runs on CLIP's 32 channels only; DFF, CRP: per concept
         options = CHEAP.get(method, {})
         try:
             with torch.no_grad():

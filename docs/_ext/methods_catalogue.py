@@ -126,7 +126,7 @@ def _table(rows: list[dict[str, object]]) -> list[str]:
 def _method_section(row: dict[str, object]) -> list[str]:
     cls = row["cls"]
     title = f"``{row['name']}``: {cls.__name__}"
-    facts = {"class": f":class:`explain.{cls.__name__}`", "family": row["family"],
+    facts = {"class": f":class:`{public_name(cls)}`", "family": row["family"],
              "cost per image and target": row["cost"], "target layer": "yes" if row["needs_layer"] else "no",
              "applies to": row["applies_to"], "paper": row["paper"]}
     lines = [f".. _{anchor(str(row['name']))}:", "", title, "~" * len(title), "",
@@ -159,9 +159,21 @@ def catalogue_rst() -> list[str]:
     return lines
 
 
+def public_name(cls: type) -> str:
+    """Where the reference documents ``cls``: ``explain.NAME`` for the methods of
+    explain.methods, which explain exports, else its package's name (``explain.concepts``'s
+    ``crp``)."""
+    if cls.__module__.startswith("explain.methods."):
+        return f"explain.{cls.__name__}"
+    return f"{cls.__module__.rsplit('.', 1)[0]}.{cls.__name__}"
+
+
 def _module(cls: type) -> str:
-    """The file of ``cls`` under explain/methods/ (``relevance/excitation.py``)."""
-    return cls.__module__.removeprefix("explain.methods.").replace(".", "/") + ".py"
+    """The file of ``cls`` under explain/methods/ (``relevance/excitation.py``), or under
+    explain/ for a method registered elsewhere (``concepts/method.py``)."""
+    if cls.__module__.startswith("explain.methods."):
+        return cls.__module__.removeprefix("explain.methods.").replace(".", "/") + ".py"
+    return cls.__module__.removeprefix("explain.").replace(".", "/") + ".py"
 
 
 def _cell(text: str) -> str:

@@ -2,8 +2,9 @@
 reference patches (PNG crops of the region where the channel is relevant in each of its
 RelMax and ActMax images, from :func:`~explain.concepts.reference_patches`) under
 ``patches/LAYER/CHANNEL/``, ``concepts.json`` (per channel: the reference images, boxes,
-values and classes of both kinds, the patches' files, and the channel's statistics), and
-``failures.csv`` (the images this run could not read).
+values and classes of both kinds, the patches' files, and the channel's statistics),
+``index.html`` (the atlas's page, :mod:`explain.viewer.concept_page`) and ``failures.csv``
+(the images this run could not read).
 
 Only the images the atlas names are decoded again, a few at a time: the memory is one inner
 batch of them, not the dataset."""
@@ -26,18 +27,21 @@ from torch import Tensor
 from ..concepts import ConceptAtlas, ReferencePatches, reference_patches
 from ..models import LoadedModel
 from ..report import atomic_write
+from ..viewer.concept_page import CONCEPTS_FILE, PAGE_FILE, concept_page
 from .decoding import ModelInputs
 from .manifest import safe_name
 from .options import AtlasOptions, parse_channels
 
-#: The atlas's description, per layer and channel.
-CONCEPTS_FILE = "concepts.json"
 #: The format entry of ``concepts.json``.
 CONCEPTS_FORMAT = "explain.concepts.atlas-files/1"
 #: The folder of the reference patches.
 PATCHES_FOLDER = "patches"
 #: The images that could not be read (image,error).
 FAILURES_FILE = "failures.csv"
+#: Where the page looks for the concepts' feature visualisations: ``explain concepts
+#: visualize MODEL LAYER:CHANNELS --out ATLAS/visualizations`` writes them there
+#: (:func:`visual_link`); a concept without one shows none.
+VISUALS_FOLDER = "visualizations"
 #: Kinds of reference: (the atlas's mode, its name in concepts.json and the patches' files).
 KINDS = (("relevance", "relmax"), ("activation", "actmax"))
 #: How many of a channel's classes concepts.json lists (those it is most often a top concept of).
@@ -113,6 +117,7 @@ def concepts_current(out_dir: Path, options: AtlasOptions, atlas: ConceptAtlas) 
         isinstance(document, dict)
         and document.get("patch_channels", "") == options.channels
         and document.get("images") == atlas.images
+        and (out_dir / PAGE_FILE).is_file()
     )
 
 
@@ -135,6 +140,26 @@ def write_concepts(out_dir: Path, files: AtlasFiles) -> None:
         "layers": layers,
     }
     atomic_write(out_dir / CONCEPTS_FILE, (json.dumps(document, indent=1) + "\n").encode())
+    write_concept_page(out_dir, document)
+
+
+def visual_link(layer: str, channel: int) -> str:
+    """The feature visualisation of ``layer:channel`` that the atlas's page shows, relative to
+    the atlas folder: where ``explain concepts visualize ... --out ATLAS/visualizations``
+    writes it (``visualizations/LAYER/CCCC.png``, the layer's name as the patches' folder).
+
+    >>> visual_link("features.6", 42)
+    'visualizations/features.6/0042.png'
+    """
+    return f"{VISUALS_FOLDER}/{safe_name(layer)}/{channel:04d}.png"
+
+
+def write_concept_page(out_dir: Path, document: dict | None = None) -> None:
+    """Write the atlas's page, ``index.html``, from its ``concepts.json`` (``document``, read
+    from ``out_dir`` where not given)."""
+    if document is None:
+        document = json.loads((out_dir / CONCEPTS_FILE).read_text(encoding="utf-8"))
+    atomic_write(out_dir / PAGE_FILE, concept_page(document, visual_link).encode("utf-8"))
 
 
 def _channels(options, layer: str, count: int) -> list[int]:

@@ -47,7 +47,7 @@ from .manifest import safe_name
 from .options import EvaluateOptions
 from .outcome import report_failure
 from .page import page_run, write_page
-from .preparation import checked_explainers
+from .preparation import checked_explainers, without_concepts
 from .progress import time_taken
 from .storage import OutputFolder, device_errors, out_folder
 
@@ -91,6 +91,9 @@ def prepare_evaluation(args: EvaluateOptions, sources: list, metrics: list[str])
     target = parse_target(args.target, loaded.class_names)
     method_options = parse_method_options(args.method_options)
     explainers, layers = checked_explainers(args, loaded, args.layer, target, method_options)
+    explainers = without_concepts(
+        args, explainers, "explain evaluate scores the map of a target", "with `explain run` (no --metrics)"
+    )
     settings = {cam.name: method_option_text(method_options.get(type(cam), {})) for cam in explainers}
     regions: list[Tensor | None] = [None] * len(sources)
     if args.regions is not None:

@@ -25,7 +25,7 @@ from .loop import LoopEnd
 from .manifest import MANIFEST, metric_table
 from .options import RunOptions
 from .outcome import report_failure
-from .page import OriginalCopies, colour_scales, page_run, write_page
+from .page import OriginalCopies, atlas_links, colour_scales, page_run, write_page
 from .planning import RunPlan
 from .preparation import PreparedRun, prepare_run
 from .progress import label_summary, run_summary
@@ -91,6 +91,8 @@ class LocalRun(DatasetJob):
         self.scales = colour_scales(prepared.settings, self.options.cmap, self.options.signed_cmap)
         #: --copy-originals: the thumbnails index.html shows (None: links to the inputs)
         self.originals = OriginalCopies(self.folder) if self.options.copy_originals else None
+        #: --atlas: the concept pages --method crp's concepts link to
+        self.atlas = atlas_links(self.options.atlas, str(self.options.out))
 
     def _record(self, records: list[ManifestRecord]) -> None:
         for record in records:
@@ -109,7 +111,7 @@ class LocalRun(DatasetJob):
         planned = self.run_plan.planned_rows()
         table = metric_table(planned) if self.prepared.metrics else []
         run = page_run("explain run", summary, self.run_plan.stats, time.perf_counter() - self.started, self.images,
-                       state, self.zoom, self.scales)
+                       state, self.zoom, self.scales, self.atlas)
         with device_errors(self.out_dir):
             write_manifest(self.out_dir / MANIFEST, planned if final else self.run_plan.all_rows())
             write_page(self.folder, planned, run, format_summary(table, "html") if table else "",

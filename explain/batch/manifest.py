@@ -46,6 +46,27 @@ class RecordMaker:
         return [self.record(input, method, label, status="failed", error=error) for label in labels]
 
 
+def row_key(row: dict) -> tuple:
+    """A manifest row's key, one per output: (input, method, target, concept rank), the rank
+    None but for the rows of a concept method (``--method crp``: one row per concept).
+
+    >>> row_key({"input": "a.png", "method": "crp", "target": "top1", "concept_rank": 2})
+    ('a.png', 'crp', 'top1', 2)
+    """
+    return (row.get("input"), row.get("method"), row.get("target"), row.get("concept_rank"))
+
+
+def concept_count(cam) -> int:
+    """How many concepts ``cam`` makes per target (0: a map per target, not per concept)."""
+    return int(cam.concepts) if getattr(cam, "per_image_concepts", False) else 0
+
+
+def concept_ranks(count: int) -> list[int | None]:
+    """The concept ranks of a method's rows of one target: 1 to ``count``, or [None] for a
+    method of one map per target (``count`` 0)."""
+    return list(range(1, count + 1)) if count else [None]
+
+
 def is_well_formed(row: dict) -> bool:
     """Whether a manifest row has the types ``explain run`` writes, so that resuming can read
     it; a row edited by hand or by another tool into other types is left out, and its output
@@ -60,6 +81,7 @@ def is_well_formed(row: dict) -> bool:
         and isinstance(row.get("method"), text)
         and all(isinstance(row.get(key), optional_text) for key in ("target", "output", "maps", "settings", "layer"))
         and isinstance(row.get("metrics"), (dict, type(None)))
+        and (row.get("concept_rank") is None or type(row.get("concept_rank")) is int)
     )
 
 

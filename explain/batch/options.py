@@ -148,6 +148,9 @@ class RunOptions(ModelOptions):
     #: --copy-originals: index.html shows thumbnails copied into the output folder, not links
     #: to the inputs (see explain.batch.page.OriginalCopies)
     copy_originals: bool = False
+    #: --atlas: an `explain concepts atlas` folder whose concept pages index.html links
+    #: --method crp's concepts to (see explain.batch.page.atlas_links)
+    atlas: Path | None = None
     engine: str = "local"
     address: str | None = None
     actors: int | None = None
@@ -220,6 +223,8 @@ class CheckedRun:
     messages: str = ""  # what the check printed (a note on random weights), for the driver to show
     class_names: list[str] = field(default_factory=list)  # the model's, for --labels
     zoom: float | None = None  # how the model's crop frames an image (explain.batch.decoding.crop_zoom)
+    #: method -> its concepts per target (--method crp: one row each), for the methods that have them
+    concepts: dict[str, int] = field(default_factory=dict)
 
     @property
     def records(self):

@@ -35,6 +35,7 @@ class TargetOutput:
     region: dict | None = None  # segmentation and detection: the region or the box
     segments: dict | None = None  # --segments: {segment name: score}
     marks: dict | None = None  # what the overlay draws on top (boxes and labels, outline)
+    concept: dict | None = None  # a concept method's: {concept, concept_rank, concept_relevance}
 
 
 @dataclass
@@ -125,6 +126,7 @@ class OutputBuilder:
                     seconds=round(target.seconds, 6),
                     region=target.region,
                     segments=target.segments,
+                    **(target.concept or {}),
                 )
             )
         npz = None

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..errors import UsageError
 from ..images import READABLE_EXTENSIONS, ImageError, load_rgb
 from ..viewer import DATA_FOLDER, PageRun, colour_scale, link, original_link, page_files, stale_data_files
-from .storage import OutputFolder
+from ..viewer.concept_page import CONCEPTS_FILE, PAGE_FILE
+from .storage import OutputFolder, is_uri
 
 #: The folder under --out that holds the thumbnails of --copy-originals.
 ORIGINALS_FOLDER = "originals"
@@ -40,6 +43,7 @@ def page_run(
     state: str = "complete",
     zoom: float | None = None,
     scales: dict | None = None,
+    atlas: dict | None = None,
 ) -> PageRun:
     """The header of a run's page: ``stats`` counts its outputs done now (ok), done before
     (skipped) and failed; ``seconds`` and ``images`` are this run's time and images explained."""
@@ -52,7 +56,31 @@ def page_run(
         images=images,
         zoom=zoom,
         scales=scales or {},
+        atlas=atlas,
     )
+
+
+def atlas_links(atlas: Path | None, out: str) -> dict | None:
+    """``--atlas``: the link from the output folder ``out`` to the atlas's page and the
+    concepts (``LAYER:CHANNEL``) its ``concepts.json`` has pages for, which index.html links
+    --method crp's concepts to (:attr:`~explain.viewer.PageRun.atlas`); None without --atlas.
+    An atlas folder without ``concepts.json`` is a usage error."""
+    if atlas is None:
+        return None
+    try:
+        document = json.loads((atlas / CONCEPTS_FILE).read_text(encoding="utf-8"))
+        layers = document["layers"]
+        concepts = [f"{layer}:{entry['channel']}" for layer, found in layers.items() for entry in found["concepts"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise UsageError(
+            f"--atlas {atlas}: not a finished `explain concepts atlas` folder (its {CONCEPTS_FILE}: "
+            f"{type(error).__name__}: {error}); pass the --out of a completed atlas run"
+        ) from None
+    base = out if is_uri(out) else os.path.abspath(out)
+    page = os.path.relpath(os.path.abspath(atlas / PAGE_FILE), base) if not is_uri(out) else None
+    if page is None:  # an output folder given by URI: the atlas's page by its absolute path
+        return {"page": Path(os.path.abspath(atlas / PAGE_FILE)).as_uri(), "concepts": concepts}
+    return {"page": link(Path(page).as_posix()), "concepts": concepts}
 
 
 def write_page(

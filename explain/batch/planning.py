@@ -9,12 +9,12 @@ from collections.abc import Iterable, Iterator
 
 from ..report import iter_json_records, read_manifest
 from .inputs import Source
-from .manifest import is_complete, is_detection_row, is_well_formed
+from .manifest import concept_count, concept_ranks, is_complete, is_detection_row, is_well_formed, row_key
 from .options import CheckedRun
 
 
 class RunPlan:
-    """The manifest's rows by key (input, method, target) in manifest order, which outputs are
+    """The manifest's rows by key (input, method, target, concept rank) in manifest order, which outputs are
     pending (source index -> explainers still to run) and the counts of ok, skipped and failed
     rows. ``outputs`` is the task's strategy (its keys, whether the plan grows as boxes are
     found)."""
@@ -43,11 +43,12 @@ class RunPlan:
         pending; yields ``(source, method, error)`` for the inputs that failed before decoding,
         whose failed rows the caller records."""
         for row in filter(is_well_formed, read_manifest(self.manifest_path)):
-            self.rows[(row.get("input"), row.get("method"), row.get("target"))] = row
+            self.rows[row_key(row)] = row
         labels = self.prepared.target.labels
         for index, source in enumerate(sources):
             for cam in self.prepared.explainers:
-                keys = self.outputs.keys(self.rows, source, cam.name, labels, self.prepared.settings[cam.name])
+                ranks = concept_ranks(concept_count(cam))
+                keys = self.outputs.keys(self.rows, source, cam.name, labels, self.prepared.settings[cam.name], ranks)
                 if not self.outputs.plan_grows:
                     self._add_to_order(keys)
                 if source.error:
@@ -65,7 +66,7 @@ class RunPlan:
                 self.order.append(key)
 
     def record(self, row: dict) -> None:
-        key = (row["input"], row["method"], row["target"])
+        key = row_key(row)
         if self.outputs.plan_grows:
             self._add_to_order([key])
         self.rows[key] = row
@@ -101,7 +102,7 @@ def finished_pairs(
                 count[0] += 1
                 count[1] += done
         elif done:
-            complete_keys.add(hash((row.get("input"), method, row.get("target"))))
+            complete_keys.add(hash(row_key(row)))
     hashed_inputs: set[int] = set()
     finished = {pair for pair, (rows, done) in counts.items() if rows and rows == done}
     if not (complete_keys or finished):  # nothing to keep (a first run): no need to know the inputs yet
@@ -109,6 +110,8 @@ def finished_pairs(
     for input in inputs:
         hashed_inputs.add(hash(input))
         for method in checked.methods:
-            if complete_keys and all(hash((input, method, label)) in complete_keys for label in checked.labels):
+            ranks = concept_ranks(checked.concepts.get(method, 0))
+            keys = ((input, method, label, rank) for label in checked.labels for rank in ranks)
+            if complete_keys and all(hash(key) in complete_keys for key in keys):
                 finished.add(hash((input, method)))
     return hashed_inputs, finished

@@ -3,6 +3,7 @@ their layers, the metrics, and the settings recorded with each output."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 
 from ..catalogue import method_class
@@ -29,7 +30,7 @@ from .explainers import (
     parse_target,
     parse_task_target,
 )
-from .manifest import RecordMaker
+from .manifest import RecordMaker, concept_count
 from .options import CheckedRun, EvaluateOptions, NameList, RunOptions
 from .segment_sources import FolderSegments, ModelSegments, segment_source
 
@@ -88,6 +89,7 @@ class PreparedRun:
             messages,
             list(self.loaded.class_names),
             crop_zoom(self.loaded.preprocess),
+            {cam.name: concept_count(cam) for cam in self.explainers if concept_count(cam)},
         )
 
 
@@ -136,6 +138,8 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     if task != "classify":
         layer = _task_layer(args, loaded, task, metrics)
     explainers, layers = checked_explainers(args, loaded, layer, target, method_options, **flag_options)
+    if metrics:
+        explainers = without_concepts(args, explainers, "--metrics score the map of a target", "without --metrics")
     segments = _segments(args, loaded, task, explainers, metrics)
     costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
     settings = _method_settings(args, task, flag_options, explainers, method_options)
@@ -159,6 +163,21 @@ def checked_explainers(
         explainers = build_explainers(args.methods, loaded, layer, target, method_options, **flag_options)
         layers = {cam.name: ",".join(cam.layer_names(loaded.example)) for cam in explainers}
     return explainers, layers
+
+
+def without_concepts(args: RunOptions | EvaluateOptions, explainers: list, scored: str, fix: str) -> list:
+    """The explainers but the concept methods (crp), whose maps are per concept, not the map
+    of a target that metrics score (``scored``: what scores them): left out of --method all
+    with a note, a usage error that says to run it ``fix`` where named."""
+    concepts = [cam.name for cam in explainers if concept_count(cam)]
+    if not concepts:
+        return explainers
+    why = f"its maps are per concept, and {scored}"
+    if not args.methods.every:
+        raise UsageError(f"--method {', '.join(concepts)}: {why}; run it {fix}")
+    for name in concepts:
+        print(f"explain: --method all: leaving out {name}: {why}", file=sys.stderr)
+    return [cam for cam in explainers if not concept_count(cam)]
 
 
 def _segments(

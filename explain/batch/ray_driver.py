@@ -35,7 +35,7 @@ from .inputs import PLAN_PREFIX, InputListing
 from .manifest import MANIFEST, is_well_formed
 from .options import CheckedRun, RunOptions
 from .outcome import exit_code, interrupted_summary, out_of_memory_note, stopped_summary
-from .page import OriginalCopies, colour_scales, page_run, write_page
+from .page import OriginalCopies, atlas_links, colour_scales, page_run, write_page
 from .planning import finished_pairs
 from .progress import label_summary, progress_bar, run_summary
 from .ray_files import ROWS_SUFFIX, DriverManifest, PlanFiles
@@ -163,6 +163,7 @@ class RayRun:
         self.received_inputs: set[int] = set()  # rows come back once: not from a killed actor's files too
         self.manifest = DriverManifest(folder, row_marker(args.labels, checked.task, listing, checked.class_names))
         self.plan = PlanFiles(folder)
+        self.atlas = atlas_links(args.atlas, str(args.out))  # --atlas: the concept pages crp's concepts link to
 
     # -- planning
 
@@ -332,7 +333,7 @@ class RayRun:
                 else ("", "")
             run = page_run("explain run", summary, self.manifest.stats, seconds, end.images,
                            "complete" if end.completed else "interrupted", self.checked.zoom,
-                           colour_scales(self.checked.settings, self.args.cmap, self.args.signed_cmap))
+                           colour_scales(self.checked.settings, self.args.cmap, self.args.signed_cmap), self.atlas)
             write_index(self.folder, self.manifest.path, run, metrics_html, self.args.copy_originals)
         except OutputDeviceError as error:
             end.refused = end.refused or error

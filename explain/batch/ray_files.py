@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import out_of_memory_reason
 from ..report import TEMP_SUFFIX, manifest_line
 from .inputs import PLAN_PREFIX
-from .manifest import MANIFEST
+from .manifest import MANIFEST, row_key
 from .outcome import report_failure
 from .storage import OutputFolder, append_whole, device_errors
 
@@ -98,13 +98,13 @@ class DriverManifest:
 
     def start(self, rows: Iterator[dict], keep) -> None:
         """Rewrite the manifest with the earlier ``rows`` that ``keep(row)`` keeps, as skipped,
-        each key (input, method, target) once (a row kept by an actor may be in the manifest too)."""
+        each key (input, method, target, concept rank) once (a row kept by an actor may be in the manifest too)."""
         temp = self.path.with_name(f".{MANIFEST}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
         try:
             written: set[int] = set()
             with device_errors(self.path.parent), open(temp, "w", encoding="utf-8") as file:
                 for row in rows:
-                    key = hash((row.get("input"), row.get("method"), row.get("target")))
+                    key = hash(row_key(row))
                     if keep(row) and key not in written:
                         written.add(key)
                         file.write(manifest_line(self.marked(dict(row, status="skipped", error=None))) + "\n")

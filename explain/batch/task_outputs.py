@@ -23,7 +23,7 @@ from ..passes import StopRequested
 from ..tasks import DetectionTarget, SegmentationTarget, crop_padding
 from .explainers import TargetSpec, class_name
 from .inputs import Source
-from .manifest import is_detection_row, safe_name
+from .manifest import concept_count, is_detection_row, safe_name
 from .method_results import explain_all, raise_if_out_of_memory
 from .outputs import Explained, Failure, ImageOutput, TargetOutput
 from .segment_sources import ImageSegments
@@ -57,9 +57,10 @@ class ClassifyOutputs:
         self.target, self.costs, self.class_names, self.scorer = target, costs, class_names, scorer
         self.segments = segments  # --segments: each image's segments (None: no --segments)
 
-    def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
-        """The manifest keys of ``source``'s outputs by ``method``."""
-        return [(source.input, method, label) for label in labels]
+    def keys(self, rows: dict, source: Source, method: str, labels, settings: str, ranks=(None,)) -> list[tuple]:
+        """The manifest keys of ``source``'s outputs by ``method`` (:func:`~explain.batch.manifest.row_key`):
+        per target, one per concept rank (``ranks``: [None] for a method of one map per target)."""
+        return [(source.input, method, label, rank) for label in labels for rank in ranks]
 
     def explain(self, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray, cams) -> Explained:
         segmented = [cam for cam in cams if self.segments is not None and cam.takes_segments]
@@ -137,7 +138,7 @@ class ClassifyOutputs:
     def _images(self, work, cam, result, scores: dict, predicted: list, seconds: float, segments) -> list[ImageOutput]:
         """One method's outputs, per image that still needs it; ``seconds``: the method's time
         per image, which the image's targets share."""
-        labels = self.target.labels
+        columns = output_columns(self.target.labels, cam, result)
         maps, ids, probabilities = result.maps, result.targets, result.probabilities
         if ids.dim() == 1:  # one target per image: (N, H, W) maps (volumes (N, D, H, W), signals (N, L))
             maps, ids, probabilities = maps[:, None], ids[:, None], probabilities[:, None]
@@ -148,29 +149,38 @@ class ClassifyOutputs:
         for j, (_, cams) in enumerate(work):
             if cam not in cams:
                 continue
-            targets = []
-            for rank, (label, class_id, probability) in enumerate(zip(labels, ids[j], probabilities[j], strict=False)):
-                # A callable target (similar:IMAGE) has no class: its label names it.
-                name = self.class_names[class_id] if class_id >= 0 else label
-                what = f"{class_id}-{safe_name(name)}" if class_id >= 0 else safe_name(re.sub(r"\.\w+$", "", label))
-                targets.append(
-                    TargetOutput(
-                        label,
-                        what,
-                        class_id,
-                        name,
-                        rounded(probability),
-                        seconds / len(labels),
-                        metrics=scores.get((j, rank)),
-                    )
-                )
+            outputs = zip(columns, ids[j], probabilities[j], strict=False)
+            targets = [
+                self._target(result, j, rank, output, scores.get((j, rank)), seconds / len(columns))
+                for rank, output in enumerate(outputs)
+            ]
             image = ImageOutput(
                 j, cam, maps[j], targets, predicted[j], {n: r[j] for n, r in raw.items()}, result.signed
             )
             if segments is not None:
                 self._with_segment_scores(image, result.segment_scores[j].cpu(), segments[j].names)
+            if getattr(result, "relevances", None) is not None and concept_count(cam):
+                image.npz_extra = {
+                    "concept_ids": result.concept_ids[j].cpu().numpy(),
+                    "concept_relevances": result.relevances[j].cpu().numpy(),
+                }
             images.append(image)
         return images
+
+    def _target(self, result, image: int, rank: int, output: tuple, metrics: dict | None, seconds: float):
+        """The :class:`~explain.batch.outputs.TargetOutput` of map ``rank`` of ``image``:
+        ``output`` its (target label, concept rank), class id and probability."""
+        (label, concept_rank), class_id, probability = output
+        # A callable target (similar:IMAGE) has no class: its label names it.
+        name = self.class_names[class_id] if class_id >= 0 else label
+        what = f"{class_id}-{safe_name(name)}" if class_id >= 0 else safe_name(re.sub(r"\.\w+$", "", label))
+        concept = None
+        if concept_rank is not None:  # a concept method: an output per concept of the target
+            concept = concept_values(result, image, rank, concept_rank)
+            what += f"__c{concept_rank}-{safe_name(concept['concept'])}"
+        return TargetOutput(
+            label, what, class_id, name, rounded(probability), seconds, metrics=metrics, concept=concept
+        )
 
     @staticmethod
     def _with_segment_scores(image: ImageOutput, scores: Tensor, names: list[str]) -> None:
@@ -181,6 +191,27 @@ class ClassifyOutputs:
         for target, values in zip(image.targets, by_rank.tolist(), strict=True):
             target.segments = dict(zip(names, map(rounded, values), strict=True))
         image.npz_extra = {"segment_scores": scores.numpy(), "segment_names": np.asarray(names)}
+
+
+def output_columns(labels, cam, result) -> list[tuple[str, int | None]]:
+    """(target label, concept rank) of each of a result's maps per image: a map per target,
+    the rank None; for a concept method (``--method crp``), each target's concepts in turn,
+    ranked from 1."""
+    count = concept_count(cam)
+    if not count:
+        return [(label, None) for label in labels]
+    return [(label, rank) for label in labels for rank in range(1, count + 1)]
+
+
+def concept_values(result, image: int, column: int, rank: int) -> dict:
+    """The manifest's concept columns of map ``column`` of ``image`` in a concept method's
+    result (a :class:`~explain.ConceptExplanation`): the concept as ``layer:channel``, its rank
+    and its relevance for the target."""
+    return {
+        "concept": f"{result.layer}:{result.labels[image][column]}",
+        "concept_rank": rank,
+        "concept_relevance": float(f"{float(result.relevances[image, column]):.6g}"),
+    }
 
 
 class DenseOutputs:
@@ -197,8 +228,8 @@ class DenseOutputs:
     def __init__(self, target: TargetSpec, costs: dict, class_names: list[str], model: nn.Module):
         self.target, self.costs, self.class_names, self.model = target, costs, class_names, model
 
-    def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
-        return [(source.input, method, label) for label in labels]
+    def keys(self, rows: dict, source: Source, method: str, labels, settings: str, ranks=(None,)) -> list[tuple]:
+        return [(source.input, method, label, None) for label in labels]
 
     def explain(self, work: list[tuple[Source, list]], model_input: Tensor, pictures: np.ndarray, cams) -> Explained:
         found = Explained()
@@ -331,11 +362,11 @@ class DetectOutputs(DenseOutputs):
         super().__init__(target, costs, class_names, model)
         self.batch_size = batch_size
 
-    def keys(self, rows: dict, source: Source, method: str, labels, settings: str) -> list[tuple]:
+    def keys(self, rows: dict, source: Source, method: str, labels, settings: str, ranks=(None,)) -> list[tuple]:
         found = [
             key for key, row in rows.items() if key[:2] == (source.input, method) and is_detection_row(row, settings)
         ]
-        return found or super().keys(rows, source, method, labels, settings)
+        return found or super().keys(rows, source, method, labels, settings, ranks)
 
     def targets(self, output, n: int) -> tuple:
         names = self.class_names

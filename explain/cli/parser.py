@@ -167,6 +167,9 @@ def _add_explorer_options(run: argparse.ArgumentParser) -> None:
                      help="copy a thumbnail of each input image into --out/originals/ for index.html, so that the "
                      "run folder can be moved or shared with its originals (by default index.html links the "
                      "input images relatively from --out: they show only where the inputs are found from there)")
+    run.add_argument("--atlas", type=Path, default=None, metavar="DIR",
+                     help="an `explain concepts atlas` output folder: index.html links each concept of --method crp "
+                     "to its page in the atlas (DIR/index.html#LAYER:CHANNEL), relatively from --out")
 
 
 def _add_scaling_options(run: argparse.ArgumentParser) -> None:

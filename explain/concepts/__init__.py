@@ -14,12 +14,15 @@ their reference images in a dataset, and their feature visualisations.
 - :mod:`~explain.concepts.references`: the reference regions (crops) of an atlas's channels;
 - :mod:`~explain.concepts.visualization` and :mod:`~explain.concepts.parameterization`:
   feature visualisation (Fourier, MaCo);
-- :mod:`~explain.concepts.propagation`: the passes CRP runs (LRP with gates at layers).
+- :mod:`~explain.concepts.propagation`: the passes CRP runs (LRP with gates at layers);
+- :mod:`~explain.concepts.method`: CRP as a method of the registry (``crp``:
+  :class:`.ConceptRelevance`), for ``explain run --method crp``.
 """
 
 from .atlas import ChannelStatistics, ConceptAtlas, References, concept_atlas
 from .conditions import Concept, channel_relevance, concept_masks, concept_relevances, parse_concepts
 from .crp import CRP, start_relevance
+from .method import ConceptRelevance
 from .parameterization import FourierImage, MagnitudeImage, natural_magnitude
 from .probe import AtlasBatch, AtlasProbe, LayerBatch
 from .propagation import ConceptPasses, concept_context
@@ -36,6 +39,7 @@ __all__ = [
     "Concept",
     "ConceptAtlas",
     "ConceptPasses",
+    "ConceptRelevance",
     "FeatureVisualization",
     "FourierImage",
     "GraphNode",

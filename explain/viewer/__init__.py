@@ -30,6 +30,7 @@ __all__ = [
     "DATA_FOLDER",
     "IMAGES_PER_FILE",
     "PageRun",
+    "asset",
     "colour_scale",
     "link",
     "original_link",
@@ -69,6 +70,9 @@ class PageRun:
     zoom: float | None = None
     #: method -> its colour scale (see :func:`colour_scale`)
     scales: dict[str, dict] = field(default_factory=dict)
+    #: ``explain run --atlas``: the concept atlas whose pages the concepts link to, as
+    #: ``{"page": link to its index.html, "concepts": the keys LAYER:CHANNEL it has}``
+    atlas: dict | None = None
 
 
 def colour_scale(cmap: str, signed: bool) -> dict:
@@ -88,7 +92,8 @@ def _steps(count: int) -> list[float]:
     return [i / (count - 1) for i in range(count)]
 
 
-def _asset(name: str) -> str:
+def asset(name: str) -> str:
+    """The text of one of the pages' files (a template, a script, a style sheet)."""
     return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
 
 
@@ -205,7 +210,28 @@ def _map_columns(image: int, row: dict, tables: Tables, exists: Callable[[str], 
         "error": None if error is None else readable(str(error)),
         "seconds": _number(row.get("seconds")),
         "metrics": {tables.index("metric", column): _number(value) for column, value in metrics.items()},
+        # a concept method's row (--method crp): its concept, rank and relevance
+        "concept": readable(row["concept"]) if isinstance(row.get("concept"), str) else None,
+        "concept_rank": row.get("concept_rank") if type(row.get("concept_rank")) is int else None,
+        "concept_relevance": _number(row.get("concept_relevance")),
     }
+
+
+#: A data file's columns of maps (besides their metric values).
+MAP_COLUMNS = (
+    "image",
+    "method",
+    "target",
+    "target_id",
+    "probability",
+    "status",
+    "output",
+    "error",
+    "seconds",
+    "concept",
+    "concept_rank",
+    "concept_relevance",
+)
 
 
 def _columns(records: list[dict], names: Sequence[str]) -> dict[str, list]:
@@ -220,9 +246,7 @@ def _chunk(images: list[tuple[str, list[dict]]], first_rank: list[int], tables: 
     for position, (name, rows) in enumerate(images):
         image_records.append(_image_columns(name, rows, tables, original))
         map_records.extend(_map_columns(position, row, tables, exists) for row in rows)
-    maps = _columns(
-        map_records, ("image", "method", "target", "target_id", "probability", "status", "output", "error", "seconds")
-    )
+    maps = _columns(map_records, MAP_COLUMNS)
     # metric values as [map, metric, value] triples: most runs score few maps, or none
     maps["metrics"] = [
         [m, column, value] for m, record in enumerate(map_records) for column, value in record["metrics"].items()
@@ -331,13 +355,13 @@ def index_document(data_files: list[str], tables: Tables, run: PageRun, metrics_
     scripts = "\n".join(f'<script src="{link(name)}"></script>' for name in data_files)
     setup = {"run": asdict(run), "tables": tables.as_json()}
     replacements = {
-        "/*STYLE*/": _asset("explorer.css"),
+        "/*STYLE*/": asset("explorer.css"),
         "/*SETUP*/": f"var explorerSetup = {_script_json(setup)};\nvar explorerData = [];",
         "<!--DATA-->": scripts,
-        "/*SCRIPT*/": _asset("explorer.js"),
+        "/*SCRIPT*/": asset("explorer.js"),
         "<!--METRICS-->": metrics_html,
     }
-    document = _asset("explorer.html")
+    document = asset("explorer.html")
     for marker, text in replacements.items():
         document = document.replace(marker, text, 1)
     return document

@@ -22,6 +22,8 @@
   var mMethod = new Int16Array(nMaps), mTarget = new Int16Array(nMaps), mClass = new Int32Array(nMaps);
   var mProbability = new Float64Array(nMaps), mStatus = new Int8Array(nMaps), mSeconds = new Float64Array(nMaps);
   var mOutput = new Array(nMaps), mError = new Array(nMaps);
+  // a concept method's maps (--method crp): each one concept's (LAYER:CHANNEL), its rank and relevance
+  var mConcept = new Array(nMaps), mConceptRank = new Int16Array(nMaps), mRelevance = new Float64Array(nMaps);
   var metricValues = tables.metric.map(function () { return new Float64Array(nMaps).fill(NaN); });
   var hasMetric = tables.metric.map(function () { return new Uint8Array(tables.method.length); });
   var num = function (v, missing) { return v === null || v === undefined ? missing : v; };
@@ -40,6 +42,9 @@
         mMethod[g] = mp.method[m]; mTarget[g] = mp.target[m]; mClass[g] = num(mp.target_id[m], -1);
         mProbability[g] = num(mp.probability[m], NaN); mStatus[g] = mp.status[m];
         mSeconds[g] = num(mp.seconds[m], NaN); mOutput[g] = mp.output[m]; mError[g] = mp.error[m];
+        mConcept[g] = mp.concept ? mp.concept[m] : null;
+        mConceptRank[g] = mp.concept_rank ? num(mp.concept_rank[m], 0) : 0;
+        mRelevance[g] = mp.concept_relevance ? num(mp.concept_relevance[m], NaN) : NaN;
       }
       mp.metrics.forEach(function (t) {
         if (t[2] !== null) { metricValues[t[1]][m0 + t[0]] = t[2]; hasMetric[t[1]][mp.method[t[0]]] = 1; }
@@ -53,6 +58,8 @@
   for (var r = 0; r < nImages; r++) byName[rank[r]] = r;
   var className = {};
   tables.classes.forEach(function (pair) { className[pair[0]] = pair[1]; });
+  var atlasConcepts = {};  // explain run --atlas: the concepts the atlas has a page for
+  if (run.atlas) run.atlas.concepts.forEach(function (key) { atlasConcepts[key] = 1; });
   var hasLabels = false;
   for (var j = 0; j < nImages && !hasLabels; j++) hasLabels = label[j] >= 0;
 
@@ -292,6 +299,7 @@
       return '<div class="cell failed" role="gridcell"><span class="reason">' + esc(mError[g] || "failed") + "</span></div>";
     }
     var cap = esc(cls(mClass[g])) + " " + percent(mProbability[g]), metrics = metricText(g, m);
+    if (mConcept[g]) cap += " · " + esc(mConcept[g]);  // a concept method's first concept
     return '<div class="cell" role="gridcell"><div class="pic">' + base(i) + overlayImage(g, m, true) +
       '</div><div class="cap">' + cap + (metrics ? "<br>" + esc(metrics) : "") + "</div></div>";
   }
@@ -342,8 +350,10 @@
     if (originals[i]) {
       html.push('<figure><div class="pic"><img src="' + esc(originals[i]) + '" alt="original"></div><figcaption>original</figcaption></figure>');
     }
+    var concepts = [];  // the maps of a concept method (--method crp), shown below, by target
     for (g = mapStart[i]; g < mapStart[i + 1]; g++) {
       var m = mMethod[g], title = esc(tables.method[m]) + " · " + esc(tables.target[mTarget[g]]);
+      if (mConcept[g] && !(mStatus[g] === 2 || mError[g])) { concepts.push(g); continue; }
       if (mStatus[g] === 2 || mError[g]) {
         html.push('<figure class="failed"><figcaption>' + title + ': <span class="reason">' + esc(mError[g] || "failed") + "</span></figcaption></figure>");
         continue;
@@ -354,8 +364,40 @@
         (metrics ? "<br>" + esc(metrics) : "") + "</figcaption></figure>");
     }
     html.push("</div>");
+    html.push(conceptFigures(i, concepts));
     $("detail-body").innerHTML = html.join("");
     $("detail").showModal();
+  }
+
+  // an image's concepts (--method crp): per method and target, its top concepts with their
+  // conditional maps and relevances, each linked to its page in the atlas (explain run --atlas)
+  function conceptName(key) {
+    if (!atlasConcepts[key]) return esc(key);
+    var href = run.atlas.page + "#" + encodeURIComponent(key).replace(/%3A/g, ":");
+    return '<a class="concept-link" href="' + esc(href) + '" target="_blank" title="its page in the concept atlas">' +
+      esc(key) + "</a>";
+  }
+  function conceptFigures(i, maps) {
+    var groups = [], byKey = {};
+    maps.forEach(function (g) {
+      var key = mMethod[g] + "/" + mTarget[g];
+      if (!byKey[key]) { byKey[key] = []; groups.push(byKey[key]); }
+      byKey[key].push(g);
+    });
+    return groups.map(function (group) {
+      var first = group[0], m = mMethod[first];
+      var html = ['<section class="concepts-of"><h3>' + esc(tables.method[m]) + " · " + esc(tables.target[mTarget[first]]) +
+        ": the concepts of " + esc(cls(mClass[first])) + " " + percent(mProbability[first]) + "</h3>" + scaleOf(m) +
+        '<div class="figures">'];
+      group.sort(function (a, b) { return mConceptRank[a] - mConceptRank[b]; });
+      group.forEach(function (g) {
+        html.push('<figure class="concept-map" data-concept="' + esc(mConcept[g]) + '"><div class="pic">' + base(i) +
+          overlayImage(g, m, false) + "</div><figcaption>" + mConceptRank[g] + ". " + conceptName(mConcept[g]) +
+          " · relevance " + fixed(mRelevance[g]) + " · " + STATUS[mStatus[g]] + "</figcaption></figure>");
+      });
+      html.push("</div></section>");
+      return html.join("");
+    }).join("");
   }
 
   // ---- start
