@@ -40,7 +40,7 @@ from .decoding import ModelInputs, default_workers
 from .explainers import max_memory_option
 from .guards import pixel_limit, sole_run
 from .inputs import Source, collect_inputs
-from .job import DatasetJob, run_job
+from .job import DatasetJob, GroupWorker, run_job
 from .loop import LoopEnd, OutOfMemory, in_halves
 from .options import AtlasOptions
 from .outcome import report_failure
@@ -124,6 +124,46 @@ def prepare_atlas(options: AtlasOptions, out_dir: Path) -> PreparedAtlas:
     return PreparedAtlas(options, loaded, layers, probe, atlas, images)
 
 
+class AtlasWorker(GroupWorker):
+    """The atlas's work on a group of images, where they are (this process, or a Ray actor,
+    which loads the model and makes the probe in :meth:`start`): the probe's values of the
+    group, in halves where it runs out of device memory, down to single images (one that
+    alone does not fit gives the reason)."""
+
+    def __init__(self, options: AtlasOptions, layers: list[str], prepared: PreparedAtlas | None = None):
+        self.options, self.layers = options, layers
+        self.loaded: LoadedModel | None = prepared.loaded if prepared is not None else None
+        self.probe: AtlasProbe | None = prepared.probe if prepared is not None else None
+
+    def __getstate__(self) -> dict:  # pickled for the actors: without the model
+        return {"options": self.options, "layers": self.layers, "loaded": None, "probe": None}
+
+    def start(self) -> None:
+        if self.loaded is None:
+            options = self.options
+            self.loaded = load_model(options.model, options.weights, options.trust_model_file, options.device)
+            self.probe = AtlasProbe(self.loaded.model, self.layers, top_k=options.top_k)
+        self.inputs = ModelInputs(self.loaded.preprocess)
+
+    def work(self, indices: list[int], images: Tensor) -> list[tuple[list[int], AtlasBatch | str]]:
+        loaded, probe = self.loaded, self.probe
+        assert loaded is not None and probe is not None, "start() first"
+        model_input = self.inputs.model_input(images.to(loaded.device, non_blocking=True))
+
+        def once(members: list[int], batch: Tensor) -> tuple[list[int], AtlasBatch | str]:
+            try:
+                found = probe(batch)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                if len(members) > 1:
+                    raise OutOfMemory from None
+                return members, failure_reason(error)
+            return members, found.cpu()
+
+        return in_halves(once, indices, model_input, loaded.device)
+
+
 class AtlasJob(DatasetJob):
     """One ``explain concepts atlas``: plans the images not in the atlas yet, probes each
     decoded group into the running atlas, saves it now and then, and writes its files."""
@@ -157,27 +197,17 @@ class AtlasJob(DatasetJob):
         self.failures.append({"image": self.sources[index].input, "error": error})
         report_failure(self.sources[index].input, error)
 
-    def group(self, indices: list[int], images: Tensor) -> None:
-        """Probe the group into the atlas; where it runs out of device memory, each half again,
-        down to single images (one that alone does not fit fails with the reason)."""
-        model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
+    def worker(self) -> AtlasWorker:
+        return AtlasWorker(self.options, self.prepared.layers, self.prepared)
 
-        def once(members: list[int], batch: Tensor) -> tuple[list[int], AtlasBatch | str]:
-            try:
-                return members, self.prepared.probe(batch)
-            except Exception as error:
-                if not is_out_of_memory(error):
-                    raise
-                if len(members) > 1:
-                    raise OutOfMemory from None
-                return members, failure_reason(error)
-
-        for members, found in in_halves(once, indices, model_input, self.loaded.device):
+    def take(self, indices: list[int], result: list[tuple[list[int], AtlasBatch | str]]) -> None:
+        """Take a group's probe values into the atlas, with ids numbered on in the order of
+        the images (however the group was cut); an image that alone ran out of memory fails."""
+        for members, found in result:
             if isinstance(found, str):
                 self.out_of_memory += 1
                 self.failed_input(members[0], found)
                 continue
-            # the ids: the next numbers, in the order of the images (however the group was cut)
             ids = torch.arange(len(self.images), len(self.images) + len(members))
             self.atlas.update(replace(found, ids=ids))
             self.images.extend(self.sources[i].path for i in members)  # only once the atlas holds them
@@ -235,4 +265,9 @@ def run_atlas(options: AtlasOptions, sources: list[Source] | None = None) -> int
         prepared = prepare_atlas(options, out_dir)
         with pixel_limit(options.max_pixels):
             remove_temp_files(out_dir)
-            return run_job(AtlasJob(prepared, out_dir, sources))
+            job = AtlasJob(prepared, out_dir, sources)
+            if options.engine == "ray":
+                from .ray_jobs import run_job_on_ray
+
+                return run_job_on_ray(job)
+            return run_job(job)

@@ -94,6 +94,11 @@ class ModelOptions:
     #: memory available on the device); see :mod:`explain.passes`.
     max_memory: str | int | None = None
     quiet: bool = False
+    #: --engine: ``local`` (this process) or ``ray`` (Ray Data, where the job has a Ray side:
+    #: :meth:`~explain.batch.job.DatasetJob.worker`); --address, --actors: the cluster, its actors
+    engine: str = "local"
+    address: str | None = None
+    actors: int | None = None
 
     def __post_init__(self) -> None:
         self.layer = NameList.parse(self.layer, "auto")
@@ -148,9 +153,6 @@ class RunOptions(ModelOptions):
     #: --copy-originals: index.html shows thumbnails copied into the output folder, not links
     #: to the inputs (see explain.batch.page.OriginalCopies)
     copy_originals: bool = False
-    engine: str = "local"
-    address: str | None = None
-    actors: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -13,7 +13,7 @@ from ..metrics.registry import METRICS
 from ..models import LoadedModel, load_model
 from ..options import LOCALISATION_METRICS
 from ..passes import pass_settings
-from .decoding import ModelInputs, crop_zoom, draft_size
+from .decoding import ModelInputs, crop_zoom, pickled_decoding
 from .explainers import (
     TargetSpec,
     build_explainers,
@@ -65,15 +65,12 @@ class PreparedRun:
     def checked(self, messages: str = "") -> CheckedRun:
         """What the check found, in plain values, with how the decode step preprocesses (the
         Ray engine's: images only)."""
-        import cloudpickle
-
         if self.loaded.kind != "images":
             raise UsageError(
                 f"{self.options.model} takes {self.loaded.kind}, which run on the local engine: leave --engine ray out"
             )
 
-        inputs = ModelInputs(self.loaded.preprocess)
-        decoding = cloudpickle.dumps((inputs.in_workers, draft_size(self.loaded.example)))
+        decoding = pickled_decoding(ModelInputs(self.loaded.preprocess), self.loaded.example)
         return CheckedRun(
             [cam.name for cam in self.explainers],
             list(self.target.labels),

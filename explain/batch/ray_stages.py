@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..pass_listener import PassListener
-from .options import CheckedRun, RunOptions
+from .options import CheckedRun, ModelOptions, RunOptions
 from .ray_stream import BUSY_SUFFIX, ROWS_FILE_SUFFIX, STOP_FILE
 
 if TYPE_CHECKING:
@@ -56,13 +56,13 @@ def remote_prepare(ray, options: RunOptions) -> CheckedRun:
     return checked
 
 
-def actor_resources(ray, options: RunOptions, checked: CheckedRun) -> dict:
+def actor_resources(ray, options: ModelOptions, model_device: str) -> dict:
     """``map_batches`` options of the explaining actors: one per GPU where the cluster has GPUs
     (and the run may use them), else one per node with CPUs, each leaving a CPU of its node
     to the read and decode tasks (:func:`cpus_per_actor`); ``options.actors`` sets how many.
     ``threads``: torch's threads per actor."""
     gpus = int(ray.cluster_resources().get("GPU", 0)) if may_use_gpu(options) else 0
-    if gpus and checked.device != "cpu":
+    if gpus and model_device != "cpu":
         actors = options.actors or gpus
         return dict(compute=_pool(ray, actors), num_gpus=1, num_cpus=1, threads=1)
     nodes = [node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
@@ -169,7 +169,7 @@ def remote_metric_summary(ray, location: str) -> tuple[str, str]:
     return ray.get(ray.remote(metric_summary).options(num_cpus=DECODE_CPUS).remote(location))
 
 
-def may_use_gpu(options: RunOptions) -> bool:
+def may_use_gpu(options: ModelOptions) -> bool:
     return options.device is None or options.device.startswith("cuda")
 
 

@@ -169,18 +169,25 @@ def _add_explorer_options(run: argparse.ArgumentParser) -> None:
                      "input images relatively from --out: they show only where the inputs are found from there)")
 
 
-def _add_scaling_options(run: argparse.ArgumentParser) -> None:
+#: --engine ray: what it does for each command that has it.
+RAY_ENGINE = {
+    "run": "a Ray Data pipeline (decode tasks, an actor pool that loads the model once per actor, writes from the "
+           "workers), with the same outputs, manifest and resume",
+    "atlas": "a Ray Data pipeline (decode tasks, an actor pool that loads the model once per actor and probes the "
+             "images; each shard's values merged into the running atlas here), with the same atlas and resume",
+}
+
+
+def _add_scaling_options(run: argparse.ArgumentParser, command: str = "run") -> None:
     scale = run.add_argument_group("scaling out (the `ray` extra: pip install 'explain-vision[ray]')")
     scale.add_argument("--engine", choices=("local", "ray"), default="local",
-                       help="local: this process, with DataLoader workers; ray: a Ray Data pipeline (decode tasks, "
-                       "an actor pool that loads the model once per actor, writes from the workers), with the same "
-                       "outputs, manifest and resume")
+                       help=f"local: this process, with DataLoader workers; ray: {RAY_ENGINE[command]}")
     scale.add_argument("--address", default=None,
                        help="the Ray cluster to join (auto, ray://HEAD:10001, HEAD:6379); --out must be a folder "
                        "every node sees (default: start a local Ray on this machine's cores)")
     scale.add_argument("--actors", type=positive_int, default=None,
-                       help="explaining actors (default: one per GPU where the cluster has GPUs, else one per node, "
-                       "each leaving a CPU to the read and decode tasks)")
+                       help="the actors that work the images (default: one per GPU where the cluster has GPUs, else "
+                       "one per node, each leaving a CPU to the read and decode tasks)")
 
 
 def _add_evaluate_command(commands) -> None:
@@ -260,6 +267,7 @@ def _add_concepts_command(commands) -> None:
     atlas.add_argument("--workers", "-j", type=non_negative_int, default=None,
                        help="processes decoding images (0: decode in the main process) (default: as for run)")
     _add_max_pixels(atlas)
+    _add_scaling_options(atlas, "atlas")
     atlas.add_argument("--quiet", "-q", action="store_true",
                        help="no progress (bar or lines); errors and the summary still print")
     atlas.set_defaults(handler="concepts:atlas_command")
