@@ -2,6 +2,7 @@
 2 CPUs: the same files, manifest rows and maps as the local engine, resume after a killed
 driver, and a driver that plans without torch."""
 
+import csv
 import json
 import logging
 import os
@@ -290,6 +291,32 @@ def test_the_concept_atlas_runs_on_ray_as_locally_and_resumes_after_ctrl_c(tmp_p
                 assert local_patch == (tmp_path / "ray" / other["patch"]).read_bytes()
         assert mine["statistics"] == pytest.approx(theirs["statistics"], rel=1e-5)
     assert (tmp_path / "ray" / "failures.csv").read_text() == (tmp_path / "local" / "failures.csv").read_text()
+
+
+def test_evaluate_scores_on_ray_what_it_scores_locally(tmp_path, capsys):
+    """A second job on Ray through the job interface: explain evaluate's scores, failures (an
+    unreadable file, an image without a region) and summary are the local engine's."""
+    (tmp_path / "regions.csv").write_text("image,x0,y0,x1,y1\ncoffee.png,56,56,168,168\n")
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    images = [str(PHOTOS[0].parent / "coffee.png"), str(PHOTOS[0].parent / "rocket.jpg"), str(tmp_path / "broken.png")]
+    command = ["evaluate", *images, "--methods", "gradcam,saliency", "--metrics", "sparseness,pointing-game"]
+    command += ["--regions", str(tmp_path / "regions.csv"), "-b", "2", "-q"]
+    assert main([*command, "--out", str(tmp_path / "local")]) == 1
+    assert main([*command, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("explain: 6 scored now, 0 skipped (already in scores.csv), 2 images failed")
+
+    def scores(out: str) -> dict:
+        with open(tmp_path / out / "scores.csv", newline="", encoding="utf-8") as file:
+            rows = list(csv.DictReader(file))
+        return {(r["image"], r["method"], r["target"], r["metric"], r["settings"]): float(r["value"]) for r in rows}
+
+    local, on_ray = scores("local"), scores("ray")
+    assert len(local) == 6 and local.keys() == on_ray.keys()
+    assert list(on_ray.values()) == pytest.approx([local[key] for key in on_ray], rel=1e-4, abs=1e-6)
+    failures = {out: sorted((tmp_path / out / "failures.csv").read_text().splitlines()) for out in ("local", "ray")}
+    assert failures["local"] == failures["ray"] and len(failures["ray"]) == 1 + 2 * 2 + 2
+    assert (tmp_path / "ray" / "summary.md").is_file() and (tmp_path / "ray" / "index.html").is_file()
 
 
 def test_the_driver_plans_without_torch():

@@ -173,6 +173,8 @@ def _add_explorer_options(run: argparse.ArgumentParser) -> None:
 RAY_ENGINE = {
     "run": "a Ray Data pipeline (decode tasks, an actor pool that loads the model once per actor, writes from the "
            "workers), with the same outputs, manifest and resume",
+    "evaluate": "a Ray Data pipeline (decode tasks, an actor pool that loads the model once per actor and scores "
+                "the images; the scores written here as they come), with the same files and resume",
     "atlas": "a Ray Data pipeline (decode tasks, an actor pool that loads the model once per actor and probes the "
              "images; each shard's values merged into the running atlas here), with the same atlas and resume",
 }
@@ -224,6 +226,7 @@ def _add_evaluate_command(commands) -> None:
                           help="processes decoding images (0: decode in the main process) (default: as for run)")
     scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
     _add_max_pixels(scoring)
+    _add_scaling_options(scoring, "evaluate")
     scoring.add_argument("--quiet", "-q", action="store_true",
                          help="no progress (bar or lines); errors and the summary still print")
     scoring.set_defaults(handler="evaluate:evaluate_command")
