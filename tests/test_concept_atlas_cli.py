@@ -128,6 +128,7 @@ def test_usage_mistakes_answer_before_the_model_loads(folder, tmp_path, capsys):
         (["--channels", "3-1"], "--channels 3-1: the ranges hold no channel"),
         (["--channels", "a"], "--channels a: give channel numbers"),
         (["--max-memory", "lots"], "--max-memory lots"),
+        (["--address", "auto"], "--address applies to --engine ray"),
     ):
         assert _cli(folder, tmp_path / "out", *extra) == 2
         assert message in capsys.readouterr().err

@@ -26,7 +26,7 @@ from ..concepts import AtlasBatch, AtlasProbe, ConceptAtlas
 from ..errors import UsageError, failure_reason, is_out_of_memory
 from ..layers import resolve_layers
 from ..models import LoadedModel, load_model, warn_if_random
-from ..report import atomic_write, remove_temp_files
+from ..report import atomic_write
 from .concept_files import (
     CONCEPTS_FILE,
     FAILURES_FILE,
@@ -37,15 +37,13 @@ from .concept_files import (
     write_failures,
 )
 from .decoding import ModelInputs, default_workers
-from .explainers import max_memory_option
-from .guards import pixel_limit, sole_run
-from .inputs import Source, collect_inputs
-from .job import DatasetJob, GroupWorker, run_job
+from .inputs import Source
+from .job import DatasetJob, GroupWorker
 from .loop import LoopEnd, OutOfMemory, in_halves
 from .options import AtlasOptions
 from .outcome import report_failure
 from .progress import time_taken
-from .storage import device_errors, out_folder
+from .storage import device_errors
 
 #: The saved atlas (a dict of tensors and plain values, read back with ``weights_only``).
 ATLAS_FILE = "atlas.pt"
@@ -251,23 +249,3 @@ class AtlasJob(DatasetJob):
             f"{ATLAS_FILE}), {failed}; {time_taken(end.images, end.elapsed, self.failed)}; see "
             f"{self.out_dir / CONCEPTS_FILE} and {self.out_dir / PATCHES_FOLDER}"
         )
-
-
-def run_atlas(options: AtlasOptions, sources: list[Source] | None = None) -> int:
-    """``explain concepts atlas``: the atlas of the images ``options.inputs`` name (or of
-    ``sources``) under ``options.out``, going on with the atlas there; the exit status."""
-    out_dir = out_folder(options.out)
-    max_memory_option(options.max_memory)
-    if sources is None:
-        sources = collect_inputs(options.inputs, out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir, "concepts atlas"):  # a second run on the folder is refused before the model loads
-        prepared = prepare_atlas(options, out_dir)
-        with pixel_limit(options.max_pixels):
-            remove_temp_files(out_dir)
-            job = AtlasJob(prepared, out_dir, sources)
-            if options.engine == "ray":
-                from .ray_jobs import run_job_on_ray
-
-                return run_job_on_ray(job)
-            return run_job(job)

@@ -29,21 +29,17 @@ from ..evaluation import files as evaluation_files
 from ..metrics.registry import METRICS
 from ..models import LoadedModel, load_model, warn_if_random
 from ..options import LOCALISATION_METRICS as LOCALISATION
-from ..report import atomic_write, remove_temp_files
+from ..report import atomic_write
 from .decoding import ModelInputs, default_workers, mask_geometry
 from .explainers import (
     TargetSpec,
     estimated_costs,
-    max_memory_option,
     method_option_text,
     metric_options,
     parse_method_options,
-    parse_metrics,
     parse_target,
 )
-from .guards import pixel_limit, sole_run
-from .inputs import collect_inputs
-from .job import DatasetJob, GroupWorker, run_job
+from .job import DatasetJob, GroupWorker
 from .loop import LoopEnd, OutOfMemory, in_halves
 from .manifest import safe_name
 from .options import EvaluateOptions
@@ -51,7 +47,7 @@ from .outcome import report_failure
 from .page import page_run, write_page
 from .preparation import checked_explainers
 from .progress import time_taken
-from .storage import OutputFolder, device_errors, out_folder
+from .storage import OutputFolder, device_errors
 
 
 def _save_figure(path: Path, figure) -> None:
@@ -368,37 +364,3 @@ def page_rows(scores: list[dict], failures: list[dict]) -> list[dict]:
         if error not in row["error"]:
             row["error"] += f"; {error}"
     return list(rows.values())
-
-
-def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
-    """``explain evaluate``: check the options against the model, then compute the scores that are
-    missing under ``args.out`` (of ``sources``: by default the images that ``args.inputs``
-    name); returns the exit status."""
-    out_dir = out_folder(args.out)
-    metrics = parse_metrics(args.metrics, with_regions=args.regions is not None)
-    max_memory_option(args.max_memory)
-    if args.regions is not None:
-        if not args.regions.exists():
-            raise UsageError(f"--regions {args.regions}: no such file or folder")
-        if not any(name in LOCALISATION for name in metrics):
-            raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
-    metric_options(metrics, args.step)  # --step checked before the model loads
-    parse_method_options(args.method_options)  # and --method-option
-    if sources is None:
-        sources = collect_inputs(args.inputs, out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir, "evaluate"):  # a second run on the folder is refused before the model loads
-        return _evaluate_locked(args, out_dir, sources, metrics)
-
-
-def _evaluate_locked(args: EvaluateOptions, out_dir: Path, sources: list, metrics: list[str]) -> int:
-    """``explain evaluate`` once it holds ``out_dir``: the model loaded and checked, the run."""
-    prepared = prepare_evaluation(args, sources, metrics)
-    with pixel_limit(args.max_pixels):
-        remove_temp_files(out_dir)
-        job = EvaluationRun(prepared, out_dir, sources)
-        if args.engine == "ray":
-            from .ray_jobs import run_job_on_ray
-
-            return run_job_on_ray(job)
-        return run_job(job)

@@ -207,7 +207,9 @@ def parse_channels(text: str) -> list[int]:
 @dataclass
 class CheckedRun:
     """What checking a run's options against the model found, in plain values: what the Ray
-    engine's driver (which never loads the model) plans and names its rows with."""
+    engine's driver (which never loads the model) plans and names its rows with.
+    :class:`~explain.batch.preparation.PreparedRun` is one, with the model and the built
+    explainers besides."""
 
     methods: list[str]
     labels: list[str]  # the manifest's target column, one per output
