@@ -242,6 +242,11 @@ def test_usage_errors_of_the_ray_engine(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(UsageError, match=r"pip install 'explain-vision\[ray\]'"):
         import_ray()
+    # the other commands with --engine ray: said before the model loads or --out is made
+    for out, command in (("eval", ["evaluate", "a.png"]), ("atlas", ["concepts", "atlas", "a.png", "--layer", "x"])):
+        assert main([*command, "--out", out, "--engine", "ray"]) == 2
+        assert "--engine ray needs Ray Data: pip install 'explain-vision[ray]'" in capsys.readouterr().err
+        assert not Path(out).exists()
 
 
 def test_the_concept_atlas_runs_on_ray_as_locally_and_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):

@@ -186,8 +186,12 @@ def check_run_options(args) -> None:
 
 
 def check_engine_options(options) -> None:
-    """--address and --actors go with --engine ray."""
+    """--address and --actors go with --engine ray, which needs Ray Data installed (said before
+    the model loads)."""
     if options.engine == "ray":
+        from ..batch.ray_cluster import import_ray
+
+        import_ray()
         return
     for flag, value in (("--address", options.address), ("--actors", options.actors)):
         if value is not None:

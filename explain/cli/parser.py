@@ -185,8 +185,9 @@ def _add_scaling_options(run: argparse.ArgumentParser, command: str = "run") -> 
     scale.add_argument("--engine", choices=("local", "ray"), default="local",
                        help=f"local: this process, with DataLoader workers; ray: {RAY_ENGINE[command]}")
     scale.add_argument("--address", default=None,
-                       help="the Ray cluster to join (auto, ray://HEAD:10001, HEAD:6379); --out must be a folder "
-                       "every node sees (default: start a local Ray on this machine's cores)")
+                       help="the Ray cluster to join (auto, ray://HEAD:10001, HEAD:6379); the inputs must be "
+                       "readable from every node" + ("" if command != "run" else ", and --out be a folder every node "
+                       "sees or a URI") + " (default: start a local Ray on this machine's cores)")
     scale.add_argument("--actors", type=positive_int, default=None,
                        help="the actors that work the images (default: one per GPU where the cluster has GPUs, else "
                        "one per node, each leaving a CPU to the read and decode tasks)")
