@@ -25,7 +25,7 @@ from explain.cli import main
 from explain.errors import UsageError
 from explain.report import MANIFEST_FIELDS
 from explain.batch.concept_atlas import ATLAS_FILE, AtlasJob
-from explain.batch.ray_driver import import_ray
+from explain.batch.ray_cluster import import_ray
 from explain.ray_data import explain_dataset
 from explain.viewer import DATA_FOLDER, read_page
 
@@ -262,7 +262,8 @@ def test_the_concept_atlas_runs_on_ray_as_locally_and_resumes_after_ctrl_c(tmp_p
         Image.fromarray(pixels.numpy()).save(inputs / f"img{i}.png")
     (inputs / "broken.png").write_bytes(b"not an image")
     torch.save(_tiny_cnn(), tmp_path / "tiny.pt")
-    command = ["concepts", "atlas", str(inputs), "--layer", "conv2", "--model", str(tmp_path / "tiny.pt")]
+    monkeypatch.chdir(tmp_path)  # a model named relatively: the actors, elsewhere, find it too
+    command = ["concepts", "atlas", str(inputs), "--layer", "conv2", "--model", "tiny.pt"]
     command += ["--trust-model-file", "-n", "2", "-b", "2", "-j", "0", "-q"]
     assert main([*command, "--out", str(tmp_path / "local")]) == 1  # the broken image fails
 

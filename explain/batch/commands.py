@@ -35,6 +35,10 @@ from .storage import out_folder
 def run_command(options: ModelOptions, out_dir: Path, command: str, make_job: Callable[[], DatasetJob]) -> int:
     """Run the job ``make_job()`` makes (loading the model) into ``out_dir``, which a second
     run of ``command`` is refused (before the model loads); the exit status."""
+    if options.engine == "ray":  # said before the model loads
+        from .ray_cluster import import_ray
+
+        import_ray()
     out_dir.mkdir(parents=True, exist_ok=True)
     with sole_run(out_dir, command):
         job = make_job()

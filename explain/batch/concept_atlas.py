@@ -93,6 +93,11 @@ def run_settings(options: AtlasOptions, layers: list[str], probe: AtlasProbe) ->
     }
 
 
+def make_probe(loaded: LoadedModel, layers: list[str], options: AtlasOptions) -> AtlasProbe:
+    """The atlas's probe of ``layers`` (the driver's and each Ray actor's alike)."""
+    return AtlasProbe(loaded.model, layers, top_k=options.top_k)
+
+
 def prepare_atlas(options: AtlasOptions, out_dir: Path) -> PreparedAtlas:
     """Load the model, resolve ``--layer`` on it, make the probe, and read back the atlas of an
     earlier run into ``out_dir`` (refused where it was made with other settings)."""
@@ -103,7 +108,7 @@ def prepare_atlas(options: AtlasOptions, out_dir: Path) -> PreparedAtlas:
         )
     try:
         layers = list(resolve_layers(loaded.model, list(options.layer.names)))
-        probe = AtlasProbe(loaded.model, layers, top_k=options.top_k)
+        probe = make_probe(loaded, layers, options)
     except (ValueError, TypeError) as error:
         raise UsageError(f"--layer: {error}; see `explain layers {options.model}`") from None
     if options.workers is None:
@@ -133,14 +138,14 @@ class AtlasWorker(GroupWorker):
         self.loaded: LoadedModel | None = prepared.loaded if prepared is not None else None
         self.probe: AtlasProbe | None = prepared.probe if prepared is not None else None
 
-    def __getstate__(self) -> dict:  # pickled for the actors: without the model
-        return {"options": self.options, "layers": self.layers, "loaded": None, "probe": None}
+    def __getstate__(self) -> dict:  # pickled for the actors: without the model, paths absolute
+        return {"options": self.options.with_absolute_paths(), "layers": self.layers, "loaded": None, "probe": None}
 
     def start(self) -> None:
         if self.loaded is None:
             options = self.options
             self.loaded = load_model(options.model, options.weights, options.trust_model_file, options.device)
-            self.probe = AtlasProbe(self.loaded.model, self.layers, top_k=options.top_k)
+            self.probe = make_probe(self.loaded, self.layers, options)
         self.inputs = ModelInputs(self.loaded.preprocess)
 
     def work(self, indices: list[int], images: Tensor) -> list[tuple[list[int], AtlasBatch | str]]:

@@ -120,8 +120,9 @@ class EvaluationWorker(GroupWorker):
             if region is not None:
                 self.regions[index] = region
 
-    def __getstate__(self) -> dict:  # pickled for the actors: without the model
-        return dict(self.__dict__, prepared=None, options=self.options.replace(regions=None, quiet=True))
+    def __getstate__(self) -> dict:  # pickled for the actors: without the model, paths absolute
+        options = self.options.replace(regions=None, quiet=True).with_absolute_paths()
+        return dict(self.__dict__, prepared=None, options=options)
 
     def start(self) -> None:
         if self.prepared is None:
@@ -138,8 +139,8 @@ class EvaluationWorker(GroupWorker):
         done = []
         for key, positions in alike.items():
             wanted = {method: list(names) for method, names in key}
-            done += in_halves(partial(self._scored, wanted), [indices[p] for p in positions], model_input[positions],
-                              device)
+            members = [indices[p] for p in positions]
+            done += in_halves(partial(self._scored, wanted), members, model_input[positions], device)
         return done
 
     def _scored(self, wanted: dict, members: list[int], images: Tensor) -> tuple[list[int], dict, Evaluation]:

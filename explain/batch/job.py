@@ -11,7 +11,7 @@ calls :func:`run_job`; it touches neither the loops nor the other jobs. Out-of-m
 :func:`~explain.batch.loop.in_halves`, which a job's group work calls. A job whose work on a
 group is a :class:`GroupWorker` (a plain object that makes its own model where it runs, and
 returns what the driver's :meth:`DatasetJob.take` records) runs on either engine:
-``run_job(job, ray_loop(address, actors))`` explains its groups in Ray actors."""
+:func:`~explain.batch.ray_jobs.run_job_on_ray` works its groups in Ray actors."""
 
 from __future__ import annotations
 

@@ -5,8 +5,11 @@ blocks, a lost block failing its images rather than the run). Driver-side: no to
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..errors import UsageError
+from .guards import terminated_as_interrupt
 
 #: Ray Data's block size for a job: a decoded batch (16 images at 224 px: 2.4 MB) is passed
 #: on at once instead of gathered with the rest of its file, so that results reach the driver
@@ -53,3 +56,17 @@ def connect(ray, address: str | None) -> bool:
             "check --address (auto, ray://HEAD:10001) and that `ray status` answers there"
         ) from None
     return True
+
+
+@contextmanager
+def ray_session(ray, address: str | None) -> Iterator[None]:
+    """The block on the cluster at ``address`` (or a local Ray, shut down at its end), in which
+    SIGTERM stops the job as Ctrl-C does: ray.init's own SIGTERM handlers (``sys.exit``, and
+    the core worker's, which prints a native stack) give way to ours."""
+    started = connect(ray, address)
+    with terminated_as_interrupt():
+        try:
+            yield
+        finally:
+            if started:
+                ray.shutdown()

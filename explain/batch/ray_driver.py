@@ -28,7 +28,7 @@ from pathlib import Path
 from ..report import iter_json_records, remove_temp_files
 from ..viewer import PageRun
 from .ground_truth import row_marker
-from .guards import StopFlag, leased_run, sole_run, terminated_as_interrupt
+from .guards import StopFlag, leased_run, sole_run
 from .inputs import PLAN_PREFIX, InputListing
 from .manifest import MANIFEST, is_well_formed
 from .options import CheckedRun, RunOptions
@@ -36,7 +36,7 @@ from .outcome import exit_code, interrupted_summary, out_of_memory_note, stopped
 from .page import OriginalCopies, colour_scales, page_run, write_page
 from .planning import finished_pairs
 from .progress import label_summary, progress_bar, run_summary
-from .ray_cluster import connect, import_ray
+from .ray_cluster import import_ray, ray_session
 from .ray_files import ROWS_SUFFIX, DriverManifest, PlanFiles
 from .ray_stream import CLOSE_SECONDS, Stream, ask_actors_to_stop, kept_lines, kept_row_files, kept_rows, wait_for_calls
 from .storage import OutputDeviceError, OutputFolder, out_folder
@@ -62,21 +62,14 @@ def run_on_ray(args: RunOptions) -> int:
             if local:
                 remove_temp_files(folder.root)
             leftovers = folder.names(PLAN_PREFIX)  # read for their rows, then removed (RayRun)
-        started = connect(ray, args.address)
-        # ray.init's SIGTERM handlers (sys.exit, and the core worker's, which prints a native
-        # stack) give way to ours: SIGTERM stops the run as Ctrl-C does.
-        with terminated_as_interrupt():
-            try:
-                from .ray_stages import actor_resources, remote_prepare
+        with ray_session(ray, args.address):
+            from .ray_stages import actor_resources, remote_prepare
 
-                checked = remote_prepare(ray, args)
-                if checked.messages:
-                    print(checked.messages, end="", file=sys.stderr)
-                run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked.device), leftovers)
-                return run.execute(ray)
-            finally:
-                if started:
-                    ray.shutdown()
+            checked = remote_prepare(ray, args)
+            if checked.messages:
+                print(checked.messages, end="", file=sys.stderr)
+            run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked.device), leftovers)
+            return run.execute(ray)
 
 
 def earlier_lines(folder: OutputFolder, leftovers: list[str]) -> Iterator[str]:

@@ -29,34 +29,37 @@ from functools import partial
 import numpy as np
 
 from ..errors import UsageError
-from .guards import StopFlag, Terminated, terminated_as_interrupt
+from .decoding import ModelInputs
+from .guards import StopFlag, Terminated
 from .job import DatasetJob, run_job
 from .loop import LoopEnd
 from .progress import progress_bar
-from .ray_cluster import connect, import_ray
-from .ray_stages import DECODE_CPUS, ExplainedPlan, actor_resources, decode_files, decoded_groups
+from .ray_cluster import import_ray, ray_session
+from .ray_stages import ExplainedPlan, actor_resources, actor_stage, decode_stage, decoded_groups
 from .ray_stream import CLOSE_SECONDS, Stream
 
 #: What the first Ctrl-C (or SIGTERM) does to a job on Ray, as its message says.
 STOPPING = "the batches the actors hold are left to the next run; what reached this process is kept"
 #: The reason of an image whose batch Ray lost.
-LOST = "worker failed: Ray lost this image's batch (an actor died on it; see Ray's log)"
+LOST = "worker failed: Ray lost this image's batch (its actor raised or died on it; see Ray's log above)"
+
+
+def check_ray_job(job: type[DatasetJob], inputs) -> None:
+    """Refuse (before Ray starts) a job that has no Ray side, or inputs the decode tasks do
+    not read (volumes, signals: the local engine's)."""
+    if job.worker is DatasetJob.worker:
+        raise UsageError(f"{job.__name__} runs on the local engine only: leave --engine ray out")
+    if not isinstance(inputs, ModelInputs):
+        raise UsageError(f"{type(inputs).__name__} run on the local engine only: leave --engine ray out")
 
 
 def run_job_on_ray(job: DatasetJob) -> int:
     """Run ``job`` with its groups worked on Ray (``job.options``: --address, --actors);
     the exit status, as :func:`~explain.batch.job.run_job`'s."""
-    if job.worker() is None:
-        raise UsageError(f"{type(job).__name__} runs on the local engine only: leave --engine ray out")
+    check_ray_job(type(job), job.inputs)
     ray = import_ray()
-    started = connect(ray, job.options.address)
-    # ray.init's SIGTERM handlers give way to ours: SIGTERM stops the job as Ctrl-C does.
-    with terminated_as_interrupt():
-        try:
-            return run_job(job, partial(ray_loop, ray))
-        finally:
-            if started:
-                ray.shutdown()
+    with ray_session(ray, job.options.address):
+        return run_job(job, partial(ray_loop, ray))
 
 
 def ray_loop(ray, job: DatasetJob, work: list[int]) -> LoopEnd:
@@ -65,9 +68,9 @@ def ray_loop(ray, job: DatasetJob, work: list[int]) -> LoopEnd:
     end, started = LoopEnd(), time.perf_counter()
     progress = progress_bar(len(work), job.options.quiet)
     received: set[int] = set()
-    stream = None
+    stream, stop = None, StopFlag(STOPPING)
     try:
-        with StopFlag(STOPPING) as stop:
+        with stop:
             stream = Stream(worked_batches(ray, job, work))
             while not stop.set:
                 try:
@@ -78,19 +81,25 @@ def ray_loop(ray, job: DatasetJob, work: list[int]) -> LoopEnd:
                     count = take_batch(job, item, received)
                     end.images += count
                     progress.update(count)
-            end.interrupted, end.terminated = stop.set, stop.terminated
-        if not end.interrupted:
-            for index in sorted(set(work) - received):
-                job.failed_input(index, LOST)
-                end.images += 1
+            end.interrupted = stop.set
+            if not end.interrupted:
+                for index in sorted(set(work) - received):
+                    job.failed_input(index, LOST)
+                    end.images += 1
+                    progress.update(1)
     except KeyboardInterrupt as interrupt:  # a second Ctrl-C: at once
         end.interrupted = end.forced = True
         end.terminated = isinstance(interrupt, Terminated)
     finally:
-        if stream is not None:
-            stream.close(CLOSE_SECONDS)
+        try:
+            if stream is not None:
+                stream.close(CLOSE_SECONDS)
+        except KeyboardInterrupt as interrupt:  # a second signal while Ray's execution ends
+            end.interrupted = end.forced = True
+            end.terminated = end.terminated or isinstance(interrupt, Terminated)
         progress.close()
         end.elapsed = time.perf_counter() - started
+        end.terminated = end.terminated or stop.terminated
     return end
 
 
@@ -114,24 +123,16 @@ def worked_batches(ray, job: DatasetJob, work: list[int]) -> WorkedBatches:
     import cloudpickle
 
     options = job.options
-    batch_size = 1 if job.loaded.fixed_batch else options.batch_size
-    resources = actor_resources(ray, options, job.loaded.device.type)
+    # the actors' device: the driver's where --device names one; else the cluster's GPUs if it
+    # has any (the driver may run on a head node without one)
+    resources = actor_resources(ray, options, job.loaded.device.type if options.device else "cuda")
     items = ray.data.from_items([{"index": index, "path": job.sources[index].path} for index in work])
-    decoded = items.map_batches(
-        decode_files,
-        fn_kwargs=dict(decoding=job.decoding(), column="path", max_pixels=options.max_pixels),
-        batch_size=batch_size,
-        num_cpus=DECODE_CPUS,
+    decoded = decode_stage(items, job.decoding(), options)
+    constructor = dict(
+        worker=cloudpickle.dumps(job.worker()), threads=resources.pop("threads"), max_memory=options.max_memory
     )
-    worker = cloudpickle.dumps(job.worker())
-    threads = resources.pop("threads")
-    worked = decoded.map_batches(
-        JobActor,
-        fn_constructor_kwargs=dict(worker=worker, threads=threads, max_memory=options.max_memory),
-        batch_size=batch_size,
-        **resources,
-    )
-    return WorkedBatches(worked)
+    batch_size = 1 if job.loaded.fixed_batch else options.batch_size
+    return WorkedBatches(actor_stage(decoded, JobActor, constructor, batch_size, resources))
 
 
 class WorkedBatches(ExplainedPlan):

@@ -111,27 +111,42 @@ def explain_plan(
     ``filesystem``: pyarrow's, or None for a local folder), the actors keeping each batch's
     rows in ``rows_folder`` of the output folder too."""
     plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
-    decoded = plan.map_batches(
+    decoded = decode_stage(plan, checked.decoding, options)
+    resources = dict(resources)
+    constructor = dict(options=options, threads=resources.pop("threads"), rows_folder=rows_folder)
+    explained = actor_stage(
+        decoded, WriteActor, constructor, 1 if checked.fixed_batch else options.batch_size, resources
+    )
+    return ExplainedPlan(explained)
+
+
+def decode_stage(dataset, decoding: bytes, options: ModelOptions):
+    """``dataset`` (a ``path`` column) with each file decoded and preprocessed in CPU tasks,
+    ``options.batch_size`` files a task."""
+    return dataset.map_batches(
         decode_files,
-        fn_kwargs=dict(decoding=checked.decoding, column="path", max_pixels=options.max_pixels),
+        fn_kwargs=dict(decoding=decoding, column="path", max_pixels=options.max_pixels),
         batch_size=options.batch_size,
         num_cpus=DECODE_CPUS,
     )
-    resources = dict(resources)
+
+
+def actor_stage(dataset, actor: type, constructor: dict, batch_size: int, resources: dict):
+    """``dataset``'s batches worked by a pool of ``actor(**constructor)`` (``resources``: from
+    :func:`actor_resources`, without ``threads``)."""
     # An actor that dies is restarted (a node may go), but a batch that kills actors is tried
-    # ACTOR_TASK_RETRIES more times, not forever; the driver fails its images (RayRun._fail_lost).
-    # Ray 2.60 offers no named option for that and warns about the remote arguments that it
-    # will drop in 2.64 (hence the extra's bound).
+    # ACTOR_TASK_RETRIES more times, not forever (Ray Data's default): the driver fails its
+    # images. Ray 2.60 offers no named option for that and warns about the remote arguments
+    # that it will drop in 2.64 (hence the extra's bound).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
-        explained = decoded.map_batches(
-            WriteActor,
-            fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads"), rows_folder=rows_folder),
-            batch_size=1 if checked.fixed_batch else options.batch_size,
+        return dataset.map_batches(
+            actor,
+            fn_constructor_kwargs=constructor,
+            batch_size=batch_size,
             max_task_retries=ACTOR_TASK_RETRIES,
             **resources,
         )
-    return ExplainedPlan(explained)
 
 
 class ExplainedPlan:
