@@ -88,7 +88,7 @@ def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str | Sequence
     else:
         raise ValueError(f"the dataset has neither an {image_column!r} column of images nor a {path_column!r} column "
                          f"of files (its columns: {', '.join(columns)}); pass image_column= or path_column=")
-    resources = actor_resources(ray, options, checked)
+    resources = actor_resources(ray, options, checked.device)
     return decoded.map_batches(MapActor, fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads")),
                                batch_size=1 if checked.fixed_batch else batch_size, **resources)
 

@@ -51,7 +51,7 @@ FORBIDDEN = [
     ("explain.metrics", "explain.concepts"),
 ]
 #: The batch layer's engines: what runs the jobs, here and on Ray.
-ENGINES = ("explain.batch.local_run", "explain.batch.ray_driver", "explain.batch.ray_stages")
+ENGINES = ("explain.batch.local_run", "explain.batch.ray_driver", "explain.batch.ray_stages", "explain.batch.ray_jobs")
 #: What the engines run never reaches back for them: the job interface and its jobs, the group
 #: explainer, the task strategies and the records they return; so a new job or task plugs in
 #: without touching an engine.

@@ -21,7 +21,8 @@ from PIL import Image
 from torch import nn
 from torchvision import transforms
 
-from explain.batch.concept_atlas import ATLAS_FILE, AtlasJob, PreparedAtlas, prepare_atlas
+from explain.batch.concept_atlas import ATLAS_FILE, AtlasJob, AtlasWorker, PreparedAtlas, prepare_atlas
+from explain.batch.decoding import ModelInputs
 from explain.batch.concept_files import CONCEPTS_FILE
 from explain.batch.inputs import collect_inputs
 from explain.batch.job import run_job
@@ -128,6 +129,7 @@ def test_usage_mistakes_answer_before_the_model_loads(folder, tmp_path, capsys):
         (["--channels", "3-1"], "--channels 3-1: the ranges hold no channel"),
         (["--channels", "a"], "--channels a: give channel numbers"),
         (["--max-memory", "lots"], "--max-memory lots"),
+        (["--address", "auto"], "--address applies to --engine ray"),
     ):
         assert _cli(folder, tmp_path / "out", *extra) == 2
         assert message in capsys.readouterr().err
@@ -301,3 +303,28 @@ def test_the_mark_channel_has_mark_crops_among_its_relmax_patches(tmp_path, caps
         with Image.open(tmp_path / "out" / ref["patch"]) as patch:
             assert patch.size == (x1 - x0, y1 - y0)
     assert crops >= 5, concept["relmax"]
+
+
+def test_the_atlas_worker_pickles_without_its_model_and_works_as_the_local_one(folder, monkeypatch):
+    """What a Ray actor gets (explain.batch.ray_jobs): the worker pickled without the model, with
+    paths made absolute (an actor's working directory is not the driver's), started there."""
+    import cloudpickle
+
+    monkeypatch.chdir(folder)
+    options = AtlasOptions(inputs=["in"], out="out", model="tiny.pt", trust_model_file=True, layer="conv2", top_n=2)
+    prepared = prepare_atlas(options, folder / "unused")
+    local = AtlasWorker(options, prepared.layers, prepared)
+    local.start()
+    shipped = cloudpickle.loads(cloudpickle.dumps(local))
+    assert shipped.loaded is None and shipped.probe is None
+    assert shipped.options.model == str(folder / "tiny.pt")
+    monkeypatch.chdir("/")
+    shipped.start()
+    images = torch.randint(0, 256, (3, 3, 224, 224), dtype=torch.uint8)
+    assert ModelInputs(prepared.loaded.preprocess).uint8
+    (members, mine), = local.work([4, 5, 6], images)
+    (their_members, theirs), = shipped.work([4, 5, 6], images)
+    assert members == their_members == [4, 5, 6]
+    for name, layer in mine.layers.items():
+        for field in ("activation", "relevance", "activation_at", "relevance_at", "top"):
+            assert torch.equal(getattr(layer, field), getattr(theirs.layers[name], field)), field

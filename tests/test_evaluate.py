@@ -184,6 +184,7 @@ def test_information_curves_and_top_k_intersection_from_the_command_line(tmp_pat
     (["-M", "ig:n_steps=3"], "--method-option ig:n_steps=3: ig is not among --method gradcam; add it to --method"),
     (["--methods", "ig", "-M", "ig:n_steps=0"], "--method-option ig:n_steps=0: n_steps must be a positive int"),
     (["-M", "gradcam:target_layer=bn2"], "target_layer is set by --layer for all the methods"),
+    (["--actors", "2"], "--actors applies to --engine ray; add --engine ray or leave --actors out"),
 ])
 def test_usage_errors_exit_2(tmp_path, monkeypatch, capsys, options, message):
     monkeypatch.chdir(tmp_path)

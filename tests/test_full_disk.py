@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import explain.batch.commands
 import explain.batch.local_run
+import explain.batch.ray_cluster
 import explain.batch.ray_driver
 import explain.batch.ray_files
 from explain.batch.outcome import EXIT_OUTPUT_DEVICE, EXIT_USAGE
@@ -163,8 +165,8 @@ def test_an_out_that_cannot_be_made_or_written_is_a_usage_error_before_any_work(
     def no_work(*args, **kwargs):
         raise AssertionError("the run started before --out was checked")
 
-    monkeypatch.setattr(explain.batch.local_run, "prepare_run", no_work)
-    monkeypatch.setattr(explain.batch.ray_driver, "connect", no_work)
+    monkeypatch.setattr(explain.batch.commands, "prepare_run", no_work)
+    monkeypatch.setattr(explain.batch.ray_cluster, "connect", no_work)
     read_only = tmp_path / "read_only"
     _mount(read_only, "size=64k,ro")
     try:

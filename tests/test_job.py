@@ -5,6 +5,8 @@ loop, resume, the summary line, a full disk's stop and the exit statuses from
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import torch
@@ -14,7 +16,8 @@ from torchvision import transforms
 
 from explain.batch.decoding import ModelInputs
 from explain.batch.inputs import collect_inputs
-from explain.batch.job import DatasetJob, run_job
+from explain.batch import ray_jobs
+from explain.batch.job import DatasetJob, GroupWorker, run_job
 from explain.batch.loop import LoopEnd
 from explain.batch.options import ModelOptions
 from explain.batch.outcome import EXIT_FAILED, EXIT_OK, EXIT_OUTPUT_DEVICE
@@ -101,3 +104,43 @@ def test_a_full_disk_stops_the_job_and_keeps_what_it_did(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "no space left on device" in captured.err
     assert captured.out.startswith("explain: stopped: cannot write to out: no space left on device")
+
+
+class Recorded(DatasetJob):
+    """A job whose group work is a worker, recording what an engine's loop hands it."""
+
+    def __init__(self):
+        self.options = ModelOptions(quiet=True)
+        self.failures: list[tuple[int, str]] = []
+        self.taken: list[tuple[list[int], str]] = []
+
+    def failed_input(self, index: int, error: str) -> None:
+        self.failures.append((index, error))
+
+    def worker(self) -> GroupWorker:
+        return GroupWorker()
+
+    def take(self, indices: list[int], result) -> None:
+        self.taken.append((indices, result))
+
+
+def test_rays_loop_hands_results_to_the_job_fails_lost_images_once_and_stops_on_sigterm(monkeypatch):
+    """ray_jobs.ray_loop without Ray: the stream of worked batches replaced by plain items
+    (each: its failures, and its groups' results)."""
+    batches = [([(3, "not an image")], [([0, 1], "result of 0, 1")]), ([], [([2], "result of 2")])]
+    monkeypatch.setattr(ray_jobs, "worked_batches", lambda ray, job, work: iter(batches))
+    job = Recorded()
+    end = ray_jobs.ray_loop(None, job, [0, 1, 2, 3, 4, 5])
+    assert job.taken == [([0, 1], "result of 0, 1"), ([2], "result of 2")]
+    assert job.failures == [(3, "not an image"), (4, ray_jobs.LOST), (5, ray_jobs.LOST)]  # once each
+    assert end.images == 6 and not end.interrupted and not end.terminated
+
+    class TerminatedAtFirst(Recorded):
+        def take(self, indices: list[int], result) -> None:
+            super().take(indices, result)
+            os.kill(os.getpid(), signal.SIGTERM)  # the loop's StopFlag takes it
+
+    job = TerminatedAtFirst()
+    end = ray_jobs.ray_loop(None, job, [0, 1, 2, 3, 4, 5])
+    assert job.taken == [([0, 1], "result of 0, 1")] and job.failures == [(3, "not an image")]  # nothing failed as lost
+    assert end.interrupted and end.terminated and not end.forced and end.images == 3

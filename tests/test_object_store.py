@@ -23,6 +23,7 @@ from PIL import Image
 from pyarrow import fs
 
 import explain.batch.guards
+import explain.batch.ray_cluster
 import explain.batch.ray_driver
 from explain.batch.guards import LEASE, leased_run
 from explain.batch.outcome import EXIT_USAGE
@@ -234,7 +235,7 @@ def test_a_bucket_that_does_not_exist_is_a_usage_error_before_ray_starts(s3, tmp
     def no_ray(*args):
         raise AssertionError("Ray started before --out was checked")
 
-    monkeypatch.setattr(explain.batch.ray_driver, "connect", no_ray)
+    monkeypatch.setattr(explain.batch.ray_cluster, "connect", no_ray)
     noise_image(0).save(tmp_path / "a.png")
     uri = s3.uri("x").replace(BUCKET, "no-such-bucket")
     assert main(["run", str(tmp_path / "a.png"), "--out", uri, "--engine", "ray"]) == EXIT_USAGE

@@ -2,6 +2,7 @@
 2 CPUs: the same files, manifest rows and maps as the local engine, resume after a killed
 driver, and a driver that plans without torch."""
 
+import csv
 import json
 import logging
 import os
@@ -23,11 +24,13 @@ import explain.ray_data
 from explain.cli import main
 from explain.errors import UsageError
 from explain.report import CONCEPT_FIELDS, MANIFEST_FIELDS
-from explain.batch.ray_driver import import_ray
+from explain.batch.concept_atlas import ATLAS_FILE, AtlasJob
+from explain.batch.ray_cluster import import_ray
 from explain.ray_data import explain_dataset
 from explain.viewer import DATA_FOLDER, read_page
 
 from test_cli import check_png, environment, noise_image, read_rows, summary_counts
+from test_concept_atlas_cli import _tiny_cnn
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = sorted((REPO / "data" / "images").iterdir())
@@ -261,6 +264,87 @@ def test_usage_errors_of_the_ray_engine(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(UsageError, match=r"pip install 'explain-vision\[ray\]'"):
         import_ray()
+    # the other commands with --engine ray: said before the model loads or --out is made
+    for out, command in (("eval", ["evaluate", "a.png"]), ("atlas", ["concepts", "atlas", "a.png", "--layer", "x"])):
+        assert main([*command, "--out", out, "--engine", "ray"]) == 2
+        assert "--engine ray needs Ray Data: pip install 'explain-vision[ray]'" in capsys.readouterr().err
+        assert not Path(out).exists()
+
+
+def test_the_concept_atlas_runs_on_ray_as_locally_and_resumes_after_ctrl_c(tmp_path, capsys, monkeypatch):
+    """A job with a worker (the atlas) on Ray: a first Ctrl-C keeps what reached the driver
+    (exit 130), and the rerun ends with the local engine's atlas, concepts.json, patches and
+    failures (values to float rounding: Ray's batches cut the images otherwise)."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    generator = torch.Generator().manual_seed(1)
+    for i in range(6):
+        pixels = (torch.rand(24, 24, 3, generator=generator) * 255).byte()
+        pixels[4 + i : 12 + i, 6:14] = 255
+        Image.fromarray(pixels.numpy()).save(inputs / f"img{i}.png")
+    (inputs / "broken.png").write_bytes(b"not an image")
+    torch.save(_tiny_cnn(), tmp_path / "tiny.pt")
+    monkeypatch.chdir(tmp_path)  # a model named relatively: the actors, elsewhere, find it too
+    command = ["concepts", "atlas", str(inputs), "--layer", "conv2", "--model", "tiny.pt"]
+    command += ["--trust-model-file", "-n", "2", "-b", "2", "-j", "0", "-q"]
+    assert main([*command, "--out", str(tmp_path / "local")]) == 1  # the broken image fails
+
+    take = AtlasJob.take
+
+    def take_then_ctrl_c(job, indices, result):
+        take(job, indices, result)
+        if len(job.images) <= 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(AtlasJob, "take", take_then_ctrl_c)
+    capsys.readouterr()
+    assert main([*command, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 130
+    captured = capsys.readouterr()
+    assert "explain: stopping: the batches the actors hold are left to the next run" in captured.err
+    assert captured.out.strip().splitlines()[-1].startswith("explain: interrupted, run the same command again")
+    seen = torch.load(tmp_path / "ray" / ATLAS_FILE, weights_only=True)["images"]
+    assert 0 < len(seen) < 6
+
+    monkeypatch.setattr(AtlasJob, "take", take)
+    assert main([*command, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 1
+    assert f"{6 - len(seen)} images added to the atlas now, {len(seen)} skipped" in capsys.readouterr().out
+    local, on_ray = (json.loads((tmp_path / out / "concepts.json").read_text()) for out in ("local", "ray"))
+    assert local.keys() == on_ray.keys() and local["images"] == on_ray["images"] == 6
+    for mine, theirs in zip(local["layers"]["conv2"]["concepts"], on_ray["layers"]["conv2"]["concepts"], strict=True):
+        for kind in ("relmax", "actmax"):
+            assert [(r["image"], r["box"]) for r in mine[kind]] == [(r["image"], r["box"]) for r in theirs[kind]]
+            assert [r["value"] for r in mine[kind]] == pytest.approx([r["value"] for r in theirs[kind]], rel=1e-5)
+            for ref, other in zip(mine[kind], theirs[kind], strict=True):
+                local_patch = (tmp_path / "local" / ref["patch"]).read_bytes()
+                assert local_patch == (tmp_path / "ray" / other["patch"]).read_bytes()
+        assert mine["statistics"] == pytest.approx(theirs["statistics"], rel=1e-5)
+    assert (tmp_path / "ray" / "failures.csv").read_text() == (tmp_path / "local" / "failures.csv").read_text()
+
+
+def test_evaluate_scores_on_ray_what_it_scores_locally(tmp_path, capsys):
+    """A second job on Ray through the job interface: explain evaluate's scores, failures (an
+    unreadable file, an image without a region) and summary are the local engine's."""
+    (tmp_path / "regions.csv").write_text("image,x0,y0,x1,y1\ncoffee.png,56,56,168,168\n")
+    (tmp_path / "broken.png").write_bytes(b"not an image")
+    images = [str(PHOTOS[0].parent / "coffee.png"), str(PHOTOS[0].parent / "rocket.jpg"), str(tmp_path / "broken.png")]
+    command = ["evaluate", *images, "--methods", "gradcam,saliency", "--metrics", "sparseness,pointing-game"]
+    command += ["--regions", str(tmp_path / "regions.csv"), "-b", "2", "-q"]
+    assert main([*command, "--out", str(tmp_path / "local")]) == 1
+    assert main([*command, "--out", str(tmp_path / "ray"), "--engine", "ray"]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("explain: 6 scored now, 0 skipped (already in scores.csv), 2 images failed")
+
+    def scores(out: str) -> dict:
+        with open(tmp_path / out / "scores.csv", newline="", encoding="utf-8") as file:
+            rows = list(csv.DictReader(file))
+        return {(r["image"], r["method"], r["target"], r["metric"], r["settings"]): float(r["value"]) for r in rows}
+
+    local, on_ray = scores("local"), scores("ray")
+    assert len(local) == 6 and local.keys() == on_ray.keys()
+    assert list(on_ray.values()) == pytest.approx([local[key] for key in on_ray], rel=1e-4, abs=1e-6)
+    failures = {out: sorted((tmp_path / out / "failures.csv").read_text().splitlines()) for out in ("local", "ray")}
+    assert failures["local"] == failures["ray"] and len(failures["ray"]) == 1 + 2 * 2 + 2
+    assert (tmp_path / "ray" / "summary.md").is_file() and (tmp_path / "ray" / "index.html").is_file()
 
 
 def test_the_driver_plans_without_torch():

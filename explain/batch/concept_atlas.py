@@ -26,7 +26,7 @@ from ..concepts import AtlasBatch, AtlasProbe, ConceptAtlas
 from ..errors import UsageError, failure_reason, is_out_of_memory
 from ..layers import resolve_layers
 from ..models import LoadedModel, load_model, warn_if_random
-from ..report import atomic_write, remove_temp_files
+from ..report import atomic_write
 from .concept_files import (
     CONCEPTS_FILE,
     FAILURES_FILE,
@@ -37,15 +37,13 @@ from .concept_files import (
     write_failures,
 )
 from .decoding import ModelInputs, default_workers
-from .explainers import max_memory_option
-from .guards import pixel_limit, sole_run
-from .inputs import Source, collect_inputs
-from .job import DatasetJob, run_job
+from .inputs import Source
+from .job import DatasetJob, GroupWorker
 from .loop import LoopEnd, OutOfMemory, in_halves
 from .options import AtlasOptions
 from .outcome import report_failure
 from .progress import time_taken
-from .storage import device_errors, out_folder
+from .storage import device_errors
 
 #: The saved atlas (a dict of tensors and plain values, read back with ``weights_only``).
 ATLAS_FILE = "atlas.pt"
@@ -95,6 +93,11 @@ def run_settings(options: AtlasOptions, layers: list[str], probe: AtlasProbe) ->
     }
 
 
+def make_probe(loaded: LoadedModel, layers: list[str], options: AtlasOptions) -> AtlasProbe:
+    """The atlas's probe of ``layers`` (the driver's and each Ray actor's alike)."""
+    return AtlasProbe(loaded.model, layers, top_k=options.top_k)
+
+
 def prepare_atlas(options: AtlasOptions, out_dir: Path) -> PreparedAtlas:
     """Load the model, resolve ``--layer`` on it, make the probe, and read back the atlas of an
     earlier run into ``out_dir`` (refused where it was made with other settings)."""
@@ -105,7 +108,7 @@ def prepare_atlas(options: AtlasOptions, out_dir: Path) -> PreparedAtlas:
         )
     try:
         layers = list(resolve_layers(loaded.model, list(options.layer.names)))
-        probe = AtlasProbe(loaded.model, layers, top_k=options.top_k)
+        probe = make_probe(loaded, layers, options)
     except (ValueError, TypeError) as error:
         raise UsageError(f"--layer: {error}; see `explain layers {options.model}`") from None
     if options.workers is None:
@@ -122,6 +125,46 @@ def prepare_atlas(options: AtlasOptions, out_dir: Path) -> PreparedAtlas:
         atlas, images = ConceptAtlas.from_state_dict(saved["atlas"]), list(saved["images"])
     warn_if_random(loaded, options.model)
     return PreparedAtlas(options, loaded, layers, probe, atlas, images)
+
+
+class AtlasWorker(GroupWorker):
+    """The atlas's work on a group of images, where they are (this process, or a Ray actor,
+    which loads the model and makes the probe in :meth:`start`): the probe's values of the
+    group, in halves where it runs out of device memory, down to single images (one that
+    alone does not fit gives the reason)."""
+
+    def __init__(self, options: AtlasOptions, layers: list[str], prepared: PreparedAtlas | None = None):
+        self.options, self.layers = options, layers
+        self.loaded: LoadedModel | None = prepared.loaded if prepared is not None else None
+        self.probe: AtlasProbe | None = prepared.probe if prepared is not None else None
+
+    def __getstate__(self) -> dict:  # pickled for the actors: without the model, paths absolute
+        return {"options": self.options.with_absolute_paths(), "layers": self.layers, "loaded": None, "probe": None}
+
+    def start(self) -> None:
+        if self.loaded is None:
+            options = self.options
+            self.loaded = load_model(options.model, options.weights, options.trust_model_file, options.device)
+            self.probe = make_probe(self.loaded, self.layers, options)
+        self.inputs = ModelInputs(self.loaded.preprocess)
+
+    def work(self, indices: list[int], images: Tensor) -> list[tuple[list[int], AtlasBatch | str]]:
+        loaded, probe = self.loaded, self.probe
+        assert loaded is not None and probe is not None, "start() first"
+        model_input = self.inputs.model_input(images.to(loaded.device, non_blocking=True))
+
+        def once(members: list[int], batch: Tensor) -> tuple[list[int], AtlasBatch | str]:
+            try:
+                found = probe(batch)
+            except Exception as error:
+                if not is_out_of_memory(error):
+                    raise
+                if len(members) > 1:
+                    raise OutOfMemory from None
+                return members, failure_reason(error)
+            return members, found.cpu()
+
+        return in_halves(once, indices, model_input, loaded.device)
 
 
 class AtlasJob(DatasetJob):
@@ -157,27 +200,17 @@ class AtlasJob(DatasetJob):
         self.failures.append({"image": self.sources[index].input, "error": error})
         report_failure(self.sources[index].input, error)
 
-    def group(self, indices: list[int], images: Tensor) -> None:
-        """Probe the group into the atlas; where it runs out of device memory, each half again,
-        down to single images (one that alone does not fit fails with the reason)."""
-        model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
+    def worker(self) -> AtlasWorker:
+        return AtlasWorker(self.options, self.prepared.layers, self.prepared)
 
-        def once(members: list[int], batch: Tensor) -> tuple[list[int], AtlasBatch | str]:
-            try:
-                return members, self.prepared.probe(batch)
-            except Exception as error:
-                if not is_out_of_memory(error):
-                    raise
-                if len(members) > 1:
-                    raise OutOfMemory from None
-                return members, failure_reason(error)
-
-        for members, found in in_halves(once, indices, model_input, self.loaded.device):
+    def take(self, indices: list[int], result: list[tuple[list[int], AtlasBatch | str]]) -> None:
+        """Take a group's probe values into the atlas, with ids numbered on in the order of
+        the images (however the group was cut); an image that alone ran out of memory fails."""
+        for members, found in result:
             if isinstance(found, str):
                 self.out_of_memory += 1
                 self.failed_input(members[0], found)
                 continue
-            # the ids: the next numbers, in the order of the images (however the group was cut)
             ids = torch.arange(len(self.images), len(self.images) + len(members))
             self.atlas.update(replace(found, ids=ids))
             self.images.extend(self.sources[i].path for i in members)  # only once the atlas holds them
@@ -221,18 +254,3 @@ class AtlasJob(DatasetJob):
             f"{ATLAS_FILE}), {failed}; {time_taken(end.images, end.elapsed, self.failed)}; see "
             f"{self.out_dir / CONCEPTS_FILE} and {self.out_dir / PATCHES_FOLDER}"
         )
-
-
-def run_atlas(options: AtlasOptions, sources: list[Source] | None = None) -> int:
-    """``explain concepts atlas``: the atlas of the images ``options.inputs`` name (or of
-    ``sources``) under ``options.out``, going on with the atlas there; the exit status."""
-    out_dir = out_folder(options.out)
-    max_memory_option(options.max_memory)
-    if sources is None:
-        sources = collect_inputs(options.inputs, out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir, "concepts atlas"):  # a second run on the folder is refused before the model loads
-        prepared = prepare_atlas(options, out_dir)
-        with pixel_limit(options.max_pixels):
-            remove_temp_files(out_dir)
-            return run_job(AtlasJob(prepared, out_dir, sources))

@@ -140,6 +140,14 @@ def draft_size(example: Tensor) -> int:
     return 2 * max(example.shape[-2:])
 
 
+def pickled_decoding(inputs: ModelInputs, example: Tensor) -> bytes:
+    """What Ray's decode tasks run (:func:`~explain.batch.ray_stages.decode_files`): the
+    workers' part of the preprocessing and the draft size, pickled."""
+    import cloudpickle
+
+    return cloudpickle.dumps((inputs.in_workers, draft_size(example)))
+
+
 def is_torchvision_preset(preprocess) -> bool:
     # weights.transforms(); its class lives in a private torchvision module, so match by name.
     kind = type(preprocess)

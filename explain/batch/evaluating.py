@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -15,6 +16,7 @@ from torch import Tensor
 
 from ..errors import UsageError, out_of_memory_reason
 from ..evaluation import (
+    Evaluation,
     evaluate,
     format_summary,
     plot_curves,
@@ -27,21 +29,17 @@ from ..evaluation import files as evaluation_files
 from ..metrics.registry import METRICS
 from ..models import LoadedModel, load_model, warn_if_random
 from ..options import LOCALISATION_METRICS as LOCALISATION
-from ..report import atomic_write, remove_temp_files
+from ..report import atomic_write
 from .decoding import ModelInputs, default_workers, mask_geometry
 from .explainers import (
     TargetSpec,
     estimated_costs,
-    max_memory_option,
     method_option_text,
     metric_options,
     parse_method_options,
-    parse_metrics,
     parse_target,
 )
-from .guards import pixel_limit, sole_run
-from .inputs import collect_inputs
-from .job import DatasetJob, run_job
+from .job import DatasetJob, GroupWorker
 from .loop import LoopEnd, OutOfMemory, in_halves
 from .manifest import safe_name
 from .options import EvaluateOptions
@@ -49,7 +47,7 @@ from .outcome import report_failure
 from .page import page_run, write_page
 from .preparation import checked_explainers, without_concepts
 from .progress import time_taken
-from .storage import OutputFolder, device_errors, out_folder
+from .storage import OutputFolder, device_errors
 
 
 def _save_figure(path: Path, figure) -> None:
@@ -108,12 +106,65 @@ def prepare_evaluation(args: EvaluateOptions, sources: list, metrics: list[str])
     return PreparedEvaluation(args, loaded, target, explainers, layers, settings, costs, metrics, options, regions)
 
 
+class EvaluationWorker(GroupWorker):
+    """The evaluation's work on a group of images, where they are (this process, or a Ray
+    actor, which loads the model and builds the explainers in :meth:`start`): each image's
+    pending methods and metrics scored, images with the same work together; where a method or
+    metric runs out of device memory on several images, each half again, down to single images
+    (on one image, out of memory is that image's failure, with the reason)."""
+
+    def __init__(self, prepared: PreparedEvaluation, pending: dict[int, dict[str, list[str]]]):
+        self.options, self.metrics, self.pending = prepared.options, prepared.metrics, pending
+        self.prepared: PreparedEvaluation | None = prepared
+        # each pending image's regions (the plan failed the images a localisation metric has none for)
+        self.regions: dict[int, Tensor] = {}
+        for index in pending:
+            region = prepared.regions[index]
+            if region is not None:
+                self.regions[index] = region
+
+    def __getstate__(self) -> dict:  # pickled for the actors: without the model, paths absolute
+        options = self.options.replace(regions=None, quiet=True).with_absolute_paths()
+        return dict(self.__dict__, prepared=None, options=options)
+
+    def start(self) -> None:
+        if self.prepared is None:
+            self.prepared = prepare_evaluation(self.options, [], self.metrics)
+
+    def work(self, indices: list[int], images: Tensor) -> list[tuple[list[int], dict, Evaluation]]:
+        prepared = self.prepared
+        assert prepared is not None, "start() first"
+        device = prepared.loaded.device
+        model_input = ModelInputs(prepared.loaded.preprocess).model_input(images.to(device, non_blocking=True))
+        alike: dict[tuple, list[int]] = {}
+        for position, index in enumerate(indices):
+            alike.setdefault(tuple((m, tuple(names)) for m, names in self.pending[index].items()), []).append(position)
+        done = []
+        for key, positions in alike.items():
+            wanted = {method: list(names) for method, names in key}
+            members = [indices[p] for p in positions]
+            done += in_halves(partial(self._scored, wanted), members, model_input[positions], device)
+        return done
+
+    def _scored(self, wanted: dict, members: list[int], images: Tensor) -> tuple[list[int], dict, Evaluation]:
+        prepared = cast(PreparedEvaluation, self.prepared)
+        regions = None
+        if any(name in LOCALISATION for names in wanted.values() for name in names):
+            regions = torch.stack([self.regions[i] for i in members]).to(prepared.loaded.device)
+        found = evaluate({cam.name: cam for cam in prepared.explainers}, images, wanted,
+                         targets=prepared.target.targets, topk=prepared.target.topk, regions=regions,
+                         options=prepared.metric_options)
+        if len(members) > 1 and any(out_of_memory_reason(f["error"]) for f in found.failures):
+            raise OutOfMemory
+        return members, wanted, found
+
+
 class EvaluationRun(DatasetJob):
     """One ``explain evaluate``: plans which (image, method, metric) scores are missing from
     scores.csv, computes them batch by batch, appends them, and rebuilds the summary."""
 
     def __init__(self, prepared: PreparedEvaluation, out_dir: Path, sources: list):
-        self.out_dir, self.sources, self.loaded = out_dir, sources, prepared.loaded
+        self.prepared, self.out_dir, self.sources, self.loaded = prepared, out_dir, sources, prepared.loaded
         self.args = self.options = prepared.options  # what the job's loop reads (batch size, workers, --max-memory)
         self.target, self.metrics, self.regions = prepared.target, prepared.metrics, prepared.regions
         self.metric_options = prepared.metric_options
@@ -227,8 +278,13 @@ class EvaluationRun(DatasetJob):
         for method, names in self.pending[index].items():
             self._fail([index], method, names, error, per_image=True)
 
-    def group(self, indices: list[int], images: Tensor) -> None:
-        self.texts.append(self._evaluate(indices, images))
+    def worker(self) -> EvaluationWorker:
+        return EvaluationWorker(self.prepared, self.pending)
+
+    def take(self, indices: list[int], result: list[tuple[list[int], dict, Evaluation]]) -> None:
+        """Record a group's scores (their lines appended to the files after the batch) and failures."""
+        texts = [self._record(members, wanted, found) for members, wanted, found in result]
+        self.texts.append(("".join(t[0] for t in texts), "".join(t[1] for t in texts)))
 
     def batch_done(self) -> None:
         texts, self.texts = self.texts, []
@@ -253,37 +309,6 @@ class EvaluationRun(DatasetJob):
 
     def summary(self, end: LoopEnd) -> str:
         return self._summary(end.images, end.elapsed)
-
-    def _evaluate(self, indices: list[int], images: Tensor) -> tuple[str, str]:
-        """Score one decoded group; images with the same work to do are scored together."""
-        model_input = self.inputs.model_input(images.to(self.loaded.device, non_blocking=True))
-        groups: dict[tuple, list[int]] = {}
-        for position, index in enumerate(indices):
-            key = tuple((method, tuple(names)) for method, names in self.pending[index].items())
-            groups.setdefault(key, []).append(position)
-        texts = []
-        for key, positions in groups.items():
-            wanted = {method: list(names) for method, names in key}
-            texts += self._evaluate_in_halves([indices[p] for p in positions], model_input[positions], wanted)
-        return "".join(t[0] for t in texts), "".join(t[1] for t in texts)
-
-    def _evaluate_in_halves(self, members: list[int], images: Tensor, wanted: dict) -> list[tuple[str, str]]:
-        """Score ``images``; where a method or metric runs out of device memory on several
-        images, score each half again, down to single images (on one image, out of memory is
-        that image's failure, with the reason)."""
-
-        def once(members: list[int], images: Tensor) -> tuple[str, str]:
-            regions = None
-            if any(name in LOCALISATION for names in wanted.values() for name in names):
-                # each has regions: the plan failed the images without (_make_plan)
-                regions = torch.stack([cast(Tensor, self.regions[i]) for i in members]).to(self.loaded.device)
-            found = evaluate(self.explainers, images, wanted, targets=self.target.targets, topk=self.target.topk,
-                             regions=regions, options=self.metric_options)
-            if len(members) > 1 and any(out_of_memory_reason(f["error"]) for f in found.failures):
-                raise OutOfMemory
-            return self._record(members, wanted, found)
-
-        return in_halves(once, members, images, self.loaded.device)
 
     def _summary(self, images: int, elapsed: float) -> str:
         """The last line: scores computed now and skipped (each an image, method and metric), the
@@ -343,32 +368,3 @@ def page_rows(scores: list[dict], failures: list[dict]) -> list[dict]:
         if error not in row["error"]:
             row["error"] += f"; {error}"
     return list(rows.values())
-
-
-def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
-    """``explain evaluate``: check the options against the model, then compute the scores that are
-    missing under ``args.out`` (of ``sources``: by default the images that ``args.inputs``
-    name); returns the exit status."""
-    out_dir = out_folder(args.out)
-    metrics = parse_metrics(args.metrics, with_regions=args.regions is not None)
-    max_memory_option(args.max_memory)
-    if args.regions is not None:
-        if not args.regions.exists():
-            raise UsageError(f"--regions {args.regions}: no such file or folder")
-        if not any(name in LOCALISATION for name in metrics):
-            raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
-    metric_options(metrics, args.step)  # --step checked before the model loads
-    parse_method_options(args.method_options)  # and --method-option
-    if sources is None:
-        sources = collect_inputs(args.inputs, out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir, "evaluate"):  # a second run on the folder is refused before the model loads
-        return _evaluate_locked(args, out_dir, sources, metrics)
-
-
-def _evaluate_locked(args: EvaluateOptions, out_dir: Path, sources: list, metrics: list[str]) -> int:
-    """``explain evaluate`` once it holds ``out_dir``: the model loaded and checked, the run."""
-    prepared = prepare_evaluation(args, sources, metrics)
-    with pixel_limit(args.max_pixels):
-        remove_temp_files(out_dir)
-        return run_job(EvaluationRun(prepared, out_dir, sources))

@@ -1,17 +1,23 @@
-"""The job interface of the local engine: a dataset-scale command (``explain run``, ``explain
-evaluate``, and the next ones) as a :class:`DatasetJob`, the steps of its own: inputs -> plan ->
-groups of decoded images -> records -> files; and :func:`run_job`, what every job is given: the
-one loader loop (:func:`~explain.batch.loop.for_each_batch`: decoding, progress, the memory
-budget, Ctrl-C and SIGTERM), the output device's refusal (a full disk: what was written is
-kept), the summary line and the exit status (:func:`~explain.batch.outcome.exit_code`).
+"""The job interface: a dataset-scale command (``explain run``, ``explain evaluate``,
+``explain concepts atlas`` and the next ones) as a :class:`DatasetJob`, the steps of its own:
+inputs -> plan -> groups of decoded images -> records -> files; and :func:`run_job`, what every
+job is given: the engine's loop (the local one, :func:`~explain.batch.loop.for_each_batch`:
+decoding in DataLoader workers, progress, the memory budget, Ctrl-C and SIGTERM; or Ray Data's,
+:func:`~explain.batch.ray_jobs.ray_loop`), the output device's refusal (a full disk: what was
+written is kept), the summary line and the exit status (:func:`~explain.batch.outcome.exit_code`).
 
 A new command writes a :class:`DatasetJob` (its plan, what a group becomes, its files) and
-calls :func:`run_job`; it touches neither the loop nor the other jobs. Out-of-memory halving is
-:func:`~explain.batch.loop.in_halves`, which a job's :meth:`~DatasetJob.group` calls."""
+calls :func:`run_job`; it touches neither the loops nor the other jobs. Out-of-memory halving is
+:func:`~explain.batch.loop.in_halves`, which a job's group work calls. A job whose work on a
+group is a :class:`GroupWorker` (a plain object that makes its own model where it runs, and
+returns what the driver's :meth:`DatasetJob.take` records) runs on either engine:
+:func:`~explain.batch.ray_jobs.run_job_on_ray` works its groups in Ray actors."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor
 
@@ -25,15 +31,31 @@ from .outcome import exit_code, interrupted_summary, out_of_memory_note, stopped
 from .storage import OutputDeviceError
 
 
+class GroupWorker:
+    """What a job does to a group of decoded images, where the images are: in the job's
+    process (the local engine) or in each Ray actor (the Ray engine, which pickles it before
+    :meth:`start`). What :meth:`work` returns goes to :meth:`DatasetJob.take` (from an actor:
+    pickled, so plain values and CPU tensors)."""
+
+    def start(self) -> None:
+        """Make what the work needs where it runs (load the model), once; nothing where it has it."""
+
+    def work(self, indices: list[int], images: Tensor) -> Any:
+        """The result of the sources at ``indices``, decoded as ``images`` (one size)."""
+        raise NotImplementedError
+
+
 class DatasetJob:
-    """One run of a dataset-scale command on the local engine. :func:`run_job` calls, in order:
+    """One run of a dataset-scale command. :func:`run_job` calls, in order:
     :meth:`plan` (the work left, by source index), :meth:`begin`, then per decoded batch
     :meth:`failed_input` for each image that could not be decoded, :meth:`group` for each group
     of decoded images and :meth:`batch_done`, and :meth:`between_batches`; at the end
     :meth:`drain` (unless a second Ctrl-C forced the stop), :meth:`stop`, :meth:`finish` (the
     files written from what was done), :meth:`report` and the summary line. A job implements
     :meth:`plan`, :meth:`failed_input`, :meth:`group`, :meth:`finish`, :attr:`failed` and
-    :meth:`summary`; the other steps do nothing unless it says otherwise."""
+    :meth:`summary`; the other steps do nothing unless it says otherwise. A job that runs on
+    Ray too returns a :class:`GroupWorker` from :meth:`worker` and records its results in
+    :meth:`take` (its :meth:`group` is then the two, in this process)."""
 
     sources: list[Source]
     #: the model (a :class:`~explain.models.LoadedModel`), the job's options (batch size,
@@ -44,6 +66,7 @@ class DatasetJob:
     inputs: ModelInputs | FileInputs
     #: Outputs that failed for memory running out (exit status 3 where no other failure counts more).
     out_of_memory: int = 0
+    _local_worker: GroupWorker | None = None
 
     def plan(self) -> dict:
         """{source index: what is left to do on it}; the inputs that failed before decoding
@@ -60,8 +83,32 @@ class DatasetJob:
 
     def group(self, indices: list[int], images: Tensor) -> None:
         """The sources at ``indices``, decoded as ``images`` (one size): explain or score them,
-        record what they gave, queue or write their files."""
+        record what they gave, queue or write their files. By default, the job's
+        :meth:`worker`'s work, then :meth:`take`."""
+        if self._local_worker is None:
+            worker = self.worker()
+            if worker is None:
+                raise NotImplementedError(f"{type(self).__name__} implements neither group() nor worker()")
+            worker.start()
+            self._local_worker = worker
+        self.take(indices, self._local_worker.work(indices, images))
+
+    def worker(self) -> GroupWorker | None:
+        """What explains a group where the images are (None: the job runs on the local engine
+        only, by its own :meth:`group`). The Ray engine pickles it for each actor."""
+        return None
+
+    def take(self, indices: list[int], result: Any) -> None:
+        """Record what the worker made of the sources at ``indices``, in this process."""
         raise NotImplementedError
+
+    def decoding(self) -> bytes:
+        """How Ray's decode tasks preprocess an image (the job's inputs and model, pickled)."""
+        from .decoding import pickled_decoding
+
+        if not isinstance(self.inputs, ModelInputs):
+            raise NotImplementedError(f"{type(self.inputs).__name__} run on the local engine only")
+        return pickled_decoding(self.inputs, self.loaded.example)
 
     def batch_done(self) -> None:
         """After each batch's groups."""
@@ -93,15 +140,14 @@ class DatasetJob:
         raise NotImplementedError
 
 
-def run_job(job: DatasetJob) -> int:
-    """Run ``job`` on this machine; its exit status."""
-    try:
-        pending = job.plan()
-    except OutputDeviceError as error:  # the files keep their last whole version
-        print(f"explain: error: {error}", file=sys.stderr)
-        print(stopped_summary(error, job.summary(LoopEnd())))
-        return exit_code(0, True, device_error=True)
-    work = sorted(pending)
+#: An engine's loop: the job's work (source indices, sorted) to its groups, in order, until
+#: the end or a stop; how far it got. (Its ``KeyboardInterrupt``: a forced stop.)
+JobLoop = Callable[[DatasetJob, list[int]], LoopEnd]
+
+
+def local_loop(job: DatasetJob, work: list[int]) -> LoopEnd:
+    """The local engine: the sources decoded in DataLoader workers, their groups handed to
+    :meth:`DatasetJob.group` in this process (:func:`~explain.batch.loop.for_each_batch`)."""
 
     def handle(batch: DecodedBatch) -> None:
         for position, error in batch.failures:
@@ -110,12 +156,23 @@ def run_job(job: DatasetJob) -> int:
             job.group([work[p] for p in positions], images)
         job.batch_done()
 
+    paths = [job.sources[i].path for i in work]
+    return for_each_batch(paths, job.inputs, job.loaded, job.options, handle, job.between_batches, job.costs)
+
+
+def run_job(job: DatasetJob, loop: JobLoop = local_loop) -> int:
+    """Run ``job`` with the engine's ``loop`` (this process's by default); its exit status."""
+    try:
+        pending = job.plan()
+    except OutputDeviceError as error:  # the files keep their last whole version
+        print(f"explain: error: {error}", file=sys.stderr)
+        print(stopped_summary(error, job.summary(LoopEnd())))
+        return exit_code(0, True, device_error=True)
     end: LoopEnd | None = None
     completed, refused = False, None
     try:
         job.begin()
-        paths = [job.sources[i].path for i in work]
-        end = for_each_batch(paths, job.inputs, job.loaded, job.options, handle, job.between_batches, job.costs)
+        end = loop(job, sorted(pending))
         if not end.forced:
             job.drain()
         completed = not end.interrupted

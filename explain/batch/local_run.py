@@ -11,54 +11,21 @@ from pathlib import Path
 
 from ..errors import out_of_memory_reason
 from ..evaluation import format_summary
-from ..images import IMAGE_EXTENSIONS
-from ..models import warn_if_random
-from ..report import ManifestRecord, remove_temp_files, write_manifest
-from .decoding import crop_zoom, default_workers
+from ..report import ManifestRecord, write_manifest
+from .decoding import crop_zoom
 from .explaining import GroupExplainer
 from .ground_truth import row_marker
-from .guards import pixel_limit, sole_run
-from .inputs import Source, collect_inputs, input_extensions
-from .job import DatasetJob, run_job
-from .kinds import file_kind
+from .inputs import Source
+from .job import DatasetJob
 from .loop import LoopEnd
 from .manifest import MANIFEST, metric_table
 from .options import RunOptions
 from .outcome import report_failure
 from .page import OriginalCopies, atlas_links, colour_scales, page_run, write_page
 from .planning import RunPlan
-from .preparation import PreparedRun, prepare_run
+from .preparation import PreparedRun
 from .progress import label_summary, run_summary
 from .storage import OutputDeviceError, OutputFolder, device_errors
-
-
-def run_locally(options: RunOptions, out_dir: Path, sources: list[Source] | None = None) -> int:
-    """``explain run`` on this machine: check the options against the model, then make the
-    outputs that are missing under ``out_dir`` (of ``sources``: by default the images that
-    ``options.inputs`` name); returns the exit status."""
-    if sources is None:
-        sources = collect_inputs(options.inputs, out_dir, input_extensions(options.model))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with sole_run(out_dir):  # a second run on the folder is refused before the model loads
-        prepared = prepare_run(options)
-        sources = _of_the_model_kind(sources, prepared.loaded.kind)
-        if options.workers is None:
-            options = options.replace(workers=default_workers(prepared.loaded.device))
-            prepared.options = options
-        warn_if_random(prepared.loaded, options.model)
-        with pixel_limit(options.max_pixels):
-            remove_temp_files(out_dir)
-            return run_job(LocalRun(prepared, out_dir, sources))
-
-
-def _of_the_model_kind(sources: list[Source], kind_name: str) -> list[Source]:
-    """The sources without the files found in folders that the model does not take (.npy
-    arrays beside the images of an image model); files named on the command line stay, to
-    fail with the reason, and so do the subfolders that could not be listed (a failed row
-    each, with the reason)."""
-    kind = file_kind(kind_name)
-    accepts = (lambda path: Path(path).suffix.lower() in IMAGE_EXTENSIONS) if kind is None else kind.accepts
-    return [source for source in sources if not source.listed or source.error or accepts(source.path)]
 
 
 class LocalRun(DatasetJob):

@@ -94,6 +94,11 @@ class ModelOptions:
     #: memory available on the device); see :mod:`explain.passes`.
     max_memory: str | int | None = None
     quiet: bool = False
+    #: --engine: ``local`` (this process) or ``ray`` (Ray Data, where the job has a Ray side:
+    #: :meth:`~explain.batch.job.DatasetJob.worker`); --address, --actors: the cluster, its actors
+    engine: str = "local"
+    address: str | None = None
+    actors: int | None = None
 
     def __post_init__(self) -> None:
         self.layer = NameList.parse(self.layer, "auto")
@@ -151,9 +156,6 @@ class RunOptions(ModelOptions):
     #: --atlas: an `explain concepts atlas` folder whose concept pages index.html links
     #: --method crp's concepts to (see explain.batch.page.atlas_links)
     atlas: Path | None = None
-    engine: str = "local"
-    address: str | None = None
-    actors: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -208,7 +210,9 @@ def parse_channels(text: str) -> list[int]:
 @dataclass
 class CheckedRun:
     """What checking a run's options against the model found, in plain values: what the Ray
-    engine's driver (which never loads the model) plans and names its rows with."""
+    engine's driver (which never loads the model) plans and names its rows with.
+    :class:`~explain.batch.preparation.PreparedRun` is one, with the model and the built
+    explainers besides."""
 
     methods: list[str]
     labels: list[str]  # the manifest's target column, one per output

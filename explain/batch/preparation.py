@@ -4,7 +4,7 @@ their layers, the metrics, and the settings recorded with each output."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ..catalogue import method_class
 from ..errors import UsageError
@@ -14,7 +14,7 @@ from ..metrics.registry import METRICS
 from ..models import LoadedModel, load_model
 from ..options import LOCALISATION_METRICS
 from ..passes import pass_settings
-from .decoding import ModelInputs, crop_zoom, draft_size
+from .decoding import ModelInputs, crop_zoom, pickled_decoding
 from .explainers import (
     TargetSpec,
     build_explainers,
@@ -30,67 +30,37 @@ from .explainers import (
     parse_target,
     parse_task_target,
 )
-from .manifest import RecordMaker, concept_count
+from .manifest import concept_count
 from .options import CheckedRun, EvaluateOptions, NameList, RunOptions
 from .segment_sources import FolderSegments, ModelSegments, segment_source
 
 
-@dataclass
-class PreparedRun:
+@dataclass(kw_only=True)
+class PreparedRun(CheckedRun):
     """What a run needs besides its images, checked against the model: the same for the local
-    engine and each Ray actor."""
+    engine and each Ray actor. Its plain values are a :class:`~explain.batch.options.CheckedRun`
+    (what the Ray engine's driver, which never loads the model, gets: :meth:`checked`), to which
+    it adds the model, the target, the built explainers and what they need."""
 
     options: RunOptions
     loaded: LoadedModel
-    task: str
     target: TargetSpec
     explainers: list
-    layers: dict[str, str]  # method -> its layers, comma-separated
-    settings: dict[str, str]  # method -> the settings that shape its outputs (a changed one redoes them)
-    metrics: list[str]
     metric_options: dict
     #: method -> its estimated cost per image, in forward passes of the model
     costs: dict[str, float] = field(default_factory=dict)
     #: --segments: each image's segments, for the methods that take them (None: no --segments)
     segments: FolderSegments | ModelSegments | None = None
 
-    @property
-    def records(self) -> RecordMaker:
-        """The maker of this run's manifest records."""
-        return RecordMaker(self.layers, self.settings, self.task)
-
-    @property
-    def metric_columns(self) -> list[str]:
-        return [column for name in self.metrics for column in METRICS[name].columns]
-
     def checked(self, messages: str = "") -> CheckedRun:
-        """What the check found, in plain values, with how the decode step preprocesses (the
-        Ray engine's: images only)."""
-        import cloudpickle
-
+        """The plain values, with how the decode step preprocesses (the Ray engine's: images only)."""
         if self.loaded.kind != "images":
             raise UsageError(
                 f"{self.options.model} takes {self.loaded.kind}, which run on the local engine: leave --engine ray out"
             )
-
-        inputs = ModelInputs(self.loaded.preprocess)
-        decoding = cloudpickle.dumps((inputs.in_workers, draft_size(self.loaded.example)))
-        return CheckedRun(
-            [cam.name for cam in self.explainers],
-            list(self.target.labels),
-            self.layers,
-            self.settings,
-            self.task,
-            self.metrics,
-            self.metric_columns,
-            self.loaded.fixed_batch,
-            self.loaded.device.type,
-            decoding,
-            messages,
-            list(self.loaded.class_names),
-            crop_zoom(self.loaded.preprocess),
-            {cam.name: concept_count(cam) for cam in self.explainers if concept_count(cam)},
-        )
+        plain = {f.name: getattr(self, f.name) for f in fields(CheckedRun)}
+        plain.update(decoding=pickled_decoding(ModelInputs(self.loaded.preprocess), self.loaded.example))
+        return CheckedRun(**dict(plain, messages=messages))
 
 
 def prepare_run(args: RunOptions) -> PreparedRun:
@@ -114,6 +84,44 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         target = parse_target(args.target, loaded.class_names)
     else:
         target = parse_task_target(args.target, task, loaded.class_names)
+    metrics = _run_metrics(args)
+    settings_of_metrics = metric_options(metrics, args.step, loaded.preprocess)
+    #: the flags that set an option of every method that takes it
+    flag_options: dict[str, bool | str] = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
+    if args.reduction != "abs-sum":
+        flag_options["reduction"] = args.reduction
+    layer = args.layer
+    if task != "classify":
+        layer = _task_layer(args, loaded, task, metrics)
+    explainers, layers = checked_explainers(args, loaded, layer, target, method_options, **flag_options)
+    if metrics:
+        explainers = without_concepts(args, explainers, "--metrics score the map of a target", "without --metrics")
+    segments = _segments(args, loaded, task, explainers, metrics)
+    return PreparedRun(
+        methods=[cam.name for cam in explainers],
+        labels=list(target.labels),
+        layers=layers,
+        settings=_method_settings(args, task, flag_options, explainers, method_options),
+        task=task,
+        metrics=metrics,
+        metric_columns=[column for name in metrics for column in METRICS[name].columns],
+        fixed_batch=loaded.fixed_batch,
+        device=loaded.device.type,
+        class_names=list(loaded.class_names),
+        zoom=crop_zoom(loaded.preprocess) if loaded.kind == "images" else None,
+        concepts={cam.name: concept_count(cam) for cam in explainers if concept_count(cam)},
+        options=args,
+        loaded=loaded,
+        target=target,
+        explainers=explainers,
+        metric_options=settings_of_metrics,
+        costs=estimated_costs(explainers, loaded.example, quiet=args.quiet),
+        segments=segments,
+    )
+
+
+def _run_metrics(args: RunOptions) -> list[str]:
+    """--metrics (with --step) checked: the metric names of a run."""
     metrics = parse_metrics(args.metrics, with_regions=True) if args.metrics else []
     if args.metrics and args.metrics.every:  # every metric that needs no regions
         metrics = [name for name in metrics if name not in LOCALISATION_METRICS]
@@ -129,23 +137,7 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         )
     if args.step is not None and not metrics:
         raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
-    settings_of_metrics = metric_options(metrics, args.step, loaded.preprocess)
-    #: the flags that set an option of every method that takes it
-    flag_options: dict[str, bool | str] = {name: True for name in ("eigen_smooth", "aug_smooth") if getattr(args, name)}
-    if args.reduction != "abs-sum":
-        flag_options["reduction"] = args.reduction
-    layer = args.layer
-    if task != "classify":
-        layer = _task_layer(args, loaded, task, metrics)
-    explainers, layers = checked_explainers(args, loaded, layer, target, method_options, **flag_options)
-    if metrics:
-        explainers = without_concepts(args, explainers, "--metrics score the map of a target", "without --metrics")
-    segments = _segments(args, loaded, task, explainers, metrics)
-    costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)
-    settings = _method_settings(args, task, flag_options, explainers, method_options)
-    return PreparedRun(
-        args, loaded, task, target, explainers, layers, settings, metrics, settings_of_metrics, costs, segments
-    )
+    return metrics
 
 
 def checked_explainers(

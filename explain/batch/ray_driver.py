@@ -18,7 +18,6 @@ actors explain with the local engine's :class:`~explain.batch.explaining.GroupEx
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import time
@@ -26,11 +25,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
 from ..report import iter_json_records, remove_temp_files
 from ..viewer import PageRun
 from .ground_truth import row_marker
-from .guards import StopFlag, leased_run, sole_run, terminated_as_interrupt
+from .guards import StopFlag, leased_run, sole_run
 from .inputs import PLAN_PREFIX, InputListing
 from .manifest import MANIFEST, is_well_formed
 from .options import CheckedRun, RunOptions
@@ -38,56 +36,15 @@ from .outcome import exit_code, interrupted_summary, out_of_memory_note, stopped
 from .page import OriginalCopies, atlas_links, colour_scales, page_run, write_page
 from .planning import finished_pairs
 from .progress import label_summary, progress_bar, run_summary
+from .ray_cluster import import_ray, ray_session
 from .ray_files import ROWS_SUFFIX, DriverManifest, PlanFiles
 from .ray_stream import CLOSE_SECONDS, Stream, ask_actors_to_stop, kept_lines, kept_row_files, kept_rows, wait_for_calls
 from .storage import OutputDeviceError, OutputFolder, out_folder
 
-#: Ray Data's block size for the run: a decoded batch (16 images at 224 px: 2.4 MB) is passed
-#: on at once instead of gathered with the rest of its file, so that rows reach the manifest
-#: as images finish.
-BLOCK_BYTES = 1 << 20
 #: index.html shows at most this many images (the manifest has them all).
 INDEX_LIMIT = 100_000
 #: What the first Ctrl-C (or SIGTERM) does to a run on Ray, as its message says.
 STOPPING = "the actors finish the batches they hold; what is finished is kept"
-
-
-def import_ray():
-    """The ``ray`` module, or a usage error that names the extra to install."""
-    try:
-        import ray
-        import ray.data
-    except ImportError:
-        raise UsageError(
-            "--engine ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')") from None
-    return ray
-
-
-def connect(ray, address: str | None) -> bool:
-    """Join the cluster at ``address``, or start a local Ray on this machine's cores; True when
-    this call started Ray (and should shut it down)."""
-    import logging
-
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    data = ray.data.DataContext.get_current()
-    data.enable_progress_bars = False  # ours counts images, not blocks
-    data.print_on_execution_start = False
-    data.target_max_block_size = BLOCK_BYTES
-    data.max_errored_blocks = -1  # a batch Ray itself loses fails its images; the run goes on
-    if ray.is_initialized():
-        return False
-    # Ray's notes at start and end (token authentication, "execution finished") are not the
-    # user's business; its warnings about the run are, and workers' errors reach the driver.
-    options = dict(logging_level=logging.ERROR, include_dashboard=False, log_to_driver=True)
-    try:
-        if address:
-            ray.init(address=address, **options)
-        else:
-            ray.init(num_cpus=os.cpu_count() or 1, **options)
-    except (ConnectionError, RuntimeError, ValueError) as error:
-        raise UsageError(f"cannot {'join the Ray cluster at ' + address if address else 'start Ray'}: {error}; "
-                         "check --address (auto, ray://HEAD:10001) and that `ray status` answers there") from None
-    return True
 
 
 def run_on_ray(args: RunOptions) -> int:
@@ -105,21 +62,14 @@ def run_on_ray(args: RunOptions) -> int:
             if local:
                 remove_temp_files(folder.root)
             leftovers = folder.names(PLAN_PREFIX)  # read for their rows, then removed (RayRun)
-        started = connect(ray, args.address)
-        # ray.init's SIGTERM handlers (sys.exit, and the core worker's, which prints a native
-        # stack) give way to ours: SIGTERM stops the run as Ctrl-C does.
-        with terminated_as_interrupt():
-            try:
-                from .ray_stages import actor_resources, remote_prepare
+        with ray_session(ray, args.address):
+            from .ray_stages import actor_resources, remote_prepare
 
-                checked = remote_prepare(ray, args)
-                if checked.messages:
-                    print(checked.messages, end="", file=sys.stderr)
-                run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked), leftovers)
-                return run.execute(ray)
-            finally:
-                if started:
-                    ray.shutdown()
+            checked = remote_prepare(ray, args)
+            if checked.messages:
+                print(checked.messages, end="", file=sys.stderr)
+            run = RayRun(args, folder, listing, checked, actor_resources(ray, args, checked.device), leftovers)
+            return run.execute(ray)
 
 
 def earlier_lines(folder: OutputFolder, leftovers: list[str]) -> Iterator[str]:

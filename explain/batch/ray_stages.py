@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..pass_listener import PassListener
-from .options import CheckedRun, RunOptions
+from .options import CheckedRun, ModelOptions, RunOptions
 from .ray_stream import BUSY_SUFFIX, ROWS_FILE_SUFFIX, STOP_FILE
 
 if TYPE_CHECKING:
@@ -56,13 +56,13 @@ def remote_prepare(ray, options: RunOptions) -> CheckedRun:
     return checked
 
 
-def actor_resources(ray, options: RunOptions, checked: CheckedRun) -> dict:
+def actor_resources(ray, options: ModelOptions, model_device: str) -> dict:
     """``map_batches`` options of the explaining actors: one per GPU where the cluster has GPUs
     (and the run may use them), else one per node with CPUs, each leaving a CPU of its node
     to the read and decode tasks (:func:`cpus_per_actor`); ``options.actors`` sets how many.
     ``threads``: torch's threads per actor."""
     gpus = int(ray.cluster_resources().get("GPU", 0)) if may_use_gpu(options) else 0
-    if gpus and checked.device != "cpu":
+    if gpus and model_device != "cpu":
         actors = options.actors or gpus
         return dict(compute=_pool(ray, actors), num_gpus=1, num_cpus=1, threads=1)
     nodes = [node["Resources"].get("CPU", 0) for node in ray.nodes() if node.get("Alive")]
@@ -111,27 +111,42 @@ def explain_plan(
     ``filesystem``: pyarrow's, or None for a local folder), the actors keeping each batch's
     rows in ``rows_folder`` of the output folder too."""
     plan = ray.data.read_parquet(plan_dir, filesystem=filesystem, num_cpus=DECODE_CPUS)
-    decoded = plan.map_batches(
+    decoded = decode_stage(plan, checked.decoding, options)
+    resources = dict(resources)
+    constructor = dict(options=options, threads=resources.pop("threads"), rows_folder=rows_folder)
+    explained = actor_stage(
+        decoded, WriteActor, constructor, 1 if checked.fixed_batch else options.batch_size, resources
+    )
+    return ExplainedPlan(explained)
+
+
+def decode_stage(dataset, decoding: bytes, options: ModelOptions):
+    """``dataset`` (a ``path`` column) with each file decoded and preprocessed in CPU tasks,
+    ``options.batch_size`` files a task."""
+    return dataset.map_batches(
         decode_files,
-        fn_kwargs=dict(decoding=checked.decoding, column="path", max_pixels=options.max_pixels),
+        fn_kwargs=dict(decoding=decoding, column="path", max_pixels=options.max_pixels),
         batch_size=options.batch_size,
         num_cpus=DECODE_CPUS,
     )
-    resources = dict(resources)
+
+
+def actor_stage(dataset, actor: type, constructor: dict, batch_size: int, resources: dict):
+    """``dataset``'s batches worked by a pool of ``actor(**constructor)`` (``resources``: from
+    :func:`actor_resources`, without ``threads``)."""
     # An actor that dies is restarted (a node may go), but a batch that kills actors is tried
-    # ACTOR_TASK_RETRIES more times, not forever; the driver fails its images (RayRun._fail_lost).
-    # Ray 2.60 offers no named option for that and warns about the remote arguments that it
-    # will drop in 2.64 (hence the extra's bound).
+    # ACTOR_TASK_RETRIES more times, not forever (Ray Data's default): the driver fails its
+    # images. Ray 2.60 offers no named option for that and warns about the remote arguments
+    # that it will drop in 2.64 (hence the extra's bound).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.* is deprecated")
-        explained = decoded.map_batches(
-            WriteActor,
-            fn_constructor_kwargs=dict(options=options, threads=resources.pop("threads"), rows_folder=rows_folder),
-            batch_size=1 if checked.fixed_batch else options.batch_size,
+        return dataset.map_batches(
+            actor,
+            fn_constructor_kwargs=constructor,
+            batch_size=batch_size,
             max_task_retries=ACTOR_TASK_RETRIES,
             **resources,
         )
-    return ExplainedPlan(explained)
 
 
 class ExplainedPlan:
@@ -169,7 +184,7 @@ def remote_metric_summary(ray, location: str) -> tuple[str, str]:
     return ray.get(ray.remote(metric_summary).options(num_cpus=DECODE_CPUS).remote(location))
 
 
-def may_use_gpu(options: RunOptions) -> bool:
+def may_use_gpu(options: ModelOptions) -> bool:
     return options.device is None or options.device.startswith("cuda")
 
 

@@ -185,8 +185,22 @@ def check_run_options(args) -> None:
         raise UsageError(f"--labels {args.labels}: no such file; give a CSV of path,label lines")
 
 
+def check_engine_options(options) -> None:
+    """--address and --actors go with --engine ray, which needs Ray Data installed (said before
+    the model loads)."""
+    if options.engine == "ray":
+        from ..batch.ray_cluster import import_ray
+
+        import_ray()
+        return
+    for flag, value in (("--address", options.address), ("--actors", options.actors)):
+        if value is not None:
+            raise UsageError(f"{flag} applies to --engine ray; add --engine ray or leave {flag} out")
+
+
 def check_evaluate_options(args) -> None:
     """``explain evaluate``'s options that need no model (:class:`~explain.batch.options.EvaluateOptions`)."""
+    check_engine_options(args)
     check_methods(args.methods, "--methods")
     check_method_options(args.method_options)
     check_target(args.target)

@@ -8,7 +8,7 @@ from ..batch.inputs import collect_inputs
 from ..batch.options import AtlasOptions, parse_channels
 from ..batch.storage import OutputFolder, out_folder
 from ..errors import UsageError
-from .checks import check_max_memory
+from .checks import check_engine_options, check_max_memory
 
 
 def atlas_command(args) -> int:
@@ -17,13 +17,14 @@ def atlas_command(args) -> int:
     out_dir = out_folder(options.out)
     sources = collect_inputs(options.inputs, out_dir)  # and those in the inputs, before torch loads
     OutputFolder(out_dir).create()  # and an --out that cannot be made or written to
-    from ..batch.concept_atlas import run_atlas
+    from ..batch.commands import run_atlas
 
     return run_atlas(options, sources)
 
 
 def check_atlas_options(options: AtlasOptions) -> None:
     """``explain concepts atlas``'s options that need no model."""
+    check_engine_options(options)
     if options.layer.auto or not options.layer.names:
         raise UsageError(
             f"--layer: name the layer(s) of the atlas, comma-separated, such as layer4 or block3; "

@@ -14,6 +14,6 @@ def evaluate_command(args) -> int:
     check_evaluate_options(options)  # the mistakes that show without torch: answered at once
     out_dir = out_folder(options.out)
     sources = collect_inputs(options.inputs, out_dir)  # and those in the inputs, before torch loads
-    from ..batch.evaluating import run_evaluation
+    from ..batch.commands import run_evaluation
 
     return run_evaluation(options, sources)

@@ -172,18 +172,28 @@ def _add_explorer_options(run: argparse.ArgumentParser) -> None:
                      "to its page in the atlas (DIR/index.html#LAYER:CHANNEL), relatively from --out")
 
 
-def _add_scaling_options(run: argparse.ArgumentParser) -> None:
+#: --engine ray: what it does for each command that has it.
+RAY_ENGINE = {
+    "run": "a Ray Data pipeline (decode tasks, an actor pool that loads the model once per actor, writes from the "
+           "workers), with the same outputs, manifest and resume",
+    "evaluate": "a Ray Data pipeline (decode tasks, an actor pool that loads the model once per actor and scores "
+                "the images; the scores written here as they come), with the same files and resume",
+    "atlas": "a Ray Data pipeline (decode tasks, an actor pool that loads the model once per actor and probes the "
+             "images; each shard's values merged into the running atlas here), with the same atlas and resume",
+}
+
+
+def _add_scaling_options(run: argparse.ArgumentParser, command: str = "run") -> None:
     scale = run.add_argument_group("scaling out (the `ray` extra: pip install 'explain-vision[ray]')")
     scale.add_argument("--engine", choices=("local", "ray"), default="local",
-                       help="local: this process, with DataLoader workers; ray: a Ray Data pipeline (decode tasks, "
-                       "an actor pool that loads the model once per actor, writes from the workers), with the same "
-                       "outputs, manifest and resume")
+                       help=f"local: this process, with DataLoader workers; ray: {RAY_ENGINE[command]}")
     scale.add_argument("--address", default=None,
-                       help="the Ray cluster to join (auto, ray://HEAD:10001, HEAD:6379); --out must be a folder "
-                       "every node sees (default: start a local Ray on this machine's cores)")
+                       help="the Ray cluster to join (auto, ray://HEAD:10001, HEAD:6379); the inputs must be "
+                       "readable from every node" + ("" if command != "run" else ", and --out be a folder every node "
+                       "sees or a URI") + " (default: start a local Ray on this machine's cores)")
     scale.add_argument("--actors", type=positive_int, default=None,
-                       help="explaining actors (default: one per GPU where the cluster has GPUs, else one per node, "
-                       "each leaving a CPU to the read and decode tasks)")
+                       help="the actors that work the images (default: one per GPU where the cluster has GPUs, else "
+                       "one per node, each leaving a CPU to the read and decode tasks)")
 
 
 def _add_evaluate_command(commands) -> None:
@@ -220,6 +230,7 @@ def _add_evaluate_command(commands) -> None:
                           help="processes decoding images (0: decode in the main process) (default: as for run)")
     scoring.add_argument("--overwrite", action="store_true", help="redo scores already in scores.csv")
     _add_max_pixels(scoring)
+    _add_scaling_options(scoring, "evaluate")
     scoring.add_argument("--quiet", "-q", action="store_true",
                          help="no progress (bar or lines); errors and the summary still print")
     scoring.set_defaults(handler="evaluate:evaluate_command")
@@ -263,6 +274,7 @@ def _add_concepts_command(commands) -> None:
     atlas.add_argument("--workers", "-j", type=non_negative_int, default=None,
                        help="processes decoding images (0: decode in the main process) (default: as for run)")
     _add_max_pixels(atlas)
+    _add_scaling_options(atlas, "atlas")
     atlas.add_argument("--quiet", "-q", action="store_true",
                        help="no progress (bar or lines); errors and the summary still print")
     atlas.set_defaults(handler="concepts:atlas_command")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..batch.options import RunOptions
 from ..batch.storage import OutputFolder, is_uri, out_folder
 from ..errors import UsageError
-from .checks import check_run_options
+from .checks import check_engine_options, check_run_options
 
 
 def run_command(args) -> int:
@@ -18,9 +18,7 @@ def run_command(args) -> int:
         from ..batch.ray_driver import run_on_ray
 
         return run_on_ray(options)
-    for flag, value in (("--address", options.address), ("--actors", options.actors)):
-        if value is not None:
-            raise UsageError(f"{flag} applies to --engine ray; add --engine ray or leave {flag} out")
+    check_engine_options(options)
     if is_uri(options.out):
         raise UsageError(
             f"--out {options.out}: the local engine writes to a folder on this machine; folders given by "
@@ -32,7 +30,7 @@ def run_command(args) -> int:
     # mistakes in the inputs answer before torch loads
     sources = collect_inputs(options.inputs, out_dir, input_extensions(options.model))
     OutputFolder(out_dir).create()  # and an --out that cannot be made or written to
-    from ..batch.local_run import run_locally
+    from ..batch.commands import run_locally
 
     return run_locally(options, out_dir, sources)
 

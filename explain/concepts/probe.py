@@ -82,6 +82,11 @@ class AtlasBatch:
     input_size: tuple[int, ...]
     settings: dict
 
+    def cpu(self) -> AtlasBatch:
+        """The batch with its tensors on the CPU (to send to another process)."""
+        layers = {name: layer.cpu() for name, layer in self.layers.items()}
+        return replace(self, ids=self.ids.cpu(), classes=self.classes.cpu(), layers=layers)
+
 
 class AtlasProbe:
     """Makes each batch's :class:`.AtlasBatch` for ``layers`` of ``model``: one forward and
