@@ -30,6 +30,7 @@ from ..report import atomic_write
 from .concept_files import (
     CONCEPTS_FILE,
     FAILURES_FILE,
+    PAGE_FILE,
     PATCHES_FOLDER,
     AtlasFiles,
     concepts_current,
@@ -252,5 +253,5 @@ class AtlasJob(DatasetJob):
         return (
             f"explain: {self.added} images added to the atlas now, {self.skipped} skipped (already in "
             f"{ATLAS_FILE}), {failed}; {time_taken(end.images, end.elapsed, self.failed)}; see "
-            f"{self.out_dir / CONCEPTS_FILE} and {self.out_dir / PATCHES_FOLDER}"
+            f"{self.out_dir / PAGE_FILE}, {self.out_dir / CONCEPTS_FILE} and {self.out_dir / PATCHES_FOLDER}"
         )
