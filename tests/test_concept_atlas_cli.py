@@ -49,18 +49,23 @@ def _tiny_cnn() -> nn.Module:
     ).eval()
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """Six small images (seeded noise and squares) and the tiny CNN as a model file."""
-    root = tmp_path_factory.mktemp("atlas")
-    (root / "in").mkdir()
+def tiny_inputs(root: Path, count: int) -> Path:
+    """``count`` small images under ``root/in`` (seeded noise, each with a square a row lower)
+    and the tiny CNN as the model file ``root/tiny.pt``; ``root``."""
+    (root / "in").mkdir(parents=True)
     generator = torch.Generator().manual_seed(1)
-    for i in range(6):
+    for i in range(count):
         pixels = (torch.rand(24, 24, 3, generator=generator) * 255).byte()
         pixels[4 + i : 12 + i, 6:14] = 255
         Image.fromarray(pixels.numpy()).save(root / "in" / f"img{i}.png")
     torch.save(_tiny_cnn(), root / "tiny.pt")
     return root
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """Six small images and the tiny CNN as a model file."""
+    return tiny_inputs(tmp_path_factory.mktemp("atlas"), 6)
 
 
 def _cli(folder: Path, out: Path, *extra: str) -> int:

@@ -10,7 +10,6 @@ Cheap: a four-channel CNN pickled for --trust-model-file on three 24-pixel image
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -18,39 +17,17 @@ import pytest
 import torch
 import torchvision
 from PIL import Image
-from torch import nn
 
 from explain.cli import main
 from explain.report import CONCEPT_FIELDS, MANIFEST_FIELDS
 
-
-def _tiny_cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        OrderedDict(
-            conv1=nn.Conv2d(3, 4, 5, stride=8, padding=2),
-            relu1=nn.ReLU(),
-            conv2=nn.Conv2d(4, 4, 3, padding=1),
-            relu2=nn.ReLU(),
-            pool=nn.AdaptiveAvgPool2d(1),
-            flatten=nn.Flatten(),
-            fc=nn.Linear(4, 3),
-        )
-    ).eval()
+from test_concept_atlas_cli import tiny_inputs
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
     """Three small images (seeded noise with a square) and the tiny CNN as a model file."""
-    root = tmp_path_factory.mktemp("crp")
-    (root / "in").mkdir()
-    generator = torch.Generator().manual_seed(1)
-    for i in range(3):
-        pixels = (torch.rand(24, 24, 3, generator=generator) * 255).byte()
-        pixels[4 + i : 12 + i, 6:14] = 255
-        Image.fromarray(pixels.numpy()).save(root / "in" / f"img{i}.png")
-    torch.save(_tiny_cnn(), root / "tiny.pt")
-    return root
+    return tiny_inputs(tmp_path_factory.mktemp("crp"), 3)
 
 
 def _run(folder: Path, out: Path, *extra: str) -> int:

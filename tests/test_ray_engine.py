@@ -30,7 +30,7 @@ from explain.ray_data import explain_dataset
 from explain.viewer import DATA_FOLDER, read_page
 
 from test_cli import check_png, environment, noise_image, read_rows, summary_counts
-from test_concept_atlas_cli import _tiny_cnn
+from test_concept_atlas_cli import tiny_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 PHOTOS = sorted((REPO / "data" / "images").iterdir())
@@ -275,15 +275,8 @@ def test_the_concept_atlas_runs_on_ray_as_locally_and_resumes_after_ctrl_c(tmp_p
     """A job with a worker (the atlas) on Ray: a first Ctrl-C keeps what reached the driver
     (exit 130), and the rerun ends with the local engine's atlas, concepts.json, patches and
     failures (values to float rounding: Ray's batches cut the images otherwise)."""
-    inputs = tmp_path / "in"
-    inputs.mkdir()
-    generator = torch.Generator().manual_seed(1)
-    for i in range(6):
-        pixels = (torch.rand(24, 24, 3, generator=generator) * 255).byte()
-        pixels[4 + i : 12 + i, 6:14] = 255
-        Image.fromarray(pixels.numpy()).save(inputs / f"img{i}.png")
+    inputs = tiny_inputs(tmp_path, 6) / "in"
     (inputs / "broken.png").write_bytes(b"not an image")
-    torch.save(_tiny_cnn(), tmp_path / "tiny.pt")
     monkeypatch.chdir(tmp_path)  # a model named relatively: the actors, elsewhere, find it too
     command = ["concepts", "atlas", str(inputs), "--layer", "conv2", "--model", "tiny.pt"]
     command += ["--trust-model-file", "-n", "2", "-b", "2", "-j", "0", "-q"]
