@@ -192,7 +192,9 @@ def noise_batches(count: int, batch: int = 250):
 def rss_run(count: int) -> None:
     """In a process of its own: the atlas of ``count`` generated images, then its peak RSS."""
     model = load_shortcut_model()
-    atlas = concept_atlas(model, noise_batches(count), ["block3", "block4"], batch_size=250)
+    # the inner batch given (the batch itself): on a loaded machine the timed search for the
+    # fastest inner batch (explain.passes.timed_chunks) can settle on 2 rows for the process
+    atlas = concept_atlas(model, noise_batches(count), ["block3", "block4"], inner_batch_size=250)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(f"{atlas.images} {peak}")
 
