@@ -736,6 +736,8 @@ MISTAKES_WITHOUT_TORCH = [
     (["concepts", "atlas", ".", "--out", "o", "--layer", "l", "--channels", "2-x"], "--channels 2-x: give channel"),
     (["concepts", "atlas", ".", "--out", "o", "--layer", "l", "--max-memory", "2XB"], "--max-memory 2XB: give a"),
     (["concepts", "atlas", "no-such-folder", "--out", "o", "--layer", "l"], "no-such-folder: no such file or folder"),
+    (["concepts", "visualize", "m", "l:0", "conv2", "--out", "o"], "concept 'conv2': give LAYER:CHANNEL"),
+    (["concepts", "visualize", "m", "l:3-1", "--out", "o"], "concept 'l:3-1': the ranges hold no channel"),
 ]
 
 
@@ -812,7 +814,7 @@ def test_help_shows_each_default_once_and_every_option_has_help(capsys, monkeypa
     top = help_of()
     commands = re.findall(r"^    (\w+) ", top, flags=re.MULTILINE)
     assert commands == ["run", "evaluate", "concepts", "methods", "layers", "samples"]
-    for command in [*commands, "concepts atlas"]:
+    for command in [*commands, "concepts atlas", "concepts visualize"]:
         text = help_of(*command.split())
         assert "default: None" not in text and "default: False" not in text, command
         # An entry: its flags (or name) at two spaces, its help after them or on the lines below.

@@ -23,7 +23,8 @@ REFRESH = "refresh it with `.venv/bin/python examples/execute_notebooks.py {name
 #: and 20 Extremal Perturbations steps per area instead of 100 (the two costliest methods there:
 #: 40 % of its passes at full size); in 04, 5 points per
 #: deletion and insertion curve instead of 21, three of ROAD's nine removal percentages and
-#: two checkpoints of the randomisation cascade instead of ten.
+#: two checkpoints of the randomisation cascade instead of ten; in 07, 8 steps of feature
+#: visualisation instead of 32.
 QUICK = {
     "02_comparing_methods.ipynb": {"names": '["coffee"]', "SAMPLES": "1", "MASKS": "50", "STEPS": "20"},
     "04_is_the_map_faithful.ipynb": {
@@ -31,6 +32,7 @@ QUICK = {
         "OPTIONS": '{"deletion": {"step": STEP}, "insertion": {"step": STEP}, "road": {"percentages": (30, 60, 90)}, '
                    '"randomisation": {"checkpoints": 2}}',
     },
+    "07_concepts.ipynb": {"STEPS": "8"},
 }
 
 

@@ -1,6 +1,7 @@
 """What a batch job is asked to do, as typed values: :class:`RunOptions` for ``explain run`` (and
 the Ray engine and :func:`explain.ray_data.explain_dataset`), :class:`EvaluateOptions` for
-``explain evaluate``, :class:`AtlasOptions` for ``explain concepts atlas``. The command line
+``explain evaluate``, :class:`AtlasOptions` for ``explain concepts atlas``,
+:class:`VisualizeOptions` for ``explain concepts visualize``. The command line
 builds them from its flags; Python callers build them directly. Free of torch, so that the
 Ray engine's driver plans without it.
 
@@ -205,6 +206,57 @@ def parse_channels(text: str) -> list[int]:
     if not channels:
         raise ValueError("the ranges hold no channel; write FIRST-LAST with FIRST <= LAST, such as 0-15")
     return sorted(channels)
+
+
+@dataclass
+class VisualizeOptions(ModelOptions):
+    """``explain concepts visualize``: the feature visualisation of each of ``concepts`` (texts
+    :func:`parse_concept` reads) by :func:`explain.concepts.visualize`, one PNG per concept
+    under ``out``. ``batch_size``: concepts optimised together (0: 1 on the CPU, 8 elsewhere)."""
+
+    concepts: list[str] = field(default_factory=list)
+    steps: int = 256
+    size: int | None = None
+    seed: int = 0
+    parameterization: str = "fourier"
+    views: int | None = None
+    lr: float | None = None
+    batch_size: int = 0
+
+
+@dataclass(frozen=True)
+class ConceptSpec:
+    """One ``LAYER:WHAT`` of ``explain concepts visualize``: its ``layer`` and ``channels``
+    (one or more), or one channel's neuron at ``position`` (y, x on the layer's grid), or the
+    ``direction`` a .npy file holds."""
+
+    text: str
+    layer: str
+    channels: tuple[int, ...] = ()
+    position: tuple[int, int] | None = None
+    direction: str | None = None
+
+
+def parse_concept(text: str) -> ConceptSpec:
+    """A concept of ``explain concepts visualize``: ``LAYER:CHANNELS`` (channel numbers and
+    ranges, as :func:`parse_channels` reads them), ``LAYER:CHANNEL@Y,X`` (a neuron) or
+    ``LAYER:FILE.npy`` (a direction: a 1-D array of one weight per channel).
+
+    >>> parse_concept("layer4:0-2,7").channels, parse_concept("layer4:7@2,3").position
+    ((0, 1, 2, 7), (2, 3))
+    """
+    layer, colon, what = (part.strip() for part in text.partition(":"))
+    if not (colon and layer and what):
+        raise ValueError("give LAYER:CHANNEL (or LAYER:0-7,12, LAYER:CHANNEL@Y,X, LAYER:FILE.npy), such as layer4:7")
+    if what.lower().endswith(".npy"):
+        return ConceptSpec(text, layer, direction=what)
+    channels, at, where = what.partition("@")
+    if at:
+        y, comma, x = (part.strip() for part in where.partition(","))
+        if not (channels.strip().isdigit() and comma and y.isdigit() and x.isdigit()):
+            raise ValueError("a neuron is LAYER:CHANNEL@Y,X, one channel and a position on the layer's grid")
+        return ConceptSpec(text, layer, (int(channels),), (int(y), int(x)))
+    return ConceptSpec(text, layer, tuple(parse_channels(channels)))
 
 
 @dataclass

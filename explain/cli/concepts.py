@@ -1,11 +1,12 @@
-"""``explain concepts atlas``: the options that need no model checked here (an empty or
-``auto`` --layer, --max-memory, the inputs, --out), before torch loads; then the job handed to
-the batch layer (:mod:`explain.batch.concept_atlas`)."""
+"""``explain concepts atlas`` and ``explain concepts visualize``: the options that need no
+model checked here (an empty or ``auto`` --layer, --max-memory, the inputs, the concepts'
+form, --out), before torch loads; then the work handed to the batch layer
+(:mod:`explain.batch.concept_atlas`, :mod:`explain.batch.feature_visuals`)."""
 
 from __future__ import annotations
 
 from ..batch.inputs import collect_inputs
-from ..batch.options import AtlasOptions, parse_channels
+from ..batch.options import AtlasOptions, VisualizeOptions, parse_channels, parse_concept
 from ..batch.storage import OutputFolder, out_folder
 from ..errors import UsageError
 from .checks import check_engine_options, check_max_memory
@@ -36,3 +37,17 @@ def check_atlas_options(options: AtlasOptions) -> None:
             parse_channels(options.channels)
         except ValueError as error:
             raise UsageError(f"--channels {options.channels}: {error}") from None
+
+
+def visualize_command(args) -> int:
+    options = VisualizeOptions.from_values(args).replace(batch_size=args.batch_size or 0)
+    for text in options.concepts:  # their form, answered at once
+        try:
+            parse_concept(text)
+        except ValueError as error:
+            raise UsageError(f"concept {text!r}: {error}") from None
+    out_dir = out_folder(options.out)
+    OutputFolder(out_dir).create()  # an --out that cannot be made or written to
+    from ..batch.feature_visuals import run_visualize
+
+    return run_visualize(options)

@@ -238,8 +238,9 @@ def _add_evaluate_command(commands) -> None:
 
 def _add_concepts_command(commands) -> None:
     concepts = commands.add_parser(
-        "concepts", help="what a model's channels respond to: the concept atlas of a dataset",
-        description="Concepts of a layer (its channels) across a dataset; see `explain concepts atlas --help`.",
+        "concepts", help="what a model's channels respond to: the concept atlas of a dataset, feature visualisation",
+        description="Concepts of a layer (its channels): their atlas across a dataset (`explain concepts atlas "
+        "--help`) and their feature visualisation (`explain concepts visualize --help`).",
     )
     subcommands = concepts.add_subparsers(dest="concepts_command", required=True, metavar="SUBCOMMAND")
     atlas = subcommands.add_parser(
@@ -278,6 +279,50 @@ def _add_concepts_command(commands) -> None:
     atlas.add_argument("--quiet", "-q", action="store_true",
                        help="no progress (bar or lines); errors and the summary still print")
     atlas.set_defaults(handler="concepts:atlas_command")
+    _add_visualize_command(subcommands)
+
+
+def _add_visualize_command(subcommands) -> None:
+    visualize = subcommands.add_parser(
+        "visualize", formatter_class=DefaultsOnceFormatter,
+        help="an image of what each concept responds to, with no data (feature visualisation)",
+        description="The feature visualisation of each CONCEPT of MODEL: an image optimised to activate it "
+        "(Olah et al. 2017's decorrelated Fourier image with transformation robustness, or MaCo, Fel et al. "
+        "2023, which stays readable on deep CNNs and vision transformers), the model left as it was. Writes "
+        "under --out: LAYER/CHANNEL.png per concept and visualizations.json (per concept: the file, the "
+        "objective at the first and last step and on the whole image, the settings). Concepts of a layer are "
+        "optimised --batch-size at a time and written as each group ends; a rerun skips the concepts written "
+        "with the same settings. Exit status: 0 all written, 2 usage error, 3 out of memory, 4 the output "
+        "folder's disk refused a write, 130 interrupted (Ctrl-C: the running group stops at once, those "
+        "written are kept), 143 terminated (SIGTERM).",
+    )
+    visualize.add_argument("model", metavar="MODEL", help=MODEL_FORMS)
+    visualize.add_argument("concepts", nargs="+", metavar="LAYER:CHANNEL",
+                           help="what to visualise: LAYER:CHANNEL (a channel's mean activation), channels and "
+                           "ranges such as blocks.5:0-7,12, LAYER:CHANNEL@Y,X (one neuron of the layer's grid) or "
+                           "LAYER:FILE.npy (a direction: one weight per channel); see `explain layers MODEL`")
+    visualize.add_argument("--out", "-o", required=True, type=Path, help="output folder")
+    _add_model_options(visualize, with_model=False)
+    visualize.add_argument("--parameterization", "-p", choices=("fourier", "maco"), default="fourier",
+                           help="fourier: the decorrelated Fourier image (lucid's), robust to jitter, scale and "
+                           "rotation; maco: the phase under a fixed natural spectrum, on random crops")
+    visualize.add_argument("--steps", type=positive_int, default=256, help="steps of gradient ascent")
+    visualize.add_argument("--size", type=positive_int, default=None,
+                           help="the image's side in pixels (default: the model's input for fourier, 512/224 of "
+                           "it for maco, whose crops are resized to the input)")
+    visualize.add_argument("--views", type=positive_int, default=None,
+                           help="transformed views (fourier) or random crops (maco) of each image per step, in "
+                           "one batch (default: 8 for fourier, 32 for maco)")
+    visualize.add_argument("--lr", type=float, default=None,
+                           help="the optimiser's step (default: Adam's 0.05 for fourier, NAdam's 1.0 for maco)")
+    visualize.add_argument("--seed", type=int, default=0, help="the seed of the initial image and the views")
+    visualize.add_argument("--batch-size", "-b", type=positive_int, default=None,
+                           help="concepts of a layer optimised together (default: 1 on the CPU, where a batch "
+                           "saves nothing and Ctrl-C loses less; 8 on a GPU)")
+    visualize.add_argument("--overwrite", action="store_true", help="redo concepts already written")
+    visualize.add_argument("--quiet", "-q", action="store_true",
+                           help="no progress bar; errors and the summary still print")
+    visualize.set_defaults(handler="concepts:visualize_command")
 
 
 def _add_listing_commands(commands) -> None:

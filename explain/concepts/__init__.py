@@ -28,7 +28,7 @@ from .probe import AtlasBatch, AtlasProbe, LayerBatch
 from .propagation import ConceptPasses, concept_context
 from .references import ReferencePatches, reference_patches
 from .results import AttributionGraph, GraphNode, concept_figure, concept_overlays
-from .visualization import FeatureVisualization, Objective, visualize
+from .visualization import FeatureVisualization, Objective, check_objectives, visualize
 
 __all__ = [
     "CRP",
@@ -49,6 +49,7 @@ __all__ = [
     "ReferencePatches",
     "References",
     "channel_relevance",
+    "check_objectives",
     "concept_atlas",
     "concept_context",
     "concept_figure",

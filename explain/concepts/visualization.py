@@ -45,7 +45,15 @@ from ..tokens import infer_layout
 from .parameterization import FourierImage, MagnitudeImage, random_crops, robust_views
 from .propagation import Gates, Truncated
 
-__all__ = ["METHODS", "FeatureVisualization", "Objective", "RedirectedReLU", "redirected_relus", "visualize"]
+__all__ = [
+    "METHODS",
+    "FeatureVisualization",
+    "Objective",
+    "RedirectedReLU",
+    "check_objectives",
+    "redirected_relus",
+    "visualize",
+]
 
 #: The parameterisations: Olah et al.'s decorrelated Fourier image, and MaCo.
 METHODS = ("fourier", "maco")
@@ -251,6 +259,29 @@ def visualize(
     return FeatureVisualization(
         name, method, tuple(g.label for g in goals), final, values, history, transparency if method == "maco" else None
     )
+
+
+def check_objectives(
+    model: nn.Module, layer: str | nn.Module, objectives, *, input_size=None, normalization=None
+) -> tuple[int, int, int]:
+    """The grid (C, h, w) that :func:`.visualize` reads ``objectives`` on at ``layer``, from
+    one forward pass of a grey image (to the layer only, without gradients): a ``ValueError``
+    that names the mistake where an objective does not fit the layer (a channel out of range,
+    a neuron off its grid, a direction of another length), the layer does not run, or its
+    output cannot be read as a grid. What a caller checks before it spends steps on them."""
+    ((name, module),) = resolve_layers(model, layer).items()
+    specs = objectives if isinstance(objectives, list) else [objectives]
+    goals = [Objective.parse(spec) for spec in specs]
+    settings = _settings(model, "fourier", None, input_size, None, None)
+    device = next(iter(model.parameters()), torch.zeros(())).device
+    mean, std = (t.to(device).view(1, -1, 1, 1) for t in mean_and_std(model, normalization))
+    run = _Ascent(model, (name, module), goals, lambda x: (x - mean) / std, settings, None)
+    grey = torch.full((1, 3, *settings["input_size"]), 0.5, device=device)
+    with model_lock(model), preserved_state(model), torch.no_grad():
+        grid = run.layer_grid(run.normalise(grey))
+    for goal in goals:
+        goal(grid)
+    return int(grid.shape[1]), int(grid.shape[2]), int(grid.shape[3])
 
 
 def _settings(model: nn.Module, method: str, size, input_size, views, lr) -> dict:
