@@ -10,6 +10,7 @@ Cheap: a four-channel CNN pickled for --trust-model-file on three 24-pixel image
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -151,3 +152,19 @@ def test_crp_on_a_transformer_says_why_not(folder, tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert "--method crp:" in err and "attention" in err
+
+
+def test_an_unreadable_image_fails_each_of_crps_outputs_in_the_manifest(folder, tmp_path, capsys):
+    inputs = tmp_path / "in"
+    shutil.copytree(folder / "in", inputs)
+    (inputs / "broken.png").write_bytes(b"not an image")
+    out = tmp_path / "out"
+    command = ["run", str(inputs), "--out", str(out), "--model", str(folder / "tiny.pt"), "--trust-model-file"]
+    assert main([*command, "-j", "0", "-q", "--method", "crp", "-M", "crp:concepts=2", "--layer", "conv2"]) == 1
+    failed = [row for row in _rows(out) if row["status"] == "failed"]
+    assert [(Path(row["input"]).name, row["concept_rank"]) for row in failed] == [("broken.png", 1), ("broken.png", 2)]
+    assert sum(row["status"] == "ok" for row in _rows(out)) == 3 * 2
+    capsys.readouterr()
+    segmenter = ["--model", "lraspp_mobilenet_v3_large", "--method", "crp", "-q", "-j", "0"]
+    assert main(["run", str(folder / "in" / "img0.png"), "--out", str(tmp_path / "seg"), *segmenter]) == 2
+    assert "--method crp: with --task segment the command line runs CAMs" in capsys.readouterr().err

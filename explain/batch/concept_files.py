@@ -151,7 +151,17 @@ def visual_link(layer: str, channel: int) -> str:
     >>> visual_link("features.6", 42)
     'visualizations/features.6/0042.png'
     """
-    return f"{VISUALS_FOLDER}/{safe_name(layer)}/{channel:04d}.png"
+    return f"{VISUALS_FOLDER}/{visual_file(layer, channel)}"
+
+
+def visual_file(layer: str, channel: int) -> str:
+    """Where ``explain concepts visualize`` writes a channel's image under its --out (what
+    :func:`visual_link` reads under ``ATLAS/visualizations``).
+
+    >>> visual_file("features.6", 42)
+    'features.6/0042.png'
+    """
+    return f"{safe_name(layer)}/{channel:04d}.png"
 
 
 def write_concept_page(out_dir: Path, document: dict | None = None) -> None:

@@ -29,7 +29,7 @@ from ..models import LoadedModel, load_model, warn_if_random
 from ..pass_listener import PassListener
 from ..passes import StopRequested, pass_settings
 from ..report import atomic_write, remove_temp_files
-from .concept_files import png_bytes
+from .concept_files import png_bytes, visual_file
 from .guards import StopFlag, sole_run
 from .manifest import safe_name
 from .options import ConceptSpec, VisualizeOptions, parse_concept
@@ -78,7 +78,7 @@ def _expand(spec: ConceptSpec) -> list[PlannedConcept]:
         (channel,), (y, x) = spec.channels, spec.position
         key, name = f"{spec.layer}:{channel}@{y},{x}", f"{channel:04d}_y{y}_x{x}.png"
         return [PlannedConcept(key, spec.layer, (channel, y, x), f"{folder}/{name}")]
-    return [PlannedConcept(f"{spec.layer}:{c}", spec.layer, c, f"{folder}/{c:04d}.png") for c in spec.channels]
+    return [PlannedConcept(f"{spec.layer}:{c}", spec.layer, c, visual_file(spec.layer, c)) for c in spec.channels]
 
 
 def plan_concepts(options: VisualizeOptions, loaded: LoadedModel, normalization) -> list[PlannedConcept]:
@@ -107,6 +107,13 @@ def plan_concepts(options: VisualizeOptions, loaded: LoadedModel, normalization)
             ) from None
         if grid[1] * grid[2] == 0:
             raise UsageError(f"concept {text}: {spec.layer}'s output has no grid to read a concept on; {hint}")
+        files = {c.file: c.key for c in planned.values()}
+        for concept in concepts:
+            if concept.key not in planned and files.get(concept.file, concept.key) != concept.key:
+                raise UsageError(
+                    f"concept {text}: its image would be {concept.file}, as {files[concept.file]}'s is; "
+                    "give the direction files different names"
+                )
         planned.update((c.key, c) for c in concepts if c.key not in planned)
     return list(planned.values())
 

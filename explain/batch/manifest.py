@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..report import TEMP_NAME_BYTES, ManifestRecord
 
@@ -28,6 +28,8 @@ class RecordMaker:
     layers: dict[str, str]
     settings: dict[str, str]
     task: str
+    #: method -> its concepts per target (--method crp: a row per concept), where it has them
+    concepts: dict[str, int] = field(default_factory=dict)
 
     def record(self, input: str, method: str, target: str, **values) -> ManifestRecord:
         """A record of ``method``'s output for ``target`` of ``input``, the columns not given empty."""
@@ -42,8 +44,14 @@ class RecordMaker:
         )
 
     def failed(self, input: str, method: str, labels: Iterable[str], error: str) -> list[ManifestRecord]:
-        """A failed record per target (``labels``) of ``input`` by ``method``."""
-        return [self.record(input, method, label, status="failed", error=error) for label in labels]
+        """A failed record per output of ``input`` by ``method``: per target (``labels``), and
+        per concept of a concept method."""
+        ranks = concept_ranks(self.concepts.get(method, 0))
+        return [
+            self.record(input, method, label, status="failed", error=error, concept_rank=rank)
+            for label in labels
+            for rank in ranks
+        ]
 
 
 def row_key(row: dict) -> tuple:

@@ -287,4 +287,4 @@ class CheckedRun:
         """The maker of this run's manifest records (:class:`~explain.batch.manifest.RecordMaker`)."""
         from .manifest import RecordMaker
 
-        return RecordMaker(self.layers, self.settings, self.task)
+        return RecordMaker(self.layers, self.settings, self.task, self.concepts)

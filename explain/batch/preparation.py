@@ -94,7 +94,7 @@ def prepare_run(args: RunOptions) -> PreparedRun:
     if task != "classify":
         layer = _task_layer(args, loaded, task, metrics)
     explainers, layers = checked_explainers(args, loaded, layer, target, method_options, **flag_options)
-    if metrics:
+    if metrics:  # (--task segment and detect run CAMs only: crp is refused there already)
         explainers = without_concepts(args, explainers, "--metrics score the map of a target", "without --metrics")
     segments = _segments(args, loaded, task, explainers, metrics)
     return PreparedRun(

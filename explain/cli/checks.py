@@ -183,6 +183,15 @@ def check_run_options(args) -> None:
     check_step(args.step, metrics)
     if args.labels is not None and not os.path.isfile(args.labels):
         raise UsageError(f"--labels {args.labels}: no such file; give a CSV of path,label lines")
+    if args.atlas is not None:  # read again where the page is written; its mistakes said now
+        from ..batch.page import atlas_links
+
+        atlas_links(args.atlas, str(args.out))
+        if "crp" not in args.methods.names and not args.methods.every:
+            print(
+                "explain: note: --atlas links the concepts of --method crp, which this run does not make",
+                file=sys.stderr,
+            )
 
 
 def check_engine_options(options) -> None:

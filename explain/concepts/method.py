@@ -142,8 +142,8 @@ class ConceptRelevance(Explainer):
 
 
 def _joined(parts: list[ConceptExplanation]) -> ConceptExplanation:
-    """One explanation of several targets' concepts, target by target along the concept axis;
-    without the channels' relevances, which are per target."""
+    """One explanation of several targets' concepts, target by target along the concept axis
+    (their maps and relevances); without the layer's channel relevances, which are per target."""
     first = parts[0]
     cat = lambda name: torch.cat([getattr(part, name) for part in parts], dim=1)  # noqa: E731
     return ConceptExplanation(

@@ -11,6 +11,7 @@ layer and sort controls; it needs no server and no network."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from html import escape
 from urllib.parse import quote
@@ -73,7 +74,7 @@ def _concept(layer: str, entry: dict, visual: Callable[[str, int], str]) -> str:
     )
     return (
         f'<article class="concept" id="{escape(key)}" data-channel="{channel}" '
-        f'data-top="{int(stats.get("top_count", 0))}" data-relevance="{stats.get("mean_relevance", 0) or 0}" '
+        f'data-top="{int(stats.get("top_count", 0))}" data-relevance="{_sortable(stats.get("mean_relevance"))}" '
         f'data-search="{escape(search)}">'
         f'<h3><a href="#{escape(concept_anchor(key))}">{escape(readable(key))}</a></h3>'
         f'<p class="stats">mean activation {_number(stats.get("mean_activation"))} · mean relevance '
@@ -121,3 +122,12 @@ def concept_page(document: dict, visual: Callable[[str, int], str]) -> str:
         '<p id="shown" class="muted"></p>\n'
         f"{''.join(sections)}\n<script>\n{asset('concepts.js')}\n</script>\n</body>\n</html>\n"
     )
+
+
+def _sortable(value) -> str:
+    """A number for a data attribute the page sorts by (0 where it is none, or not finite)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "0"
+    return repr(number) if math.isfinite(number) else "0"

@@ -29,7 +29,10 @@
   $("controls").addEventListener("change", apply);
   apply();
   // a link to one concept (index.html#layer4:42, from a run's explorer) shows it, whatever the filters
-  var target = window.location.hash && document.getElementById(decodeURIComponent(window.location.hash.slice(1)));
+  var target = null;
+  try {
+    target = window.location.hash && document.getElementById(decodeURIComponent(window.location.hash.slice(1)));
+  } catch (error) {}  // a malformed fragment (#%) shows the page from its top
   if (target) target.scrollIntoView();
   document.body.dataset.ready = "1";
 })();
