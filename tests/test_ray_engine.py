@@ -151,7 +151,7 @@ def test_ray_engine_makes_what_the_local_engine_makes(tmp_path, capsys):
 def test_crp_runs_on_ray_as_locally(tmp_path, capsys):
     # The actors' GroupExplainer runs --method crp as the local engine's: the same concept rows
     # (channel, rank, relevance) and overlays.
-    from test_crp_cli import _tiny_cnn
+    from test_concept_atlas_cli import _tiny_cnn
 
     (tmp_path / "in").mkdir()
     for i in range(3):
@@ -375,7 +375,7 @@ def test_images_whose_batch_ray_loses_become_failed_rows_and_a_changed_method_op
     assert "explain: skipped in/earlier: the output folder of another run" in captured.err
     rows = _by_key(read_rows(tmp_path / "out" / "manifest.jsonl"))
     for method in ("ig", "gradcam"):
-        assert rows[("in/img2.png", method, "top1")]["error"].startswith("worker failed: Ray lost this image's batch")
+        assert rows[("in/img2.png", method, "top1", None)]["error"].startswith("worker failed: Ray lost this image's batch")
     assert {row["method"]: row["settings"] for row in rows.values()} == {
         "ig": "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5 n_steps=2",
         "gradcam": "model=efficientnet_lite0 weights=- cmap=jet alpha=0.5"}
