@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -32,20 +31,7 @@ from explain.concepts import visualize
 from explain.imagenet import IMAGENET_MEAN, IMAGENET_STD
 from explain.models import LoadedModel
 
-
-def _tiny_cnn() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        OrderedDict(
-            conv1=nn.Conv2d(3, 4, 5, stride=8, padding=2),
-            relu1=nn.ReLU(),
-            conv2=nn.Conv2d(4, 4, 3, padding=1),
-            relu2=nn.ReLU(),
-            pool=nn.AdaptiveAvgPool2d(1),
-            flatten=nn.Flatten(),
-            fc=nn.Linear(4, 3),
-        )
-    ).eval()
+from test_concept_atlas_cli import _tiny_cnn
 
 
 @pytest.fixture(scope="module")
