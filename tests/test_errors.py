@@ -3,13 +3,18 @@ each caller words them: the command line as its flags (``str(error)``, what ``ex
 :func:`explain.ray_data.explain_dataset` as its parameters. The checks run here are the real
 ones of ``explain run``, on what they refuse before any model loads."""
 
+import argparse
+import ast
 import pickle
+from pathlib import Path
 
 import pytest
 
+import explain
 from explain.batch.explainers import max_memory_option, method_classes, parse_method_options
 from explain.batch.options import RunOptions
 from explain.batch.ray_stages import check_run
+from explain.cli.parser import build_parser
 from explain.errors import Option, UsageError, worded
 from explain.ray_data import python_message
 
@@ -52,3 +57,38 @@ def test_a_usage_error_crosses_to_the_driver_with_its_options():
     error = pickle.loads(pickle.dumps(checked))
     assert error.parts == checked.parts and error.options == (Option("max_memory"),)
     assert str(error).startswith("--max-memory 2XB: ") and python_message(error).startswith("max_memory 2XB: ")
+
+
+def _named_options() -> set[str]:
+    """The options that the usage errors below the command line name: ``Option("name")`` in
+    ``explain/batch`` and ``explain/models``."""
+    package = Path(explain.__file__).parent
+    names = set()
+    for path in [*(package / "batch").glob("*.py"), *(package / "models").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Option"
+            if named and isinstance(node.args[0], ast.Constant):  # not Option(option), a computed name
+                names.add(node.args[0].value)
+    return names
+
+
+def _command_line_flags(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
+    """{an option's Python name (its ``dest``): its long flags}, over every subcommand."""
+    flags: dict[str, set[str]] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, flag_set in ((n, f) for sub in action.choices.values()
+                                   for n, f in _command_line_flags(sub).items()):
+                flags.setdefault(name, set()).update(flag_set)
+        elif action.option_strings:
+            flags.setdefault(action.dest, set()).update(s for s in action.option_strings if s.startswith("--"))
+    return flags
+
+
+def test_each_option_the_errors_name_is_a_flag_of_the_command_line_as_they_spell_it():
+    # Option("max_memmory") would print --max-memmory: every name is a dest of the parser, and
+    # the flag str(error) prints is one of that dest's flags.
+    named, flags = _named_options(), _command_line_flags(build_parser())
+    assert {"max_memory", "methods", "method_options", "target", "out"} <= named  # the search finds them
+    wrong = {name: flags.get(name) for name in named if Option(name).flag not in flags.get(name, set())}
+    assert not wrong, wrong
