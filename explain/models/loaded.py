@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from ..concurrency import process_lock
 from ..errors import Option, UsageError, is_out_of_memory
 from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
-from ..options import MODEL_FORMS
+from ..options import MODEL_FORM_PARTS
 from . import classifiers
 from .dense import load_task_model, preprocess_for
 from .detectors import YOLO_PREFIX, is_detector_spec, load_detector
@@ -81,7 +81,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
                     model, preprocess, class_names = load_task_model(spec, weights, device=device)
             except classifiers.UnknownModel as error:
                 hint = f"did you mean {', '.join(error.close)}? A" if error.close else "a"
-                raise UsageError(f"unknown model {spec!r}; {hint} model is {MODEL_FORMS}") from None
+                raise UsageError(f"unknown model {spec!r}; {hint} model is ", *MODEL_FORM_PARTS) from None
             except (ValueError, FileNotFoundError, RuntimeError) as error:
                 if is_out_of_memory(error):  # allocating the weights: the machine's limit, exit 3
                     raise
