@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..errors import Option, UsageError
+from ..errors import Option, UsageError, worded
 from ..text_files import csv_records
 from .inputs import Source
 
@@ -81,7 +81,7 @@ def read_labels(path: Path, class_names: list[str]) -> dict[str, int]:
     if repeated:
         number, earlier = repeated[0]
         more = f" ({len(repeated)} repeated lines in all)" if len(repeated) > 1 else ""
-        print(f"explain: note: {where} line {number} repeats line {earlier}{more}", file=sys.stderr)
+        print(f"explain: note: {worded(where)} line {number} repeats line {earlier}{more}", file=sys.stderr)
     return labels
 
 
