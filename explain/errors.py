@@ -15,7 +15,8 @@ FLAG_SPELLINGS = {"methods": "--method", "method_options": "--method-option"}
 class Option:
     """An option that a :class:`UsageError` is about, by its Python name: the field of the
     batch layer's options (``max_memory``, ``methods``), which the caller words as its own
-    (``--max-memory`` on the command line, ``max_memory`` for :func:`explain.explain_dataset`).
+    (``--max-memory`` on the command line, ``max_memory`` for
+    :func:`~explain.ray_data.explain_dataset`).
 
     >>> Option("max_memory").flag, Option("methods").flag
     ('--max-memory', '--method')
@@ -25,7 +26,7 @@ class Option:
 
     @property
     def flag(self) -> str:
-        """How the command line spells it: the name with dashes, or :data:`FLAG_SPELLINGS`'."""
+        """How the command line spells it: the name with dashes, or ``FLAG_SPELLINGS``'."""
         return FLAG_SPELLINGS.get(self.name) or "--" + self.name.replace("_", "-")
 
 
@@ -45,8 +46,8 @@ class UsageError(Exception):
 
     The message is its ``parts``: text, and the :class:`Option` s it is about as data, so that
     each caller names them in its own words (:meth:`worded`). ``str(error)`` is the command
-    line's wording, each option as its flag; :func:`explain.explain_dataset` words the same
-    error with its parameters' names.
+    line's wording, each option as its flag; :func:`~explain.ray_data.explain_dataset` words
+    the same error with its parameters' names.
 
     >>> error = UsageError(Option("max_memory"), " 2XB: give a size such as 2GB; see ", Option("device"))
     >>> str(error)
