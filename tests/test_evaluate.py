@@ -14,6 +14,7 @@ from PIL import Image
 from torch import nn
 
 import explain
+from explain.batch.outcome import EXIT_OUT_OF_MEMORY
 from explain.cli import main
 from explain.evaluation import (
     evaluate,
@@ -368,6 +369,29 @@ def test_evaluate_scores_in_halves_when_the_device_runs_out_of_memory(tmp_path, 
     assert all(0 <= float(r["value"]) <= 1 for r in rows)
     assert 4 in sizes and 2 in sizes and sizes.count(1) >= 4
     assert read_csv(out / "failures.csv") == []
+
+
+def test_scores_that_fail_for_memory_running_out_end_with_exit_3_and_what_to_lower(tmp_path, capsys, monkeypatch):
+    # A device that holds no image: each score fails with the reason, the run ends with exit 3
+    # (not 1) and the note of what to free or lower, as explain run does.
+    from explain.batch.evaluating import EvaluationRun
+    from explain.methods import cam_base
+
+    capture, started = cam_base.BaseCAM.capture, []
+
+    def no_room(self, images, *args, **kwargs):
+        if started:  # the methods' check on the model's example image, before the run, passes
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return capture(self, images, *args, **kwargs)
+
+    monkeypatch.setattr(cam_base.BaseCAM, "capture", no_room)
+    monkeypatch.setattr(EvaluationRun, "begin", lambda self: started.append(True), raising=False)
+    out = tmp_path / "out"
+    assert main(["evaluate", str(PHOTOS / "coffee.png"), "--out", str(out), "--methods", "gradcam",
+                 "--metrics", "sparseness", "-q"]) == EXIT_OUT_OF_MEMORY
+    failures = read_csv(out / "failures.csv")
+    assert len(failures) == 1 and "out of memory" in failures[0]["error"]
+    assert "out of memory" in capsys.readouterr().err.splitlines()[-1]
 
 
 def test_evaluate_runs_the_robustness_and_randomisation_metrics_of_issue_30(tmp_path, capsys):

@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 import explain.batch.commands
-import explain.batch.local_run
+import explain.batch.manifest_file
 import explain.batch.ray_cluster
 import explain.batch.ray_driver
-import explain.batch.ray_files
 from explain.batch.outcome import EXIT_OUTPUT_DEVICE, EXIT_USAGE
 from explain.batch.storage import OutputDeviceError, append_whole, device_errors
 from explain.cli import main
@@ -121,17 +120,19 @@ def test_a_disk_that_fills_up_during_a_manifest_write_keeps_the_last_whole_manif
     os.chdir(tmp_path)
     out = small_disk / "out"
     _remount(small_disk, "20m")
-    real = explain.batch.local_run.write_manifest
-    calls, before = [], []
+    real, calls, before = explain.batch.manifest_file.append_whole, [], []
 
-    def filling_from_the_third(path, rows):  # at start, after a batch, then the disk is full
-        calls.append(path)
-        if len(calls) >= 3:
-            before.append(Path(path).read_bytes())
+    def filling_from_the_third(file, data):  # rows appended, then the disk is full
+        # Once, before rows that need a new page of the tmpfs (the file's last page has room
+        # for what fits in it, full disk or not).
+        calls.append(len(data))
+        room = -os.fstat(file.fileno()).st_size % os.sysconf("SC_PAGE_SIZE")
+        if len(calls) >= 3 and not before and len(data) > room:
+            before.append((out / "manifest.jsonl").read_bytes())
             _fill(small_disk)  # and kept full: the overlays that fail give their space back
-        real(path, rows)
+        real(file, data)
 
-    monkeypatch.setattr(explain.batch.local_run, "write_manifest", filling_from_the_third)
+    monkeypatch.setattr(explain.batch.manifest_file, "append_whole", filling_from_the_third)
     assert main(_run(out, "--workers", "0", "--batch-size", "4")) == EXIT_OUTPUT_DEVICE
     assert f"cannot write to {out}: no space left on device" in capsys.readouterr().err
     assert (out / "manifest.jsonl").read_bytes() == before[0]  # the last whole version, not a torn one
@@ -209,7 +210,7 @@ def test_the_ray_engine_stops_on_a_full_disk_and_a_rerun_with_room_finishes(loca
 
     # The driver's own append to the manifest meets a full disk.
     _remount(small_disk, "20m")
-    real, appended = explain.batch.ray_files.append_whole, []
+    real, appended = explain.batch.manifest_file.append_whole, []
 
     def filling(file, data):
         # Once, before rows that need a new page of the tmpfs (the file's last page has room
@@ -220,7 +221,7 @@ def test_the_ray_engine_stops_on_a_full_disk_and_a_rerun_with_room_finishes(loca
             _fill(small_disk)
         real(file, data)
 
-    monkeypatch.setattr(explain.batch.ray_files, "append_whole", filling)
+    monkeypatch.setattr(explain.batch.manifest_file, "append_whole", filling)
     assert main(_run(out, "--engine", "ray")) == EXIT_OUTPUT_DEVICE
     assert f"cannot write to {out}: no space left on device" in capsys.readouterr().err
     assert len(appended) == 1 and (out / "manifest.jsonl").read_bytes() == appended[0]

@@ -120,7 +120,7 @@ def test_a_killed_driver_is_finished_by_the_next_run_and_a_second_run_meanwhile_
     options = ["run", "in", "--out", s3.uri("killed"), "--engine", "ray", "--method", "gradcam,layercam", "-q"]
     # The driver uploads the manifest after every batch here (every 30 s by default), so that
     # the kill comes after some rows reached the bucket.
-    code = ("import sys; import explain.batch.ray_files as files; files.PUBLISH_SECONDS = 0\n"
+    code = ("import sys; import explain.batch.manifest_file as files; files.PUBLISH_SECONDS = 0\n"
             "from explain.cli import main; sys.exit(main(sys.argv[1:]))")
     driver = subprocess.Popen([sys.executable, "-c", code, *options, "--batch-size", "1"], cwd=tmp_path,
                               env=environment(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -229,6 +229,7 @@ class EvaluationRun(DatasetJob):
                 self.failures.append({"image": self.sources[index].input, "method": method, "metric": name,
                                       "error": error})
                 self.stats["failed"] += 1
+                self.out_of_memory += out_of_memory_reason(error)  # exit status 3
             where = self.sources[index].input if per_image else f"{method} {', '.join(names)}"
             if (where, error) not in self.reported:  # a method's or metric's error once, an image's once per image
                 self.reported.add((where, error))

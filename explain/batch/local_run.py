@@ -1,6 +1,8 @@
 """``explain run`` in this process (the local engine): plan the missing outputs, explain them
 batch by batch (:func:`~explain.batch.loop.for_each_batch`, :class:`~explain.batch.explaining.GroupExplainer`),
-write the overlays from a thread pool, keep the manifest and index up to date."""
+write the overlays from a thread pool, append each output's row to the manifest as it is
+recorded (:class:`~explain.batch.manifest_file.ManifestFile`, the Ray driver's rule too) and
+keep the index up to date."""
 
 from __future__ import annotations
 
@@ -9,9 +11,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from ..errors import out_of_memory_reason
 from ..evaluation import format_summary
-from ..report import ManifestRecord, write_manifest
+from ..report import ManifestRecord
 from .decoding import crop_zoom
 from .explaining import GroupExplainer
 from .ground_truth import row_marker
@@ -19,6 +20,7 @@ from .inputs import Source
 from .job import DatasetJob
 from .loop import LoopEnd
 from .manifest import MANIFEST, metric_table
+from .manifest_file import ManifestFile, RowCounts
 from .options import RunOptions
 from .outcome import report_failure
 from .page import OriginalCopies, atlas_links, colour_scales, page_run, write_page
@@ -47,12 +49,14 @@ class LocalRun(DatasetJob):
             prepared.explainers)
         self.reports_written = 0.0
         self.reports_cost = 0.0
-        self.seconds: dict[str, float] = {}  # method -> its time in this run
+        #: the manifest: compacted at the start, each row appended as recorded, compacted at the end
+        self.manifest = ManifestFile(self.folder)
+        self.appending = False  # the rows recorded before the start are written by its compaction
+        self.counts = RowCounts()
         #: --labels: each row marked with its image's label
         self.marked = row_marker(self.options.labels, prepared.task, sources, prepared.loaded.class_names)
         self.started = time.perf_counter()
         self.images = 0  # explained by this run
-        self.out_of_memory = 0  # outputs failed for memory running out
         # what index.html shows of the run's settings
         self.zoom = crop_zoom(prepared.loaded.preprocess)
         self.scales = colour_scales(prepared.settings, self.options.cmap, self.options.signed_cmap)
@@ -62,46 +66,48 @@ class LocalRun(DatasetJob):
         self.atlas = atlas_links(self.options.atlas, str(self.options.out))
 
     def _record(self, records: list[ManifestRecord]) -> None:
-        for record in records:
-            row = self.marked(record.row())
+        rows = [self.marked(record.row()) for record in records]
+        for row in rows:
             self.run_plan.record(row)
-            if row["status"] != "skipped" and row.get("seconds") is not None:
-                self.seconds[row["method"]] = self.seconds.get(row["method"], 0.0) + row["seconds"]
+            self.counts.count(row)
             if row["status"] == "failed" and row.get("output"):
                 report_failure(row["input"], f"{row['method']}: {row['error']}")
-            self.out_of_memory += row["status"] == "failed" and out_of_memory_reason(row.get("error") or "")
+        self.out_of_memory = self.counts.out_of_memory
+        if self.appending:
+            self.manifest.append(rows)
 
-    def _save_reports(self, final: bool = False, summary: str = "", state: str = "in progress") -> None:
-        """Rewrite manifest.jsonl and index.html. Until the run completes, the manifest also
-        keeps the earlier rows of outputs not redone yet, so that a killed run loses nothing."""
+    def _save_page(self, summary: str = "", state: str = "in progress") -> None:
+        """Rewrite index.html (the manifest's rows are appended as they come)."""
         start = time.monotonic()
         planned = self.run_plan.planned_rows()
         table = metric_table(planned) if self.prepared.metrics else []
-        run = page_run("explain run", summary, self.run_plan.stats, time.perf_counter() - self.started, self.images,
+        run = page_run("explain run", summary, self.counts.stats, time.perf_counter() - self.started, self.images,
                        state, self.zoom, self.scales, self.atlas)
         with device_errors(self.out_dir):
-            write_manifest(self.out_dir / MANIFEST, planned if final else self.run_plan.all_rows())
             write_page(self.folder, planned, run, format_summary(table, "html") if table else "",
                        original=self.originals)
         self.reports_written = time.monotonic()
         self.reports_cost = self.reports_written - start
 
-    def _maybe_save_reports(self) -> None:
-        # Rewriting both files after every batch is cheap until they are large; this keeps
-        # it under ~5 % of the run, and a kill loses at most the rows since the last write.
+    def _maybe_save_page(self) -> None:
+        # Rewriting the page after every batch is cheap until it is large; this keeps it
+        # under ~5 % of the run.
         if time.monotonic() - self.reports_written >= 20 * self.reports_cost:
-            self._save_reports()
+            self._save_page()
 
     # -- the job's steps (run by explain.batch.job.run_job)
 
     def plan(self) -> dict:
         for source, method, error in self.run_plan.make(self.sources, self.options.overwrite):
             self._record(self.explainer.failed_records(source, method, error))
+        self.counts.stats["skipped"] += sum(row["status"] == "skipped" for row in self.run_plan.recorded_rows())
         return self.run_plan.pending
 
     def begin(self) -> None:
         self.started = time.perf_counter()
-        self._save_reports()
+        self.manifest.compact(self.run_plan.recorded_rows())  # the finished outputs, and the inputs failed
+        self.appending = True
+        self._save_page()
 
     def failed_input(self, index: int, error: str) -> None:
         source = self.sources[index]
@@ -120,7 +126,7 @@ class LocalRun(DatasetJob):
             self._record(self.in_flight.popleft().result())
 
     def between_batches(self) -> None:
-        self._maybe_save_reports()
+        self._maybe_save_page()
 
     def drain(self) -> None:
         while self.in_flight:
@@ -132,7 +138,12 @@ class LocalRun(DatasetJob):
 
     def finish(self, end: LoopEnd, completed: bool, summary: str) -> None:
         self.images = end.images
-        self._save_reports(final=completed, summary=summary, state="complete" if completed else "interrupted")
+        try:
+            if completed:  # the rows in the plan's order, each once
+                self.manifest.compact(self.run_plan.planned_rows())
+        finally:
+            self.manifest.close()
+        self._save_page(summary=summary, state="complete" if completed else "interrupted")
 
     def report(self) -> None:
         table = metric_table(self.run_plan.planned_rows()) if self.prepared.metrics else []
@@ -141,7 +152,7 @@ class LocalRun(DatasetJob):
 
     @property
     def failed(self) -> int:
-        return self.run_plan.stats["failed"]
+        return self.counts.stats["failed"]
 
     def summary(self, end: LoopEnd) -> str:
         return self._summary(end.images, time.perf_counter() - self.started)
@@ -161,5 +172,5 @@ class LocalRun(DatasetJob):
 
     def _summary(self, images: int, elapsed: float) -> str:
         verdicts = label_summary(self.run_plan.planned_rows()) if self.options.labels is not None else ""
-        return (f"{run_summary(self.run_plan.stats, images, elapsed, self.seconds)}{verdicts}; "
+        return (f"{run_summary(self.counts.stats, images, elapsed, self.counts.seconds)}{verdicts}; "
                 f"see {self.out_dir / 'index.html'} and {self.out_dir / MANIFEST}")

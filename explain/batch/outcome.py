@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterable
 
 from tqdm import tqdm
 
@@ -71,3 +72,13 @@ def stopped_summary(error: Exception, text: str) -> str:
 def report_failure(where: str, error: str) -> None:
     """One failure on stderr, above the progress bar: ``explain: failed: WHERE: ERROR``."""
     tqdm.write(f"explain: failed: {where}: {error}", file=sys.stderr)
+
+
+def report_failures(rows: Iterable[dict]) -> None:
+    """The failed manifest ``rows`` on stderr, each image's once per reason (its methods and
+    targets failed alike)."""
+    reported = set()
+    for row in rows:
+        if row["status"] == "failed" and (row["input"], row["error"]) not in reported:
+            reported.add((row["input"], row["error"]))
+            report_failure(row["input"], row["error"])

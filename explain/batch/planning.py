@@ -15,9 +15,8 @@ from .options import CheckedRun
 
 class RunPlan:
     """The manifest's rows by key (input, method, target, concept rank) in manifest order, which outputs are
-    pending (source index -> explainers still to run) and the counts of ok, skipped and failed
-    rows. ``outputs`` is the task's strategy (its keys, whether the plan grows as boxes are
-    found)."""
+    pending (source index -> explainers still to run) and which were recorded by this run.
+    ``outputs`` is the task's strategy (its keys, whether the plan grows as boxes are found)."""
 
     def __init__(self, prepared, outputs, folder, manifest_path):
         self.prepared, self.outputs, self.folder, self.manifest_path = prepared, outputs, folder, manifest_path
@@ -25,7 +24,7 @@ class RunPlan:
         self.order: list[tuple] = []  # every output of this run, in manifest order
         self.in_order: set[tuple] = set()
         self.pending: dict[int, list] = {}
-        self.stats = {"ok": 0, "skipped": 0, "failed": 0}
+        self.recorded: set[tuple] = set()  # the keys of the rows this run recorded
 
     def _complete(self, key: tuple) -> bool:
         prepared = self.prepared
@@ -70,15 +69,15 @@ class RunPlan:
         if self.outputs.plan_grows:
             self._add_to_order([key])
         self.rows[key] = row
-        self.stats[row["status"]] += 1
+        self.recorded.add(key)
 
     def planned_rows(self) -> list[dict]:
         """This run's rows, in manifest order."""
         return [self.rows[key] for key in self.order if key in self.rows]
 
-    def all_rows(self) -> list[dict]:
-        """This run's rows and the earlier manifest's others (kept until the run completes)."""
-        return list(self.rows.values())
+    def recorded_rows(self) -> list[dict]:
+        """The rows this run recorded so far, in manifest order (not the earlier manifest's)."""
+        return [self.rows[key] for key in self.order if key in self.recorded]
 
 
 def finished_pairs(
@@ -115,3 +114,16 @@ def finished_pairs(
             if complete_keys and all(hash(key) in complete_keys for key in keys):
                 finished.add(hash((input, method)))
     return hashed_inputs, finished
+
+
+def skipped_rows(rows: Iterable[dict], inputs: set[int], finished: set[int]) -> Iterator[dict]:
+    """The earlier manifest's ``rows`` of the outputs :func:`finished_pairs` found finished, of
+    this run's ``inputs`` (hashes both), as ``skipped``: what a run on Ray keeps at its start."""
+    for row in filter(is_well_formed, rows):
+        input = row.get("input")
+        if (
+            hash(input) in inputs
+            and hash((input, row.get("method"))) in finished
+            and row.get("status") in ("ok", "skipped")
+        ):
+            yield dict(row, status="skipped", error=None)

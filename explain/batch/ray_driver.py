@@ -6,8 +6,9 @@ list of millions of images stays in bounded memory: it streams the inputs
 (as ``skipped``) and writes the images still to explain to plan files under --out. Ray Data
 then reads the plan, decodes and resizes the images in CPU tasks, explains them in a pool of
 actors that each load the model once (:mod:`explain.ray_data`), and the actors write the
-overlays; the driver appends the rows they return to ``manifest.jsonl`` as they come, and
-writes ``index.html`` at the end. A rerun after a crash or a killed driver starts from the
+overlays; the driver appends the rows they return to ``manifest.jsonl`` as they come (the
+local engine's rule: :class:`~explain.batch.manifest_file.ManifestFile`), and writes
+``index.html`` at the end. A rerun after a crash or a killed driver starts from the
 rows that reached the manifest: finished outputs are skipped, the rest is made again, each
 row written once.
 
@@ -30,14 +31,15 @@ from ..viewer import PageRun
 from .ground_truth import row_marker
 from .guards import StopFlag, leased_run, sole_run
 from .inputs import PLAN_PREFIX, InputListing
-from .manifest import MANIFEST, is_well_formed
+from .manifest import MANIFEST
+from .manifest_file import ManifestFile, RowCounts
 from .options import CheckedRun, RunOptions
-from .outcome import exit_code, interrupted_summary, out_of_memory_note, stopped_summary
+from .outcome import exit_code, interrupted_summary, out_of_memory_note, report_failures, stopped_summary
 from .page import OriginalCopies, atlas_links, colour_scales, page_run, write_page
-from .planning import finished_pairs
+from .planning import finished_pairs, skipped_rows
 from .progress import label_summary, progress_bar, run_summary
 from .ray_cluster import import_ray, ray_session
-from .ray_files import ROWS_SUFFIX, DriverManifest, PlanFiles
+from .ray_files import ROWS_SUFFIX, PlanFiles
 from .ray_stream import CLOSE_SECONDS, Stream, ask_actors_to_stop, kept_lines, kept_row_files, kept_rows, wait_for_calls
 from .storage import OutputDeviceError, OutputFolder, out_folder
 
@@ -111,35 +113,37 @@ class RayRun:
         self.methods, self.labels, self.records = checked.methods, checked.labels, checked.records
         self.received_kept: set[str] = set()  # files of kept rows received but not removed
         self.received_inputs: set[int] = set()  # rows come back once: not from a killed actor's files too
-        self.manifest = DriverManifest(folder, row_marker(args.labels, checked.task, listing, checked.class_names))
+        self.manifest = ManifestFile(folder, row_marker(args.labels, checked.task, listing, checked.class_names))
+        self.counts = RowCounts()
         self.plan = PlanFiles(folder)
         self.atlas = atlas_links(args.atlas, str(args.out))  # --atlas: the concept pages crp's concepts link to
 
     # -- planning
 
-    def _finished_pairs(self) -> tuple[set[int], set[int]]:
-        return finished_pairs(earlier_lines(self.folder, self.leftovers), self.listing.inputs(), self.checked,
-                              self.folder.is_file, self.args.save_maps)
-
     def _start_manifest(self, inputs: set[int], finished: set[int]) -> None:
-        """Rewrite the manifest with the finished rows of this run's inputs, as skipped."""
+        """Compact the manifest to the finished rows of this run's inputs, as skipped."""
+        earlier = iter_json_records(earlier_lines(self.folder, self.leftovers))
+        self.counts.stats["skipped"] += self.manifest.compact(skipped_rows(earlier, inputs, finished))
 
-        def keep(row: dict) -> bool:
-            return hash(row.get("input")) in inputs and hash((row.get("input"), row.get("method"))) in finished \
-                and row.get("status") in ("ok", "skipped") and not self.args.overwrite
+    def _append(self, rows: list[dict], report: bool = False) -> None:
+        """Rows to the manifest, counted; with ``report``, their failures on stderr too."""
+        self.manifest.append(rows)
+        for row in rows:
+            self.counts.count(row)
+        if report:
+            report_failures(rows)
 
-        self.manifest.start(filter(is_well_formed, iter_json_records(earlier_lines(self.folder, self.leftovers))), keep)
+    def _failed(self, input: str, methods: Sequence[str], error: str) -> list[dict]:
+        return [record.row() for method in methods for record in self.records.failed(input, method, self.labels, error)]
 
-    def _write_plan(self, finished: set[int], out, stop: StopFlag) -> int:
+    def _write_plan(self, finished: set[int], stop: StopFlag) -> int:
         """Plan files of the images to explain, with the methods still to run on each; failed
         rows for the inputs that are missing. Returns how many images are planned."""
         for source in self.listing:
             if stop.set:  # Ctrl-C while planning: nothing is explained
                 break
             if source.error:
-                self.manifest.append(out, [record.row() for method in self.methods
-                                           for record in self.records.failed(source.input, method, self.labels,
-                                                                             source.error)])
+                self._append(self._failed(source.input, self.methods, source.error))
                 continue
             pending = [m for m in self.methods if self.args.overwrite or hash((source.input, m)) not in finished]
             if pending:
@@ -147,15 +151,13 @@ class RayRun:
         self.plan.flush()
         return self.plan.count
 
-    def _fail_lost(self, out, received: set[int]) -> None:
+    def _fail_lost(self, received: set[int]) -> None:
         """Failed rows for the planned images whose rows never came back: their batch failed
         in Ray itself (an actor that died on it, past Ray's retries), not in our code."""
         error = "worker failed: Ray lost this image's batch (an actor died on it; see Ray's log)"
         for input, methods in self.plan.entries():
             if hash(input) not in received:
-                self.manifest.append(out, [record.row() for method in methods.split(",")
-                                           for record in self.records.failed(input, method, self.labels, error)],
-                                     report=True)
+                self._append(self._failed(input, methods.split(","), error), report=True)
 
     # -- the run
 
@@ -179,29 +181,28 @@ class RayRun:
             print(f"explain: error: {end.refused}", file=sys.stderr)
             summary = stopped_summary(end.refused, counts)
         print(summary)
-        if self.manifest.out_of_memory:
-            print(out_of_memory_note(self.manifest.out_of_memory), file=sys.stderr)
-        return exit_code(self.manifest.stats["failed"], not end.completed, device_error=end.refused is not None,
-                         out_of_memory=self.manifest.out_of_memory > 0, terminated=end.terminated)
+        if self.counts.out_of_memory:
+            print(out_of_memory_note(self.counts.out_of_memory), file=sys.stderr)
+        return exit_code(self.counts.stats["failed"], not end.completed, device_error=end.refused is not None,
+                         out_of_memory=self.counts.out_of_memory > 0, terminated=end.terminated)
 
     def _execute(self, ray, end: DriverEnd) -> None:
-        inputs, finished = self._finished_pairs()
-        if self.args.overwrite:
-            finished = set()
+        inputs, finished = finished_pairs(earlier_lines(self.folder, self.leftovers), self.listing.inputs(),
+                                          self.checked, self.folder.is_file, self.args.save_maps)
+        finished = set() if self.args.overwrite else finished
         self._start_manifest(inputs, finished)
         del inputs
         self.manifest.publish()
         for leftover in self.leftovers:  # their rows are in the manifest now
             self.folder.remove_folder(leftover)
-        # Unbuffered, so that a failed append is cut off whole (storage.append_whole).
-        with open(self.manifest.path, "ab", buffering=0) as out, StopFlag(STOPPING) as stop:
+        with StopFlag(STOPPING) as stop:
             progress = None
             try:
-                planned = self._write_plan(finished, out, stop)
+                planned = self._write_plan(finished, stop)
                 del finished
                 progress = progress_bar(planned, self.args.quiet)
                 if planned and not stop.set:
-                    self._explain(ray, out, stop, progress, end)
+                    self._explain(ray, stop, progress, end)
                 end.completed = not stop.set
             except KeyboardInterrupt:  # a second Ctrl-C: at once, without waiting for the actors
                 pass
@@ -209,9 +210,12 @@ class RayRun:
                 if progress is not None:
                     progress.close()
                 end.interrupted, end.terminated = not end.completed and end.refused is None, stop.terminated
-                self._take_kept_rows(out, end)
+                try:
+                    self._take_kept_rows(end)
+                finally:
+                    self.manifest.close()
 
-    def _explain(self, ray, out, stop: StopFlag, progress, end: DriverEnd) -> None:
+    def _explain(self, ray, stop: StopFlag, progress, end: DriverEnd) -> None:
         """The plan's images on Ray, their rows appended as they come; on Ctrl-C, the actors
         asked to stop and waited for (they write what they finished)."""
         from . import ray_stages
@@ -224,14 +228,14 @@ class RayRun:
         try:
             while not stop.set:
                 try:
-                    self._receive(out, stream.get(), progress, end, received)
+                    self._receive(stream.get(), progress, end, received)
                 except StopIteration:
-                    self._fail_lost(out, received)
+                    self._fail_lost(received)
                     break
             else:
                 ask_actors_to_stop(self.folder, self.plan.rows_name)
                 wait_for_calls(self.folder, self.plan.rows_name,
-                               lambda: self._receive(out, stream.get(), progress, end, received))
+                               lambda: self._receive(stream.get(), progress, end, received))
             wait = CLOSE_SECONDS
         except StopIteration:  # the stream ended while the actors stopped
             wait = CLOSE_SECONDS
@@ -239,7 +243,7 @@ class RayRun:
             stream.close(wait)
             end.executing = not stream.ended
 
-    def _receive(self, out, item, progress, end: DriverEnd, received: set[int]) -> None:
+    def _receive(self, item, progress, end: DriverEnd, received: set[int]) -> None:
         """Append one batch's rows (``item``: the rows and the files the actors kept them in,
         removed once the rows are in the manifest; None: nothing came)."""
         if item is None:
@@ -247,7 +251,7 @@ class RayRun:
         rows, kept = item
         refused = [row for row in rows if row.get("refused")]  # files the folder's device refused
         rows = [row for row in rows if not row.get("refused")]
-        self.manifest.append(out, rows, report=True)
+        self._append(rows, report=True)
         for name in kept:
             try:
                 self.folder.remove(name)
@@ -260,11 +264,11 @@ class RayRun:
         if refused:
             raise OutputDeviceError(refused[0]["error"])
 
-    def _take_kept_rows(self, out, end: DriverEnd) -> None:
+    def _take_kept_rows(self, end: DriverEnd) -> None:
         """Append the rows the actors kept whose inputs never came back (a stopped run's), then their files."""
         try:
             for name in set(kept_row_files(self.folder, self.plan.rows_name)) - self.received_kept:
-                self.manifest.append(out, kept_rows(self.folder, name, self.received_inputs), report=True)
+                self._append(kept_rows(self.folder, name, self.received_inputs), report=True)
                 self.folder.remove(name)
         except OutputDeviceError as error:  # the next run reads them
             end.refused = end.refused or error
@@ -281,7 +285,7 @@ class RayRun:
             self.manifest.publish()
             metrics_text, metrics_html = metric_summary(ray, self.folder) if end.completed and self.checked.metrics \
                 else ("", "")
-            run = page_run("explain run", summary, self.manifest.stats, seconds, end.images,
+            run = page_run("explain run", summary, self.counts.stats, seconds, end.images,
                            "complete" if end.completed else "interrupted", self.checked.zoom,
                            colour_scales(self.checked.settings, self.args.cmap, self.args.signed_cmap), self.atlas)
             write_index(self.folder, self.manifest.path, run, metrics_html, self.args.copy_originals)
@@ -293,7 +297,7 @@ class RayRun:
         return metrics_text
 
     def _summary(self, images: int, elapsed: float) -> str:
-        summary = run_summary(self.manifest.stats, images, elapsed, self.manifest.seconds, " on Ray")
+        summary = run_summary(self.counts.stats, images, elapsed, self.counts.seconds, " on Ray")
         text = (f"{summary}{_verdicts(self)}; "
                 f"see {self.folder.shown('index.html')} and {self.folder.shown(MANIFEST)}")
         if len(self.listing) > INDEX_LIMIT:
