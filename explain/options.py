@@ -5,16 +5,23 @@ command line builds its parser (``explain --help``) from them without importing 
 import math
 import re
 
+from .errors import Option, worded
+
 #: The bundled offline model (EfficientNet-Lite0 with ImageNet weights).
 BUNDLED_MODEL = "efficientnet_lite0"
 
-#: What ``--model`` takes, in words (its help, and the error for a name no source knows).
-MODEL_FORMS = (
+#: What ``--model`` takes, as the parts of the error for a name no source knows (see
+#: :class:`~explain.errors.UsageError`), and :data:`MODEL_FORMS` in the command line's words.
+MODEL_FORM_PARTS = (
     f"{BUNDLED_MODEL} (bundled), a torchvision classification, video, segmentation or detection model name, "
     "timm:NAME for a timm model, yolo:FILE.pt or yolo:FILE.yaml for an Ultralytics YOLO detector, "
     "a folder holding a Hugging Face image classifier or DETR-style detector (save_pretrained), "
-    "a torch.export .pt2 file, or a pickled nn.Module (needs --trust-model-file)"
+    "a torch.export .pt2 file, or a pickled nn.Module (needs ",
+    Option("trust_model_file"),
+    ")",
 )
+#: What ``--model`` takes, in words (its help).
+MODEL_FORMS = worded(MODEL_FORM_PARTS)
 
 #: Suffixes that make a model argument a file rather than a name.
 MODEL_FILE_SUFFIXES = (".pt", ".pth", ".pt2", ".ts", ".jit", ".pkl", ".bin", ".ckpt")

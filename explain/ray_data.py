@@ -18,7 +18,6 @@ For example (``tests/test_ray_engine.py`` runs the same on a local Ray)::
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -73,7 +72,7 @@ def explain_dataset(dataset, model: str = BUNDLED_MODEL, methods: str | Sequence
     try:
         checked = remote_prepare(ray, options)
     except UsageError as error:
-        raise ValueError(for_python(str(error))) from None
+        raise ValueError(python_message(error)) from None
     if checked.task != "classify":
         raise ValueError(f"{model} is a {checked.task} model; explain_dataset explains classifiers "
                          "(explain run --engine ray runs segmentation and detection models)")
@@ -156,14 +155,17 @@ def _object_array(values: list) -> np.ndarray:
     return array
 
 
-def for_python(message: str) -> str:
-    """A message of ``explain run``'s checks worded for :func:`explain_dataset`'s caller: each
-    flag that is one of its parameters named as the parameter (``--method`` is ``methods``); the
-    others (``--method-option``, which it does not take) left as the command line's.
+def python_message(error: UsageError) -> str:
+    """A usage error of ``explain run``'s checks worded for :func:`explain_dataset`'s caller:
+    each option it is about that is one of its parameters (the same Python name: ``methods``,
+    ``max_memory``) named as the parameter; the others (``method_options``, which it does not
+    take) as the command line's flags.
 
-    >>> for_python("--max-memory 2XB: give a size such as 2GB; --method-option ig: ...")
+    >>> from explain.errors import Option
+    >>> python_message(UsageError(Option("max_memory"), " 2XB: give a size such as 2GB; ",
+    ...                           Option("method_options"), " ig: ..."))
     'max_memory 2XB: give a size such as 2GB; --method-option ig: ...'
+    >>> python_message(UsageError(Option("methods"), ": unknown method 'gradcan'"))
+    "methods: unknown method 'gradcan'"
     """
-    parameters = {"--" + name.replace("_", "-"): name for name in inspect.signature(explain_dataset).parameters}
-    parameters["--method"] = "methods"
-    return re.sub(r"--[a-z][a-z-]*", lambda flag: parameters.get(flag.group(0), flag.group(0)), message)
+    return error.worded({name: name for name in inspect.signature(explain_dataset).parameters})

@@ -350,3 +350,33 @@ def test_functions_and_classes_stay_small():
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and _code_lines(node) > limit:
                 too_long.append(f"{module}.{node.name}: {_code_lines(node)} lines (limit {limit})")
     assert not too_long, too_long
+
+
+#: A flag as the command line spells it (``--max-memory``), not a dash in text or a range.
+_FLAG_TEXT = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
+
+
+def _message_text(call: ast.Call) -> str:
+    """The literal text of a ``UsageError(...)`` call's parts, each expression (an Option, a
+    value) as ``{}``, and without the commands quoted in backticks (`explain evaluate --regions
+    FILE` is a command to run, not an option of this one)."""
+    pieces = []
+    for arg in call.args:
+        values = arg.values if isinstance(arg, ast.JoinedStr) else [arg]
+        for value in values:
+            literal = isinstance(value, ast.Constant) and isinstance(value.value, str)
+            pieces.append(value.value if literal else "{}")
+    return re.sub(r"`[^`]*`", "", "".join(pieces))
+
+
+def test_the_library_errors_name_options_as_data_not_as_flags():
+    # Below the CLI a UsageError names each option it is about as an explain.errors.Option, so
+    # that each caller words it: the CLI as a flag (str(error)), explain_dataset as its parameter.
+    spelled = []
+    for module, path in MODULES.items():
+        if not module.startswith(("explain.batch", "explain.models")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "UsageError":
+                spelled += [f"{module}:{node.lineno}: {flag}" for flag in _FLAG_TEXT.findall(_message_text(node))]
+    assert not spelled, spelled

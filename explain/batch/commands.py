@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import Option, UsageError
 from ..images import IMAGE_EXTENSIONS
 from ..models import warn_if_random
 from ..options import LOCALISATION_METRICS as LOCALISATION
@@ -88,9 +88,11 @@ def run_evaluation(args: EvaluateOptions, sources: list | None = None) -> int:
     max_memory_option(args.max_memory)
     if args.regions is not None:
         if not args.regions.exists():
-            raise UsageError(f"--regions {args.regions}: no such file or folder")
+            raise UsageError(Option("regions"), f" {args.regions}: no such file or folder")
         if not any(name in LOCALISATION for name in metrics):
-            raise UsageError(f"--regions is read only by {', '.join(LOCALISATION)}; add one of them to --metrics")
+            raise UsageError(
+                Option("regions"), f" is read only by {', '.join(LOCALISATION)}; add one of them to ", Option("metrics")
+            )
     metric_options(metrics, args.step)  # --step checked before the model loads
     parse_method_options(args.method_options)  # and --method-option
     listed = collect_inputs(args.inputs, out_dir) if sources is None else sources

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..concepts import AtlasBatch, AtlasProbe, ConceptAtlas
-from ..errors import UsageError, failure_reason, is_out_of_memory
+from ..errors import Option, UsageError, failure_reason, is_out_of_memory
 from ..layers import resolve_layers
 from ..models import LoadedModel, load_model, warn_if_random
 from ..report import atomic_write
@@ -78,7 +78,7 @@ def read_saved(out_dir: Path) -> dict | None:
             f"cannot read {path} ({type(error).__name__}: {error}); remove it to start the atlas anew"
         ) from None
     if not isinstance(state, dict) or state.get("format") != ATLAS_FILE_FORMAT:
-        raise UsageError(f"{path} is not an atlas of `explain concepts atlas`; pass another --out")
+        raise UsageError(f"{path} is not an atlas of `explain concepts atlas`; pass another ", Option("out"))
     return state
 
 
@@ -111,7 +111,7 @@ def prepare_atlas(options: AtlasOptions, out_dir: Path) -> PreparedAtlas:
         layers = list(resolve_layers(loaded.model, list(options.layer.names)))
         probe = make_probe(loaded, layers, options)
     except (ValueError, TypeError) as error:
-        raise UsageError(f"--layer: {error}; see `explain layers {options.model}`") from None
+        raise UsageError(Option("layer"), f": {error}; see `explain layers {options.model}`") from None
     if options.workers is None:
         options = options.replace(workers=default_workers(loaded.device))
     settings = run_settings(options, layers, probe)
@@ -120,8 +120,9 @@ def prepare_atlas(options: AtlasOptions, out_dir: Path) -> PreparedAtlas:
         if saved["settings"] != settings:
             changed = ", ".join(k for k in settings if saved["settings"].get(k) != settings[k])
             raise UsageError(
-                f"{out_dir / ATLAS_FILE} is an atlas made with another {changed}; pass another --out, "
-                "or the options of that run to go on with it"
+                f"{out_dir / ATLAS_FILE} is an atlas made with another {changed}; pass another ",
+                Option("out"),
+                ", or the options of that run to go on with it",
             )
         atlas, images = ConceptAtlas.from_state_dict(saved["atlas"]), list(saved["images"])
     warn_if_random(loaded, options.model)

@@ -14,7 +14,7 @@ from typing import cast
 import torch
 from torch import Tensor
 
-from ..errors import UsageError, out_of_memory_reason
+from ..errors import Option, UsageError, out_of_memory_reason
 from ..evaluation import (
     Evaluation,
     evaluate,
@@ -89,9 +89,8 @@ def prepare_evaluation(args: EvaluateOptions, sources: list, metrics: list[str])
     target = parse_target(args.target, loaded.class_names)
     method_options = parse_method_options(args.method_options)
     explainers, layers = checked_explainers(args, loaded, args.layer, target, method_options)
-    explainers = without_concepts(
-        args, explainers, "explain evaluate scores the map of a target", "with `explain run` (no --metrics)"
-    )
+    scored, fix = ("explain evaluate scores the map of a target",), ("with `explain run` (no ", Option("metrics"), ")")
+    explainers = without_concepts(args, explainers, scored, fix)
     settings = {cam.name: method_option_text(method_options.get(type(cam), {})) for cam in explainers}
     regions: list[Tensor | None] = [None] * len(sources)
     if args.regions is not None:
@@ -99,7 +98,7 @@ def prepare_evaluation(args: EvaluateOptions, sources: list, metrics: list[str])
             size = (loaded.example.shape[-2], loaded.example.shape[-1])
             found = read_regions(args.regions, [s.path for s in sources], size, mask_geometry(loaded.preprocess))
         except ValueError as error:
-            raise UsageError(f"--regions: {error}") from None
+            raise UsageError(Option("regions"), f": {error}") from None
         regions = list(found)
     warn_if_random(loaded, args.model)
     costs = estimated_costs(explainers, loaded.example, quiet=args.quiet)

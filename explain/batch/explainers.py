@@ -19,7 +19,7 @@ from torch import Tensor
 from ..base import Explainer, NotApplicable, keyword_parameters
 from ..catalogue import method_class, method_names
 from ..drawing import normalization_of
-from ..errors import UsageError, is_out_of_memory
+from ..errors import Option, UsageError, is_out_of_memory
 from ..images import ImageError, load_rgb
 from ..metrics.registry import METRICS, metric
 from ..models import LoadedModel
@@ -34,13 +34,17 @@ from .options import NameList
 COSTLY_RATIO = 10.0
 #: A method that costs over this many forward passes of the model per image is costly on its own.
 COSTLY_PASSES = 2000.0
-#: The options that a flag sets for every method that takes them, which --method-option refuses.
+#: The options the messages here are most about (see :class:`~explain.errors.Option`).
+TARGET, TASK, METHODS, LAYER = Option("target"), Option("task"), Option("methods"), Option("layer")
+METHOD_OPTIONS, METRICS_OPTION, REGIONS = Option("method_options"), Option("metrics"), Option("regions")
+#: The methods' keyword options that an option of the run sets for every method that takes
+#: them (``target_layer`` by ``layer``), which ``method_options`` refuses.
 FLAG_OPTIONS = {
-    "target_layer": "--layer",
-    "eigen_smooth": "--eigen-smooth",
-    "aug_smooth": "--aug-smooth",
-    "reduction": "--reduction",
-    "class_names": "--model",
+    "target_layer": Option("layer"),
+    "eigen_smooth": Option("eigen_smooth"),
+    "aug_smooth": Option("aug_smooth"),
+    "reduction": Option("reduction"),
+    "class_names": Option("model"),
 }
 
 
@@ -64,20 +68,20 @@ def parse_target(text: str, class_names: list[str]) -> TargetSpec:
     if match:
         k = int(match.group(1))
         if not 1 <= k <= len(class_names):
-            raise UsageError(f"--target {text}: K must lie in 1..{len(class_names)}")
+            raise UsageError(TARGET, f" {text}: K must lie in 1..{len(class_names)}")
         labels = tuple(f"top{rank}" for rank in range(1, k + 1))
         return TargetSpec(labels) if k == 1 else TargetSpec(labels, topk=k)
     if re.fullmatch(r"\d+", text):
         class_id = int(text)
         if class_id >= len(class_names):
             raise UsageError(
-                f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})"
+                TARGET, f" {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})"
             )
     else:
         try:
             class_id = class_index(text, class_names)
         except ValueError as error:
-            raise UsageError(f"--target: {error}") from None
+            raise UsageError(TARGET, f": {error}") from None
     return TargetSpec((str(class_id),), targets=class_id)
 
 
@@ -91,22 +95,23 @@ def parse_similarity_target(text: str, loaded: LoadedModel, task: str) -> Target
     (N, D) output) to IMAGE's, preprocessed as the inputs are and embedded once."""
     if task != "classify":
         raise UsageError(
-            f"--target similar:IMAGE explains an embedding, the (N, D) output of an embedding model or a "
-            f"classifier, not a {task} model's output"
+            TARGET,
+            " similar:IMAGE explains an embedding, the (N, D) output of an embedding model or a "
+            f"classifier, not a {task} model's output",
         )
     path = re.sub(r"^\s*similar[:=]", "", text, flags=re.IGNORECASE).strip()
     if not path:
-        raise UsageError("--target similar:IMAGE names the reference image, e.g. --target similar:photos/cat.jpg")
+        raise UsageError(TARGET, " similar:IMAGE names the reference image, e.g. ", TARGET, " similar:photos/cat.jpg")
     try:
         picture = load_rgb(path)
     except ImageError as error:
-        raise UsageError(f"--target {text.strip()}: cannot read the reference image {path}: {error}") from None
+        raise UsageError(TARGET, f" {text.strip()}: cannot read the reference image {path}: {error}") from None
     preprocess = cast(Callable[[Image.Image], Tensor], loaded.preprocess)
     image = preprocess(picture).unsqueeze(0).to(loaded.device)
     try:
         target = SimilarityTarget.of_image(loaded.model, image)
     except ValueError as error:
-        raise UsageError(f"--target {text.strip()}: {error}") from None
+        raise UsageError(TARGET, f" {text.strip()}: {error}") from None
     return TargetSpec((f"similar:{path}",), targets=target)
 
 
@@ -116,8 +121,13 @@ def parse_task_target(text: str, task: str, class_names: list[str]) -> TargetSpe
     text = text.strip()
     if re.fullmatch(r"top-?k?[:=]?(\d+)", text, flags=re.IGNORECASE) and not re.fullmatch(r"top-?1", text, flags=re.I):
         raise UsageError(
-            f"--target {text}: topk applies to --task classify; with --task {task} name one class, or "
-            + ("top1" if task == "segment" else "score:T for every box scoring at least T")
+            TARGET,
+            f" {text}: topk applies to ",
+            TASK,
+            " classify; with ",
+            TASK,
+            f" {task} name one class, or "
+            + ("top1" if task == "segment" else "score:T for every box scoring at least T"),
         )
     if task == "segment":
         if re.fullmatch(r"top-?1", text, flags=re.IGNORECASE):
@@ -140,10 +150,10 @@ def parse_task_target(text: str, task: str, class_names: list[str]) -> TargetSpe
                 select["label"] = _class_id(part, class_names)
         except ValueError:
             raise UsageError(
-                f"--target {text}: box:I takes a box index (0, 1, ...), score:T a score such as 0.5"
+                TARGET, f" {text}: box:I takes a box index (0, 1, ...), score:T a score such as 0.5"
             ) from None
     if "index" in select and len(select) > 1:
-        raise UsageError(f"--target {text}: pick a box by its index alone (box:I), or by class and/or score:T")
+        raise UsageError(TARGET, f" {text}: pick a box by its index alone (box:I), or by class and/or score:T")
     placeholder = DetectionTarget([[0.0, 0.0, 1.0, 1.0]], [0])  # for checking the explainers: scores 0
     return TargetSpec((text,), placeholder, select=select)
 
@@ -153,13 +163,13 @@ def _class_id(text: str, class_names: list[str]) -> int:
         class_id = int(text)
         if class_names and class_id >= len(class_names):
             raise UsageError(
-                f"--target {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})"
+                TARGET, f" {class_id}: the model has {len(class_names)} classes (0..{len(class_names) - 1})"
             )
         return class_id
     try:
         return class_index(text, class_names)
     except ValueError as error:
-        raise UsageError(f"--target: {error}") from None
+        raise UsageError(TARGET, f": {error}") from None
 
 
 def class_name(class_names: list[str], class_id: int) -> str:
@@ -189,32 +199,32 @@ def build_explainers(
     everything = names.every
     wanted = method_names() if everything else list(names.names)
     if not wanted:
-        raise UsageError("--method is empty; see `explain methods`")
+        raise UsageError(METHODS, " is empty; see `explain methods`")
     if not layer.auto:
         options = dict(options, target_layer=list(layer.names))
     classes = method_classes(wanted)
     for option in options:
         if not any(accepts_option(cls, option) for cls in classes.values()):
-            flag = "--layer" if option == "target_layer" else "--" + option.replace("_", "-")
-            raise UsageError(f"{flag} applies to none of the methods {', '.join(wanted)}; see `explain methods`")
+            about = Option("layer" if option == "target_layer" else option)
+            raise UsageError(about, f" applies to none of the methods {', '.join(wanted)}; see `explain methods`")
     method_options = method_options or {}
     for cls, own in method_options.items():
         if cls not in classes.values():
             raise UsageError(
-                f"{method_option_flags(cls, own)}: {cls.name} is not among --method {names}; add it to --method"
+                *method_option_flags(cls, own), f": {cls.name} is not among ", METHODS, f" {names}; add it to ", METHODS
             )
     explainers: list[Explainer] = []
     for name, cls in classes.items():
         applies = option_applies if everything else accepts_option
         given = {option: value for option, value in options.items() if applies(cls, option)}
         own = method_options.get(cls, {})
-        flags = method_option_flags(cls, own) if own else f"--method {name} --layer {layer}"
+        flags = method_option_flags(cls, own) if own else (METHODS, f" {name} ", LAYER, f" {layer}")
         if own and "target_layer" in given:  # the layer may be what the options do not fit
-            flags = f"--layer {layer} {flags}"
+            flags = (LAYER, f" {layer} ", *flags)
         if cls.per_concept:  # maps per concept of the whole batch: no per-image files to write
             why = "its maps are per concept of a batch, not per target: the Python API gives them"
             if not everything:
-                raise UsageError(f"--method {name}: {why}")
+                raise UsageError(METHODS, f" {name}: {why}")
             print(f"explain: --method all: leaving out {name}: {why}", file=sys.stderr)
             continue
         try:
@@ -222,15 +232,15 @@ def build_explainers(
             cam.check(loaded.example, target.targets, topk=target.topk)
         except NotApplicable as error:
             if not everything:
-                raise UsageError(f"--method {name}: {error}") from None
+                raise UsageError(METHODS, f" {name}: {error}") from None
             print(f"explain: --method all: leaving out {name}: {why_not(error)}", file=sys.stderr)
             continue
         except ValueError as error:  # the library's word for a mistake in what it was given
-            raise UsageError(f"{flags}: {error}") from None
+            raise UsageError(*flags, f": {error}") from None
         except Exception as error:  # on a blank image, any other failure is a setup problem
             if is_out_of_memory(error):
                 raise  # a resource failure, not a mistake in the options: main() says so
-            raise UsageError(f"{flags}: {type(error).__name__}: {error}") from None
+            raise UsageError(*flags, f": {type(error).__name__}: {error}") from None
         if cam.name not in (e.name for e in explainers):
             explainers.append(cam)
     return explainers
@@ -243,7 +253,7 @@ def method_classes(names: list[str]) -> dict[str, type[Explainer]]:
         try:
             classes[name] = method_class(name)
         except ValueError as error:
-            raise UsageError(f"--method: {error}") from None
+            raise UsageError(METHODS, f": {error}") from None
     return classes
 
 
@@ -270,24 +280,30 @@ def parse_method_options(entries: Sequence[str]) -> dict[type[Explainer], dict[s
         method, key, text = method.strip(), key.strip().replace("-", "_"), text.strip()
         if not (equals and colon and method and key and text):
             raise UsageError(
-                f"--method-option {entry}: give METHOD:KEY=VALUE, such as ig:n_steps=32, "
-                "lrp:composite=epsilon-plus-flat or layer-ig:neuron=3,2,2"
+                METHOD_OPTIONS,
+                f" {entry}: give METHOD:KEY=VALUE, such as ig:n_steps=32, "
+                "lrp:composite=epsilon-plus-flat or layer-ig:neuron=3,2,2",
             )
         try:
             cls = method_class(method)
         except ValueError as error:
-            raise UsageError(f"--method-option {entry}: {error}") from None
+            raise UsageError(METHOD_OPTIONS, f" {entry}: {error}") from None
         if key in FLAG_OPTIONS:
             raise UsageError(
-                f"--method-option {entry}: {key} is set by {FLAG_OPTIONS[key]} for all the methods; "
-                f"use {FLAG_OPTIONS[key]}, not --method-option"
+                METHOD_OPTIONS,
+                f" {entry}: {key} is set by ",
+                FLAG_OPTIONS[key],
+                " for all the methods; use ",
+                FLAG_OPTIONS[key],
+                ", not ",
+                METHOD_OPTIONS,
             )
         if not accepts_option(cls, key):
             takes = [name for name in keyword_parameters(cls) if name not in FLAG_OPTIONS]
-            raise UsageError(f"--method-option {entry}: {cls.name} takes no {key}; its options: {', '.join(takes)}")
+            raise UsageError(METHOD_OPTIONS, f" {entry}: {cls.name} takes no {key}; its options: {', '.join(takes)}")
         own = options.setdefault(cls, {})
         if key in own:
-            raise UsageError(f"--method-option {entry}: {cls.name}'s {key} is given twice; keep one")
+            raise UsageError(METHOD_OPTIONS, f" {entry}: {cls.name}'s {key} is given twice; keep one")
         own[key] = _literal(text)
     return options
 
@@ -312,9 +328,13 @@ def method_option_text(options: dict[str, Any]) -> str:
     return "".join(f" {_setting(key, value)}" for key, value in options.items())
 
 
-def method_option_flags(cls: type[Explainer], options: dict[str, Any]) -> str:
-    """The ``--method-option`` flags that give ``cls`` its ``options``, for messages."""
-    return " ".join(f"--method-option {cls.name}:{_setting(key, value)}" for key, value in options.items())
+def method_option_flags(cls: type[Explainer], options: dict[str, Any]) -> tuple[str | Option, ...]:
+    """The ``method_options`` entries that give ``cls`` its ``options``, as parts of a
+    :class:`~explain.errors.UsageError` (``--method-option ig:n_steps=32`` on the command line)."""
+    parts: list[str | Option] = []
+    for key, value in options.items():
+        parts += [" "] * bool(parts) + [METHOD_OPTIONS, f" {cls.name}:{_setting(key, value)}"]
+    return tuple(parts)
 
 
 def _setting(key: str, value: Any) -> str:
@@ -352,7 +372,7 @@ def option_applies(cls: type[Explainer], option: str) -> bool:
     return accepts_option(cls, option)
 
 
-def parse_metrics(value: NameList | str, with_regions: bool = False, flag: str = "--metrics") -> list[str]:
+def parse_metrics(value: NameList | str, with_regions: bool = False) -> list[str]:
     """Metric names from a list or ``all`` (every metric, the localisation ones only
     ``with_regions``); unknown names and localisation metrics without regions are usage
     errors that say what to pass."""
@@ -364,14 +384,16 @@ def parse_metrics(value: NameList | str, with_regions: bool = False, flag: str =
         try:
             names.append(metric(part).name)
         except ValueError as error:
-            raise UsageError(f"{flag}: {error}") from None
+            raise UsageError(METRICS_OPTION, f": {error}") from None
     if not names:
-        raise UsageError(f"{flag} is empty; known metrics: {', '.join(METRICS)}")
+        raise UsageError(METRICS_OPTION, f" is empty; known metrics: {', '.join(METRICS)}")
     needing = [name for name in names if name in LOCALISATION_METRICS]
     if needing and not with_regions:
         raise UsageError(
-            f"{flag} {','.join(needing)}: these metrics need the objects' regions; pass --regions FILE "
-            "(a CSV of boxes image,x0,y0,x1,y1 in model-input pixels, or a folder of masks)"
+            METRICS_OPTION,
+            f" {','.join(needing)}: these metrics need the objects' regions; pass ",
+            REGIONS,
+            " FILE (a CSV of boxes image,x0,y0,x1,y1 in model-input pixels, or a folder of masks)",
         )
     return list(dict.fromkeys(names))
 
@@ -396,8 +418,9 @@ def _step_options(metrics: list[str], step: int | None) -> dict[str, dict]:
         return {}
     if not any(name in STEP_METRICS for name in metrics):
         raise UsageError(
-            f"--step applies to none of the metrics {', '.join(metrics)}; it sets the pixels per step "
-            f"of {', '.join(STEP_METRICS)}"
+            Option("step"),
+            f" applies to none of the metrics {', '.join(metrics)}; it sets the pixels per step "
+            f"of {', '.join(STEP_METRICS)}",
         )
     return {name: {"step": step} for name in metrics if name in STEP_METRICS}
 
@@ -408,7 +431,7 @@ def max_memory_option(value: str | int | None) -> int | None:
         return parse_memory(value)
     except ValueError:
         raise UsageError(
-            f"--max-memory {value}: give a size such as 2GB, 512MiB or 1.5GiB, or a number of bytes"
+            Option("max_memory"), f" {value}: give a size such as 2GB, 512MiB or 1.5GiB, or a number of bytes"
         ) from None
 
 

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ..concepts import FeatureVisualization, check_objectives, visualize
 from ..drawing import normalization_of
-from ..errors import UsageError, first_line, is_out_of_memory
+from ..errors import Option, UsageError, first_line, is_out_of_memory
 from ..models import LoadedModel, load_model, warn_if_random
 from ..pass_listener import PassListener
 from ..passes import StopRequested, pass_settings
@@ -134,9 +134,11 @@ def read_written(out_dir: Path) -> dict:
     try:
         document = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise UsageError(f"cannot read {path} ({first_line(error)}); remove it, or pass another --out") from None
+        raise UsageError(
+            f"cannot read {path} ({first_line(error)}); remove it, or pass another ", Option("out")
+        ) from None
     if not isinstance(document, dict) or document.get("format") != VISUALS_FORMAT:
-        raise UsageError(f"{path} is not of `explain concepts visualize`; pass another --out")
+        raise UsageError(f"{path} is not of `explain concepts visualize`; pass another ", Option("out"))
     return dict(document.get("concepts", {}))
 
 

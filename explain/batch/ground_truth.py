@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import Option, UsageError, worded
 from ..text_files import csv_records
 from .inputs import Source
 
@@ -37,17 +37,17 @@ def read_labels(path: Path, class_names: list[str]) -> dict[str, int]:
     line; a line that repeats an earlier one is noted on stderr."""
     ids, labels = _class_ids(class_names), {}
     folder = os.path.dirname(os.path.abspath(path))
-    where = f"--labels {path}"
+    where: tuple[str | Option, ...] = (Option("labels"), f" {path}")
     first_line: dict[str, tuple[int, int]] = {}  # absolute path -> (line, class id)
     repeated: list[tuple[int, int]] = []
     try:
-        for number, cells in csv_records(path, where, "give a CSV file of path,label lines"):
+        for number, cells in csv_records(path, str(path), "give a CSV file of path,label lines"):
             if not cells or not "".join(cells).strip():
                 continue
             if number == 1 and [c.strip().lower() for c in cells] == ["path", "label"]:
                 continue
             if len(cells) != 2 or not cells[0].strip():
-                raise UsageError(f"{where} line {number}: expected `path,label`, found {','.join(cells)!r}")
+                raise UsageError(*where, f" line {number}: expected `path,label`, found {','.join(cells)!r}")
             image, label = cells[0].strip(), cells[1].strip()
             class_id = _class_id(label, ids, len(class_names))
             if class_id is None:
@@ -56,16 +56,18 @@ def read_labels(path: Path, class_names: list[str]) -> dict[str, int]:
                 example = class_names[0] if class_names else "0"
                 hint = did_you_mean(label, class_names) or f" (such as {example!r})"
                 raise UsageError(
-                    f"{where} line {number}: {label!r} is neither a class id (0..{len(class_names) - 1}) "
-                    f"nor a class name of the model{hint}"
+                    *where,
+                    f" line {number}: {label!r} is neither a class id (0..{len(class_names) - 1}) "
+                    f"nor a class name of the model{hint}",
                 )
             absolute = os.path.normpath(os.path.join(folder, image))
             if absolute in first_line:
                 earlier, earlier_id = first_line[absolute]
                 if earlier_id != class_id:
                     raise UsageError(
-                        f"{where} line {number}: {image!r} is labelled {label!r} here and "
-                        f"{class_names[earlier_id]!r} on line {earlier}; keep one label per image"
+                        *where,
+                        f" line {number}: {image!r} is labelled {label!r} here and "
+                        f"{class_names[earlier_id]!r} on line {earlier}; keep one label per image",
                     )
                 repeated.append((number, earlier))
                 continue
@@ -73,13 +75,13 @@ def read_labels(path: Path, class_names: list[str]) -> dict[str, int]:
             labels[os.path.normpath(image)] = class_id
             labels[absolute] = class_id
     except OSError as error:
-        raise UsageError(f"{where}: cannot read it: {error.strerror or error}") from None
+        raise UsageError(*where, f": cannot read it: {error.strerror or error}") from None
     except ValueError as error:  # a line too long, a NUL byte, a malformed record
-        raise UsageError(str(error)) from None
+        raise UsageError(Option("labels"), f" {error}") from None  # csv_records names the file
     if repeated:
         number, earlier = repeated[0]
         more = f" ({len(repeated)} repeated lines in all)" if len(repeated) > 1 else ""
-        print(f"explain: note: {where} line {number} repeats line {earlier}{more}", file=sys.stderr)
+        print(f"explain: note: {worded(where)} line {number} repeats line {earlier}{more}", file=sys.stderr)
     return labels
 
 
@@ -123,6 +125,6 @@ def row_marker(
     if labels is None:
         return lambda row: row
     if task != "classify":
-        raise UsageError(f"--labels applies to classifiers; this is a {task} run")
+        raise UsageError(Option("labels"), f" applies to classifiers; this is a {task} run")
     truth = labels_of(sources, read_labels(labels, class_names))
     return lambda row: mark(row, truth, class_names)

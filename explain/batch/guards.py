@@ -19,7 +19,7 @@ from typing import Any
 
 from PIL import Image
 
-from ..errors import UsageError
+from ..errors import Option, UsageError
 from .inputs import RUN_FOLDER_LEASE
 from .storage import OutputFolder
 
@@ -49,7 +49,8 @@ def sole_run(out_dir: Path, command: str = "run") -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise UsageError(
-                f"another `explain {command}` is writing to {out_dir}; wait for it to finish or pass another --out"
+                f"another `explain {command}` is writing to {out_dir}; wait for it to finish or pass another ",
+                Option("out"),
             ) from None
         yield
     finally:
@@ -90,8 +91,10 @@ def _refuse_if_held(folder: OutputFolder, mine: dict, command: str) -> bool:
     if _is_live(holder):
         raise UsageError(
             f"another `explain {command}` (pid {holder.get('pid')} on {holder.get('host')}) is writing to "
-            f"{folder}; wait for it to finish or pass another --out (the lock of a run that was killed, "
-            f"{folder.shown(LEASE)}, lapses {max(0, round(holder['expires'] - time.time()))} s from now)"
+            f"{folder}; wait for it to finish or pass another ",
+            Option("out"),
+            " (the lock of a run that was killed, "
+            f"{folder.shown(LEASE)}, lapses {max(0, round(holder['expires'] - time.time()))} s from now)",
         )
     return True
 

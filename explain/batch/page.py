@@ -15,12 +15,13 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import Option, UsageError
 from ..images import READABLE_EXTENSIONS, ImageError, load_rgb
 from ..viewer import DATA_FOLDER, PageRun, colour_scale, link, original_link, page_files, stale_data_files
 from ..viewer.concept_page import CONCEPTS_FILE, PAGE_FILE
 from .storage import OutputFolder, is_uri
 
+OUT = Option("out")
 #: The folder under --out that holds the thumbnails of --copy-originals.
 ORIGINALS_FOLDER = "originals"
 #: The longer side of a thumbnail, in pixels: the explorer's detail view draws originals at 336.
@@ -73,8 +74,11 @@ def atlas_links(atlas: Path | None, out: str) -> dict | None:
         concepts = [f"{layer}:{entry['channel']}" for layer, found in layers.items() for entry in found["concepts"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise UsageError(
-            f"--atlas {atlas}: not a finished `explain concepts atlas` folder (its {CONCEPTS_FILE}: "
-            f"{type(error).__name__}: {error}); pass the --out of a completed atlas run"
+            Option("atlas"),
+            f" {atlas}: not a finished `explain concepts atlas` folder (its {CONCEPTS_FILE}: "
+            f"{type(error).__name__}: {error}); pass the ",
+            OUT,
+            " of a completed atlas run",
         ) from None
     base = out if is_uri(out) else os.path.abspath(out)
     page = os.path.relpath(os.path.abspath(atlas / PAGE_FILE), base) if not is_uri(out) else None

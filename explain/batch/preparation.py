@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field, fields
 
 from ..catalogue import method_class
-from ..errors import UsageError
+from ..errors import Option, UsageError, worded
 from ..layers import backbone_layer
 from ..methods import BaseCAM
 from ..metrics.registry import METRICS
@@ -16,6 +16,10 @@ from ..options import LOCALISATION_METRICS
 from ..passes import pass_settings
 from .decoding import ModelInputs, crop_zoom, pickled_decoding
 from .explainers import (
+    METHODS,
+    METRICS_OPTION,
+    TARGET,
+    TASK,
     TargetSpec,
     build_explainers,
     estimated_costs,
@@ -32,7 +36,10 @@ from .explainers import (
 )
 from .manifest import concept_count
 from .options import CheckedRun, EvaluateOptions, NameList, RunOptions
-from .segment_sources import FolderSegments, ModelSegments, segment_source
+from .segment_sources import SEGMENTS, FolderSegments, ModelSegments, segment_source
+
+#: What a model of each task returns, as the messages say it.
+RETURNS = {"classify": "(N, classes) logits", "segment": "(N, C, H, W) logits per pixel", "detect": "boxes"}
 
 
 @dataclass(kw_only=True)
@@ -56,7 +63,9 @@ class PreparedRun(CheckedRun):
         """The plain values, with how the decode step preprocesses (the Ray engine's: images only)."""
         if self.loaded.kind != "images":
             raise UsageError(
-                f"{self.options.model} takes {self.loaded.kind}, which run on the local engine: leave --engine ray out"
+                f"{self.options.model} takes {self.loaded.kind}, which run on the local engine: leave ",
+                Option("engine"),
+                " ray out",
             )
         plain = {f.name: getattr(self, f.name) for f in fields(CheckedRun)}
         plain.update(decoding=pickled_decoding(ModelInputs(self.loaded.preprocess), self.loaded.example))
@@ -74,10 +83,10 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         # Pillow checks its limit on every new image, the model's crops included.
         input_pixels = loaded.example.shape[-1] * loaded.example.shape[-2]
         if 0 < args.max_pixels < input_pixels:
-            raise UsageError(f"--max-pixels must be at least the model's input size, {input_pixels}")
+            raise UsageError(Option("max_pixels"), f" must be at least the model's input size, {input_pixels}")
     task = _run_task(args, loaded)
     if loaded.kind != "images" and args.metrics:
-        raise UsageError(f"--metrics applies to images; {args.model} takes {loaded.kind}")
+        raise UsageError(METRICS_OPTION, f" applies to images; {args.model} takes {loaded.kind}")
     if is_similarity_target(args.target):
         target = parse_similarity_target(args.target, loaded, task)
     elif task == "classify":
@@ -95,7 +104,9 @@ def prepare_run(args: RunOptions) -> PreparedRun:
         layer = _task_layer(args, loaded, task, metrics)
     explainers, layers = checked_explainers(args, loaded, layer, target, method_options, **flag_options)
     if metrics:  # (--task segment and detect run CAMs only: crp is refused there already)
-        explainers = without_concepts(args, explainers, "--metrics score the map of a target", "without --metrics")
+        explainers = without_concepts(
+            args, explainers, (METRICS_OPTION, " score the map of a target"), ("without ", METRICS_OPTION)
+        )
     segments = _segments(args, loaded, task, explainers, metrics)
     return PreparedRun(
         methods=[cam.name for cam in explainers],
@@ -127,16 +138,21 @@ def _run_metrics(args: RunOptions) -> list[str]:
         metrics = [name for name in metrics if name not in LOCALISATION_METRICS]
     if any(name in LOCALISATION_METRICS for name in metrics):
         raise UsageError(
-            f"--metrics: {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "
-            "which `explain evaluate --regions FILE` takes"
+            METRICS_OPTION,
+            f": {', '.join(n for n in metrics if n in LOCALISATION_METRICS)} need the objects' regions, "
+            "which `explain evaluate --regions FILE` takes",
         )
     if metrics and is_similarity_target(args.target):
         raise UsageError(
-            "--metrics rescore the explained class, and --target similar:IMAGE explains a similarity, not a "
-            "class; leave out --metrics, or explain a class"
+            METRICS_OPTION,
+            " rescore the explained class, and ",
+            TARGET,
+            " similar:IMAGE explains a similarity, not a class; leave out ",
+            METRICS_OPTION,
+            ", or explain a class",
         )
     if args.step is not None and not metrics:
-        raise UsageError("--step goes with --metrics (it sets the metrics' pixels per step)")
+        raise UsageError(Option("step"), " goes with ", METRICS_OPTION, " (it sets the metrics' pixels per step)")
     return metrics
 
 
@@ -157,18 +173,24 @@ def checked_explainers(
     return explainers, layers
 
 
-def without_concepts(args: RunOptions | EvaluateOptions, explainers: list, scored: str, fix: str) -> list:
+def without_concepts(
+    args: RunOptions | EvaluateOptions,
+    explainers: list,
+    scored: tuple[str | Option, ...],
+    fix: tuple[str | Option, ...],
+) -> list:
     """The explainers but the concept methods (crp), whose maps are per concept, not the map
-    of a target that metrics score (``scored``: what scores them): left out of --method all
-    with a note, a usage error that says to run it ``fix`` where named."""
+    of a target that metrics score (``scored``: what scores them, as parts of a
+    :class:`~explain.errors.UsageError`): left out of --method all with a note, a usage error
+    that says to run it ``fix`` where named."""
     concepts = [cam.name for cam in explainers if concept_count(cam)]
     if not concepts:
         return explainers
-    why = f"its maps are per concept, and {scored}"
+    why = ("its maps are per concept, and ", *scored)
     if not args.methods.every:
-        raise UsageError(f"--method {', '.join(concepts)}: {why}; run it {fix}")
+        raise UsageError(METHODS, f" {', '.join(concepts)}: ", *why, "; run it ", *fix)
     for name in concepts:
-        print(f"explain: --method all: leaving out {name}: {why}", file=sys.stderr)
+        print(f"explain: --method all: leaving out {name}: {worded(why)}", file=sys.stderr)
     return [cam for cam in explainers if not concept_count(cam)]
 
 
@@ -180,18 +202,23 @@ def _segments(
         return None
     if task != "classify" or loaded.kind != "images":
         raise UsageError(
-            f"--segments applies to classifiers of images; {args.model} is a {task} model of {loaded.kind}"
+            SEGMENTS, f" applies to classifiers of images; {args.model} is a {task} model of {loaded.kind}"
         )
     if not any(cam.takes_segments for cam in explainers):
         raise UsageError(
-            f"--segments applies to none of the methods {', '.join(cam.name for cam in explainers)}; it goes with "
-            "occlusion, lime, kernelshap, ablation, shapley-sampling and xrai"
+            SEGMENTS,
+            f" applies to none of the methods {', '.join(cam.name for cam in explainers)}; it goes with "
+            "occlusion, lime, kernelshap, ablation, shapley-sampling and xrai",
         )
     again = [name for name in metrics if METRICS[name].needs == "explainer"]
     if again:
         raise UsageError(
-            f"--metrics {','.join(again)} explain perturbed copies of the images again, which the --segments do not "
-            "follow; leave them out with --segments (the metrics that rescore the map apply: deletion, insertion, ...)"
+            METRICS_OPTION,
+            f" {','.join(again)} explain perturbed copies of the images again, which the ",
+            SEGMENTS,
+            " do not follow; leave them out with ",
+            SEGMENTS,
+            " (the metrics that rescore the map apply: deletion, insertion, ...)",
         )
     return segment_source(args.segments, loaded, args.trust_model_file)
 
@@ -224,11 +251,12 @@ def _run_task(args: RunOptions, loaded: LoadedModel) -> str:
     task = args.task or loaded.task
     if task != loaded.task:
         raise UsageError(
-            f"--task {task}: {args.model} is a {loaded.task} model (it returns "
-            + {"classify": "(N, classes) logits", "segment": "(N, C, H, W) logits per pixel", "detect": "boxes"}[
-                loaded.task
-            ]
-            + f"); use --task {loaded.task}, or leave --task out"
+            TASK,
+            f" {task}: {args.model} is a {loaded.task} model (it returns {RETURNS[loaded.task]}); use ",
+            TASK,
+            f" {loaded.task}, or leave ",
+            TASK,
+            " out",
         )
     return task
 
@@ -238,29 +266,40 @@ def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[
     (``--layer auto``: the backbone's last spatial layer)."""
     if metrics:
         raise UsageError(
-            f"--metrics applies to --task classify; the metrics perturb images and rescore classes, not {task} targets"
+            METRICS_OPTION,
+            " applies to ",
+            TASK,
+            f" classify; the metrics perturb images and rescore classes, not {task} targets",
         )
     if args.aug_smooth:
         raise UsageError(
-            f"--aug-smooth applies to --task classify: the flipped and rescaled copies would need "
-            f"the {'region' if task == 'segment' else 'boxes'} flipped and rescaled too"
+            Option("aug_smooth"),
+            " applies to ",
+            TASK,
+            " classify: the flipped and rescaled copies would need "
+            f"the {'region' if task == 'segment' else 'boxes'} flipped and rescaled too",
         )
     if args.methods.every:
         raise UsageError(
-            f"--method all includes methods that explain class logits only; with --task {task} name "
-            "the CAMs to run, e.g. gradcam,eigencam"
+            METHODS,
+            " all includes methods that explain class logits only; with ",
+            TASK,
+            f" {task} name the CAMs to run, e.g. gradcam,eigencam",
         )
     classes = []
     for name in args.methods.names:
         try:
             cls = method_class(name)
         except ValueError as error:
-            raise UsageError(f"--method: {error}") from None
+            raise UsageError(METHODS, f": {error}") from None
         if not issubclass(cls, BaseCAM) and getattr(cls, "task", None) != task:
             also = ", and drise" if task == "detect" else ""
             raise UsageError(
-                f"--method {name}: with --task {task} the command line runs CAMs (gradcam, eigencam, "
-                f"scorecam, ...){also}; explain.tasks serves other methods from Python"
+                METHODS,
+                f" {name}: with ",
+                TASK,
+                f" {task} the command line runs CAMs (gradcam, eigencam, scorecam, ...){also}; "
+                "explain.tasks serves other methods from Python",
             )
         classes.append(cls)
     if not args.layer.auto or not any(cls.needs_layer for cls in classes):
@@ -268,4 +307,4 @@ def _task_layer(args: RunOptions, loaded: LoadedModel, task: str, metrics: list[
     try:
         return NameList.parse(backbone_layer(loaded.model, loaded.example))
     except ValueError as error:
-        raise UsageError(f"--layer auto: {error}") from None
+        raise UsageError(Option("layer"), f" auto: {error}") from None

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..errors import UsageError
+from ..errors import Option, UsageError
 from .guards import terminated_as_interrupt
 
 #: Ray Data's block size for a job: a decoded batch (16 images at 224 px: 2.4 MB) is passed
@@ -24,7 +24,7 @@ def import_ray():
         import ray.data
     except ImportError:
         raise UsageError(
-            "--engine ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')"
+            Option("engine"), " ray needs Ray Data: pip install 'explain-vision[ray]' (or pip install 'ray[data]')"
         ) from None
     return ray
 
@@ -52,8 +52,9 @@ def connect(ray, address: str | None) -> bool:
             ray.init(num_cpus=os.cpu_count() or 1, **options)
     except (ConnectionError, RuntimeError, ValueError) as error:
         raise UsageError(
-            f"cannot {'join the Ray cluster at ' + address if address else 'start Ray'}: {error}; "
-            "check --address (auto, ray://HEAD:10001) and that `ray status` answers there"
+            f"cannot {'join the Ray cluster at ' + address if address else 'start Ray'}: {error}; check ",
+            Option("address"),
+            " (auto, ray://HEAD:10001) and that `ray status` answers there",
         ) from None
     return True
 

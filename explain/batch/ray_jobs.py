@@ -28,7 +28,7 @@ from functools import partial
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import Option, UsageError
 from .decoding import ModelInputs
 from .guards import StopFlag, Terminated
 from .job import DatasetJob, run_job
@@ -48,9 +48,9 @@ def check_ray_job(job: type[DatasetJob], inputs) -> None:
     """Refuse (before Ray starts) a job that has no Ray side, or inputs the decode tasks do
     not read (volumes, signals: the local engine's)."""
     if job.worker is DatasetJob.worker:
-        raise UsageError(f"{job.__name__} runs on the local engine only: leave --engine ray out")
+        raise UsageError(f"{job.__name__} runs on the local engine only: leave ", Option("engine"), " ray out")
     if not isinstance(inputs, ModelInputs):
-        raise UsageError(f"{type(inputs).__name__} run on the local engine only: leave --engine ray out")
+        raise UsageError(f"{type(inputs).__name__} run on the local engine only: leave ", Option("engine"), " ray out")
 
 
 def run_job_on_ray(job: DatasetJob) -> int:

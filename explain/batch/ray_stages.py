@@ -51,8 +51,8 @@ def remote_prepare(ray, options: RunOptions) -> CheckedRun:
     gpus = ray.cluster_resources().get("GPU", 0) if may_use_gpu(options) else 0
     task = ray.remote(check_run).options(num_cpus=DECODE_CPUS, num_gpus=1 if gpus else 0, max_retries=0)
     checked = ray.get(task.remote(options.with_absolute_paths()))
-    if isinstance(checked, str):
-        raise UsageError(checked)
+    if isinstance(checked, UsageError):
+        raise checked  # raised again here, its options still data (worded by the caller)
     return checked
 
 
@@ -191,8 +191,9 @@ def may_use_gpu(options: ModelOptions) -> bool:
 # -- what runs in Ray's workers
 
 
-def check_run(options: RunOptions) -> CheckedRun | str:
-    """The model check, in a worker: what it found, or the usage error's message."""
+def check_run(options: RunOptions) -> CheckedRun | UsageError:
+    """The model check, in a worker: what it found, or the usage error (which pickles with
+    its parts, :class:`~explain.errors.Option` s included)."""
     from ..models import warn_if_random
     from .preparation import prepare_run
 
@@ -202,7 +203,7 @@ def check_run(options: RunOptions) -> CheckedRun | str:
             prepared = prepare_run(options)
             warn_if_random(prepared.loaded, options.model)
     except UsageError as error:
-        return str(error)
+        return error.with_traceback(None)
     return prepared.checked(messages.getvalue())
 
 

@@ -37,7 +37,7 @@ from torch import Tensor
 from torchvision import transforms
 
 from ..drawing import normalization_of
-from ..errors import UsageError
+from ..errors import Option, UsageError
 from ..hooks import preserved_state
 from ..model_tasks import segmentation_logits
 from ..models import LoadedModel, load_model
@@ -53,6 +53,7 @@ MAX_SEGMENTS = 4096
 #: PNG modes that hold one label per pixel.
 LABEL_MODES = ("1", "L", "P", "I", "I;16", "I;16B", "I;16L", "I;16N")
 MODEL_PREFIX = "model:"
+SEGMENTS = Option("segments")
 
 
 @dataclass
@@ -70,13 +71,14 @@ def segment_source(spec: str, loaded: LoadedModel, trust: bool) -> FolderSegment
     if spec.startswith(MODEL_PREFIX):
         name, _, weights = spec[len(MODEL_PREFIX) :].partition("=")
         if not name.strip():
-            raise UsageError("--segments model:NAME names a segmentation model, e.g. model:lraspp_mobilenet_v3_large")
+            raise UsageError(SEGMENTS, " model:NAME names a segmentation model, e.g. model:lraspp_mobilenet_v3_large")
         segmenter = load_model(name.strip(), weights.strip() or None, trust, str(loaded.device))
         if segmenter.task != "segment" or segmenter.kind != "images":
             raise UsageError(
-                f"--segments {spec}: {name} is a {segmenter.task} model of {segmenter.kind}; name a segmentation model "
+                SEGMENTS,
+                f" {spec}: {name} is a {segmenter.task} model of {segmenter.kind}; name a segmentation model "
                 "of images, whose output is (N, C, H, W) class logits (fcn_resnet50, deeplabv3_mobilenet_v3_large, "
-                "lraspp_mobilenet_v3_large, or a model file)"
+                "lraspp_mobilenet_v3_large, or a model file)",
             )
         if segmenter.random_weights:
             print(
@@ -88,8 +90,9 @@ def segment_source(spec: str, loaded: LoadedModel, trust: bool) -> FolderSegment
     folder = Path(spec)
     if not folder.is_dir():
         raise UsageError(
-            f"--segments {spec}: no such folder; give a folder of mask files named by the images' stems (.npy or "
-            ".png), or model:NAME for a segmentation model's classes"
+            SEGMENTS,
+            f" {spec}: no such folder; give a folder of mask files named by the images' stems (.npy or "
+            ".png), or model:NAME for a segmentation model's classes",
         )
     return FolderSegments(folder, loaded.preprocess, size)
 

@@ -19,9 +19,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import UsageError
+from ..errors import Option, UsageError
 from ..report import atomic_write
 
+OUT = Option("out")
 #: The errors of the output folder's device: a run stops on them.
 DEVICE_ERRNOS = frozenset({errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EIO, getattr(errno, "EDQUOT", errno.ENOSPC)})
 
@@ -77,13 +78,14 @@ class OutputFolder:
                 from pyarrow import fs
             except ImportError:
                 raise UsageError(
-                    f"--out {location}: folders given by URI need pyarrow (pip install pyarrow, which "
-                    "the `ray` extra brings)"
+                    OUT,
+                    f" {location}: folders given by URI need pyarrow (pip install pyarrow, which "
+                    "the `ray` extra brings)",
                 ) from None
             try:
                 self.filesystem, self.root = fs.FileSystem.from_uri(self.location)
             except Exception as error:  # unknown scheme, missing credentials, a package pyarrow lacks
-                raise UsageError(f"--out {location}: {error}") from None
+                raise UsageError(OUT, f" {location}: {error}") from None
         else:
             self.root = os.path.abspath(location)
 
@@ -97,11 +99,11 @@ class OutputFolder:
             os.makedirs(self.root, exist_ok=True)
         except OSError as error:
             raise UsageError(
-                f"--out {self.location}: cannot create the folder: {_reason(error)}; pass a folder you can write to"
+                OUT, f" {self.location}: cannot create the folder: {_reason(error)}; pass a folder you can write to"
             ) from None
         if not os.access(self.root, os.W_OK | os.X_OK):
             reason = "read-only file system" if _read_only(self.root) else "permission denied"
-            raise UsageError(f"--out {self.location}: cannot write there: {reason}; pass a folder you can write to")
+            raise UsageError(OUT, f" {self.location}: cannot write there: {reason}; pass a folder you can write to")
 
     def name_max(self, default: int) -> int:
         """The longest name (bytes) the folder's file system takes (``NAME_MAX``); ``default``
@@ -227,5 +229,5 @@ def out_folder(out) -> Path:
     command that writes a folder of outputs checks it, before torch loads)."""
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise UsageError(f"--out {path} is a file; pass a folder")
+        raise UsageError(OUT, f" {path} is a file; pass a folder")
     return path

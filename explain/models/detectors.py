@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torchvision import transforms
 
 from ..detectors import DETRDetector, YOLODetector, is_yolo
-from ..errors import UsageError, first_line
+from ..errors import Option, UsageError, first_line
 from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
@@ -106,7 +106,8 @@ def _load_yolo(name: str, trust: bool) -> tuple[nn.Module, int, bool]:
     if not trust:
         raise UsageError(
             f"{name} is an ultralytics checkpoint, a pickle, and loading it runs code from the file. If you "
-            "trust it, add --trust-model-file"
+            "trust it, add ",
+            Option("trust_model_file"),
         )
     _ultralytics()  # the checkpoint's classes live in ultralytics
     try:

@@ -15,8 +15,11 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..errors import UsageError, is_out_of_memory
+from ..errors import Option, UsageError, is_out_of_memory
 from ..options import MODEL_FILE_SUFFIXES
+
+#: The options the messages here name (see :class:`~explain.errors.Option`).
+MODEL, WEIGHTS = Option("model"), Option("weights")
 
 __all__ = ["MODEL_FILE_SUFFIXES", "read_model_file", "read_state_dict"]
 
@@ -91,8 +94,11 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
         raise UsageError(
             f"{path} is a TorchScript file; Grad-CAM needs hooks on the model's layers, which "
             "TorchScript does not support. Export the model with torch.export.save(torch.export.export("
-            "model, (example,), dynamic_shapes=...), 'model.pt2') and pass the .pt2 file, or pass "
-            "--model ARCH --weights state_dict.pth for a torchvision architecture"
+            "model, (example,), dynamic_shapes=...), 'model.pt2') and pass the .pt2 file, or pass ",
+            MODEL,
+            " ARCH ",
+            WEIGHTS,
+            " state_dict.pth for a torchvision architecture",
         )
     try:
         with warnings.catch_warnings():  # a foreign file's first byte reads as an unknown pickle protocol
@@ -108,15 +114,23 @@ def _read_model_file(path: Path, trust: bool) -> tuple[nn.Module, tuple[int, int
             raise UsageError(f"cannot load {path}: not a PyTorch file, or a damaged one{detail}") from None
         raise UsageError(
             f"{path} holds pickled Python objects (a whole nn.Module?), and loading those runs "
-            "code from the file. If you trust it, add --trust-model-file; otherwise save "
-            "model.state_dict() and pass --model ARCH --weights FILE, or export a .pt2 with torch.export"
+            "code from the file. If you trust it, add ",
+            Option("trust_model_file"),
+            "; otherwise save model.state_dict() and pass ",
+            MODEL,
+            " ARCH ",
+            WEIGHTS,
+            " FILE, or export a .pt2 with torch.export",
         ) from None
     if isinstance(loaded, nn.Module):
         return loaded, (224, 224)
     if isinstance(loaded, dict):
         raise UsageError(
-            f"{path} holds a state dict, not a model; name the architecture and pass the file as "
-            f"weights: --model resnet50 --weights {path}"
+            f"{path} holds a state dict, not a model; name the architecture and pass the file as weights: ",
+            MODEL,
+            " resnet50 ",
+            WEIGHTS,
+            f" {path}",
         )
     raise UsageError(f"{path} holds a {type(loaded).__name__}, not an nn.Module")
 

@@ -14,13 +14,13 @@ from PIL import Image
 from torch import Tensor, nn
 
 from ..concurrency import process_lock
-from ..errors import UsageError, is_out_of_memory
+from ..errors import Option, UsageError, is_out_of_memory
 from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
-from ..options import MODEL_FORMS
+from ..options import MODEL_FORM_PARTS
 from . import classifiers
 from .dense import load_task_model, preprocess_for
 from .detectors import YOLO_PREFIX, is_detector_spec, load_detector
-from .files import MODEL_FILE_SUFFIXES, read_model_file
+from .files import MODEL_FILE_SUFFIXES, WEIGHTS, read_model_file
 from .volumes import blank_example, input_kind, scaled_frames
 
 __all__ = ["LoadedModel", "load_model", "pick_device", "warn_if_random"]
@@ -53,7 +53,7 @@ def pick_device(name: str | None) -> torch.device:
     except RuntimeError:
         raise UsageError(f"unknown device {name!r}; use cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError("CUDA is not available on this machine; use --device cpu")
+        raise UsageError("CUDA is not available on this machine; use ", Option("device"), " cpu")
     return device
 
 
@@ -81,7 +81,7 @@ def load_model(spec: str, weights: str | None, trust: bool, device_name: str | N
                     model, preprocess, class_names = load_task_model(spec, weights, device=device)
             except classifiers.UnknownModel as error:
                 hint = f"did you mean {', '.join(error.close)}? A" if error.close else "a"
-                raise UsageError(f"unknown model {spec!r}; {hint} model is {MODEL_FORMS}") from None
+                raise UsageError(f"unknown model {spec!r}; {hint} model is ", *MODEL_FORM_PARTS) from None
             except (ValueError, FileNotFoundError, RuntimeError) as error:
                 if is_out_of_memory(error):  # allocating the weights: the machine's limit, exit 3
                     raise
@@ -127,7 +127,7 @@ def _from_file(path: Path, weights: str | None, trust: bool, device: torch.devic
         )
     if weights:
         raise UsageError(
-            "--weights goes with a model name (e.g. --model resnet50 --weights FILE); "
+            WEIGHTS, " goes with a model name (e.g. ", Option("model"), " resnet50 ", WEIGHTS, " FILE); "
             "a model file carries its own weights"
         )
     model, crop = read_model_file(path, trust)
@@ -146,7 +146,7 @@ def _load_detector(spec: str, weights: str | None, trust: bool, device: torch.de
     return torchvision's detections."""
     if weights:
         raise UsageError(
-            f"--weights goes with a torchvision or timm model name; {spec} carries its own weights "
+            WEIGHTS, f" goes with a torchvision or timm model name; {spec} carries its own weights "
             "(yolo:FILE.pt, a Hugging Face folder), or has random ones (yolo:FILE.yaml)"
         )
     with process_lock, torch.random.fork_rng(devices=[]):
