@@ -4,6 +4,7 @@ explanations or a finished ``explain run`` folder: :func:`strategies`."""
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 
 from ..explanation import Explanation
 from .items import ClassItems, items_from_explanations, items_from_maps, items_from_run
-from .spray import Strategies, spray
+from .spray import MIN_ITEMS, Strategies, spray
 
 __all__ = ["strategies"]
 
@@ -47,7 +48,9 @@ def strategies(
     items are clustered by spectral clustering on a ``n_neighbors`` nearest-neighbour graph,
     ``n_clusters`` chosen by the eigengap (``"auto"``, at most ``max_clusters``) or given;
     ``embedding`` (``tsne``, ``umap`` where installed, ``spectral``) places them in 2-D.
-    Deterministic given ``seed``.
+    Deterministic given ``seed``. Without ``classes``, the classes with fewer than
+    :data:`~explain.analysis.spray.MIN_ITEMS` items are left out with a warning (unless
+    all are: then the error says so); a class named in ``classes`` must have that many.
 
     >>> maps = torch.rand(20, 8, 8, generator=torch.Generator().manual_seed(0)) / 10
     >>> maps[:12, :2, :2] += 1; maps[12:, 6:, 6:] += 1   # two planted strategies
@@ -56,6 +59,8 @@ def strategies(
     (2, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
     """
     groups = _items(source, classes, method, features, grid)
+    if classes is None:  # every class: those too small for SpRAy left out, with a warning
+        groups = _large_enough(groups)
     found = {}
     for name, group in groups.items():
         try:
@@ -75,6 +80,17 @@ def strategies(
         result.features, result.keys, result.concept_names = group.kind, group.keys, group.concept_names
         found[name] = result
     return found
+
+
+def _large_enough(groups: dict[str, ClassItems]) -> dict[str, ClassItems]:
+    small = {name: len(group.keys) for name, group in groups.items() if len(group.keys) < MIN_ITEMS}
+    if small and len(small) < len(groups):
+        listed = ", ".join(f"{name} ({count})" for name, count in small.items())
+        warnings.warn(
+            f"left out the classes with fewer than {MIN_ITEMS} items, too few to cluster: {listed}", stacklevel=3
+        )
+        return {name: group for name, group in groups.items() if name not in small}
+    return groups
 
 
 def _items(source, classes, method, features, grid) -> dict[str, ClassItems]:
