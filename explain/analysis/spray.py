@@ -39,7 +39,9 @@ from sklearn.manifold import TSNE, spectral_embedding
 from sklearn.neighbors import kneighbors_graph
 
 __all__ = [
+    "EMBEDDINGS",
     "MIN_ITEMS",
+    "TSNE_LIMIT",
     "Strategies",
     "StrategyCluster",
     "eigengap_clusters",
@@ -49,6 +51,12 @@ __all__ = [
     "spray",
 ]
 
+#: With ``embedding="auto"``, the most items t-SNE places; beyond, the spectral embedding's
+#: first two axes (t-SNE of 10,000 items took 77 s on a shared 2-core machine, more than
+#: the clustering; ask for ``"tsne"`` to have it anyway).
+TSNE_LIMIT = 5000
+#: The 2-D embeddings of the picture (:func:`embed_2d`).
+EMBEDDINGS = ("auto", "tsne", "umap", "spectral")
 #: The fewest items SpRAy clusters: a neighbourhood graph and a spectrum need a few more than
 #: the neighbours of one item.
 MIN_ITEMS = 5
@@ -157,8 +165,8 @@ def pooled_features(maps: torch.Tensor | np.ndarray | Sequence, grid: int = 32) 
         if any(item.dim() != 3 for item in items):
             raise ValueError("each map must be (H, W)")
     side = min(grid, *(min(item.shape[-2:]) for item in items))
-    pooled = torch.cat([F.interpolate(item.double()[:, None], size=(side, side), mode="area")[:, 0] for item in items])
-    flat = pooled.flatten(1)
+    pooled = torch.cat([F.interpolate(item.float()[:, None], size=(side, side), mode="area")[:, 0] for item in items])
+    flat = pooled.flatten(1).double()
     scale = flat.abs().amax(dim=1, keepdim=True)
     return (flat / torch.where(scale > 0, scale, 1.0)).numpy()
 
@@ -177,15 +185,20 @@ def knn_affinity(features: np.ndarray, n_neighbors: int = 10) -> csr_matrix:
 def laplacian_eigenvalues(affinity: csr_matrix, count: int, seed: int = 0) -> np.ndarray:
     """The ``count`` smallest eigenvalues of the symmetric normalised Laplacian of
     ``affinity``, ascending (scipy's ``eigsh`` in shift-invert mode, as scikit-learn's
-    spectral embedding finds its eigenvectors; dense ``eigh`` for small graphs)."""
+    spectral embedding finds its eigenvectors; dense ``eigh`` for small graphs). The
+    eigenvalue 0 has one copy per connected component of the graph, counted exactly
+    (scipy's ``connected_components``): Lanczos iterations can miss copies of a repeated
+    eigenvalue, and these are the ones the eigengap reads."""
     laplacian = csgraph.laplacian(affinity.astype(np.float64), normed=True)
     n = laplacian.shape[0]
     count = min(count, n)
     if n <= 200 or count >= n - 1:
         return np.clip(np.linalg.eigvalsh(laplacian.toarray())[:count], 0, None)
     start = np.random.default_rng(seed).uniform(-1, 1, n)
-    values = eigsh(-laplacian, k=count, sigma=1.0, which="LM", v0=start, return_eigenvectors=False)
-    return np.clip(np.sort(-values), 0, None)
+    values = np.clip(-eigsh(-laplacian, k=count, sigma=1.0, which="LM", v0=start, return_eigenvectors=False), 0, None)
+    components = csgraph.connected_components(affinity, directed=False, return_labels=False)
+    zeros = np.zeros(min(int(components), count))
+    return np.sort(np.concatenate([zeros, np.sort(values)[len(zeros) :]]))[:count]
 
 
 def eigengap_clusters(eigenvalues: np.ndarray, max_clusters: int) -> int:
@@ -207,7 +220,7 @@ def spray(
     max_clusters: int = 8,
     n_neighbors: int = 10,
     seed: int = 0,
-    embedding: str = "tsne",
+    embedding: str = "auto",
     probabilities: Sequence[float] | np.ndarray | None = None,
     mistakes: Sequence[bool | None] | np.ndarray | None = None,
     n_nearest: int = 5,
@@ -231,7 +244,7 @@ def spray(
         )
     clusters_wanted = _check_clusters(n_clusters, max_clusters, count)
     affinity = knn_affinity(features, n_neighbors)
-    eigenvalues = laplacian_eigenvalues(affinity, min(count - 1, max(32, max_clusters + 1)), seed)
+    eigenvalues = laplacian_eigenvalues(affinity, min(count - 1, max(16, 2 * (max_clusters + 1))), seed)
     k = eigengap_clusters(eigenvalues, max_clusters) if clusters_wanted is None else clusters_wanted
     spectral = _spectral(affinity, max(k, 2), seed)
     labels, distances = _kmeans(spectral, k, seed)
@@ -279,12 +292,16 @@ def _kmeans(spectral: np.ndarray, k: int, seed: int) -> tuple[np.ndarray, np.nda
 
 
 def embed_2d(features: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, str]:
-    """(N, 2) coordinates for the picture and the method used: ``"tsne"`` (scikit-learn's
-    t-SNE, PCA start, perplexity at most 30 and below a third of the items), ``"umap"``
+    """(N, 2) coordinates for the picture and the method used: ``"auto"`` (t-SNE up to
+    :data:`TSNE_LIMIT` items, else spectral), ``"tsne"`` (scikit-learn's
+    t-SNE, PCA start, perplexity at most 30 and below a third of the items, 500 steps: half
+    scikit-learn's default, enough for a picture and half the cost), ``"umap"``
     (where the ``umap`` package is installed; t-SNE otherwise) or ``"spectral"`` (the
     features' first two columns: the spectral embedding's, free)."""
-    if method not in ("tsne", "umap", "spectral"):
-        raise ValueError(f"embedding must be 'tsne', 'umap' or 'spectral', got {method!r}")
+    if method not in EMBEDDINGS:
+        raise ValueError(f"embedding must be one of {', '.join(EMBEDDINGS)}, got {method!r}")
+    if method == "auto":
+        method = "tsne" if len(features) <= TSNE_LIMIT else "spectral"
     if method == "spectral" or len(features) < 4:
         padded = np.zeros((len(features), 2))
         padded[:, : min(2, features.shape[1])] = features[:, :2]
@@ -299,7 +316,7 @@ def embed_2d(features: np.ndarray, method: str, seed: int) -> tuple[np.ndarray, 
             reducer = umap.UMAP(n_components=2, n_neighbors=neighbours, random_state=seed)
             return np.asarray(reducer.fit_transform(features), dtype=np.float64), "umap"
     perplexity = float(min(30.0, max(1.0, (len(features) - 1) / 3)))
-    tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed)
+    tsne = TSNE(n_components=2, perplexity=perplexity, init="pca", max_iter=500, random_state=seed)
     return np.asarray(tsne.fit_transform(features), dtype=np.float64), "tsne"
 
 

@@ -27,7 +27,7 @@ def strategies(
     n_clusters: int | str = "auto",
     max_clusters: int = 8,
     n_neighbors: int = 10,
-    embedding: str = "tsne",
+    embedding: str = "auto",
     seed: int = 0,
 ) -> dict[str, Strategies]:
     """The strategies a model uses for each class: Spectral Relevance Analysis (SpRAy;
@@ -47,7 +47,9 @@ def strategies(
     grid; smaller maps keep their size) and divided by its largest absolute value; the
     items are clustered by spectral clustering on a ``n_neighbors`` nearest-neighbour graph,
     ``n_clusters`` chosen by the eigengap (``"auto"``, at most ``max_clusters``) or given;
-    ``embedding`` (``tsne``, ``umap`` where installed, ``spectral``) places them in 2-D.
+    ``embedding`` places them in 2-D: ``tsne``, ``umap`` (where the package is installed),
+    ``spectral`` (the spectral embedding's first axes, free) or ``auto`` (t-SNE up to
+    5,000 items of a class, spectral beyond).
     Deterministic given ``seed``. Without ``classes``, the classes with fewer than
     :data:`~explain.analysis.spray.MIN_ITEMS` items are left out with a warning (unless
     all are: then the error says so); a class named in ``classes`` must have that many.

@@ -357,9 +357,10 @@ def _add_strategies_command(commands) -> None:
     spray.add_argument("--neighbors", type=positive_int, default=10,
                        help="neighbours per item in the affinity graph (at most a quarter of a class's items)")
     spray.add_argument("--grid", type=positive_int, default=32, help="the side of the grid the maps are pooled to")
-    spray.add_argument("--embedding", choices=("tsne", "umap", "spectral"), default="tsne",
+    spray.add_argument("--embedding", choices=("auto", "tsne", "umap", "spectral"), default="auto",
                        help="the 2-D picture's coordinates: t-SNE, UMAP (where the umap package is installed; "
-                       "t-SNE otherwise) or the spectral embedding's first two axes")
+                       "t-SNE otherwise), the spectral embedding's first two axes, or auto: t-SNE up to 5000 "
+                       "items of a class (its cost grows past the clustering's), spectral beyond")
     spray.add_argument("--seed", type=int, default=0, help="the seed of k-means and the 2-D embedding")
     spray.set_defaults(handler="strategies:strategies_command")
 
