@@ -7,7 +7,7 @@ CoRelAy's ``corelay.pipeline.spectral.SpectralClustering`` steps with their defa
 Euclidean distances, ``SparseKNN(n_neighbors=10, symmetric=True)``, ``SymmetricNormalLaplacian``,
 ``EigenDecomposition(n_eigval=32)``) and ``KMeans(n_clusters=k)`` with k the number
 explain's eigengap chose, on the same features (maps sum-pooled and normalised by
-:func:`explain.analysis.spray.pooled_features`, CoRelAy's ``preprocessing`` being the
+:func:`explain.analysis.clustering.pooled_features`, CoRelAy's ``preprocessing`` being the
 user's). Compared, on three planted strategies of synthetic maps and on LRP's maps of the
 shortcut benchmark's triangles (half of them marked):
 
@@ -33,7 +33,7 @@ from sklearn.metrics import adjusted_rand_score
 
 import explain
 from explain.analysis import knn_affinity, laplacian_eigenvalues, spray
-from explain.analysis.spray import pooled_features
+from explain.analysis.clustering import pooled_features
 from explain.data import SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
 
 

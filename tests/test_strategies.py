@@ -21,7 +21,7 @@ from explain.analysis import (
     spray,
     strategies,
 )
-from explain.analysis.spray import pooled_features
+from explain.analysis.clustering import pooled_features
 from explain.data import SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
 
 

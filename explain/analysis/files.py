@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from ..report import TEMP_SUFFIX, encode_png
-from .spray import Strategies
+from .clustering import Strategies
 
 __all__ = ["CSV_FIELDS", "write_strategies"]
 

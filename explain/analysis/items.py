@@ -18,7 +18,7 @@ import torch
 
 from ..explanation import ConceptExplanation, Explanation
 from ..report import read_manifest
-from .spray import pooled_features
+from .clustering import pooled_features
 
 __all__ = ["FEATURES", "ClassItems", "items_from_explanations", "items_from_maps", "items_from_run"]
 

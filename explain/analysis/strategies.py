@@ -1,4 +1,4 @@
-"""The strategies of each class (SpRAy, :mod:`explain.analysis.spray`) from maps,
+"""The strategies of each class (SpRAy, :mod:`explain.analysis.clustering`) from maps,
 explanations or a finished ``explain run`` folder: :func:`strategies`."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from ..explanation import Explanation
+from .clustering import MIN_ITEMS, Strategies, spray
 from .items import ClassItems, items_from_explanations, items_from_maps, items_from_run
-from .spray import MIN_ITEMS, Strategies, spray
 
 __all__ = ["strategies"]
 
@@ -51,7 +51,7 @@ def strategies(
     ``spectral`` (the spectral embedding's first axes, free) or ``auto`` (t-SNE up to
     5,000 items of a class, spectral beyond).
     Deterministic given ``seed``. Without ``classes``, the classes with fewer than
-    :data:`~explain.analysis.spray.MIN_ITEMS` items are left out with a warning (unless
+    :data:`~explain.analysis.clustering.MIN_ITEMS` items are left out with a warning (unless
     all are: then the error says so); a class named in ``classes`` must have that many.
 
     >>> maps = torch.rand(20, 8, 8, generator=torch.Generator().manual_seed(0)) / 10

@@ -6,12 +6,12 @@ and assessing what machines really learn", Nature Communications 10, 1096 (2019)
 as the paper's and CoRelAy's SpRAy pipeline (``corelay.pipeline.spectral``):
 
 1. each map resized to a small grid by sum (area) pooling and normalised
-   (:func:`pooled_features`), or a vector per item (CRP's concept relevances) normalised;
+   (:func:`~explain.analysis.clustering.pooled_features`), or a vector per item (CRP's concept relevances) normalised;
 2. a symmetric k-nearest-neighbour affinity on the Euclidean distances (scikit-learn's
    ``kneighbors_graph``, binary edges, ``(A + Aᵀ) / 2``: CoRelAy's ``SparseKNN``);
 3. the smallest eigenvalues of the graph's symmetric normalised Laplacian (scipy's sparse
    ``eigsh``): the number of clusters is where the gap between consecutive eigenvalues is
-   largest (the eigengap, :func:`eigengap_clusters`);
+   largest (the eigengap, :func:`~explain.analysis.eigengap_clusters`);
 4. the spectral embedding (scikit-learn's ``spectral_embedding``) and k-means in it
    (scikit-learn's ``KMeans``);
 5. a 2-D embedding for the picture: t-SNE (scikit-learn) of the spectral embedding, or UMAP
@@ -227,7 +227,7 @@ def spray(
     prototypes: np.ndarray | None = None,
 ) -> Strategies:
     """SpRAy (Lapuschkin et al., Nature Communications 2019) on normalised ``features`` (N, D):
-    the module's steps 2 to 5 (:func:`pooled_features` makes them of maps; see
+    the module's steps 2 to 5 (:func:`~explain.analysis.clustering.pooled_features` makes them of maps; see
     :func:`explain.analysis.strategies` for maps, explanations and run folders).
 
     ``n_clusters``: ``"auto"`` (the eigengap among 1 .. ``max_clusters``) or a number.
