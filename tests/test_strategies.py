@@ -185,3 +185,45 @@ def _border_share(prototype: np.ndarray) -> float:
     border = prototype.copy()
     border[4:-4, 4:-4] = 0
     return float(border.sum() / prototype.sum())
+
+
+def test_crp_results_are_clustered_on_their_channel_relevances(shortcut_triangles):
+    from explain.concepts import CRP
+
+    explanation, _ = shortcut_triangles
+    model = load_shortcut_model()
+    data = shortcut_dataset(192, seed=5, mark_rate=0.5)
+    images = data.inputs[data.labels == SHORTCUT_CLASS][:16]
+    result = CRP(model, "block3")(images, SHORTCUT_CLASS, k=2)
+    found = strategies(result, embedding="spectral")["triangle"]
+    assert found.features == "concepts" and len(found) == 16
+    assert found.concept_names == [f"block3:{c}" for c in range(32)]
+    assert all(cluster.prototype.shape == (32,) for cluster in found.summaries)
+    assert np.abs(np.concatenate([c.prototype for c in found.summaries])).max() <= 1.0  # normalised
+    with pytest.raises(ValueError, match="maps are per concept: cluster its concept relevances"):
+        strategies(result, features="maps")
+    with pytest.raises(ValueError, match="gives no concept relevances"):
+        strategies(explanation, features="concepts")
+
+
+def test_the_files_are_written_all_or_nothing(tmp_path, monkeypatch):
+    from explain.analysis import files, write_strategies
+
+    maps, _ = planted_maps()
+    found = strategies(maps, embedding="spectral")
+    out = write_strategies(found, tmp_path / "strategies")
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert set(before) == {"strategies.csv", "strategies.json", "all__c0.png", "all__c1.png", "all__c2.png"}
+    calls = []
+
+    def interrupted(rgb):  # Ctrl-C while the second prototype is encoded
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return b"png"
+
+    monkeypatch.setattr(files, "encode_png", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_strategies(found, out)
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the earlier folder
+    assert [p.name for p in tmp_path.iterdir()] == ["strategies"]  # no temporary folder left
