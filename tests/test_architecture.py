@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("explain.cli", "explain.__main__"),                                  # 1 the command line
     ("explain.ray_data",),                                                # 2 Ray Data for pipelines of one's own
     ("explain.batch",),                                                   # 3 the batch engine
-    ("explain.evaluation", "explain.report", "explain.viewer", "explain.model_summary"),  # 4 scoring, reports, summaries
+    ("explain.evaluation", "explain.report", "explain.viewer", "explain.model_summary", "explain.analysis"),  # 4 scoring, reports, summaries, the dataset analyses
     ("explain.tasks", "explain.metrics"),                                 # 5 tasks and metrics
     ("explain.catalogue",),                                               # 6 the methods by name
     ("explain.concepts",),                                                # 7 concepts: CRP, the atlas, feature visualisation

@@ -738,6 +738,7 @@ MISTAKES_WITHOUT_TORCH = [
     (["concepts", "atlas", "no-such-folder", "--out", "o", "--layer", "l"], "no-such-folder: no such file or folder"),
     (["concepts", "visualize", "m", "l:0", "conv2", "--out", "o"], "concept 'conv2': give LAYER:CHANNEL"),
     (["concepts", "visualize", "m", "l:3-1", "--out", "o"], "concept 'l:3-1': the ranges hold no channel"),
+    (["strategies", "no-such-run"], "no-such-run holds no manifest.jsonl: pass the --out folder of a finished"),
 ]
 
 
@@ -812,8 +813,8 @@ def test_help_shows_each_default_once_and_every_option_has_help(capsys, monkeypa
         return capsys.readouterr().out
 
     top = help_of()
-    commands = re.findall(r"^    (\w+) ", top, flags=re.MULTILINE)
-    assert commands == ["run", "evaluate", "concepts", "methods", "layers", "samples"]
+    commands = re.findall(r"^    (\w+)(?: |$)", top, flags=re.MULTILINE)
+    assert commands == ["run", "evaluate", "concepts", "strategies", "methods", "layers", "samples"]
     for command in [*commands, "concepts atlas", "concepts visualize"]:
         text = help_of(*command.split())
         assert "default: None" not in text and "default: False" not in text, command

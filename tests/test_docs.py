@@ -18,7 +18,7 @@ import explain
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The modules whose every public name (``__all__``) the API reference documents.
-API_MODULES = ("explain", "explain.metrics", "explain.tasks", "explain.models", "explain.ray_data")
+API_MODULES = ("explain", "explain.metrics", "explain.tasks", "explain.models", "explain.ray_data", "explain.analysis")
 
 pytestmark = pytest.mark.xdist_group("docs")  # one build at a time, on one worker
 

@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_command(commands)
     _add_evaluate_command(commands)
     _add_concepts_command(commands)
+    _add_strategies_command(commands)
     _add_listing_commands(commands)
     return parser
 
@@ -324,6 +325,44 @@ def _add_visualize_command(subcommands) -> None:
     visualize.add_argument("--quiet", "-q", action="store_true",
                            help="no progress bar; errors and the summary still print")
     visualize.set_defaults(handler="concepts:visualize_command")
+
+
+def _add_strategies_command(commands) -> None:
+    spray = commands.add_parser(
+        "strategies", formatter_class=DefaultsOnceFormatter,
+        help="the strategies of each class across a finished run: clusters of its maps (SpRAy)",
+        description="Spectral Relevance Analysis (SpRAy, Lapuschkin et al. 2019) of a finished `explain run "
+        "--save-maps` folder: per class explained, its maps sum-pooled to --grid and normalised, clustered by "
+        "spectral clustering on a nearest-neighbour graph (the number of clusters by the eigengap, or "
+        "--clusters), and placed in 2-D (--embedding). A --method crp run is clustered on its concepts' "
+        "relevances (which concepts, not where). Writes under RUN_DIR/strategies (or --out), replacing it "
+        "whole: strategies.csv (one row per image and target: input, method, target, class, cluster, x, y, "
+        "distance), strategies.json (per class: eigenvalues, clusters with size, prototype, nearest images, "
+        "mean probability, share of mistakes with --labels) and prototypes/CLASS__cN.png. Exit status: 0 "
+        "written, 2 usage error (nothing written).",
+    )
+    spray.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a finished `explain run --save-maps`")
+    spray.add_argument("--out", "-o", type=Path, default=None, help="output folder (default: RUN_DIR/strategies)")
+    spray.add_argument("--classes", default=None,
+                       help="the classes to analyse, names or ids, comma-separated (default: every class explained)")
+    spray.add_argument("--method", "-m", default=None,
+                       help="the run's method whose maps are clustered (default: the run's only method)")
+    spray.add_argument("--features", choices=("auto", "maps", "concepts"), default="auto",
+                       help="what is clustered: maps (where the relevance lies) or concepts (a crp run's concept "
+                       "relevances); auto: concepts for crp, maps otherwise")
+    spray.add_argument("--clusters", default="auto",
+                       help="the number of clusters per class, or auto: where the eigengap of the graph's "
+                       "Laplacian is largest")
+    spray.add_argument("--max-clusters", type=positive_int, default=8, help="the most clusters auto picks")
+    spray.add_argument("--neighbors", type=positive_int, default=10,
+                       help="neighbours per item in the affinity graph (at most a quarter of a class's items)")
+    spray.add_argument("--grid", type=positive_int, default=32, help="the side of the grid the maps are pooled to")
+    spray.add_argument("--embedding", choices=("auto", "tsne", "umap", "spectral"), default="auto",
+                       help="the 2-D picture's coordinates: t-SNE, UMAP (where the umap package is installed; "
+                       "t-SNE otherwise), the spectral embedding's first two axes, or auto: t-SNE up to 5000 "
+                       "items of a class (its cost grows past the clustering's), spectral beyond")
+    spray.add_argument("--seed", type=int, default=0, help="the seed of k-means and the 2-D embedding")
+    spray.set_defaults(handler="strategies:strategies_command")
 
 
 def _add_listing_commands(commands) -> None:

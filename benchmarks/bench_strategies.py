@@ -1,0 +1,124 @@
+"""The strategies of a class (SpRAy, explain.analysis.strategies) at scale: 10,000 maps of
+one class, each step timed, and the peak memory of the whole.
+
+    .venv/bin/python benchmarks/bench_strategies.py [--items 10000] [--repeats 2]
+        [--embedding tsne] [--results benchmarks/results/strategies.json]
+
+The maps: 64 x 64 float32, three planted strategies (a blob in one of three places, its
+place jittered, on noise) in shares of 50, 30 and 20 %, seeded. Each round runs in a process
+of its own (so that its peak RSS, ``ru_maxrss``, is the analysis's alone, the maps included)
+and times the steps: pooling to 32 x 32 and normalising; SpRAy (the 10-nearest-neighbour
+affinity, the Laplacian's 18 smallest eigenvalues, the spectral embedding and k-means; the
+affinity and the eigenvalues also timed alone) and the 2-D embedding (``--embedding``) of
+the spectral embedding: the steps of ``strategies()``, whose time is their sum. Also checks
+that the three planted strategies are found (the clusters and the purity and recall of the
+smallest strategy).
+
+Goal (issue 43): ``strategies()`` on 10,000 maps under 60 s on the 2-core machine, peak
+memory under 2 GB. Medians of ``--repeats`` rounds; other processes on the same cores
+distort the numbers (say so when reporting them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+#: The figures of this run, written to --results at the end.
+FIGURES: list[dict] = []
+
+
+def planted_maps(count: int, size: int = 64, seed: int = 0) -> tuple[torch.Tensor, np.ndarray]:
+    """(count, size, size) maps of three strategies (50, 30, 20 %: a Gaussian blob in one of
+    three places, its centre moved by up to 3 pixels, on noise) and each map's strategy."""
+    generator = torch.Generator().manual_seed(seed)
+    truth = np.repeat([0, 1, 2], [count // 2, count * 3 // 10, count - count // 2 - count * 3 // 10])
+    places = torch.tensor([(12.0, 12.0), (12.0, size - 12.0), (size - 12.0, size / 2)])
+    centres = places[truth] + 6 * (torch.rand(count, 2, generator=generator) - 0.5)
+    grid = torch.arange(size, dtype=torch.float32)
+    maps = torch.empty(count, size, size)
+    for start in range(0, count, 1000):  # in chunks: the (N, H, W) intermediates stay small
+        c = centres[start : start + 1000]
+        dy = (grid[None, :, None] - c[:, 0, None, None]) ** 2
+        dx = (grid[None, None, :] - c[:, 1, None, None]) ** 2
+        maps[start : start + 1000] = torch.exp(-(dy + dx) / (2 * 6.0**2))
+    maps += 0.1 * torch.rand(count, size, size, generator=generator)
+    return maps, truth
+
+
+def one_round(items: int, embedding: str) -> dict:
+    """The steps timed in this process (the end-to-end time their sum, as strategies() runs
+    them), and its peak RSS."""
+    from explain.analysis import knn_affinity, laplacian_eigenvalues
+    from explain.analysis.clustering import embed_2d, pooled_features, spray
+
+    maps, truth = planted_maps(items)
+    times = {}
+    start = time.perf_counter()
+    features = pooled_features(maps, 32)
+    times["pool and normalise"] = time.perf_counter() - start
+    start = time.perf_counter()
+    affinity = knn_affinity(features, 10)
+    times["(affinity alone)"] = time.perf_counter() - start
+    start = time.perf_counter()
+    laplacian_eigenvalues(affinity, 18)  # as spray() asks: 2 (max_clusters + 1)
+    times["(eigenvalues alone)"] = time.perf_counter() - start
+    start = time.perf_counter()
+    found = spray(features, embedding="spectral")
+    times["spray: affinity, eigenvalues, embedding, k-means"] = time.perf_counter() - start
+    start = time.perf_counter()
+    embed_2d(found.coordinates, embedding, 0)
+    times[f"2-D embedding ({embedding})"] = time.perf_counter() - start
+    times["end to end"] = sum(value for key, value in times.items() if not key.startswith("("))
+    purity, recall = found.purity(truth == 2)
+    return {
+        "seconds": times,
+        "clusters": found.n_clusters,
+        "purity": purity,
+        "recall": recall,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--embedding", default="auto", choices=("auto", "tsne", "umap", "spectral"))
+    parser.add_argument("--results", type=Path, default=None)
+    parser.add_argument("--round", action="store_true", help=argparse.SUPPRESS)  # one round, JSON out
+    args = parser.parse_args()
+    if args.round:
+        print(json.dumps(one_round(args.items, args.embedding)))
+        return
+    rounds = []
+    for _ in range(args.repeats):
+        command = [sys.executable, __file__, "--round", "--items", str(args.items), "--embedding", args.embedding]
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"SpRAy on {args.items:,} maps of 64 x 64 ({platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads), medians of {args.repeats} rounds:")
+    for step in rounds[0]["seconds"]:
+        median = statistics.median(r["seconds"][step] for r in rounds)
+        print(f"  {step:<42} {median:8.2f} s")
+    rss = statistics.median(r["peak_rss_mb"] for r in rounds)
+    print(f"  peak RSS {rss:,.0f} MB; clusters {rounds[0]['clusters']}, purity {rounds[0]['purity']:.3f}, "
+          f"recall {rounds[0]['recall']:.3f}")
+    FIGURES.append({"items": args.items, "embedding": args.embedding, "rounds": rounds})
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(FIGURES, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The strategies as files (what ``explain strategies`` writes), all or nothing:
+``strategies.csv`` (one row per item: input, method, target, class, cluster, x, y,
+distance), ``strategies.json`` (per class: the eigenvalues, the number of clusters and each
+cluster's size, prototype, nearest members, mean probability and share of mistakes) and
+``prototypes/CLASS__cN.png`` (each cluster's mean map, for maps).
+
+The folder is written beside its place under a temporary name and renamed into place at
+the end, the earlier one removed after: an error or Ctrl-C on the way leaves the earlier
+folder (or none), never half of the new one."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from PIL import Image
+
+from ..report import TEMP_SUFFIX, encode_png
+from .clustering import Strategies
+
+__all__ = ["CSV_FIELDS", "write_strategies"]
+
+#: The columns of ``strategies.csv``.
+CSV_FIELDS = ("input", "method", "target", "class", "cluster", "x", "y", "distance")
+#: The side of a prototype PNG, in pixels (the pooled map enlarged, nearest neighbour).
+PROTOTYPE_SIDE = 128
+#: Concepts listed per cluster in ``strategies.json`` for concept relevances.
+TOP_CONCEPTS = 5
+
+
+def write_strategies(found: dict[str, Strategies], out: str | os.PathLike, cmap: str = "jet") -> Path:
+    """Write ``found`` (:func:`~explain.analysis.strategies`'s result) to the folder ``out``,
+    replacing an earlier one whole; returns ``out``."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+    try:
+        (temp / "prototypes").mkdir(parents=True)
+        summary = {name: _write_class(temp, name, result, cmap) for name, result in found.items()}
+        (temp / "strategies.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
+        (temp / "strategies.csv").write_text(_csv(found), encoding="utf-8", newline="")
+        old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.old{TEMP_SUFFIX}")
+        if out.exists():
+            os.replace(out, old)
+        os.replace(temp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+    return out
+
+
+def _file_name(text: str) -> str:
+    return re.sub(r"[^\w.+-]+", "_", text).strip("_")[:48] or "class"
+
+
+def _value(number) -> float | None:
+    return None if number is None or not math.isfinite(number) else round(float(number), 6)
+
+
+def _key_fields(key) -> dict:
+    if isinstance(key, dict):
+        return {"input": key.get("input"), "method": key.get("method"), "target": key.get("target")}
+    return {"input": key, "method": None, "target": None}
+
+
+def _csv(found: dict[str, Strategies]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for name, result in found.items():
+        for i, key in enumerate(result.keys or range(len(result))):
+            x, y = result.coordinates[i]
+            row = {**_key_fields(key), "class": name, "cluster": int(result.clusters[i])}
+            writer.writerow({**row, "x": _value(x), "y": _value(y), "distance": _value(result.distances[i])})
+    return buffer.getvalue()
+
+
+def _write_class(folder: Path, name: str, result: Strategies, cmap: str) -> dict:
+    """The class's entry of strategies.json; its prototypes written under ``folder``."""
+    keys = result.keys or list(range(len(result)))
+    clusters = []
+    for number, cluster in enumerate(result.summaries):
+        entry: dict = {
+            "cluster": number,
+            "size": cluster.size,
+            "nearest": [_key_fields(keys[i])["input"] for i in cluster.nearest],
+            "mean_probability": _value(cluster.mean_probability),
+            "mistake_share": _value(cluster.mistake_share),
+        }
+        if result.features == "maps":
+            path = Path("prototypes", f"{_file_name(name)}__c{number}.png")
+            (folder / path).write_bytes(encode_png(_picture(cluster.prototype, cmap)))
+            entry["prototype"] = path.as_posix()
+        else:
+            top = np.argsort(-cluster.prototype, kind="stable")[:TOP_CONCEPTS]
+            names = result.concept_names or [str(i) for i in range(len(cluster.prototype))]
+            entry["concepts"] = {names[i]: _value(cluster.prototype[i]) for i in top}
+        clusters.append(entry)
+    return {
+        "features": result.features,
+        "embedding": result.embedding,
+        "items": len(result),
+        "n_clusters": result.n_clusters,
+        "eigenvalues": [_value(v) for v in result.eigenvalues[:16]],
+        "clusters": clusters,
+    }
+
+
+def _picture(prototype: np.ndarray, cmap: str) -> np.ndarray:
+    """(PROTOTYPE_SIDE, PROTOTYPE_SIDE, 3) uint8: the mean map coloured (signed maps on
+    [-1, 1] around the colormap's middle), enlarged nearest-neighbour."""
+    low = float(prototype.min())
+    scaled = (prototype + 1) / 2 if low < 0 else prototype
+    rgb = (matplotlib.colormaps[cmap](np.clip(scaled, 0, 1))[..., :3] * 255).astype(np.uint8)
+    return np.asarray(Image.fromarray(rgb).resize((PROTOTYPE_SIDE, PROTOTYPE_SIDE), Image.Resampling.NEAREST))

@@ -1,0 +1,59 @@
+"""``explain strategies RUN_DIR``: the strategies of each class in a finished ``explain run
+--save-maps`` folder (SpRAy, :func:`explain.analysis.strategies`), written by
+:func:`explain.analysis.write_strategies` under RUN_DIR/strategies (or --out)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def strategies_command(args) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "manifest.jsonl").is_file():
+        raise UsageError(f"{run_dir} holds no manifest.jsonl: pass the --out folder of a finished `explain run`")
+    clusters = _clusters(args.clusters)
+    classes = [name.strip() for name in args.classes.split(",") if name.strip()] if args.classes else None
+    from ..analysis import strategies, write_strategies
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            found = strategies(
+                run_dir,
+                classes=classes,
+                method=args.method,
+                features=args.features,
+                grid=args.grid,
+                n_clusters=clusters,
+                max_clusters=args.max_clusters,
+                n_neighbors=args.neighbors,
+                embedding=args.embedding,
+                seed=args.seed,
+            )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    for warning in caught:
+        if str(warning.message).startswith("left out the classes"):
+            print(f"explain: note: {warning.message}", file=sys.stderr)
+    out = write_strategies(found, args.out or run_dir / "strategies")
+    for name, result in found.items():
+        sizes = ", ".join(str(cluster.size) for cluster in result.summaries)
+        print(f"{name}: {len(result)} items ({result.features}), {result.n_clusters} clusters of {sizes}")
+    print(f"wrote {out / 'strategies.csv'}, strategies.json and prototypes/")
+    return 0
+
+
+def _clusters(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--clusters: 'auto' (the eigengap's) or a positive number of clusters, got {text!r}")
+    return value
