@@ -20,7 +20,7 @@ from explain.data import SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
 
 def test_sobol_total_indices_of_an_additive_and_a_product_function():
     masks = sobol_designs(3, 256, seed=0)
-    assert masks.shape == (256 * 5, 3) and 0 <= masks.min() and masks.max() <= 1
+    assert masks.shape == (256 * 5, 3) and masks.min() >= 0 and masks.max() <= 1
     # additive: S_Ti = a_i^2 / sum a^2 (the inputs uniform on [0, 1])
     a = torch.tensor([3.0, 1.0, 0.0])
     expected = a**2 / (a**2).sum()
@@ -116,7 +116,7 @@ def test_concept_maps_lie_where_each_concept_is(planted):
     _, images, craft, found = planted
     result = craft.concept_maps(found, images[:2])
     assert result.maps.shape == (2, 2, 16, 16) and result.raw.shape == (2, 2, 16, 16)
-    assert 0 <= result.maps.min() and result.maps.max() <= 1 and result.method == "craft"
+    assert result.maps.min() >= 0 and result.maps.max() <= 1 and result.method == "craft"
     assert result.concepts.shape == (4, 2) and result.targets.tolist() == [[0, 0], [0, 0]]
     green = 0  # concept 0 is the green one (above): it lies on the right half
     assert result.maps[:, green, :, 8:].mean() > 0.3 and result.maps[:, green, :, :8].max() < 0.05

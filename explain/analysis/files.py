@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -27,7 +28,7 @@ from PIL import Image
 from ..report import TEMP_SUFFIX, encode_png
 from .clustering import Strategies
 
-__all__ = ["CSV_FIELDS", "write_strategies"]
+__all__ = ["CSV_FIELDS", "json_number", "replace_folder", "write_strategies"]
 
 #: The columns of ``strategies.csv``.
 CSV_FIELDS = ("input", "method", "target", "class", "cluster", "x", "y", "distance")
@@ -40,14 +41,27 @@ TOP_CONCEPTS = 5
 def write_strategies(found: dict[str, Strategies], out: str | os.PathLike, cmap: str = "jet") -> Path:
     """Write ``found`` (:func:`~explain.analysis.strategies`'s result) to the folder ``out``,
     replacing an earlier one whole; returns ``out``."""
+
+    def fill(temp: Path) -> None:
+        (temp / "prototypes").mkdir()
+        summary = {name: _write_class(temp, name, result, cmap) for name, result in found.items()}
+        (temp / "strategies.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
+        (temp / "strategies.csv").write_text(_csv(found), encoding="utf-8", newline="")
+
+    return replace_folder(out, fill)
+
+
+def replace_folder(out: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
+    """Make the folder ``out`` whole or not at all: ``fill`` writes it under a temporary name
+    beside its place (an empty folder it is given), which is then renamed into place, the
+    earlier ``out`` removed after; an error or Ctrl-C in ``fill`` leaves the earlier folder
+    (or none). Returns ``out``."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
     try:
-        (temp / "prototypes").mkdir(parents=True)
-        summary = {name: _write_class(temp, name, result, cmap) for name, result in found.items()}
-        (temp / "strategies.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
-        (temp / "strategies.csv").write_text(_csv(found), encoding="utf-8", newline="")
+        temp.mkdir()
+        fill(temp)
         old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.old{TEMP_SUFFIX}")
         if out.exists():
             os.replace(out, old)
@@ -63,7 +77,8 @@ def _file_name(text: str) -> str:
     return re.sub(r"[^\w.+-]+", "_", text).strip("_")[:48] or "class"
 
 
-def _value(number) -> float | None:
+def json_number(number) -> float | None:
+    """A number as the JSON files hold it: rounded to 6 decimals, None where not finite."""
     return None if number is None or not math.isfinite(number) else round(float(number), 6)
 
 
@@ -81,7 +96,8 @@ def _csv(found: dict[str, Strategies]) -> str:
         for i, key in enumerate(result.keys or range(len(result))):
             x, y = result.coordinates[i]
             row = {**_key_fields(key), "class": name, "cluster": int(result.clusters[i])}
-            writer.writerow({**row, "x": _value(x), "y": _value(y), "distance": _value(result.distances[i])})
+            distance = json_number(result.distances[i])
+            writer.writerow({**row, "x": json_number(x), "y": json_number(y), "distance": distance})
     return buffer.getvalue()
 
 
@@ -94,8 +110,8 @@ def _write_class(folder: Path, name: str, result: Strategies, cmap: str) -> dict
             "cluster": number,
             "size": cluster.size,
             "nearest": [_key_fields(keys[i])["input"] for i in cluster.nearest],
-            "mean_probability": _value(cluster.mean_probability),
-            "mistake_share": _value(cluster.mistake_share),
+            "mean_probability": json_number(cluster.mean_probability),
+            "mistake_share": json_number(cluster.mistake_share),
         }
         if result.features == "maps":
             path = Path("prototypes", f"{_file_name(name)}__c{number}.png")
@@ -104,14 +120,14 @@ def _write_class(folder: Path, name: str, result: Strategies, cmap: str) -> dict
         else:
             top = np.argsort(-cluster.prototype, kind="stable")[:TOP_CONCEPTS]
             names = result.concept_names or [str(i) for i in range(len(cluster.prototype))]
-            entry["concepts"] = {names[i]: _value(cluster.prototype[i]) for i in top}
+            entry["concepts"] = {names[i]: json_number(cluster.prototype[i]) for i in top}
         clusters.append(entry)
     return {
         "features": result.features,
         "embedding": result.embedding,
         "items": len(result),
         "n_clusters": result.n_clusters,
-        "eigenvalues": [_value(v) for v in result.eigenvalues[:16]],
+        "eigenvalues": [json_number(v) for v in result.eigenvalues[:16]],
         "clusters": clusters,
     }
 
