@@ -60,6 +60,9 @@ __all__ = ["CRAFT", "POSITIONS", "CraftConcepts", "crop_boxes"]
 POSITIONS = ("mean", "all")
 #: The step of grid crops, as a share of their side (xplique's CRAFT: 80 %).
 GRID_STEP = 0.8
+#: The memory the masked activations of one replay pass may take (rows of all the images'
+#: designs together: few passes of many rows are faster than many of a few).
+REPLAY_BYTES = 2**28
 
 
 class _Stop(Exception):
@@ -413,19 +416,17 @@ class CRAFT:
         k = len(concepts)
         masks = sobol_designs(k, self.settings["designs"], seed=self.settings["seed"]).to(grid)
         bank = concepts.bank.to(grid)
-        step = self.settings["batch_size"]
-        found = []
-        for i in range(len(images)):
-            scores = []
-            for start in range(0, len(masks), step):
-                mask = masks[start : start + step]
-                changed = ((mask[:, None, :] * coefficients[i][None]) @ bank).transpose(1, 2)
-                changed = changed.reshape(len(mask), *grid.shape[1:])
-                like = layer_output[i : i + 1].expand(len(mask), *layer_output.shape[1:])
-                output = replay(concepts.layout.to_layer(changed, like), torch.full((len(mask),), i))
-                scores.append(class_logits(output)[:, concepts.target].float().cpu())
-            found.append(jansen_total_indices(torch.cat(scores), k))
-        return torch.stack(found)
+        # every image's masked activations, as many rows a pass as REPLAY_BYTES hold
+        owners = torch.arange(len(images), device=grid.device).repeat_interleave(len(masks))
+        designs = torch.arange(len(masks), device=grid.device).repeat(len(images))
+        step = max(1, min(len(owners), REPLAY_BYTES // (4 * 3 * layer_output[0].numel())))
+        scores = []
+        for start in range(0, len(owners), step):
+            rows, mask = owners[start : start + step], masks[designs[start : start + step]]
+            changed = ((mask[:, None, :] * coefficients[rows]) @ bank).transpose(1, 2).reshape(-1, *grid.shape[1:])
+            output = replay(concepts.layout.to_layer(changed, layer_output[rows]), rows)
+            scores.append(class_logits(output)[:, concepts.target].float().cpu())
+        return torch.stack([jansen_total_indices(row, k) for row in torch.cat(scores).view(len(images), -1)])
 
 
 def _factorize(rows: Tensor, owners: Tensor, count: int, settings: dict):
