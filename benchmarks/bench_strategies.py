@@ -21,7 +21,7 @@ distort the numbers (say so when reporting them).
 ``--craft`` times CRAFT (explain.concepts.CRAFT) instead, on the shortcut benchmark's
 triangles (``--images``, at 64 x 64, the shortcut CNN at block3) or on the bundled
 EfficientNet-Lite0 at 224 (``--craft-model efficientnet_lite0``, the images the benchmark's
-triangles enlarged; layer blocks.5): the whole call, against its baseline in the same
+triangles enlarged; layer bn2, Grad-CAM's): the whole call, against its baseline in the same
 process: the forward passes of the same crops through the whole model plus the NMF of their
 activations (scikit-learn's, as CRAFT runs it), and the importances' replays alone. Goal
 (issue 43): CRAFT <= 1.3 x that baseline.
@@ -116,7 +116,7 @@ def craft_round(model_name: str, images: int, concepts: int, designs: int) -> di
         import explain
 
         model, _, _ = explain.models.load(model_name)
-        inputs, layer = F.interpolate(inputs, size=224, mode="bilinear"), "blocks.5"
+        inputs, layer = F.interpolate(inputs, size=224, mode="bilinear"), "bn2"
     craft = CRAFT(model, layer, concepts=concepts, designs=designs)
     times = {}
     start = time.perf_counter()

@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import os
+import pathlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,7 +46,7 @@ def write_craft(
     pictures: Tensor,
     names: Sequence[str],
     maps: ConceptExplanation | None = None,
-) -> Path:
+) -> pathlib.Path:
     """Write ``found`` (:class:`~explain.concepts.CRAFT`'s result) to the folder ``out``,
     replacing an earlier one whole; returns ``out``.
 

@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import pathlib
 import re
 import shutil
 import uuid
@@ -51,7 +52,7 @@ def write_strategies(found: dict[str, Strategies], out: str | os.PathLike, cmap:
     return replace_folder(out, fill)
 
 
-def replace_folder(out: str | os.PathLike, fill: Callable[[Path], None]) -> Path:
+def replace_folder(out: str | os.PathLike, fill: Callable[[pathlib.Path], None]) -> pathlib.Path:
     """Make the folder ``out`` whole or not at all: ``fill`` writes it under a temporary name
     beside its place (an empty folder it is given), which is then renamed into place, the
     earlier ``out`` removed after; an error or Ctrl-C in ``fill`` leaves the earlier folder

@@ -11,7 +11,7 @@ For the images of one class:
    tokens) averaged per crop as in the paper (``positions="mean"``) or each kept as a row
    (``positions="all"``): a matrix A (crops x channels).
 3. **NMF** A ~= U W into k concepts: W (k x channels) the concept bank, U (crops x k) each
-   crop's coefficients. scikit-learn's :class:`~sklearn.decomposition.NMF` (coordinate
+   crop's coefficients. scikit-learn's ``NMF`` (``sklearn.decomposition``; coordinate
    descent, NNDSVDa start: deterministic given the seed), not a torch NMF: on 4,096 crops of
    512 channels and k = 10 (a planted rank-10 matrix with noise) it reaches a relative error
    of 0.028 in 80 iterations, 2.1 s on this project's 2-core CPU, where multiplicative updates
@@ -23,11 +23,11 @@ For the images of one class:
    on the bank per position (U_x, positions x k: NMF's ``transform``), its coefficients
    multiplied by quasi-Monte-Carlo masks (one value per concept, the same at every position),
    turned back into activations (U_x * mask) W and passed through the layers after the target
-   (:class:`~explain.methods.LayerReplay`, which runs only those); Jansen's estimator gives
+   (:class:`~explain.methods.layer_replay.LayerReplay`, which runs only those); Jansen's estimator gives
    each concept's total index per image, averaged over the images. The concepts are then
    sorted by it: concept 0 is the most important.
 5. **Best crops**: those whose coefficient of the concept is highest; **concept maps** of any
-   image (:meth:`CRAFT.concept_maps`): its activations projected on the bank per position.
+   image (:meth:`~explain.concepts.CRAFT.concept_maps`): its activations projected on the bank per position.
 
 The paper's recursion (concepts of a concept, at an earlier layer) is left out.
 """
@@ -81,7 +81,7 @@ class CraftConcepts:
         (k, C) the concept bank W: each concept's activation of the layer's C channels.
     importances:
         (k,) each concept's total-order Sobol index for the class's logit, the mean over
-        the images (:attr:`image_importances`, (N, k)); descending.
+        the images (``image_importances``, (N, k)); descending.
     coefficients:
         (M, k) each crop's coefficients U (for ``positions="all"``, the largest over the
         crop's positions).
@@ -148,7 +148,8 @@ class CraftConcepts:
 
 def crop_boxes(height: int, width: int, size: int, crops: int | str, generator: torch.Generator) -> Tensor:
     """(m, 4) long: top, left, height, width of the square crops of side ``size`` of an image:
-    ``crops="grid"`` a grid spanning the image whose step is at most :data:`GRID_STEP` of
+    ``crops="grid"`` a grid spanning the image whose step is at most
+    :data:`~explain.concepts.craft.GRID_STEP` of
     the side, or ``crops`` random places (drawn from ``generator``)."""
     size = min(size, height, width)
     if crops == "grid":
@@ -237,6 +238,8 @@ class CRAFT:
         The NMF's iterations, and the seed of the random crops, the NMF's start and the
         Sobol sequence's scrambling (the results are deterministic given it).
 
+    Examples
+    --------
     >>> from explain.data.shortcuts import load_shortcut_model, shortcut_dataset
     >>> data = shortcut_dataset(16, seed=0)
     >>> craft = CRAFT(load_shortcut_model(), "block3", concepts=4, crop_size=24, designs=8)
