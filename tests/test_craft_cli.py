@@ -107,3 +107,23 @@ def test_a_folder_that_is_missing_empty_or_holds_the_output(folder, tmp_path, ca
     inside = folder / "triangles" / "out"
     assert craft(folder, "--out", str(inside), "--crops", "1") == 2
     assert "lies in the images' folder; pick a folder outside" in capsys.readouterr().err and not inside.exists()
+
+
+def test_images_of_different_sizes_after_preprocessing_are_a_usage_error(tmp_path):
+    """The model's preprocessing resizes (every model explain loads): a preprocessing of one's
+    own that keeps the images' sizes gets the message (the command's image reader, directly)."""
+    from types import SimpleNamespace
+
+    from torchvision.transforms import ToTensor
+
+    from explain.cli.craft import _images
+    from explain.errors import UsageError
+
+    for name, size in (("a.png", (20, 16)), ("b.png", (16, 16))):
+        Image.new("RGB", size, (200, 10, 10)).save(tmp_path / name)
+    loaded = SimpleNamespace(preprocess=ToTensor(), device=torch.device("cpu"))
+    with pytest.raises(UsageError, match=r"different sizes after the model's preprocessing .* resize them to one size"):
+        _images(tmp_path, loaded)
+    (tmp_path / "a.png").unlink()
+    names, inputs, pictures = _images(tmp_path, loaded)  # no normalisation found: the pixels as they are
+    assert names == ["b.png"] and inputs.shape == (1, 3, 16, 16) and torch.equal(pictures, inputs)
