@@ -162,6 +162,34 @@ def test_errors_name_the_fix():
         CRAFT(model, "actt")(images, 0)
 
 
+class Product(nn.Module):
+    """Layer ``conv``: red (positive) and minus green (negative) channels; then the logit is
+    the mean over positions of their product, which the negative part carries."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 2, 1, bias=False)
+        with torch.no_grad():
+            self.conv.weight.zero_()
+            self.conv.weight[0, 0] = 1.0
+            self.conv.weight[1, 1] = -1.0
+
+    def forward(self, x):
+        a = self.conv(x)
+        score = (a[:, 0] * a[:, 1]).mean(dim=(1, 2))
+        return torch.stack([score, -score], dim=1)
+
+
+def test_relu_true_varies_the_positive_part_and_replays_the_negative_part_as_it_was():
+    images = two_colour_images()
+    images[:, 1] += 0.5  # green everywhere: the negative channel is never zero
+    found = CRAFT(Product().eval(), "conv", concepts=1, crop_size=8, relu=True, designs=64)(images, 0)
+    assert found.bank[0, 1] == 0 and found.bank[0, 0] > 0  # the concept: the red channel
+    # the logit is linear in the concept's mask (times the green channel kept): its total
+    # index is 1; replayed without the negative part the logit would be 0 and the index 0
+    torch.testing.assert_close(found.image_importances, torch.ones(4, 1), atol=0.05, rtol=0)
+
+
 def test_hygiene_under_no_grad_inference_mode_frozen_weights_and_errors():
     model, images = Planted(), two_colour_images()
     model.conv.weight.requires_grad_(False)

@@ -226,7 +226,8 @@ class CRAFT:
         per crop) or ``"all"`` (each position a row).
     relu:
         Factorize the positive part of a layer whose output is signed (a transformer's
-        block): the concepts then describe it alone, and the importances replay it alone.
+        block, or its MLP's GELU): the concepts then describe it alone, and the importances
+        vary it alone, the negative part replayed as it was.
     designs:
         The quasi-Monte-Carlo designs per concept for the Sobol indices (rounded up to a
         power of two): (k + 2) x designs replays of the later layers per image.
@@ -382,8 +383,8 @@ class CRAFT:
         if low < 0:
             raise ValueError(
                 f"layer {name!r} has negative activations (down to {low:.3g}), and NMF factorizes "
-                "non-negative ones: pick a layer after a ReLU (a block's output in a ResNet, its "
-                "activation in a transformer's MLP), or pass relu=True to factorize its positive part"
+                "non-negative ones: pick a layer after a ReLU (a block's output in a ResNet), or pass "
+                "relu=True to factorize its positive part (a transformer's block or GELU)"
             )
         return grid
 
@@ -416,6 +417,8 @@ class CRAFT:
         replay.prepare(images, layer_output, logits)
         grid = self._spatial(layer_output, concepts.layout, concepts.layer)
         coefficients = _project(concepts, grid).flatten(2).transpose(1, 2)  # (N, positions, k)
+        # relu=True: the concepts vary the positive part; the negative part is replayed as it was
+        negative = concepts.layout.to_spatial(layer_output).float().clamp_max(0) if self.settings["relu"] else None
         k = len(concepts)
         masks = sobol_designs(k, self.settings["designs"], seed=self.settings["seed"]).to(grid)
         bank = concepts.bank.to(grid)
@@ -427,6 +430,8 @@ class CRAFT:
         for start in range(0, len(owners), step):
             rows, mask = owners[start : start + step], masks[designs[start : start + step]]
             changed = ((mask[:, None, :] * coefficients[rows]) @ bank).transpose(1, 2).reshape(-1, *grid.shape[1:])
+            if negative is not None:
+                changed = changed + negative[rows]
             output = replay(concepts.layout.to_layer(changed, layer_output[rows]), rows)
             scores.append(class_logits(output)[:, concepts.target].float().cpu())
         return torch.stack([jansen_total_indices(row, k) for row in torch.cat(scores).view(len(images), -1)])
