@@ -27,7 +27,7 @@ from PIL import Image
 from ..report import TEMP_SUFFIX, encode_png
 from .clustering import Strategies
 
-__all__ = ["CSV_FIELDS", "write_strategies"]
+__all__ = ["CSV_FIELDS", "check_replaceable", "write_strategies"]
 
 #: The columns of ``strategies.csv``.
 CSV_FIELDS = ("input", "method", "target", "class", "cluster", "x", "y", "distance")
@@ -40,23 +40,57 @@ TOP_CONCEPTS = 5
 def write_strategies(found: dict[str, Strategies], out: str | os.PathLike, cmap: str = "jet") -> Path:
     """Write ``found`` (:func:`~explain.analysis.strategies`'s result) to the folder ``out``,
     replacing an earlier one whole; returns ``out``."""
-    out = Path(out)
+    out = Path(out).absolute()
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+    old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.old{TEMP_SUFFIX}")
     try:
         (temp / "prototypes").mkdir(parents=True)
         summary = {name: _write_class(temp, name, result, cmap) for name, result in found.items()}
         (temp / "strategies.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
         (temp / "strategies.csv").write_text(_csv(found), encoding="utf-8", newline="")
-        old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.old{TEMP_SUFFIX}")
         if out.exists():
             os.replace(out, old)
-        os.replace(temp, out)
+        try:
+            os.replace(temp, out)
+        except BaseException:
+            if old.exists() and not out.exists():  # the earlier folder put back
+                os.replace(old, out)
+            raise
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
     return out
+
+
+#: What an earlier ``write_strategies`` left in its folder: the one kind of folder it replaces.
+WRITTEN = frozenset({"strategies.csv", "strategies.json", "prototypes"})
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse an ``out`` that :func:`write_strategies` did not write (a folder holding other
+    files and no ``strategies.json``): replacing it whole would delete them (a run's outputs,
+    a parent folder). A missing or empty folder, or an earlier one of strategies, will do.
+
+    >>> import tempfile; folder = Path(tempfile.mkdtemp()); (folder / "manifest.jsonl").touch()
+    >>> try:
+    ...     check_replaceable(folder)
+    ... except ValueError as error:
+    ...     print(str(error).partition(" holds ")[2])
+    other files than the strategies (manifest.jsonl): give a new folder, or one an earlier run of it wrote
+    """
+    if not out.exists():
+        return
+    names = set(os.listdir(out)) if out.is_dir() else {out.name}
+    if out.is_dir() and (not names or "strategies.json" in names):
+        return
+    others = sorted(names - WRITTEN)
+    listed = f" ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if others else ""
+    raise ValueError(
+        f"{out} holds other files than the strategies{listed}: give a new folder, or one an earlier run of it wrote"
+    )
 
 
 def _file_name(text: str) -> str:
