@@ -107,6 +107,11 @@ def test_a_folder_that_is_missing_empty_or_holds_the_output(folder, tmp_path, ca
     inside = folder / "triangles" / "out"
     assert craft(folder, "--out", str(inside), "--crops", "1") == 2
     assert "lies in the images' folder; pick a folder outside" in capsys.readouterr().err and not inside.exists()
+    # a folder of other files (the images' parent, say) is never replaced: it would be deleted
+    assert craft(folder, "--out", str(folder), "--crops", "1") == 2
+    error = capsys.readouterr().err
+    assert "holds other files than CRAFT's concepts (" in error and "give a new folder" in error
+    assert (folder / "shortcut.pt").is_file() and (folder / "triangles").is_dir()
 
 
 def test_images_of_different_sizes_after_preprocessing_are_a_usage_error(tmp_path):

@@ -114,3 +114,21 @@ def test_both_engines_write_the_manifest_through_the_one_writer():
     assert not hasattr(explain.batch.ray_driver, "write_manifest") and not hasattr(explain.batch.local_run,
                                                                                    "write_manifest")
     assert explain.batch.manifest_file.PUBLISH_SECONDS > 0
+
+
+def test_a_rerun_with_labels_marks_the_rows_it_keeps_as_the_ray_driver_does(tmp_path, capsys):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for i in range(3):
+        noise_image(i, size=(32, 32)).save(inputs / f"img{i}.png")
+    labels = tmp_path / "labels.csv"
+    command = ["run", str(inputs), "--out", str(tmp_path / "out"), "--workers", "0", "-q", "--labels", str(labels)]
+    labels.write_text("path,label\n" + "".join(f"in/img{i}.png,7\n" for i in range(3)))
+    assert main(command) == 0
+    capsys.readouterr()
+    labels.write_text("path,label\n" + "".join(f"in/img{i}.png,{i}\n" for i in range(3)))  # corrected
+    assert main(command) == 0
+    assert summary_counts(capsys.readouterr().out) == (0, 3, 0)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    assert [(row["status"], row["label_id"], row["correct"] == (row["predicted_id"] == i))
+            for i, row in enumerate(rows)] == [("skipped", i, True) for i in range(3)]

@@ -138,6 +138,7 @@ def _copy(run_dir: Path, tmp_path: Path) -> Path:
         (None, ["--clusters", "none"], "--clusters: 'auto'"),
         (None, ["--clusters", "30"], "n_clusters must be 'auto' or an int from 1 to the items less one"),
         (None, ["--method", "lrp"], "no finished rows of method 'lrp'"),
+        (None, ["--classes", "triangle,dog"], "no rows explain the classes dog; the run's classes: triangle"),
     ],
 )
 def test_bad_input_exits_2_with_the_fix_and_writes_nothing(run_dir, tmp_path, capsys, change, options, message):
@@ -163,8 +164,11 @@ def test_bad_input_exits_2_with_the_fix_and_writes_nothing(run_dir, tmp_path, ca
 def test_a_class_with_two_images_is_left_out_with_a_note_or_refused_when_named(run_dir, tmp_path, capsys):
     copy = _copy(run_dir, tmp_path)
     rows = _rows(copy)
-    for row in rows[:2]:  # two rows now explain the disc
+    for row in rows[:2]:  # two rows (and their .npz files) now explain the disc
         row.update(target="0", target_id=0, target_name="disc")
+        with np.load(copy / row["maps"]) as npz:
+            arrays = dict(npz)
+        np.savez(copy / row["maps"], **{**arrays, "targets": np.zeros_like(arrays["targets"])})
     (copy / "manifest.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     assert main(["strategies", str(copy), "--embedding", "spectral"]) == 0
     captured = capsys.readouterr()
@@ -172,3 +176,23 @@ def test_a_class_with_two_images_is_left_out_with_a_note_or_refused_when_named(r
     assert list(json.loads((copy / "strategies" / "strategies.json").read_text())) == ["triangle"]
     assert main(["strategies", str(copy), "--classes", "disc"]) == 2
     assert "class disc: SpRAy needs at least 5 items of a class to cluster, got 2" in capsys.readouterr().err
+
+
+def test_out_never_replaces_a_folder_of_other_files(run_dir, tmp_path, capsys):
+    # --out as the run's folder, a folder above it or one holding other files: refused before
+    # any work (exit 2), nothing deleted; an earlier strategies folder is replaced.
+    copy = _copy(run_dir, tmp_path)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for out in (copy, tmp_path):
+        assert main(["strategies", str(copy), "--out", str(out)]) == 2
+        assert "the run's folder or a folder above it" in capsys.readouterr().err
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert main(["strategies", str(copy), "--out", str(other)]) == 2
+    assert "holds other files than the strategies (keep.txt)" in capsys.readouterr().err
+    assert (other / "keep.txt").read_text() == "mine"
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if not p.is_relative_to(other)) == before
+    assert main(["strategies", str(copy), "--out", str(tmp_path / "mine")]) == 0
+    assert main(["strategies", str(copy), "--out", str(tmp_path / "mine")]) == 0  # its own: replaced
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["prototypes", "strategies.csv", "strategies.json"]

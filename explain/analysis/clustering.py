@@ -152,8 +152,8 @@ class Strategies:
 
 def pooled_features(maps: torch.Tensor | np.ndarray | Sequence, grid: int = 32) -> np.ndarray:
     """(N, grid * grid) float64: each map (H, W) sum-pooled to ``grid`` x ``grid`` (area
-    pooling, which is sum pooling up to a constant; maps smaller than the grid are not
-    enlarged, and maps of different sizes each pooled to the same grid) and divided by its
+    pooling, which is sum pooling up to a constant; maps of different sizes each pooled to
+    the same grid, the side of the smallest map where that is smaller: no map is enlarged) and divided by its
     largest absolute value (an all-zero map stays zero), so that the clusters are about
     where the relevance lies, not how much of it there is."""
     if isinstance(maps, (torch.Tensor, np.ndarray)):
@@ -182,6 +182,11 @@ def knn_affinity(features: np.ndarray, n_neighbors: int = 10) -> csr_matrix:
     return ((graph + graph.T) / 2).tocsr()
 
 
+#: Below this, an eigenvalue of the normalised Laplacian (whose values lie in [0, 2]) is one
+#: of its zeros, which :func:`laplacian_eigenvalues` counts from the graph's components.
+ZERO_EIGENVALUE = 1e-9
+
+
 def laplacian_eigenvalues(affinity: csr_matrix, count: int, seed: int = 0) -> np.ndarray:
     """The ``count`` smallest eigenvalues of the symmetric normalised Laplacian of
     ``affinity``, ascending (scipy's ``eigsh`` in shift-invert mode, as scikit-learn's
@@ -194,11 +199,12 @@ def laplacian_eigenvalues(affinity: csr_matrix, count: int, seed: int = 0) -> np
     count = min(count, n)
     if n <= 200 or count >= n - 1:
         return np.clip(np.linalg.eigvalsh(laplacian.toarray())[:count], 0, None)
+    components = min(int(csgraph.connected_components(affinity, directed=False, return_labels=False)), count)
+    asked = min(count + components, n - 1)  # room for the non-zero values after the zeros it may miss
     start = np.random.default_rng(seed).uniform(-1, 1, n)
-    values = np.clip(-eigsh(-laplacian, k=count, sigma=1.0, which="LM", v0=start, return_eigenvectors=False), 0, None)
-    components = csgraph.connected_components(affinity, directed=False, return_labels=False)
-    zeros = np.zeros(min(int(components), count))
-    return np.sort(np.concatenate([zeros, np.sort(values)[len(zeros) :]]))[:count]
+    values = np.clip(-eigsh(-laplacian, k=asked, sigma=1.0, which="LM", v0=start, return_eigenvectors=False), 0, None)
+    nonzero = np.sort(values[values > ZERO_EIGENVALUE])  # the zeros, found or missed, counted exactly
+    return np.concatenate([np.zeros(components), nonzero])[:count]
 
 
 def eigengap_clusters(eigenvalues: np.ndarray, max_clusters: int) -> int:

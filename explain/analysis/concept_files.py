@@ -36,6 +36,8 @@ __all__ = ["CRAFT_FIELDS", "write_craft"]
 
 #: The columns of ``craft.csv``.
 CRAFT_FIELDS = ("concept", "importance", "importance_sd", "best_image", "best_crop")
+#: What an earlier ``write_craft`` left in its folder: the one kind of folder it replaces.
+WRITTEN = frozenset({"craft.json", "craft.csv", "crops", "maps"})
 #: The side of a crop's PNG, in pixels (enlarged or reduced, bilinear).
 CROP_SIDE = 128
 
@@ -48,7 +50,8 @@ def write_craft(
     maps: ConceptExplanation | None = None,
 ) -> pathlib.Path:
     """Write ``found`` (:class:`~explain.concepts.CRAFT`'s result) to the folder ``out``,
-    replacing an earlier one whole; returns ``out``.
+    replacing an earlier one whole (and refusing a folder of other files, which that would
+    delete: :func:`~explain.analysis.files.check_replaceable`); returns ``out``.
 
     ``pictures`` (N, 3, H, W) in [0, 1] are the images as the model saw them (the boxes'
     pixels), ``names`` their names; ``maps`` the concept maps of the first of them
@@ -79,7 +82,7 @@ def write_craft(
         (temp / "craft.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
         (temp / "craft.csv").write_text(_csv(concepts), encoding="utf-8", newline="")
 
-    return replace_folder(out, fill)
+    return replace_folder(out, fill, "craft.json", WRITTEN, "CRAFT's concepts")
 
 
 def _stem(name: str) -> str:

@@ -29,7 +29,7 @@ from PIL import Image
 from ..report import TEMP_SUFFIX, encode_png
 from .clustering import Strategies
 
-__all__ = ["CSV_FIELDS", "json_number", "replace_folder", "write_strategies"]
+__all__ = ["CSV_FIELDS", "check_replaceable", "json_number", "replace_folder", "write_strategies"]
 
 #: The columns of ``strategies.csv``.
 CSV_FIELDS = ("input", "method", "target", "class", "cluster", "x", "y", "distance")
@@ -52,26 +52,72 @@ def write_strategies(found: dict[str, Strategies], out: str | os.PathLike, cmap:
     return replace_folder(out, fill)
 
 
-def replace_folder(out: str | os.PathLike, fill: Callable[[pathlib.Path], None]) -> pathlib.Path:
+def replace_folder(
+    out: str | os.PathLike,
+    fill: Callable[[pathlib.Path], None],
+    marker: str = "strategies.json",
+    written: frozenset[str] | None = None,
+    what: str = "the strategies",
+) -> pathlib.Path:
     """Make the folder ``out`` whole or not at all: ``fill`` writes it under a temporary name
     beside its place (an empty folder it is given), which is then renamed into place, the
-    earlier ``out`` removed after; an error or Ctrl-C in ``fill`` leaves the earlier folder
-    (or none). Returns ``out``."""
-    out = Path(out)
+    earlier ``out`` removed after; an error or Ctrl-C in ``fill`` (or a failed rename: the
+    earlier folder is put back) leaves the earlier folder (or none). An ``out`` that holds
+    other files and no ``marker`` (what ``fill`` writes) is refused
+    (:func:`check_replaceable`). Returns ``out``."""
+    out = Path(out).absolute()
+    check_replaceable(out, marker, WRITTEN if written is None else written, what)
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
+    old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.old{TEMP_SUFFIX}")
     try:
         temp.mkdir()
         fill(temp)
-        old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.old{TEMP_SUFFIX}")
         if out.exists():
             os.replace(out, old)
-        os.replace(temp, out)
+        try:
+            os.replace(temp, out)
+        except BaseException:
+            if old.exists() and not out.exists():  # the earlier folder put back
+                os.replace(old, out)
+            raise
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
     return out
+
+
+#: What an earlier ``write_strategies`` left in its folder: the one kind of folder it replaces.
+WRITTEN = frozenset({"strategies.csv", "strategies.json", "prototypes"})
+
+
+def check_replaceable(
+    out: Path, marker: str = "strategies.json", written: frozenset[str] = WRITTEN, what: str = "the strategies"
+) -> None:
+    """Refuse an ``out`` that :func:`write_strategies` did not write (a folder holding other
+    files and no ``strategies.json``): replacing it whole would delete them (a run's outputs,
+    a parent folder). A missing or empty folder, or an earlier one of strategies, will do.
+    Another writer names its own ``marker`` file, the names it ``written``, and ``what`` it
+    writes (:func:`~explain.analysis.write_craft`: ``craft.json``, CRAFT's concepts).
+
+    >>> import tempfile; folder = Path(tempfile.mkdtemp()); (folder / "manifest.jsonl").touch()
+    >>> try:
+    ...     check_replaceable(folder)
+    ... except ValueError as error:
+    ...     print(str(error).partition(" holds ")[2])
+    other files than the strategies (manifest.jsonl): give a new folder, or one an earlier run of it wrote
+    """
+    if not out.exists():
+        return
+    names = set(os.listdir(out)) if out.is_dir() else {out.name}
+    if out.is_dir() and (not names or marker in names):
+        return
+    others = sorted(names - written)
+    listed = f" ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if others else ""
+    raise ValueError(
+        f"{out} holds other files than {what}{listed}: give a new folder, or one an earlier run of it wrote"
+    )
 
 
 def _file_name(text: str) -> str:

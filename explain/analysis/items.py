@@ -159,11 +159,14 @@ def items_from_run(
     items = _unique_items(rows)
     arrays = _load_npz(Path(folder), items)
     if concepts:
-        return _run_concepts(items, arrays)
-    maps = [_target_map(arrays[item["maps"]], item) for item in items]
-    groups = items_from_maps(maps, grid, [str(item["target_name"]) for item in items])
-    for group in groups.values():
-        _fill(group, items)
+        groups = _run_concepts(items, arrays)
+    else:
+        maps = [_target_map(arrays[item["maps"]], item) for item in items]
+        groups = items_from_maps(maps, grid, [str(item["target_name"]) for item in items])
+        for group in groups.values():
+            _fill(group, items)
+    for row in rows:
+        row.pop("_map_index", None)  # the rows, as the manifest has them, are the items' keys
     return groups
 
 
@@ -191,6 +194,10 @@ def _run_rows(folder: Path, method: str | None) -> list[dict]:
         raise ValueError(f"the run holds the methods {', '.join(methods)}: name one (method=, --method)")
     chosen = method or methods[0]
     rows = [row for row in rows if row.get("method") == chosen]
+    positions: dict[object, int] = {}
+    for row in rows:  # an image's .npz holds its targets' maps in the order of their rows
+        row["_map_index"] = positions.get(row.get("maps"), 0)
+        positions[row.get("maps")] = row["_map_index"] + 1
     if not rows:
         raise ValueError(f"the run holds no finished rows of method {chosen!r}; its methods: {', '.join(methods)}")
     if any(not row.get("maps") for row in rows):
@@ -206,9 +213,10 @@ def _selected(rows: list[dict], classes: Sequence[str] | None) -> list[dict]:
         return rows
     wanted = {str(c) for c in classes}
     chosen = [row for row in rows if str(row.get("target_name")) in wanted or str(row.get("target_id")) in wanted]
-    if not chosen:
+    found = {str(row.get("target_name")) for row in chosen} | {str(row.get("target_id")) for row in chosen}
+    if wanted - found:
         known = ", ".join(sorted({str(row.get("target_name")) for row in rows}))
-        raise ValueError(f"no rows explain the classes {', '.join(sorted(wanted))}; the run's classes: {known}")
+        raise ValueError(f"no rows explain the classes {', '.join(sorted(wanted - found))}; the run's classes: {known}")
     return chosen
 
 
@@ -239,11 +247,37 @@ def _load_npz(folder: Path, items: list[dict]) -> dict[str, dict]:
 
 
 def _target_map(arrays: dict, row: dict) -> np.ndarray:
-    """The row's map in its image's .npz: the one whose target is the row's class."""
+    """The row's map in its image's .npz: the one at the row's place among the image's rows
+    (two boxes of one class each have theirs), checked against the class it explains."""
     maps, targets = arrays["maps"], np.atleast_1d(arrays["targets"])
-    matches = np.flatnonzero(targets == row.get("target_id"))
-    index = int(matches[0]) if len(matches) else 0
-    return maps[index] if maps.ndim == 3 else maps
+    if maps.ndim == 2:
+        return maps
+    index = row.get("_map_index", 0)
+    if not (index < len(targets) and targets[index] == row.get("target_id")):
+        matches = np.flatnonzero(targets == row.get("target_id"))
+        if not len(matches):
+            raise ValueError(
+                f"{row.get('maps')} holds no map of class {row.get('target_id')} ({row.get('target_name')}): the "
+                "file is not the run's; rerun the same `explain run` with --save-maps --overwrite"
+            )
+        index = int(matches[0])
+    return maps[index]
+
+
+def _target_concepts(npz: dict, target_id) -> dict[int, float]:
+    """{concept: relevance} of one target in an image's .npz of ``--method crp``: its
+    ``concept_ids`` and ``concept_relevances`` are one entry per map (each target's top
+    concepts, ``targets`` naming the class of each: ``--target topk:T`` gives T x K), or one
+    row per target."""
+    ids, values = np.asarray(npz["concept_ids"]), np.asarray(npz["concept_relevances"])
+    targets = np.ravel(npz["targets"])
+    if ids.size == targets.size:  # per map: the maps of this target
+        chosen = np.flatnonzero(targets == target_id)
+        return dict(zip(ids.ravel()[chosen].tolist(), values.ravel()[chosen].tolist(), strict=True))
+    if ids.ndim == 2 and len(ids) == targets.size:  # per target: its row
+        row = int(np.flatnonzero(targets == target_id)[0]) if (targets == target_id).any() else 0
+        return dict(zip(ids[row].tolist(), values[row].tolist(), strict=True))
+    return dict(zip(ids.ravel().tolist(), values.ravel().tolist(), strict=True))
 
 
 def _run_concepts(items: list[dict], arrays: dict) -> dict[str, ClassItems]:
@@ -258,10 +292,7 @@ def _run_concepts(items: list[dict], arrays: dict) -> dict[str, ClassItems]:
                 f"{item['maps']} holds no concept relevances: cluster maps (features='maps'), or run "
                 "`explain run --method crp --save-maps`"
             )
-        ids, values = np.atleast_2d(npz["concept_ids"]), np.atleast_2d(npz["concept_relevances"])
-        matches = np.flatnonzero(np.atleast_1d(npz["targets"]) == item.get("target_id"))
-        row = int(matches[0]) if len(matches) and len(ids) > 1 else 0
-        pairs.append(dict(zip(ids[row].tolist(), values[row].tolist(), strict=True)))
+        pairs.append(_target_concepts(npz, item.get("target_id")))
     layer = str(items[0].get("layer") or "")
     concepts = sorted({c for pair in pairs for c in pair})
     vectors = np.array([[pair.get(c, 0.0) for c in concepts] for pair in pairs], dtype=np.float64)

@@ -44,7 +44,7 @@ def strategies(
     ``--method crp`` runs are clustered on their top concepts' relevances).
 
     Each map is sum-pooled to ``grid`` x ``grid`` (maps of different sizes each to the same
-    grid; smaller maps keep their size) and divided by its largest absolute value; the
+    grid; a map smaller than the grid makes the grid its size for all) and divided by its largest absolute value; the
     items are clustered by spectral clustering on a ``n_neighbors`` nearest-neighbour graph,
     ``n_clusters`` chosen by the eigengap (``"auto"``, at most ``max_clusters``) or given;
     ``embedding`` places them in 2-D: ``tsne``, ``umap`` (where the package is installed),
@@ -110,9 +110,13 @@ def _items(source, classes, method, features, grid) -> dict[str, ClassItems]:
         groups = items_from_maps(source if isinstance(source, (torch.Tensor, np.ndarray)) else list(source), grid)
     if classes is not None:
         wanted = {str(c) for c in classes}
+        missing = wanted - set(groups)
+        if missing:
+            raise ValueError(
+                f"the classes {', '.join(sorted(missing))} are not among the explanations' classes "
+                f"({', '.join(sorted(groups))})"
+            )
         groups = {name: group for name, group in groups.items() if name in wanted}
-        if not groups:
-            raise ValueError(f"none of the classes {', '.join(sorted(wanted))} is among the explanations' classes")
     return groups
 
 

@@ -100,7 +100,10 @@ class LocalRun(DatasetJob):
     def plan(self) -> dict:
         for source, method, error in self.run_plan.make(self.sources, self.options.overwrite):
             self._record(self.explainer.failed_records(source, method, error))
-        self.counts.stats["skipped"] += sum(row["status"] == "skipped" for row in self.run_plan.recorded_rows())
+        for row in self.run_plan.recorded_rows():
+            if row["status"] == "skipped":  # kept from the earlier manifest: marked by this run's --labels
+                self.run_plan.record(self.marked(row))
+                self.counts.count(row)
         return self.run_plan.pending
 
     def begin(self) -> None:

@@ -19,6 +19,13 @@ def craft_command(args) -> int:
     if out.resolve() == folder.resolve() or folder.resolve() in out.resolve().parents:
         raise UsageError(f"--out {out} lies in the images' folder; pick a folder outside {folder}")
     from ..analysis import write_craft
+    from ..analysis.concept_files import WRITTEN
+    from ..analysis.files import check_replaceable
+
+    try:
+        check_replaceable(out.absolute(), "craft.json", WRITTEN, "CRAFT's concepts")  # before the work
+    except ValueError as error:
+        raise UsageError(f"--out {error}") from None
     from ..concepts import CRAFT
     from ..models.loaded import load_model
 

@@ -16,8 +16,20 @@ def strategies_command(args) -> int:
     if not (run_dir / "manifest.jsonl").is_file():
         raise UsageError(f"{run_dir} holds no manifest.jsonl: pass the --out folder of a finished `explain run`")
     clusters = _clusters(args.clusters)
+    out = Path(args.out or run_dir / "strategies").absolute()
+    if out == run_dir.absolute() or out in run_dir.absolute().parents:
+        raise UsageError(
+            f"--out {args.out}: the run's folder or a folder above it; give a folder of its own "
+            f"(by default {run_dir / 'strategies'})"
+        )
     classes = [name.strip() for name in args.classes.split(",") if name.strip()] if args.classes else None
     from ..analysis import strategies, write_strategies
+    from ..analysis.files import check_replaceable
+
+    try:
+        check_replaceable(out)  # before the work
+    except ValueError as error:
+        raise UsageError(f"--out {error}") from None
 
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -39,7 +51,7 @@ def strategies_command(args) -> int:
     for warning in caught:
         if str(warning.message).startswith("left out the classes"):
             print(f"explain: note: {warning.message}", file=sys.stderr)
-    out = write_strategies(found, args.out or run_dir / "strategies")
+    out = write_strategies(found, out)
     for name, result in found.items():
         sizes = ", ".join(str(cluster.size) for cluster in result.summaries)
         print(f"{name}: {len(result)} items ({result.features}), {result.n_clusters} clusters of {sizes}")
