@@ -95,7 +95,7 @@ WRITTEN = frozenset({"strategies.csv", "strategies.json", "prototypes"})
 def check_replaceable(
     out: Path, marker: str = "strategies.json", written: frozenset[str] = WRITTEN, what: str = "the strategies"
 ) -> None:
-    """Refuse an ``out`` that :func:`write_strategies` did not write (a folder holding other
+    """Refuse an ``out`` that :func:`~explain.analysis.write_strategies` did not write (a folder holding other
     files and no ``strategies.json``): replacing it whole would delete them (a run's outputs,
     a parent folder). A missing or empty folder, or an earlier one of strategies, will do.
     Another writer names its own ``marker`` file, the names it ``written``, and ``what`` it
