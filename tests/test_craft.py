@@ -160,6 +160,10 @@ def test_errors_name_the_fix():
         CRAFT(model, "act", crop_size=1.5)
     with pytest.raises(ValueError, match=r"model has no layer named 'actt'; did you mean: act"):
         CRAFT(model, "actt")(images, 0)
+    with pytest.raises(ValueError, match=r"target is a class id in 0\.\.1 \(the model's"):  # before the work
+        CRAFT(model, "act", concepts=2, crop_size=6, designs=8)(images, 5)
+    with pytest.raises(ValueError, match=r"concepts=6 is more than the layer's 4 channels: pass fewer concepts"):
+        CRAFT(model, "act", concepts=6, crop_size=4)(images, 0)
 
 
 class Product(nn.Module):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -106,12 +107,34 @@ def test_a_folder_that_is_missing_empty_or_holds_the_output(folder, tmp_path, ca
     assert "holds no images (" in capsys.readouterr().err
     inside = folder / "triangles" / "out"
     assert craft(folder, "--out", str(inside), "--crops", "1") == 2
-    assert "lies in the images' folder; pick a folder outside" in capsys.readouterr().err and not inside.exists()
-    # a folder of other files (the images' parent, say) is never replaced: it would be deleted
-    assert craft(folder, "--out", str(folder), "--crops", "1") == 2
-    error = capsys.readouterr().err
-    assert "holds other files than CRAFT's concepts (" in error and "give a new folder" in error
+    assert "the images' folder, one in it or one above it" in capsys.readouterr().err and not inside.exists()
+    # the images' parent is never replaced, even where an earlier run's craft.json lies in it
+    (folder / "craft.json").write_text("{}")
+    try:
+        assert craft(folder, "--out", str(folder), "--crops", "1") == 2
+        assert "the images' folder, one in it or one above it" in capsys.readouterr().err
+    finally:
+        (folder / "craft.json").unlink()
     assert (folder / "shortcut.pt").is_file() and (folder / "triangles").is_dir()
+    # nor a folder of other files: it would be deleted
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert craft(folder, "--out", str(other), "--crops", "1") == 2
+    error = capsys.readouterr().err
+    assert "holds other files than CRAFT's concepts (keep.txt)" in error and "give a new folder" in error
+    assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_the_current_folder_as_the_images_folder(folder, tmp_path, monkeypatch, capsys):
+    # `explain concepts craft .` from inside the class's folder: the default --out beside it.
+    work = tmp_path / "triangles"
+    shutil.copytree(folder / "triangles", work)
+    monkeypatch.chdir(work)
+    model = ["--model", str(folder / "shortcut.pt"), "--trust-model-file", "--device", "cpu"]
+    options = ["--layer", "block3", "--concepts", "2", "--designs", "4", "--best", "2", "--crops", "1"]
+    assert main(["concepts", "craft", ".", "--class", "triangle", *model, *options]) == 0
+    assert (tmp_path / "triangles-craft" / "craft.json").is_file()
 
 
 def test_images_of_different_sizes_after_preprocessing_are_a_usage_error(tmp_path):

@@ -10,14 +10,17 @@ from ..errors import UsageError
 
 
 def craft_command(args) -> int:
-    folder = Path(args.folder)
-    if not folder.is_dir():
-        raise UsageError(f"{folder} is not a folder: pass the folder that holds the class's images")
+    if not Path(args.folder).is_dir():
+        raise UsageError(f"{args.folder} is not a folder: pass the folder that holds the class's images")
+    folder = Path(args.folder).resolve()  # `.` and `..` have a name: the default --out goes beside them
     crops = _crops(args.crops)
     crop_size = _crop_size(args.crop_size)
-    out = Path(args.out) if args.out else folder.with_name(f"{folder.name}-craft")
-    if out.resolve() == folder.resolve() or folder.resolve() in out.resolve().parents:
-        raise UsageError(f"--out {out} lies in the images' folder; pick a folder outside {folder}")
+    out = Path(args.out).resolve() if args.out else folder.with_name(f"{folder.name}-craft")
+    if out == folder or folder in out.parents or out in folder.parents:
+        raise UsageError(
+            f"--out {args.out}: the images' folder, one in it or one above it; pick a folder of its "
+            f"own (by default {folder.name}-craft beside it)"
+        )
     from ..analysis import write_craft
     from ..analysis.concept_files import WRITTEN
     from ..analysis.files import check_replaceable

@@ -350,6 +350,9 @@ class CRAFT:
             return class_index(target, self.class_names)
         if isinstance(target, bool) or not isinstance(target, int) or target < 0:
             raise ValueError(f"target is the class: an id (int >= 0) or a name, got {target!r}")
+        if self.class_names and target >= len(self.class_names):
+            last = len(self.class_names) - 1
+            raise ValueError(f"target is a class id in 0..{last} (the model's classes), got {target}")
         return target
 
     def _class_name(self, target: int) -> str | None:
@@ -413,6 +416,9 @@ class CRAFT:
     def _importances(self, concepts: CraftConcepts, images: Tensor, module: nn.Module) -> Tensor:
         """(N, k) each concept's total-order Sobol index for the class's logit, per image."""
         layer_output, logits = _layer_output(self.model, module, images, whole=True)
+        classes = class_logits(logits).shape[1]
+        if concepts.target >= classes:
+            raise ValueError(f"target is a class id in 0..{classes - 1} (the model's outputs), got {concepts.target}")
         replay = LayerReplay(self.model, concepts.layer)
         replay.prepare(images, layer_output, logits)
         grid = self._spatial(layer_output, concepts.layout, concepts.layer)
@@ -447,6 +453,10 @@ def _factorize(rows: Tensor, owners: Tensor, count: int, settings: dict):
         raise ValueError(
             f"concepts={k} needs at least {k} crops, got {count}: pass more images, more crops "
             "(crops=N random ones per image, or a smaller crop_size), or fewer concepts"
+        )
+    if k > rows.shape[1]:
+        raise ValueError(
+            f"concepts={k} is more than the layer's {rows.shape[1]} channels: pass fewer concepts or a wider layer"
         )
     matrix = rows.numpy().astype(np.float32)
     if not matrix.any():
