@@ -255,6 +255,14 @@ def test_a_token_layer_has_its_patch_tokens_as_positions():
     assert found.bank.shape == (3, 6) and torch.isfinite(found.importances).all()
     result = craft.concept_maps(found, images[:2])
     assert result.maps.shape == (2, 3, 16, 16) and result.raw.shape == (2, 3, 4, 4)
+    # at another size, another patch grid: each position is its patch token, in the grid's order
+    big = torch.nn.functional.interpolate(images[:1], size=(24, 24), mode="bilinear")
+    result = craft.concept_maps(found, big)
+    assert result.raw.shape == (1, 3, 6, 6) and result.maps.shape == (1, 3, 24, 24)
+    with torch.no_grad():
+        patches = model.act(model.patches(big))[0]  # (C, 6, 6): the patch tokens before the class token's join
+    expected = found.transform(patches.flatten(1).T)  # (36, k), row-major positions
+    torch.testing.assert_close(result.raw[0].flatten(1).T, expected, atol=1e-5, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")

@@ -321,7 +321,11 @@ class CRAFT:
         module = resolve_layers(self.model, concepts.layer)[concepts.layer]
         with model_lock(self.model), preserved_state(self.model, freeze=False), torch.no_grad():
             output, logits = _layer_output(self.model, module, images, whole=True)
-        grid = self._spatial(output, concepts.layout, concepts.layer)
+        layout = concepts.layout
+        if layout.kind != "spatial" and tuple(images.shape[2:]) != tuple(concepts.input_size):
+            # tokens (or channels last) of another size: another patch grid, the same prefix
+            layout = infer_layout(tuple(output.shape), tuple(images.shape[2:]), self.model, concepts.layer)
+        grid = self._spatial(output, layout, concepts.layer)
         raw = _project(concepts, grid)
         scale = concepts.coefficients.amax(dim=0).clamp_min(1e-12).to(raw)
         maps = F.interpolate(raw / scale.view(1, -1, 1, 1), size=tuple(images.shape[2:]), mode="bilinear")
