@@ -148,6 +148,8 @@ def test_errors_name_the_fix():
         CRAFT(model, "conv", concepts=2)(images - 0.5, 0)
     found = CRAFT(model, "conv", concepts=2, crop_size=8, relu=True, designs=8)(images - 0.5, 0)
     assert found.bank.min() >= 0 and found.settings["relu"]
+    # the concepts' own relu setting maps them, whichever instance is asked
+    assert CRAFT(model, "conv", concepts=2).concept_maps(found, images[:1] - 0.5).maps.shape == (1, 2, 16, 16)
     with pytest.raises(ValueError, match=r"concepts=5 needs at least 5 crops, got 4: pass more images"):
         CRAFT(model, "act", concepts=5, crop_size=16)(images, 0)
     with pytest.raises(ValueError, match=r"unknown class name 'plante'; did you mean: 'planted'"):

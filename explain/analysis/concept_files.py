@@ -64,11 +64,11 @@ def write_craft(
         concepts = [_write_concept(temp, found, j, pictures, names) for j in range(len(found))]
         if maps is not None:
             (temp / "maps").mkdir()
-            for i, name in enumerate(names[: len(maps)]):
+            for i, stem in enumerate(_unique_stems(names[: len(maps)])):
+                picture = (pictures[i].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
                 for j, heat in enumerate(maps.maps[i]):
-                    picture = (pictures[i].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
                     drawn = overlay(picture, heat.cpu().numpy())
-                    (temp / "maps" / f"{_stem(name)}__c{j}.png").write_bytes(encode_png(drawn))
+                    (temp / "maps" / f"{stem}__c{j}.png").write_bytes(encode_png(drawn))
         summary = {
             "class": found.class_name,
             "class_id": found.target,
@@ -83,6 +83,20 @@ def write_craft(
         (temp / "craft.csv").write_text(_csv(concepts), encoding="utf-8", newline="")
 
     return replace_folder(out, fill, "craft.json", WRITTEN, "CRAFT's concepts")
+
+
+def _unique_stems(names: Sequence[str]) -> list[str]:
+    """Each image's file stem, those that two names share (``a.png``, ``a.jpg``) told apart
+    by the image's number.
+
+    >>> _unique_stems(["x/a.png", "x/a.jpg", "b.png"])
+    ['x__a', 'x__a~1', 'b']
+    """
+    stems: list[str] = []
+    for i, name in enumerate(names):
+        stem = _stem(name)
+        stems.append(f"{stem}~{i}" if stem in stems else stem)
+    return stems
 
 
 def _stem(name: str) -> str:

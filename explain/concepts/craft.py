@@ -325,7 +325,7 @@ class CRAFT:
         if layout.kind != "spatial" and tuple(images.shape[2:]) != tuple(concepts.input_size):
             # tokens (or channels last) of another size: another patch grid, the same prefix
             layout = infer_layout(tuple(output.shape), tuple(images.shape[2:]), self.model, concepts.layer)
-        grid = self._spatial(output, layout, concepts.layer)
+        grid = self._spatial(output, layout, concepts.layer, concepts.settings["relu"])
         raw = _project(concepts, grid)
         scale = concepts.coefficients.amax(dim=0).clamp_min(1e-12).to(raw)
         maps = F.interpolate(raw / scale.view(1, -1, 1, 1), size=tuple(images.shape[2:]), mode="bilinear")
@@ -381,10 +381,11 @@ class CRAFT:
         owners = torch.cat([torch.full((len(b),), i) for i, b in enumerate(per_image)])
         return torch.cat([owners[:, None], torch.cat(per_image)], dim=1)
 
-    def _spatial(self, output: Tensor, layout: TokenLayout, name: str) -> Tensor:
-        """The layer's output as (B, C, h, w), non-negative (else a ValueError naming the fix)."""
+    def _spatial(self, output: Tensor, layout: TokenLayout, name: str, relu: bool | None = None) -> Tensor:
+        """The layer's output as (B, C, h, w), non-negative (else a ValueError naming the fix);
+        ``relu``: the concepts' setting (this instance's by default)."""
         grid = layout.to_spatial(output).float()
-        if self.settings["relu"]:
+        if self.settings["relu"] if relu is None else relu:
             return grid.clamp_min(0)
         low = float(grid.min())
         if low < 0:
