@@ -298,3 +298,14 @@ def test_acceptance_the_shortcut_class_s_most_important_concept_is_the_mark(shor
     # the images without the mark owe little to it
     marked = marks.flatten(1).any(dim=1)
     assert found.image_importances[marked, 0].mean() > 3 * found.image_importances[~marked, 0].mean()
+
+
+def test_sobol_indices_do_not_depend_on_the_outputs_scale():
+    # The does-not-vary test compares the outputs' spread with their size, in one unit: logits
+    # scaled by 1e-14 give the same indices, constant ones zeros.
+    masks = sobol_designs(3, 32, seed=0)
+    outputs = masks @ torch.tensor([3.0, 1.0, 0.0], dtype=masks.dtype)
+    reference = jansen_total_indices(outputs, 3)
+    torch.testing.assert_close(jansen_total_indices(outputs * 1e-14, 3), reference)
+    torch.testing.assert_close(jansen_total_indices(outputs * 1e8, 3), reference)
+    assert (jansen_total_indices(torch.full_like(outputs, 1e3), 3) == 0).all()

@@ -51,7 +51,11 @@ def sobol_designs(dimensions: int, designs: int, *, seed: int = 0) -> Tensor:
 
 def jansen_total_indices(outputs: Tensor, dimensions: int) -> Tensor:
     """(dimensions,) the total-order Sobol indices from the function's ``outputs`` on the rows
-    of :func:`sobol_designs` (in its order); zeros where the outputs do not vary."""
+    of :func:`sobol_designs` (in its order); zeros where the outputs do not vary.
+
+    Jansen's estimator, S_Ti = mean((f(A) - f(C_i))²) / (2 Var f): the variance of f(A) and
+    f(B) pooled, as Saltelli et al. (2010) do (xplique's ``JansenEstimator`` takes f(A)'s
+    alone: the same limit, per-image values a little apart on few designs)."""
     outputs = torch.as_tensor(outputs).double().flatten()
     if len(outputs) % (dimensions + 2):
         raise ValueError(
@@ -62,6 +66,7 @@ def jansen_total_indices(outputs: Tensor, dimensions: int) -> Tensor:
     f_a, f_b = outputs[:n], outputs[n : 2 * n]
     f_c = outputs[2 * n :].view(dimensions, n)
     variance = torch.cat([f_a, f_b]).var()
-    if not torch.isfinite(variance) or variance <= 1e-12 * max(float(f_a.abs().max()), 1e-30):
+    # the outputs' spread against their size (both in the outputs' units)
+    if not torch.isfinite(variance) or float(variance.sqrt()) <= 1e-6 * max(float(outputs.abs().max()), 1e-30):
         return torch.zeros(dimensions)
     return (((f_a[None] - f_c) ** 2).mean(dim=1) / (2 * variance)).float()
