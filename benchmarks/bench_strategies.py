@@ -17,6 +17,16 @@ smallest strategy).
 Goal (issue 43): ``strategies()`` on 10,000 maps under 60 s on the 2-core machine, peak
 memory under 2 GB. Medians of ``--repeats`` rounds; other processes on the same cores
 distort the numbers (say so when reporting them).
+
+``--craft`` times CRAFT (explain.concepts.CRAFT) instead, on the shortcut benchmark's
+triangles (``--images``, at 64 x 64, the shortcut CNN at block3) or on the bundled
+EfficientNet-Lite0 at 224 (``--craft-model efficientnet_lite0``, the images the benchmark's
+triangles enlarged; layer bn2, Grad-CAM's): the whole call, against its baseline in the same
+process: the forward passes of the same crops through the whole model plus the NMF of their
+activations (scikit-learn's, as CRAFT runs it), and the importances' replays alone. Goal
+(issue 43): CRAFT <= 1.3 x that baseline.
+
+    .venv/bin/python benchmarks/bench_strategies.py --craft [--images 16] [--designs 32]
 """
 
 from __future__ import annotations
@@ -90,6 +100,60 @@ def one_round(items: int, embedding: str) -> dict:
     }
 
 
+def craft_round(model_name: str, images: int, concepts: int, designs: int) -> dict:
+    """CRAFT timed whole, and its baseline: the crops' forward passes and the NMF."""
+    import torch.nn.functional as F
+    from sklearn.decomposition import NMF
+
+    from explain.concepts import CRAFT, crop_boxes
+    from explain.data import SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
+
+    data = shortcut_dataset(4 * images, seed=1)
+    inputs = data.inputs[data.labels == SHORTCUT_CLASS]
+    if model_name == "shortcut":
+        model, layer = load_shortcut_model(), "block3"
+    else:
+        import explain
+
+        model, _, _ = explain.models.load(model_name)
+        inputs, layer = F.interpolate(inputs, size=224, mode="bilinear"), "bn2"
+    craft = CRAFT(model, layer, concepts=concepts, designs=designs)
+    times = {}
+    start = time.perf_counter()
+    found = craft(inputs, SHORTCUT_CLASS)
+    times["CRAFT"] = time.perf_counter() - start
+    size = round(0.5 * inputs.shape[-1])
+    boxes = crop_boxes(*inputs.shape[2:], size, "grid", torch.Generator())
+    crops = torch.cat([
+        F.interpolate(image[None, :, t : t + h, x : x + w], size=inputs.shape[2:], mode="bilinear", antialias=True)
+        for image in inputs for t, x, h, w in boxes.tolist()
+    ])
+    activations = []
+    hook = model.get_submodule(layer).register_forward_hook(lambda m, a, out: activations.append(out.mean((2, 3))))
+    start = time.perf_counter()
+    with torch.no_grad():
+        for batch in crops.split(64):
+            model(batch)
+    times["forward passes of the crops"] = time.perf_counter() - start
+    hook.remove()
+    start = time.perf_counter()
+    NMF(concepts, init="nndsvda", max_iter=1000, random_state=0).fit(torch.cat(activations).numpy())
+    times["NMF"] = time.perf_counter() - start
+    times["ratio"] = times["CRAFT"] / (times["forward passes of the crops"] + times["NMF"])
+    return {"seconds": times, "crops": len(crops), "images": len(inputs), "top importance": float(found.importances[0])}
+
+
+def run_craft(args) -> None:
+    rounds = [craft_round(args.craft_model, args.images, args.concepts, args.designs) for _ in range(args.repeats)]
+    print(f"CRAFT on {rounds[0]['images']} images, {rounds[0]['crops']} crops ({args.craft_model}, "
+          f"{args.concepts} concepts, {args.designs} designs, {torch.get_num_threads()} threads), "
+          f"medians of {args.repeats} rounds:")
+    for step in rounds[0]["seconds"]:
+        median = statistics.median(r["seconds"][step] for r in rounds)
+        print(f"  {step:<42} {median:8.2f}" + ("" if step == "ratio" else " s"))
+    FIGURES.append({"craft": args.craft_model, "designs": args.designs, "rounds": rounds})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=10_000)
@@ -97,10 +161,25 @@ def main() -> None:
     parser.add_argument("--embedding", default="auto", choices=("auto", "tsne", "umap", "spectral"))
     parser.add_argument("--results", type=Path, default=None)
     parser.add_argument("--round", action="store_true", help=argparse.SUPPRESS)  # one round, JSON out
+    parser.add_argument("--craft", action="store_true", help="time CRAFT instead (see above)")
+    parser.add_argument("--craft-model", default="shortcut", choices=("shortcut", "efficientnet_lite0"))
+    parser.add_argument("--images", type=int, default=16)
+    parser.add_argument("--concepts", type=int, default=10)
+    parser.add_argument("--designs", type=int, default=32)
     args = parser.parse_args()
-    if args.round:
+    if args.craft:
+        run_craft(args)
+    elif args.round:
         print(json.dumps(one_round(args.items, args.embedding)))
         return
+    else:
+        run_spray(args)
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(FIGURES, indent=1))
+
+
+def run_spray(args) -> None:
     rounds = []
     for _ in range(args.repeats):
         command = [sys.executable, __file__, "--round", "--items", str(args.items), "--embedding", args.embedding]
@@ -115,9 +194,6 @@ def main() -> None:
     print(f"  peak RSS {rss:,.0f} MB; clusters {rounds[0]['clusters']}, purity {rounds[0]['purity']:.3f}, "
           f"recall {rounds[0]['recall']:.3f}")
     FIGURES.append({"items": args.items, "embedding": args.embedding, "rounds": rounds})
-    if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(FIGURES, indent=1))
 
 
 if __name__ == "__main__":

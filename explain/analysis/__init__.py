@@ -1,9 +1,11 @@
-"""Explanations read across a dataset: the strategies of a class (SpRAy, :func:`strategies`).
+"""Explanations read across a dataset: the strategies of a class (SpRAy, :func:`strategies`),
+and the files of the concepts a class uses (CRAFT's, :func:`write_craft`).
 
 It reads what the methods and ``explain run`` leave (maps, :class:`~explain.Explanation`\\ s,
 a run folder) and never runs a model itself."""
 
 from .clustering import Strategies, StrategyCluster, eigengap_clusters, knn_affinity, laplacian_eigenvalues, spray
+from .concept_files import write_craft
 from .files import write_strategies
 from .strategies import strategies
 
@@ -15,5 +17,6 @@ __all__ = [
     "laplacian_eigenvalues",
     "spray",
     "strategies",
+    "write_craft",
     "write_strategies",
 ]

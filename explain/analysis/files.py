@@ -15,9 +15,11 @@ import io
 import json
 import math
 import os
+import pathlib
 import re
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -27,7 +29,7 @@ from PIL import Image
 from ..report import TEMP_SUFFIX, encode_png
 from .clustering import Strategies
 
-__all__ = ["CSV_FIELDS", "check_replaceable", "write_strategies"]
+__all__ = ["CSV_FIELDS", "check_replaceable", "json_number", "replace_folder", "write_strategies"]
 
 #: The columns of ``strategies.csv``.
 CSV_FIELDS = ("input", "method", "target", "class", "cluster", "x", "y", "distance")
@@ -40,16 +42,37 @@ TOP_CONCEPTS = 5
 def write_strategies(found: dict[str, Strategies], out: str | os.PathLike, cmap: str = "jet") -> Path:
     """Write ``found`` (:func:`~explain.analysis.strategies`'s result) to the folder ``out``,
     replacing an earlier one whole; returns ``out``."""
+
+    def fill(temp: Path) -> None:
+        (temp / "prototypes").mkdir()
+        summary = {name: _write_class(temp, name, result, cmap) for name, result in found.items()}
+        (temp / "strategies.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
+        (temp / "strategies.csv").write_text(_csv(found), encoding="utf-8", newline="")
+
+    return replace_folder(out, fill)
+
+
+def replace_folder(
+    out: str | os.PathLike,
+    fill: Callable[[pathlib.Path], None],
+    marker: str = "strategies.json",
+    written: frozenset[str] | None = None,
+    what: str = "the strategies",
+) -> pathlib.Path:
+    """Make the folder ``out`` whole or not at all: ``fill`` writes it under a temporary name
+    beside its place (an empty folder it is given), which is then renamed into place, the
+    earlier ``out`` removed after; an error or Ctrl-C in ``fill`` (or a failed rename: the
+    earlier folder is put back) leaves the earlier folder (or none). An ``out`` that holds
+    other files and no ``marker`` (what ``fill`` writes) is refused
+    (:func:`check_replaceable`). Returns ``out``."""
     out = Path(out).absolute()
-    check_replaceable(out)
+    check_replaceable(out, marker, WRITTEN if written is None else written, what)
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}{TEMP_SUFFIX}")
     old = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.old{TEMP_SUFFIX}")
     try:
-        (temp / "prototypes").mkdir(parents=True)
-        summary = {name: _write_class(temp, name, result, cmap) for name, result in found.items()}
-        (temp / "strategies.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
-        (temp / "strategies.csv").write_text(_csv(found), encoding="utf-8", newline="")
+        temp.mkdir()
+        fill(temp)
         if out.exists():
             os.replace(out, old)
         try:
@@ -69,10 +92,14 @@ def write_strategies(found: dict[str, Strategies], out: str | os.PathLike, cmap:
 WRITTEN = frozenset({"strategies.csv", "strategies.json", "prototypes"})
 
 
-def check_replaceable(out: Path) -> None:
-    """Refuse an ``out`` that :func:`write_strategies` did not write (a folder holding other
+def check_replaceable(
+    out: Path, marker: str = "strategies.json", written: frozenset[str] = WRITTEN, what: str = "the strategies"
+) -> None:
+    """Refuse an ``out`` that :func:`~explain.analysis.write_strategies` did not write (a folder holding other
     files and no ``strategies.json``): replacing it whole would delete them (a run's outputs,
     a parent folder). A missing or empty folder, or an earlier one of strategies, will do.
+    Another writer names its own ``marker`` file, the names it ``written``, and ``what`` it
+    writes (:func:`~explain.analysis.write_craft`: ``craft.json``, CRAFT's concepts).
 
     >>> import tempfile; folder = Path(tempfile.mkdtemp()); (folder / "manifest.jsonl").touch()
     >>> try:
@@ -84,12 +111,12 @@ def check_replaceable(out: Path) -> None:
     if not out.exists():
         return
     names = set(os.listdir(out)) if out.is_dir() else {out.name}
-    if out.is_dir() and (not names or "strategies.json" in names):
+    if out.is_dir() and (not names or marker in names):
         return
-    others = sorted(names - WRITTEN)
+    others = sorted(names - written)
     listed = f" ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''})" if others else ""
     raise ValueError(
-        f"{out} holds other files than the strategies{listed}: give a new folder, or one an earlier run of it wrote"
+        f"{out} holds other files than {what}{listed}: give a new folder, or one an earlier run of it wrote"
     )
 
 
@@ -97,7 +124,8 @@ def _file_name(text: str) -> str:
     return re.sub(r"[^\w.+-]+", "_", text).strip("_")[:48] or "class"
 
 
-def _value(number) -> float | None:
+def json_number(number) -> float | None:
+    """A number as the JSON files hold it: rounded to 6 decimals, None where not finite."""
     return None if number is None or not math.isfinite(number) else round(float(number), 6)
 
 
@@ -115,7 +143,8 @@ def _csv(found: dict[str, Strategies]) -> str:
         for i, key in enumerate(result.keys or range(len(result))):
             x, y = result.coordinates[i]
             row = {**_key_fields(key), "class": name, "cluster": int(result.clusters[i])}
-            writer.writerow({**row, "x": _value(x), "y": _value(y), "distance": _value(result.distances[i])})
+            distance = json_number(result.distances[i])
+            writer.writerow({**row, "x": json_number(x), "y": json_number(y), "distance": distance})
     return buffer.getvalue()
 
 
@@ -128,8 +157,8 @@ def _write_class(folder: Path, name: str, result: Strategies, cmap: str) -> dict
             "cluster": number,
             "size": cluster.size,
             "nearest": [_key_fields(keys[i])["input"] for i in cluster.nearest],
-            "mean_probability": _value(cluster.mean_probability),
-            "mistake_share": _value(cluster.mistake_share),
+            "mean_probability": json_number(cluster.mean_probability),
+            "mistake_share": json_number(cluster.mistake_share),
         }
         if result.features == "maps":
             path = Path("prototypes", f"{_file_name(name)}__c{number}.png")
@@ -138,14 +167,14 @@ def _write_class(folder: Path, name: str, result: Strategies, cmap: str) -> dict
         else:
             top = np.argsort(-cluster.prototype, kind="stable")[:TOP_CONCEPTS]
             names = result.concept_names or [str(i) for i in range(len(cluster.prototype))]
-            entry["concepts"] = {names[i]: _value(cluster.prototype[i]) for i in top}
+            entry["concepts"] = {names[i]: json_number(cluster.prototype[i]) for i in top}
         clusters.append(entry)
     return {
         "features": result.features,
         "embedding": result.embedding,
         "items": len(result),
         "n_clusters": result.n_clusters,
-        "eigenvalues": [_value(v) for v in result.eigenvalues[:16]],
+        "eigenvalues": [json_number(v) for v in result.eigenvalues[:16]],
         "clusters": clusters,
     }
 

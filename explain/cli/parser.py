@@ -239,9 +239,11 @@ def _add_evaluate_command(commands) -> None:
 
 def _add_concepts_command(commands) -> None:
     concepts = commands.add_parser(
-        "concepts", help="what a model's channels respond to: the concept atlas of a dataset, feature visualisation",
+        "concepts", help="what a model's channels respond to: the concept atlas of a dataset, feature visualisation, "
+        "the concepts a class uses (CRAFT)",
         description="Concepts of a layer (its channels): their atlas across a dataset (`explain concepts atlas "
-        "--help`) and their feature visualisation (`explain concepts visualize --help`).",
+        "--help`), their feature visualisation (`explain concepts visualize --help`), and the concepts a class "
+        "uses, discovered in its images (`explain concepts craft --help`).",
     )
     subcommands = concepts.add_subparsers(dest="concepts_command", required=True, metavar="SUBCOMMAND")
     atlas = subcommands.add_parser(
@@ -281,6 +283,45 @@ def _add_concepts_command(commands) -> None:
                        help="no progress (bar or lines); errors and the summary still print")
     atlas.set_defaults(handler="concepts:atlas_command")
     _add_visualize_command(subcommands)
+    _add_craft_command(subcommands)
+
+
+def _add_craft_command(subcommands) -> None:
+    craft = subcommands.add_parser(
+        "craft", formatter_class=DefaultsOnceFormatter,
+        help="the concepts a class uses, discovered in a folder of its images (CRAFT)",
+        description="CRAFT (Fel et al., CVPR 2023) on the images of FOLDER, all of the class --class: crops of "
+        "each image resized to the model's input, their activations at --layer factorized by NMF into --concepts "
+        "concepts, each concept ranked by its total-order Sobol index for the class's logit, its best crops "
+        "and its maps on a few images. Writes --out (default: FOLDER-craft beside FOLDER), replacing it whole: "
+        "craft.json (class, layer, settings, NMF error; per concept, most important first: importance, its "
+        "spread over the images, best crops with image, box and coefficient), craft.csv (one row per concept), "
+        "crops/cJ_R.png (concept J's R-th best crop) and maps/IMAGE__cJ.png. Exit status: 0 done, 2 usage error.",
+    )
+    craft.add_argument("folder", metavar="FOLDER", help="a folder of the class's images (searched recursively)")
+    craft.add_argument("--class", required=True, dest="class_name", metavar="C",
+                       help="the class: a name of the model's classes or an id")
+    craft.add_argument("--out", "-o", type=Path, default=None, help="output folder (default: FOLDER-craft)")
+    craft.add_argument("--layer", default=None,
+                       help="the layer factorized, after a ReLU (default: Grad-CAM's; see `explain layers MODEL`)")
+    _add_model_options(craft)
+    craft.add_argument("--concepts", "-k", type=positive_int, default=10, help="the number of concepts")
+    craft.add_argument("--crops", default="grid",
+                       help="'grid' (crops spanning each image, the step 80%% of their side) or a number of random "
+                       "crops per image")
+    craft.add_argument("--crop-size", default="0.5",
+                       help="the crops' side: pixels (such as 96) or a share of the image's side (such as 0.5)")
+    craft.add_argument("--positions", choices=("mean", "all"), default="mean",
+                       help="a crop's activations averaged over its positions (the paper's), or each position a row")
+    craft.add_argument("--relu", action="store_true",
+                       help="factorize the positive part of a layer whose output is signed (a transformer's block)")
+    craft.add_argument("--designs", type=positive_int, default=32,
+                       help="quasi-Monte-Carlo designs per concept for the Sobol indices")
+    craft.add_argument("--best", type=positive_int, default=10, help="best crops written per concept")
+    craft.add_argument("--maps", type=non_negative_int, default=4, help="images whose concept maps are written")
+    craft.add_argument("--batch-size", "-b", type=positive_int, default=64, help="crops per forward pass")
+    craft.add_argument("--seed", type=int, default=0, help="seed of the random crops, the NMF and the Sobol sequence")
+    craft.set_defaults(handler="craft:craft_command")
 
 
 def _add_visualize_command(subcommands) -> None:

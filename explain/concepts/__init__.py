@@ -14,6 +14,9 @@ their reference images in a dataset, and their feature visualisations.
 - :mod:`~explain.concepts.references`: the reference regions (crops) of an atlas's channels;
 - :mod:`~explain.concepts.visualization` and :mod:`~explain.concepts.parameterization`:
   feature visualisation (Fourier, MaCo);
+- :mod:`~explain.concepts.craft` and :mod:`~explain.concepts.sobol`: the concepts a class
+  uses, discovered (CRAFT: :class:`.CRAFT` factorizes crops' activations into concepts,
+  ranks them by total-order Sobol indices and maps them on any image);
 - :mod:`~explain.concepts.propagation`: the passes CRP runs (LRP with gates at layers);
 - :mod:`~explain.concepts.method`: CRP as a method of the registry (``crp``:
   :class:`.ConceptRelevance`), for ``explain run --method crp``.
@@ -21,6 +24,7 @@ their reference images in a dataset, and their feature visualisations.
 
 from .atlas import ChannelStatistics, ConceptAtlas, References, concept_atlas
 from .conditions import Concept, channel_relevance, concept_masks, concept_relevances, parse_concepts
+from .craft import CRAFT, CraftConcepts, crop_boxes
 from .crp import CRP, start_relevance
 from .method import ConceptRelevance
 from .parameterization import FourierImage, MagnitudeImage, natural_magnitude
@@ -28,9 +32,11 @@ from .probe import AtlasBatch, AtlasProbe, LayerBatch
 from .propagation import ConceptPasses, concept_context
 from .references import ReferencePatches, reference_patches
 from .results import AttributionGraph, GraphNode, concept_figure, concept_overlays
+from .sobol import jansen_total_indices, sobol_designs
 from .visualization import FeatureVisualization, Objective, check_objectives, visualize
 
 __all__ = [
+    "CRAFT",
     "CRP",
     "AtlasBatch",
     "AtlasProbe",
@@ -40,6 +46,7 @@ __all__ = [
     "ConceptAtlas",
     "ConceptPasses",
     "ConceptRelevance",
+    "CraftConcepts",
     "FeatureVisualization",
     "FourierImage",
     "GraphNode",
@@ -56,9 +63,12 @@ __all__ = [
     "concept_masks",
     "concept_overlays",
     "concept_relevances",
+    "crop_boxes",
+    "jansen_total_indices",
     "natural_magnitude",
     "parse_concepts",
     "reference_patches",
+    "sobol_designs",
     "start_relevance",
     "visualize",
 ]

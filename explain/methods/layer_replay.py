@@ -127,7 +127,13 @@ class LayerReplay:
         for node in nodes:
             if node.op == "placeholder" or any(source in varying for source in node.all_input_nodes):
                 varying.add(node)
-        frontier = [n for n in nodes if n not in after and n in varying and any(user in after for user in n.users)]
+        # what the tail reads from before the layer (the layer's own input only where a later
+        # node reads it too: the tail starts from the layer's output)
+        frontier = [
+            n
+            for n in nodes
+            if n not in after and n in varying and any(user in after and user is not layer_node for user in n.users)
+        ]
 
         tail = fx.Graph()
         env = {layer_node: tail.placeholder("activation")}
