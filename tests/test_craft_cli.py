@@ -85,6 +85,7 @@ def test_the_default_out_is_beside_the_folder(folder):
         (["--class", "triangel"], r"unknown class name 'triangel'; did you mean: 'triangle'"),
         (["--crops", "some"], r"--crops: 'grid' or a number of random crops per image, got 'some'"),
         (["--crop-size", "2.5"], r"--crop-size: pixels \(such as 96\) or a share"),
+        (["--crop-size", "1"], r"--crop-size 1 means crops of 1 x 1 pixels, under the 8 .* \(--crop-size 1.0 is the whole image"),
         (["--crop-size", "1.0", "--concepts", "7"],
          r"--concepts 7 needs at least 7 crops, got 6: pass more images, more crops \(--crops N"),
         (["--layer", "block3.0"], r"negative activations .* pick a layer after a ReLU .* or pass --relu to factorize"),
