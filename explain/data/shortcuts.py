@@ -44,6 +44,7 @@ __all__ = [
     "ShortcutCNN",
     "ShortcutSet",
     "load_shortcut_model",
+    "mark_images",
     "shortcut_dataset",
 ]
 
@@ -138,6 +139,24 @@ def shortcut_dataset(
     images = torch.where(marks[:, None], pattern[:, None], images)
     images = (images + 0.02 * draws["noise"]).clamp(0, 1)
     return ShortcutSet(images, labels, marks)
+
+
+def mark_images(n: int, *, seed: int = 0, size: int = 64, noise: float = 0.05) -> ShortcutSet:
+    """``n`` images of the mark alone: each at its place in :func:`shortcut_dataset`'s image
+    of the same seed, on a plain colour with a little noise (``noise``, the standard
+    deviation); no shape. A concept's examples for TCAV (:class:`explain.concepts.TCAV`):
+    the mark without the triangles it came with. ``labels`` are those of the images the
+    marks were taken from.
+
+    >>> marks = mark_images(8, seed=1)
+    >>> bool(marks.marked.all()), tuple(marks.inputs.shape)
+    (True, (8, 3, 64, 64))
+    """
+    with_marks = shortcut_dataset(n, seed=seed, size=size, mark_rate=(1.0,) * len(CLASSES))
+    generator = torch.Generator().manual_seed(int(seed))
+    plain = torch.rand(n, 3, 1, 1, generator=generator) + noise * torch.randn(n, 3, size, size, generator=generator)
+    images = torch.where(with_marks.marks[:, None], with_marks.images, plain.clamp(0, 1))
+    return ShortcutSet(images, with_marks.labels, with_marks.marks)
 
 
 def _mark_rates(mark_rate: float | Sequence[float]) -> Tensor:
