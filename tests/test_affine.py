@@ -73,3 +73,49 @@ def test_layer_replay_knows_a_resnet_s_head_is_affine_after_layer4_only():
     assert LayerReplay(model, "layer4").affine  # avgpool, flatten, fc
     assert not LayerReplay(model, "layer3").affine  # layer4's ReLUs
     assert not LayerReplay(model, "layer4.1.bn2").affine  # the residual sum's ReLU
+
+
+def test_split_affine_parts_compose_to_the_whole_and_pass_each_affine_value():
+    from explain.data import load_shortcut_model
+
+    model = torchvision.models.resnet18(num_classes=3).eval()
+    replay = LayerReplay(model, "layer3")
+    head, rest = replay.affine_start()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        activation = model.layer3(model.layer2(model.layer1(model.maxpool(model.relu(model.bn1(model.conv1(x)))))))
+        replay.prepare(x, activation, model(x))
+        rows = torch.arange(2)
+        values = head(activation, rows)  # layer4.0's conv1 -> bn1 and its downsample branch
+        assert len(values) == 2
+        # (rest may change the values in place: resnet's ReLU(inplace=True))
+        torch.testing.assert_close(rest([v.clone() for v in values], rows), model(x), atol=1e-5, rtol=1e-4)
+        # each value is affine in the activation: the values of a weighted sum are the weighted sum
+        other = torch.rand_like(activation)
+        mixed = head(0.3 * activation + 0.7 * other, rows)
+        for value, of_x, of_other in zip(mixed, values, head(other, rows), strict=True):
+            torch.testing.assert_close(value, 0.3 * of_x + 0.7 * of_other, atol=1e-4, rtol=1e-4)
+    shortcut = LayerReplay(load_shortcut_model().eval(), "block3")
+    assert shortcut.affine_start() is not None  # block4's convolution and batch norm, then its ReLU
+    assert LayerReplay(model, "layer4").affine_start() is None  # affine throughout: LayerReplay.affine
+    relu_first = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Flatten(), nn.Linear(4, 2)).eval()
+    assert LayerReplay(relu_first, "0").affine_start() is None  # nothing affine before the ReLU
+
+
+class ReadsTheShape(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        return torch.relu(self.conv(x)).flatten(1)[:, : x.shape[1]]  # the input's shape past the ReLU
+
+
+def test_split_affine_declines_a_rest_that_reads_the_input_past_the_split():
+    from explain.methods.affine import split_affine
+
+    assert split_affine(fx.symbolic_trace(ReadsTheShape()), "x") is None
+    parts = split_affine(fx.symbolic_trace(nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU())), "input")
+    x = torch.randn(2, 4, 3, 3)
+    head, rest = parts
+    torch.testing.assert_close(rest(*head(x)), torch.relu(parts[0].get_submodule("0")(x)))

@@ -141,6 +141,29 @@ def test_an_affine_tail_gives_the_replays_importances_from_k_plus_one_replays_an
     torch.testing.assert_close(few.concept_maps(in_threes, images).raw, craft.concept_maps(found, images).raw)
 
 
+def test_an_affine_start_of_the_later_layers_runs_once_per_concept(monkeypatch):
+    """After the shortcut CNN's block3 come block4's convolution and batch norm (affine),
+    then its ReLU: they run k + 1 times an image, and only the rest for each mask; the
+    importances equal those of replaying every mask up to float rounding."""
+    data = shortcut_dataset(16, seed=1)
+    images = data.inputs[data.labels == SHORTCUT_CLASS]
+    craft = CRAFT(load_shortcut_model(), "block3", concepts=3, designs=8)
+    rows, replay = [], LayerReplay.__call__
+
+    def counted(self, activations, which):
+        rows.append(len(which))
+        return replay(self, activations, which)
+
+    monkeypatch.setattr(LayerReplay, "__call__", counted)
+    split = craft(images, "triangle")
+    assert sum(rows[2:]) == 0  # only prepare's checks replay whole tails
+    monkeypatch.setattr(LayerReplay, "affine_start", lambda self: None)
+    rows.clear()
+    replayed = craft(images, "triangle")
+    assert sum(rows[2:]) == len(images) * len(sobol_designs(3, 8))
+    torch.testing.assert_close(split.image_importances, replayed.image_importances, atol=1e-4, rtol=1e-3)
+
+
 def test_concept_maps_lie_where_each_concept_is(planted):
     _, images, craft, found = planted
     result = craft.concept_maps(found, images[:2])

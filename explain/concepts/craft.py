@@ -32,7 +32,10 @@ For the images of one class:
    affine (a global average pool and a linear classifier, as after a ResNet's ``layer4``
    or EfficientNet's ``bn2``: :func:`~explain.methods.affine.is_affine`), the logit is affine
    in the mask, so k + 1 replays an image give the logit of every mask (equal to replaying
-   each up to float rounding) instead of (k + 2) x ``designs``.
+   each up to float rounding) instead of (k + 2) x ``designs``; where they start affine (a
+   convolution and batch norm before a ReLU: :func:`~explain.methods.affine.split_affine`),
+   that start runs k + 1 times an image and only the rest for each mask
+   (:mod:`~explain.concepts.craft_masks`).
 5. **Best crops**: those whose coefficient of the concept is highest; **concept maps** of any
    image (:meth:`~explain.concepts.CRAFT.concept_maps`): its activations projected on the bank per position.
 
@@ -58,16 +61,14 @@ from ..layers import LayerSpec, find_target_layer, resolve_layers
 from ..methods import LayerReplay
 from ..targets import class_index, class_logits
 from ..tokens import TokenLayout, infer_layout
+from .craft_masks import ConceptMasking
 from .crops import crop_boxes, cut_crops, layer_output
-from .sobol import jansen_total_indices, sobol_designs
+from .sobol import sobol_designs
 
 __all__ = ["CRAFT", "POSITIONS", "CraftConcepts", "crop_boxes"]  # crop_boxes: from .crops
 
 #: How a crop's activation map becomes rows of the matrix the NMF factorizes.
 POSITIONS = ("mean", "all")
-#: The memory the masked activations of one replay pass may take (rows of all the images'
-#: designs together: few passes of many rows are faster than many of a few).
-REPLAY_BYTES = 2**28
 
 
 @dataclass(frozen=True, repr=False)
@@ -188,7 +189,7 @@ class CRAFT:
         The best crops kept per concept.
     batch_size:
         Crops, or images, per forward pass (a replay of the later layers takes as many rows
-        as ``REPLAY_BYTES``, 256 MB, of the layer's activations hold).
+        as :data:`~explain.concepts.craft_masks.REPLAY_BYTES`, 256 MB, of the layer's activations hold).
     max_iter, seed:
         The NMF's iterations, and the seed of the random crops, the NMF's start and the
         Sobol sequence's scrambling (the results are deterministic given it).
@@ -396,60 +397,12 @@ class CRAFT:
             coefficients = _project(concepts, grid).flatten(2).contiguous()  # (B, k, positions)
             # relu=True: the concepts vary the positive part; the negative part is replayed as it was
             negative = concepts.layout.to_spatial(output).float().clamp_max(0) if self.settings["relu"] else None
-            masking = _Masking(replay, concepts, coefficients, negative, output)
+            masking = ConceptMasking(
+                replay, concepts.bank, concepts.layout, concepts.target, coefficients, negative, output
+            )
             per_image.append(masking.importances(masks.to(grid)))
             scales.append(coefficients.amax(dim=(0, 2)).cpu())
         return torch.cat(per_image), torch.stack(scales).amax(dim=0)
-
-
-@dataclass
-class _Masking:
-    """The class's logit of each image with its concept coefficients multiplied by masks,
-    the later layers replayed in as many rows a pass as ``REPLAY_BYTES`` hold."""
-
-    replay: LayerReplay
-    concepts: CraftConcepts
-    coefficients: Tensor  # (N, k, positions)
-    negative: Tensor | None  # (N, C, h, w) the part the concepts leave as it was
-    layer_output: Tensor
-
-    def importances(self, masks: Tensor) -> Tensor:
-        """(N, k) each image's total-order Sobol indices over ``masks`` (:func:`.sobol_designs`)."""
-        k = self.coefficients.shape[1]
-        if self.replay.affine:
-            # the layers after are affine in the activation, itself linear in the mask: the
-            # logit of any mask m is f(0) + sum_j m_j (f(e_j) - f(0)), from k + 1 replays an
-            # image instead of one a mask (equal up to float rounding)
-            outputs = self(torch.cat([torch.zeros(1, k), torch.eye(k)]).to(masks))
-            scores = outputs[:, :1] + (outputs[:, 1:] - outputs[:, :1]) @ masks.T
-        else:
-            scores = self(masks)
-        return torch.stack([jansen_total_indices(row, k) for row in scores.cpu()])
-
-    def __call__(self, masks: Tensor) -> Tensor:
-        """(N, len(masks)) the logits, ``masks`` (M, k)."""
-        n, device = len(self.coefficients), self.coefficients.device
-        owners = torch.arange(n, device=device).repeat_interleave(len(masks))
-        designs = torch.arange(len(masks), device=device).repeat(n)
-        step = max(1, min(len(owners), REPLAY_BYTES // (4 * 3 * self.layer_output[0].numel())))
-        bank = self.concepts.bank.to(self.coefficients).T  # (C, k)
-        layout, tokens = self.concepts.layout, self.concepts.layout.kind == "tokens"
-        scores = []
-        for start in range(0, len(owners), step):
-            rows, mask = owners[start : start + step], masks[designs[start : start + step]]
-            changed = (bank @ (mask[:, :, None] * self.coefficients[rows])).view(len(rows), *self.shape)
-            if self.negative is not None:
-                changed = changed + self.negative[rows]
-            like = self.layer_output[rows] if tokens else self.layer_output  # read for tokens only
-            output = self.replay(layout.to_layer(changed, like), rows)
-            scores.append(class_logits(output)[:, self.concepts.target].float())
-        return torch.cat(scores).view(n, -1)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """(C, h, w) of the layer's grid."""
-        h_w = self.concepts.layout.to_spatial(self.layer_output[:1]).shape[2:]
-        return (self.concepts.bank.shape[1], *h_w)
 
 
 def _factorize(rows: Tensor, owners: Tensor, count: int, settings: dict):

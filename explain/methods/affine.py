@@ -23,7 +23,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["is_affine"]
+__all__ = ["is_affine", "split_affine"]
 
 _MODULES = (
     nn.Linear,
@@ -147,3 +147,87 @@ def _affine_module(module: nn.Module, depth: int) -> bool:
         return False
     names = [node.target for node in traced.graph.nodes if node.op == "placeholder"]
     return len(names) == 1 and is_affine(traced, str(names[0]), depth - 1)
+
+
+def split_affine(module: fx.GraphModule, input_name: str) -> tuple[fx.GraphModule, fx.GraphModule] | None:
+    """``module`` as two parts where it starts with operations affine in its input
+    ``input_name`` and then goes on with others (a convolution and batch norm, then a
+    ReLU): ``head`` takes ``module``'s inputs and returns the tuple of values the affine
+    start passes on (each affine in the input), ``rest`` takes those values and
+    ``module``'s other inputs and returns its output. None where there is no such start
+    (the first operation on the input is not affine), where the whole module is affine
+    (:func:`is_affine` says so), or where the module cannot be traced into its operations.
+
+    Since each passed value is affine in the input, the values for a weighted sum of
+    inputs are the same weighted sum of their values (the weights summing to 1 with the
+    base input): ``rest`` is all that must run for each of many such sums.
+    """
+    try:
+        graph = fx.Tracer().trace(module)  # into every module but torch.nn's own
+    except Exception:  # code the trace cannot follow: no split
+        return None
+    expanded = fx.GraphModule(module, graph)
+    kinds = _kinds(expanded, input_name)
+    if kinds is None:
+        return None
+    affine, nonlinear = kinds
+    output = next(node for node in graph.nodes if node.op == "output")
+    passed = [node for node in graph.nodes if node in affine and any(user in nonlinear for user in node.users)]
+    results = [node for node in output.all_input_nodes if node in affine or node in nonlinear]
+    if not results or any(node in affine for node in results) or all(node.op == "placeholder" for node in passed):
+        return None  # no output past a non-affine operation, one that is affine, or no affine start
+    inputs = [node for node in graph.nodes if node.op == "placeholder"]
+    others = [node for node in inputs if node.target != input_name]
+    try:
+        head = _part(expanded, inputs, lambda node: node in affine, passed, tuple_output=True)
+        rest = _part(expanded, passed + others, lambda node: node in nonlinear, [output.args[0]], tuple_output=False)
+    except _NoSplit:
+        return None
+    return head, rest
+
+
+class _NoSplit(Exception):
+    """The rest reads the input other than through the values passed on."""
+
+
+def _kinds(module: fx.GraphModule, input_name: str) -> tuple[set[fx.Node], set[fx.Node]] | None:
+    """The nodes affine in the input (reached from it through affine operations only) and
+    those past a non-affine one; None where the module has no such input."""
+    affine: set[fx.Node] = set()
+    nonlinear: set[fx.Node] = set()
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            if node.target == input_name:
+                affine.add(node)
+            continue
+        sources = [source for source in node.all_input_nodes if source in affine or source in nonlinear]
+        if not sources or _shape_only(node) or node.op == "output":
+            continue
+        if all(s in affine for s in sources) and _affine_node(module, node, sources, affine, 0):
+            affine.add(node)
+        else:
+            nonlinear.add(node)
+    return (affine, nonlinear) if any(n.op == "placeholder" for n in affine) else None
+
+
+def _part(module: fx.GraphModule, inputs: list[fx.Node], keep, outputs: list, tuple_output: bool) -> fx.GraphModule:
+    """A graph of ``module``'s nodes that ``keep`` accepts, from ``inputs`` (as placeholders)
+    to ``outputs``; the values neither kept nor an input (constants, shapes) computed again."""
+    graph = fx.Graph()
+    env = {node: graph.placeholder(f"input_{i}") for i, node in enumerate(inputs)}
+
+    def copy(node: fx.Node) -> fx.Node:
+        if node not in env:
+            if node.op == "placeholder":  # read past the split (the input's shape, say): none here
+                raise _NoSplit
+            for source in node.all_input_nodes:
+                copy(source)
+            env[node] = graph.node_copy(node, lambda n: env[n])
+        return env[node]
+
+    for node in module.graph.nodes:
+        if keep(node) and node.op not in ("placeholder", "output"):
+            copy(node)
+    results = [copy(node) if isinstance(node, fx.Node) else node for node in outputs]
+    graph.output(tuple(results) if tuple_output else results[0])
+    return fx.GraphModule(module, graph)

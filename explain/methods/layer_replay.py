@@ -18,6 +18,7 @@ forward pass with the layer's output replaced (``reason`` says why).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from contextlib import suppress
 
 import torch
@@ -25,7 +26,7 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
-from .affine import is_affine
+from .affine import is_affine, split_affine
 from .cam_base import map_tensors
 
 __all__ = ["LayerReplay"]
@@ -114,6 +115,29 @@ class LayerReplay:
         weighted sum of activations follows from the outputs of its terms
         (:func:`~explain.methods.affine.is_affine`)."""
         return self.split and self._split is not None and is_affine(self._split[1], "activation")
+
+    def affine_start(self) -> tuple[Callable, Callable] | None:
+        """Where the layers after the target start with operations affine in its output and
+        go on with others (a convolution and batch norm, then a ReLU): ``(head, rest)``,
+        ``head(activations, rows)`` the values that start passes on (a tuple, each affine in
+        the activations) and ``rest(values, rows)`` the model output from them (it may change
+        the values in place, as an in-place ReLU does)
+        (:func:`~explain.methods.affine.split_affine`). None where there is no such start,
+        or the replay is not split."""
+        if not self.split or self._split is None:
+            return None
+        parts = split_affine(self._split[1], "activation")
+        if parts is None:
+            return None
+        head, rest = parts
+
+        def run_head(activations: Tensor, rows: Tensor):
+            return head(activations.to(self._dtype, copy=True), *(value[rows] for value in self._frontier))
+
+        def run_rest(values, rows: Tensor):
+            return rest(*values, *(value[rows] for value in self._frontier))
+
+        return run_head, run_rest
 
     def _build(self) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node]]:
         parts = self.layer_name.split(".")
