@@ -1,0 +1,113 @@
+/* The strategies view of a run's explorer (explain/viewer/strategies_view.py writes its data,
+ * index-data/strategies.js: `explorerStrategies`): per class, the 2-D embedding of its items
+ * (an SVG, points coloured by cluster; a click opens the item's image) and a card per cluster:
+ * its size, prototype map, mean probability and share of mistakes, the images nearest its
+ * centre and its members (a click on one opens it; "show in the grid" filters the rows).
+ * Plain JavaScript, no library; it runs after explorer.js, whose `explorerView` it reads. */
+(function () {
+  "use strict";
+  var view = window.explorerView;
+  if (!view || !view.strategies) return;
+  var data = view.strategies, items = data.items, esc = view.esc, percent = view.percent;
+  var $ = function (id) { return document.getElementById(id); };
+  var SIDE = 320, PAD = 12;
+
+  function note() {
+    var s = view.stale, parts = [];
+    if (s.redone) parts.push(s.redone + " clustered map" + (s.redone === 1 ? " was" : "s were") + " redone");
+    if (s.added) parts.push(s.added + " map" + (s.added === 1 ? " has" : "s have") + " no cluster (explained since)");
+    if (s.gone) parts.push(s.gone + " clustered item" + (s.gone === 1 ? " is" : "s are") + " not in this run");
+    if (!parts.length) return;
+    $("strategies-note").hidden = false;
+    $("strategies-note").textContent = "These strategies are stale: " + parts.join(", ") +
+      " since explain strategies ran. Rerun `explain strategies` on this folder to cluster the run as it is now.";
+  }
+
+  function membersOf(c) {  // each cluster's items (indices of items), by class index and cluster number
+    var members = {};
+    for (var k = 0; k < items.input.length; k++) {
+      if (items["class"][k] !== c) continue;
+      (members[items.cluster[k]] = members[items.cluster[k]] || []).push(k);
+    }
+    return members;
+  }
+
+  function clusterIndex(c, number) {
+    for (var k = 0; k < view.clusters.length; k++) {
+      if (view.clusters[k].cls === c && view.clusters[k].cluster === number) return k;
+    }
+    return -1;
+  }
+
+  function embedding(c, members) {
+    var xs = [], ys = [], ks = [];
+    Object.keys(members).forEach(function (number) { ks = ks.concat(members[number]); });
+    ks.forEach(function (k) { if (items.x[k] !== null) { xs.push(items.x[k]); ys.push(items.y[k]); } });
+    var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs), y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
+    var sx = function (x) { return PAD + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * (SIDE - 2 * PAD); };
+    var sy = function (y) { return SIDE - PAD - (y1 > y0 ? (y - y0) / (y1 - y0) : 0.5) * (SIDE - 2 * PAD); };
+    var points = ks.filter(function (k) { return items.x[k] !== null; }).map(function (k) {
+      var cluster = view.clusters[clusterIndex(c, items.cluster[k])], image = view.itemImage[k];
+      return '<circle cx="' + sx(items.x[k]).toFixed(1) + '" cy="' + sy(items.y[k]).toFixed(1) + '" r="4.5" fill="' +
+        cluster.colour + '" data-cluster="' + clusterIndex(c, items.cluster[k]) + '"' +
+        (image >= 0 ? ' data-image="' + image + '"' : ' class="missing"') + "><title>" + esc(items.input[k]) + " · " +
+        esc(cluster.label) + "</title></circle>";
+    });
+    return '<figure class="embedding"><svg viewBox="0 0 ' + SIDE + " " + SIDE + '" width="' + SIDE + '" height="' + SIDE +
+      '" role="img" aria-label="2-D embedding">' + points.join("") + "</svg><figcaption>" +
+      esc(data.classes[c].embedding || "") + " embedding: one point per item, coloured by cluster; click one to open it" +
+      "</figcaption></figure>";
+  }
+
+  function imageLink(image, text) {
+    return image >= 0 ? '<a href="#" data-image="' + image + '">' + esc(text) + "</a>" : esc(text);
+  }
+
+  function card(c, cluster, members) {
+    var k = clusterIndex(c, cluster.cluster), colour = view.clusters[k].colour, imageOf = {};
+    (members || []).forEach(function (m) { imageOf[items.input[m]] = view.itemImage[m]; });
+    var stats = ["mean probability " + (cluster.mean_probability === null ? "–" : percent(cluster.mean_probability))];
+    if (cluster.mistake_share !== null) stats.push("mistakes " + percent(cluster.mistake_share));
+    var picture = cluster.prototype ? '<figure class="prototype"><img src="' + esc(cluster.prototype) +
+      '" alt="prototype of ' + esc(view.clusters[k].label) + '"><figcaption>prototype (mean map)</figcaption></figure>' : "";
+    if (cluster.concepts) {
+      picture += '<p class="concepts">concepts: ' + Object.keys(cluster.concepts).map(function (name) {
+        return esc(name) + " " + (+cluster.concepts[name]).toFixed(3);
+      }).join(", ") + "</p>";
+    }
+    var nearest = cluster.nearest.map(function (name) {
+      var image = imageOf.hasOwnProperty(name) ? imageOf[name] : -1, src = image >= 0 ? view.originals[image] : null;
+      return '<figure class="near">' + (src ? '<img src="' + esc(src) + '" alt="near the centre" loading="lazy">' : "") +
+        "<figcaption>" + imageLink(image, name.split("/").pop()) + "</figcaption></figure>";
+    }).join("");
+    var list = (members || []).map(function (m) { return "<li>" + imageLink(view.itemImage[m], items.input[m]) + "</li>"; });
+    return '<article class="cluster" data-cluster="' + k + '" style="border-top-color:' + colour + '">' +
+      '<h4><span class="swatch" style="background:' + colour + '"></span>cluster ' + cluster.cluster + " · " +
+      '<span class="size">' + cluster.size + "</span> item" + (cluster.size === 1 ? "" : "s") + "</h4>" + picture +
+      '<p class="stats">' + stats.join(" · ") + "</p>" +
+      '<div class="nearest"><h5>nearest its centre</h5>' + nearest + "</div>" +
+      '<details class="members"><summary>members (' + list.length + ')</summary><ol>' + list.join("") + "</ol></details>" +
+      '<button type="button" class="show-rows" data-cluster="' + k + '">show in the grid</button></article>';
+  }
+
+  function classSection(entry, c) {
+    var members = membersOf(c);
+    return '<section class="strategy-class" data-class="' + esc(entry.name) + '"><h3>' + esc(entry.name) + " · " +
+      entry.items + " items (" + esc(entry.features) + ") · " + entry.clusters.length + " cluster" +
+      (entry.clusters.length === 1 ? "" : "s") + '</h3><div class="strategy-body">' + embedding(c, members) +
+      '<div class="clusters">' + entry.clusters.map(function (cluster) {
+        return card(c, cluster, members[cluster.cluster]);
+      }).join("") + "</div></div></section>";
+  }
+
+  $("strategies-classes").innerHTML = data.classes.map(classSection).join("");
+  note();
+  $("strategies").hidden = false;
+  $("strategies").addEventListener("click", function (event) {
+    var target = event.target.closest("[data-image], button.show-rows");
+    if (!target) return;
+    event.preventDefault();
+    if (target.classList.contains("show-rows")) view.showCluster(+target.dataset.cluster);
+    else view.openDetail(+target.dataset.image);
+  });
+})();
