@@ -4,7 +4,7 @@ important first: its total Sobol index, its spread over the images and its best 
 their image, box and coefficient), ``craft.csv`` (one row per concept), ``crops/cJ_R.png``
 (concept J's R-th best crop, as the model saw it) and ``maps/IMAGE__cJ.png`` (concept J's map
 over a few images, listed in craft.json's ``maps``) and ``index.html``, its page
-(:func:`explain.viewer.craft_page.craft_page`: the concepts ranked by importance with their
+(``explain/viewer/craft_page.py``: the concepts ranked by importance with their
 crops, and the maps).
 
 The folder is written beside its place and renamed into place at the end
