@@ -23,10 +23,10 @@ from test_viewer import _errors, _loaded, _open, browser  # noqa: F401  (browser
 
 from explain.cli import main
 from explain.data import SHORTCUT_CLASS
-from explain.viewer import read_page
+from explain.viewer import PageRun, read_page
 from explain.viewer.craft_page import craft_page
 from explain.viewer.pages import bar
-from explain.viewer.strategies_view import STRATEGIES_SCRIPT, read_strategies_script
+from explain.viewer.strategies_view import STRATEGIES_SCRIPT, include_script, read_strategies_script
 
 pytestmark = pytest.mark.xdist_group("browser")
 IMAGES = 12
@@ -36,7 +36,8 @@ RUN = ("--method", "gradcam", "--layer", "block3", "--target", str(SHORTCUT_CLAS
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> dict[str, Path]:
     """``run``: an explain run of 12 images with labels, then explain strategies (2 clusters);
-    ``rerun``: a copy of it run again with one image more (the strategies now stale)."""
+    ``rerun``: a copy of it run again with one image more, ``redone``: a copy run again with
+    --overwrite (the strategies of both now stale)."""
     root = shortcut_folder(tmp_path_factory.mktemp("strategy-pages"), IMAGES)
     run = root / "run"
     assert explain_run(root, run, *RUN, "--labels", str(root / "labels.csv")) == 0
@@ -47,7 +48,10 @@ def made(tmp_path_factory) -> dict[str, Path]:
     shutil.copy(root / "in" / "img00.png", root / "extra" / "new.png")
     model = ["--model", str(root / "shortcut.pt"), "--trust-model-file", "-j", "0", "-q", "--device", "cpu"]
     assert main(["run", str(root / "in"), str(root / "extra"), "--out", str(rerun), *RUN, *model]) == 0  # 1 new
-    return {"root": root, "run": run, "rerun": rerun}
+    redone = root / "redone"
+    shutil.copytree(run, redone)
+    assert main(["run", str(root / "in"), "--out", str(redone), *RUN, *model, "--overwrite"]) == 0
+    return {"root": root, "run": run, "rerun": rerun, "redone": redone}
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +96,21 @@ def test_a_rerun_of_explain_run_keeps_the_strategies_in_its_page(made):
     assert STRATEGIES_SCRIPT in read_page(made["rerun"] / "index.html")["extras"]
     assert _strategies(made["rerun"]) == _strategies(made["run"])  # what the page flags as stale: in the browser
     assert len(read_page(made["rerun"] / "index.html")["images"]) == IMAGES + 1
+
+
+def test_either_engines_page_includes_the_strategies_once(tmp_path):
+    from explain.batch.page import write_page
+    from explain.batch.storage import OutputFolder
+
+    rows = [{"input": "a.png", "method": "gradcam", "target": "top1", "status": "ok", "output": "a.png"}]
+    write_page(OutputFolder(str(tmp_path)), rows, PageRun())  # what both engines call
+    assert read_page(tmp_path / "index.html")["extras"] == {}
+    (tmp_path / STRATEGIES_SCRIPT).write_bytes(b'explorerStrategies = JSON.parse("{}");\n')
+    write_page(OutputFolder(str(tmp_path)), rows, PageRun())
+    document = (tmp_path / "index.html").read_text()
+    assert list(read_page(tmp_path / "index.html")["extras"]) == [STRATEGIES_SCRIPT]
+    assert include_script(document, STRATEGIES_SCRIPT) == document  # once
+    assert document.index(STRATEGIES_SCRIPT) < document.index("explorerSetup.times")
 
 
 def test_craft_writes_its_page_and_the_maps_it_shows(crafted):
@@ -222,6 +241,10 @@ def test_after_a_rerun_the_page_keeps_the_clusters_and_says_they_are_stale(brows
     _choose(browser, "sort", "cluster-asc")  # the image without a cluster last
     assert browser.find_elements(By.CSS_SELECTOR, "#canvas .cluster-chip")[0].get_attribute("data-cluster") == "0"
     assert _errors(browser) == []
+    _open(browser, made["redone"] / "index.html")  # every map redone by --overwrite
+    note = browser.find_element(By.ID, "strategies-note")
+    assert note.is_displayed() and f"{IMAGES} clustered maps were redone" in note.text
+    assert _errors(browser) == []
 
 
 def test_craft_page_lists_the_concepts_by_importance_with_their_crops(browser, crafted):  # noqa: F811
@@ -244,3 +267,39 @@ def _open_static(driver, index: Path):
     driver.get(index.as_uri())
     assert driver.execute_script("return document.readyState") == "complete"
     return driver
+
+
+def test_a_class_not_clustered_is_not_stale_and_concept_clusters_list_their_concepts(browser, tmp_path):  # noqa: F811
+    """A page made by hand: cats and dogs explained, only the dogs clustered (on concepts, as
+    a crp run's: no prototype PNG, the cluster's top concepts instead)."""
+    from selenium.webdriver.common.by import By
+
+    from explain.viewer import page_files
+    from explain.viewer.strategies_view import write_run_strategies
+
+    rows = [{"input": f"{kind}{i}.png", "method": "crp", "target": "top1", "target_id": k, "target_name": kind,
+             "status": "ok", "seconds": 0.5 + i, "predicted_id": k, "predicted_name": kind}
+            for k, kind in enumerate(("cat", "dog")) for i in range(5)]
+    (tmp_path / "manifest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    for name, data in page_files(rows).items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    out = tmp_path / "strategies"
+    out.mkdir()
+    clusters = [{"cluster": c, "size": size, "nearest": [f"dog{c}.png"], "mean_probability": 0.5,
+                 "mistake_share": None, "concepts": {f"layer4:{c}": 0.9}} for c, size in ((0, 3), (1, 2))]
+    (out / "strategies.json").write_text(json.dumps({"dog": {"features": "concepts", "embedding": "spectral",
+                                                             "items": 5, "clusters": clusters}}))
+    (out / "strategies.csv").write_text("input,method,target,class,cluster,x,y,distance\n" + "".join(
+        f"dog{i}.png,crp,top1,dog,{int(i >= 3)},{i},{i % 2},0.1\n" for i in range(5)))
+    write_run_strategies(tmp_path, out)
+    _open(browser, tmp_path / "index.html")
+    assert not browser.find_element(By.ID, "strategies-note").is_displayed()  # the cats: not asked for
+    _choose(browser, "cluster", "-1")
+    assert _count(browser) == 5 and all(name.startswith("cat") for name in _rows_shown(browser))
+    cards = browser.find_elements(By.CSS_SELECTOR, "#strategies article.cluster")
+    assert ["concepts: layer4:0 0.900" in cards[0].text, "concepts: layer4:1 0.900" in cards[1].text] == [True, True]
+    assert browser.find_elements(By.CSS_SELECTOR, "#strategies .prototype") == []
+    assert "mistakes" not in cards[0].text  # no labels
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#strategies svg circle")) == 5
+    assert _errors(browser) == []

@@ -94,8 +94,12 @@
       }
       if (!found) stale.gone++;
     }
-    for (g = 0; g < nMaps; g++) {  // maps of a clustered method that no item has: images added since
-      if (mCluster[g] < 0 && mStatus[g] !== 2 && methods[tables.method[mMethod[g]]]) stale.added++;
+    var named = {};  // the classes clustered (those left out, or not asked for, have no clusters)
+    strategies.classes.forEach(function (entry) { named[entry.name] = 1; });
+    for (g = 0; g < nMaps; g++) {  // maps of a method and class clustered that no item has: explained since
+      if (mCluster[g] < 0 && mStatus[g] !== 2 && methods[tables.method[mMethod[g]]] && named[className[mClass[g]]]) {
+        stale.added++;
+      }
     }
   })();
 
