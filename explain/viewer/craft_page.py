@@ -11,7 +11,7 @@ from __future__ import annotations
 from html import escape
 
 from . import link, readable
-from .pages import bar, number, static_page
+from .pages import bar, number, static_page, table
 
 __all__ = ["craft_page"]
 
@@ -47,11 +47,8 @@ def _concept_rows(concepts: list[dict]) -> str:
             f"<td>{bar(importance, high, spread=spread, title=shown)}</td>"
             f'<td class="number importance">{shown}</td><td>{_crops(entry)}</td></tr>'
         )
-    return (
-        '<table class="results" id="concepts"><thead><tr><th>rank</th><th>concept</th>'
-        "<th>importance (total Sobol index)</th><th>value ± sd over the images</th><th>best crops</th></tr>"
-        f"</thead><tbody>{''.join(rows)}</tbody></table>"
-    )
+    headers = ["rank", "concept", "importance (total Sobol index)", "value ± sd over the images", "best crops"]
+    return table("concepts", headers, rows)
 
 
 def _maps(document: dict, order: list[int]) -> str:
@@ -59,7 +56,6 @@ def _maps(document: dict, order: list[int]) -> str:
     images = document.get("maps") or []
     if not images:
         return ""
-    head = "".join(f"<th>concept {j}</th>" for j in order)
     rows = []
     for entry in images:
         files = entry.get("files") or []
@@ -74,8 +70,7 @@ def _maps(document: dict, order: list[int]) -> str:
     return (
         '<h2>Concept maps</h2><p class="muted">where each concept lies in an image: its activations '
         "projected on the concept bank, drawn over the image as the model saw it</p>"
-        f'<table class="results" id="maps"><thead><tr><th>image</th>{head}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table>"
+        + table("maps", ["image", *(f"concept {j}" for j in order)], rows)
     )
 
 

@@ -16,7 +16,7 @@ from html import escape
 
 from . import asset
 
-__all__ = ["bar", "number", "static_page"]
+__all__ = ["bar", "number", "static_page", "table"]
 
 
 def number(value, digits: int = 3) -> str:
@@ -65,6 +65,21 @@ def bar(
         if dot is not None and math.isfinite(dot)
     )
     return f'<div class="bar" title="{escape(title)}">{"".join(parts)}</div>'
+
+
+def table(table_id: str, headers: Sequence[str], rows: Sequence[str]) -> str:
+    """A table of results (``class="results"``) with the column ``headers`` (plain text) and
+    the ``rows``: each a ``<tr>`` element's HTML (a page kind makes them, with the data
+    attributes its tests and scripts read).
+
+    >>> table("t", ["a"], ["<tr><td>1</td></tr>"])
+    '<table class="results" id="t"><thead><tr><th>a</th></tr></thead><tbody><tr><td>1</td></tr></tbody></table>'
+    """
+    head = "".join(f"<th>{escape(text)}</th>" for text in headers)
+    return (
+        f'<table class="results" id="{escape(table_id)}"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def static_page(title: str, counts: str, body: str, *, style: str = "", script: str = "", writer: str = "") -> str:
