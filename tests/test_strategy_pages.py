@@ -303,3 +303,19 @@ def test_a_class_not_clustered_is_not_stale_and_concept_clusters_list_their_conc
     assert "mistakes" not in cards[0].text  # no labels
     assert len(browser.find_elements(By.CSS_SELECTOR, "#strategies svg circle")) == 5
     assert _errors(browser) == []
+    # both classes clustered: one class shown at a time, picked from a list
+    summary = json.loads((out / "strategies.json").read_text())
+    summary["cat"] = dict(summary["dog"], features="maps", clusters=[dict(clusters[0], size=5, concepts=None)])
+    (out / "strategies.json").write_text(json.dumps(summary))
+    with (out / "strategies.csv").open("a") as table:
+        table.write("".join(f"cat{i}.png,crp,top1,cat,0,{i},0,0.1\n" for i in range(5)))
+    write_run_strategies(tmp_path, out)
+    _open(browser, tmp_path / "index.html")
+    assert [o.text for o in browser.find_elements(By.CSS_SELECTOR, "#strategy-class option")] == [
+        "dog · 5 items · 2 clusters", "cat · 5 items · 1 cluster"]
+    _choose(browser, "strategy-class", "1")
+    section = browser.find_element(By.CSS_SELECTOR, "#strategies .strategy-class")
+    assert section.get_attribute("data-class") == "cat" and len(section.find_elements(By.CSS_SELECTOR, "circle")) == 5
+    _choose(browser, "cluster", "-1")
+    assert _count(browser) == 0  # every image has its cluster now
+    assert _errors(browser) == []

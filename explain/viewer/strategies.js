@@ -2,7 +2,8 @@
  * index-data/strategies.js: `explorerStrategies`): per class, the 2-D embedding of its items
  * (an SVG, points coloured by cluster; a click opens the item's image) and a card per cluster:
  * its size, prototype map, mean probability and share of mistakes, the images nearest its
- * centre and its members (a click on one opens it; "show in the grid" filters the rows).
+ * centre and its members (a click on one opens it; "show in the grid" filters the rows); one
+ * class at a time, chosen in a list where there are several.
  * Plain JavaScript, no library; it runs after explorer.js, whose `explorerView` it reads. */
 (function () {
   "use strict";
@@ -100,7 +101,18 @@
       }).join("") + "</div></div></section>";
   }
 
-  $("strategies-classes").innerHTML = data.classes.map(classSection).join("");
+  // one class at a time (a run of many classes would draw them all at once otherwise)
+  function show() { var c = +$("strategy-class").value; $("strategies-classes").innerHTML = classSection(data.classes[c], c); }
+  data.classes.forEach(function (entry, c) {
+    var o = document.createElement("option");
+    o.value = c;
+    o.textContent = entry.name + " · " + entry.items + " items · " + entry.clusters.length + " cluster" +
+      (entry.clusters.length === 1 ? "" : "s");
+    $("strategy-class").appendChild(o);
+  });
+  $("strategy-class-control").hidden = data.classes.length < 2;
+  $("strategy-class").addEventListener("change", show);
+  if (data.classes.length) show();
   note();
   $("strategies").hidden = false;
   $("strategies").addEventListener("click", function (event) {
