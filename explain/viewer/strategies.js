@@ -11,7 +11,7 @@
   if (!view || !view.strategies) return;
   var data = view.strategies, items = data.items, esc = view.esc, percent = view.percent;
   var $ = function (id) { return document.getElementById(id); };
-  var SIDE = 320, PAD = 12;
+  var SIDE = 320, PAD = 12, LISTED = 500;  // members listed per card (all of them: in the grid)
 
   function note() {
     var s = view.stale, parts = [];
@@ -81,13 +81,16 @@
       return '<figure class="near">' + (src ? '<img src="' + esc(src) + '" alt="near the centre" loading="lazy">' : "") +
         "<figcaption>" + imageLink(image, name.split("/").pop()) + "</figcaption></figure>";
     }).join("");
-    var list = (members || []).map(function (m) { return "<li>" + imageLink(view.itemImage[m], items.input[m]) + "</li>"; });
+    var all = members || [], list = all.slice(0, LISTED).map(function (m) {
+      return "<li>" + imageLink(view.itemImage[m], items.input[m]) + "</li>";
+    });
+    if (all.length > LISTED) list.push('<li class="muted">and ' + (all.length - LISTED) + " more: show in the grid</li>");
     return '<article class="cluster" data-cluster="' + k + '" style="border-top-color:' + colour + '">' +
       '<h4><span class="swatch" style="background:' + colour + '"></span>cluster ' + cluster.cluster + " · " +
       '<span class="size">' + cluster.size + "</span> item" + (cluster.size === 1 ? "" : "s") + "</h4>" + picture +
       '<p class="stats">' + stats.join(" · ") + "</p>" +
       '<div class="nearest"><h5>nearest its centre</h5>' + nearest + "</div>" +
-      '<details class="members"><summary>members (' + list.length + ')</summary><ol>' + list.join("") + "</ol></details>" +
+      '<details class="members"><summary>members (' + all.length + ')</summary><ol>' + list.join("") + "</ol></details>" +
       '<button type="button" class="show-rows" data-cluster="' + k + '">show in the grid</button></article>';
   }
 
