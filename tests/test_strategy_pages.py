@@ -218,7 +218,10 @@ def test_the_strategies_view_shows_each_cluster_and_the_embedding(browser, made)
     assert browser.execute_script(f"return getComputedStyle({point}).fill") == swatch
     # a click on a point opens its image; "show in the grid" filters the rows to the cluster
     first = points[0]
-    name = browser.execute_script("return arguments[0].querySelector('title').textContent", first).split(" · ")[0]
+    name = data["items"]["input"][int(first.get_attribute("data-item"))]
+    browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('mouseover', {bubbles: true}))", first)
+    assert section.find_element(By.CSS_SELECTOR, ".embedding .hovered").text == f"{name} · {entry['name']} · c" + \
+        first.get_attribute("data-cluster")
     browser.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", first)
     assert browser.find_element(By.ID, "detail").is_displayed()
     assert browser.find_element(By.CSS_SELECTOR, "#detail-body h2").text == name

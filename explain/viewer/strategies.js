@@ -47,17 +47,19 @@
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs), y0 = Math.min.apply(null, ys), y1 = Math.max.apply(null, ys);
     var sx = function (x) { return PAD + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * (SIDE - 2 * PAD); };
     var sy = function (y) { return SIDE - PAD - (y1 > y0 ? (y - y0) / (y1 - y0) : 0.5) * (SIDE - 2 * PAD); };
+    var index = {};  // cluster number -> index of view.clusters
+    Object.keys(members).forEach(function (number) { index[number] = clusterIndex(c, +number); });
     var points = ks.filter(function (k) { return items.x[k] !== null; }).map(function (k) {
-      var cluster = view.clusters[clusterIndex(c, items.cluster[k])], image = view.itemImage[k];
+      var cluster = index[items.cluster[k]], image = view.itemImage[k];
       return '<circle cx="' + sx(items.x[k]).toFixed(1) + '" cy="' + sy(items.y[k]).toFixed(1) + '" r="4.5" fill="' +
-        cluster.colour + '" data-cluster="' + clusterIndex(c, items.cluster[k]) + '"' +
-        (image >= 0 ? ' data-image="' + image + '"' : ' class="missing"') + "><title>" + esc(items.input[k]) + " · " +
-        esc(cluster.label) + "</title></circle>";
+        view.clusters[cluster].colour + '" data-cluster="' + cluster + '" data-item="' + k + '"' +
+        (image >= 0 ? ' data-image="' + image + '"' : ' class="missing"') + "></circle>";
     });
+    // the name of the point under the pointer in the caption (a <title> per point doubles the SVG's elements)
     return '<figure class="embedding"><svg viewBox="0 0 ' + SIDE + " " + SIDE + '" width="' + SIDE + '" height="' + SIDE +
-      '" role="img" aria-label="2-D embedding">' + points.join("") + "</svg><figcaption>" +
-      esc(data.classes[c].embedding || "") + " embedding: one point per item, coloured by cluster; click one to open it" +
-      "</figcaption></figure>";
+      '" role="img" aria-label="2-D embedding">' + points.join("") + '</svg><figcaption><span class="hovered">' +
+      esc(data.classes[c].embedding || "") + " embedding: one point per item, coloured by cluster; point at one " +
+      "for its name, click it to open it</span></figcaption></figure>";
   }
 
   function imageLink(image, text) {
@@ -118,6 +120,12 @@
   if (data.classes.length) show();
   note();
   $("strategies").hidden = false;
+  $("strategies").addEventListener("mouseover", function (event) {
+    var point = event.target.closest("circle[data-item]"), caption = point && point.closest("figure").querySelector(".hovered");
+    if (!caption) return;
+    var k = +point.dataset.item;
+    caption.textContent = items.input[k] + " · " + view.clusters[+point.dataset.cluster].label;
+  });
   $("strategies").addEventListener("click", function (event) {
     var target = event.target.closest("[data-image], button.show-rows");
     if (!target) return;
