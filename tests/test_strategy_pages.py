@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from PIL import Image
@@ -322,3 +323,15 @@ def test_a_class_not_clustered_is_not_stale_and_concept_clusters_list_their_conc
     _choose(browser, "cluster", "-1")
     assert _count(browser) == 0  # every image has its cluster now
     assert _errors(browser) == []
+
+
+def test_strategies_written_elsewhere_are_linked_from_the_run(made, tmp_path):
+    from explain.viewer.strategies_view import strategies_data
+
+    elsewhere = tmp_path / "horse strategies"
+    shutil.copytree(made["run"] / "strategies", elsewhere)
+    data = strategies_data(made["run"], elsewhere)
+    assert data["items"] == _strategies(made["run"])["items"]
+    for cluster in data["classes"][0]["clusters"]:
+        assert cluster["prototype"].startswith("../../") and "horse%20strategies/prototypes/" in cluster["prototype"]
+        assert (made["run"] / unquote(cluster["prototype"])).is_file()

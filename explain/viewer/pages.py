@@ -6,7 +6,15 @@ they draw: numbers, and bars with their spread and the values they are compared 
 A page kind is one module of :mod:`explain.viewer` with one public function from its folder's
 JSON document to the page's text (:func:`explain.viewer.concept_page.concept_page`,
 :func:`explain.viewer.craft_page.craft_page`); the writer of the folder calls it and writes
-``index.html``. The pages need no server and no network: they are read from file://."""
+``index.html``. The pages need no server and no network: they are read from file://.
+
+A new page kind (TCAV's scores, say) is: a module ``explain/viewer/KIND_page.py`` with
+``KIND_page(document) -> str`` that makes its rows (``<tr>`` elements, numbers by
+:func:`number`, a score by :func:`bar` with its ``spread`` and ``dots``) and returns
+:func:`static_page` of a :func:`table` of them; its own style sheet beside it only where
+``pages.css`` does not do; one line in the folder's writer (``explain/analysis/*_files.py``:
+``(temp / "index.html").write_text(KIND_page(summary))``, and ``"index.html"`` in its
+``WRITTEN``); and a browser test as ``tests/test_strategy_pages.py``'s CRAFT test."""
 
 from __future__ import annotations
 
