@@ -322,6 +322,13 @@ def test_a_class_not_clustered_is_not_stale_and_concept_clusters_list_their_conc
     assert section.get_attribute("data-class") == "cat" and len(section.find_elements(By.CSS_SELECTOR, "circle")) == 5
     _choose(browser, "cluster", "-1")
     assert _count(browser) == 0  # every image has its cluster now
+    assert not browser.find_element(By.ID, "strategies-note").is_displayed()
+    # an item the page does not show (an image gone, or past a huge Ray run's page): said, not called stale
+    with (out / "strategies.csv").open("a") as table:
+        table.write("ghost.png,crp,top1,cat,0,9,0,0.1\n")
+    write_run_strategies(tmp_path, out)
+    _open(browser, tmp_path / "index.html")
+    assert browser.find_element(By.ID, "strategies-note").text == "Note: 1 clustered item is not on this page."
     assert _errors(browser) == []
 
 

@@ -17,11 +17,14 @@
     var s = view.stale, parts = [];
     if (s.redone) parts.push(s.redone + " clustered map" + (s.redone === 1 ? " was" : "s were") + " redone");
     if (s.added) parts.push(s.added + " map" + (s.added === 1 ? " has" : "s have") + " no cluster (explained since)");
-    if (s.gone) parts.push(s.gone + " clustered item" + (s.gone === 1 ? " is" : "s are") + " not in this run");
-    if (!parts.length) return;
+    // items the page does not show: images gone from the run, or past what a page of a very
+    // large Ray run shows (its first 100,000 images): said, but not called stale by themselves
+    var gone = s.gone ? s.gone + " clustered item" + (s.gone === 1 ? " is" : "s are") + " not on this page" : "";
+    if (!parts.length && !gone) return;
     $("strategies-note").hidden = false;
-    $("strategies-note").textContent = "These strategies are stale: " + parts.join(", ") +
-      " since explain strategies ran. Rerun `explain strategies` on this folder to cluster the run as it is now.";
+    $("strategies-note").textContent = parts.length ? "These strategies are stale: " + parts.join(", ") +
+      " since explain strategies ran" + (gone ? "; " + gone : "") + ". Rerun `explain strategies` on this " +
+      "folder to cluster the run as it is now." : "Note: " + gone + ".";
   }
 
   function membersOf(c) {  // each cluster's items (indices of items), by class index and cluster number
