@@ -15,7 +15,8 @@ mark_rate=0.0)`` and ``mark_rate=1.0`` are the same images without and with thei
 package (125 KB), trained by ``python -m explain.data.shortcut_training`` (deterministic:
 seeded, one CPU thread; 16 epochs of 2,048 fresh images, minutes on a CPU). It expects
 images normalised by :data:`.MEAN` and :data:`.STD` (``ShortcutSet.inputs``), and says so in
-``pretrained_cfg``, where LRP's box rule reads its bounds.
+``pretrained_cfg``, where LRP's box rule reads its bounds (and the command line, with its
+input size, for a pickled copy).
 
 >>> data = shortcut_dataset(8, seed=1)
 >>> data.images.shape, data.labels.tolist(), int(data.marks.any(dim=(1, 2)).sum())
@@ -255,8 +256,10 @@ class ShortcutCNN(nn.Module):
         self.flatten = nn.Flatten()
         self.fc = nn.Linear(channels[-1], num_classes)
         self.class_names = list(CLASSES)
-        #: Read by LRP's box rule (and by feature visualisation) for the input's range.
-        self.pretrained_cfg = {"mean": MEAN, "std": STD}
+        #: Read by LRP's box rule (and by feature visualisation) for the input's range, and by
+        #: ``explain run --model FILE`` for the preprocessing of a pickled copy (timm's keys:
+        #: 64 pixels, not cropped).
+        self.pretrained_cfg = {"mean": MEAN, "std": STD, "input_size": (3, 64, 64), "crop_pct": 1.0}
 
     def forward(self, x: Tensor) -> Tensor:
         """(N, num_classes) logits of normalised images (N, 3, H, W) (:attr:`.ShortcutSet.inputs`)."""
