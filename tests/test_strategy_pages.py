@@ -42,7 +42,7 @@ def made(tmp_path_factory) -> dict[str, Path]:
     root = shortcut_folder(tmp_path_factory.mktemp("strategy-pages"), IMAGES)
     run = root / "run"
     assert explain_run(root, run, *RUN, "--labels", str(root / "labels.csv")) == 0
-    assert main(["strategies", str(run), "--clusters", "2", "--seed", "0"]) == 0
+    assert main(["strategies", str(run), "--clusters", "2", "--seed", "0", "--embedding", "spectral"]) == 0
     rerun = root / "rerun"
     shutil.copytree(run, rerun)
     (root / "extra").mkdir()
