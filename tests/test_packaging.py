@@ -68,7 +68,8 @@ def test_the_wheel_holds_the_licence_the_samples_and_the_explorer(wheel):
         licence = archive.read(info.replace("METADATA", "licenses/LICENSE")).decode()
     for name in ("explain/__main__.py", "explain/py.typed", "explain/data/photos/coffee.jpg",
                  "explain/data/photos/chelsea.jpg", "explain/data/photos/README.md", "explain/viewer/explorer.html", "explain/viewer/explorer.js",
-                 "explain/viewer/explorer.css", "explain/cli/method_table.py"):
+                 "explain/viewer/explorer.css", "explain/viewer/strategies.js", "explain/viewer/pages.css",
+                 "explain/viewer/craft.css", "explain/cli/method_table.py"):
         assert name in names, f"{name} is not in the wheel"
     assert licence == (ROOT / "LICENSE").read_text() and "Apache License" in licence and "Version 2.0" in licence
     assert "License-Expression: Apache-2.0" in metadata and "License-File: LICENSE" in metadata

@@ -3,7 +3,9 @@
 important first: its total Sobol index, its spread over the images and its best crops with
 their image, box and coefficient), ``craft.csv`` (one row per concept), ``crops/cJ_R.png``
 (concept J's R-th best crop, as the model saw it) and ``maps/IMAGE__cJ.png`` (concept J's map
-over a few images).
+over a few images, listed in craft.json's ``maps``) and ``index.html``, its page
+(``explain/viewer/craft_page.py``: the concepts ranked by importance with their
+crops, and the maps).
 
 The folder is written beside its place and renamed into place at the end
 (:func:`~explain.analysis.files.replace_folder`): an error or Ctrl-C on the way leaves the
@@ -27,6 +29,7 @@ from torch import Tensor
 from ..drawing import overlay
 from ..explanation import ConceptExplanation
 from ..report import encode_png
+from ..viewer.craft_page import craft_page
 from .files import json_number, replace_folder
 
 if TYPE_CHECKING:  # (the concepts import the methods: not needed to write files)
@@ -37,7 +40,7 @@ __all__ = ["CRAFT_FIELDS", "write_craft"]
 #: The columns of ``craft.csv``.
 CRAFT_FIELDS = ("concept", "importance", "importance_sd", "best_image", "best_crop")
 #: What an earlier ``write_craft`` left in its folder: the one kind of folder it replaces.
-WRITTEN = frozenset({"craft.json", "craft.csv", "crops", "maps"})
+WRITTEN = frozenset({"craft.json", "craft.csv", "crops", "maps", "index.html"})
 #: The side of a crop's PNG, in pixels (enlarged or reduced, bilinear).
 CROP_SIDE = 128
 
@@ -62,13 +65,7 @@ def write_craft(
     def fill(temp: Path) -> None:
         (temp / "crops").mkdir()
         concepts = [_write_concept(temp, found, j, pictures, names) for j in range(len(found))]
-        if maps is not None:
-            (temp / "maps").mkdir()
-            for i, stem in enumerate(_unique_stems(names[: len(maps)])):
-                picture = (pictures[i].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
-                for j, heat in enumerate(maps.maps[i]):
-                    drawn = overlay(picture, heat.cpu().numpy())
-                    (temp / "maps" / f"{stem}__c{j}.png").write_bytes(encode_png(drawn))
+        drawn = _write_maps(temp, maps, pictures, names) if maps is not None else []
         summary = {
             "class": found.class_name,
             "class_id": found.target,
@@ -78,11 +75,29 @@ def write_craft(
             "error": json_number(found.error),
             "settings": found.settings,
             "concepts": concepts,
+            "maps": drawn,
         }
         (temp / "craft.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
         (temp / "craft.csv").write_text(_csv(concepts), encoding="utf-8", newline="")
+        (temp / "index.html").write_text(craft_page(summary), encoding="utf-8")
 
     return replace_folder(out, fill, "craft.json", WRITTEN, "CRAFT's concepts")
+
+
+def _write_maps(folder: Path, maps: ConceptExplanation, pictures: Tensor, names: Sequence[str]) -> list[dict]:
+    """Each concept's map over the first images, drawn under ``folder``/maps; craft.json's
+    ``maps``: per image, its name and its files (concept j's the j-th)."""
+    (folder / "maps").mkdir()
+    drawn = []
+    for i, stem in enumerate(_unique_stems(names[: len(maps)])):
+        picture = (pictures[i].permute(1, 2, 0).clamp(0, 1) * 255).round().byte().numpy()
+        files = []
+        for j, heat in enumerate(maps.maps[i]):
+            path = Path("maps", f"{stem}__c{j}.png")
+            (folder / path).write_bytes(encode_png(overlay(picture, heat.cpu().numpy())))
+            files.append(path.as_posix())
+        drawn.append({"image": names[i], "files": files})
+    return drawn
 
 
 def _unique_stems(names: Sequence[str]) -> list[str]:

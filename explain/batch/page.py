@@ -19,6 +19,7 @@ from ..errors import Option, UsageError
 from ..images import READABLE_EXTENSIONS, ImageError, load_rgb
 from ..viewer import DATA_FOLDER, PageRun, colour_scale, link, original_link, page_files, stale_data_files
 from ..viewer.concept_page import CONCEPTS_FILE, PAGE_FILE
+from ..viewer.strategies_view import STRATEGIES_SCRIPT
 from .storage import OutputFolder, is_uri
 
 OUT = Option("out")
@@ -102,7 +103,9 @@ def write_page(
     given by URI)."""
     if original is None:
         original = original_link(folder.root) if folder.filesystem is None else (lambda source: None)
-    files = page_files(rows, run, metrics_html, exists=exists or folder.is_file, original=original)
+    # explain strategies' clusters, which every later page includes (and flags where stale)
+    extras = [STRATEGIES_SCRIPT] if folder.is_file(STRATEGIES_SCRIPT) else []
+    files = page_files(rows, run, metrics_html, exists=exists or folder.is_file, original=original, extras=extras)
     for name, data in files.items():  # index.html last
         folder.write(name, data)
     for name in stale_data_files(folder.names("rows-", under=DATA_FOLDER), files):

@@ -54,6 +54,7 @@ def craft_command(args) -> int:
         image = names[int(found.boxes[found.best[j, 0], 0])]
         print(f"  concept {j}: importance {importance:.3f}, best crop from {image}")
     print(f"wrote {out / 'craft.json'}, craft.csv, crops/" + (" and maps/" if maps is not None else ""))
+    print(f"see {out / 'index.html'}: the concepts ranked by importance, with their crops and maps")
     return 0
 
 

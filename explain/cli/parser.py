@@ -296,7 +296,8 @@ def _add_craft_command(subcommands) -> None:
         "and its maps on a few images. Writes --out (default: FOLDER-craft beside FOLDER), replacing it whole: "
         "craft.json (class, layer, settings, NMF error; per concept, most important first: importance, its "
         "spread over the images, best crops with image, box and coefficient), craft.csv (one row per concept), "
-        "crops/cJ_R.png (concept J's R-th best crop) and maps/IMAGE__cJ.png. Exit status: 0 done, 2 usage error.",
+        "crops/cJ_R.png (concept J's R-th best crop), maps/IMAGE__cJ.png and index.html (the concepts ranked by "
+        "importance with their crops and maps, opened from file://). Exit status: 0 done, 2 usage error.",
     )
     craft.add_argument("folder", metavar="FOLDER", help="a folder of the class's images (searched recursively)")
     craft.add_argument("--class", required=True, dest="class_name", metavar="C",
@@ -380,7 +381,9 @@ def _add_strategies_command(commands) -> None:
         "relevances (which concepts, not where). Writes under RUN_DIR/strategies (or --out), replacing it "
         "whole: strategies.csv (one row per image and target: input, method, target, class, cluster, x, y, "
         "distance), strategies.json (per class: eigenvalues, clusters with size, prototype, nearest images, "
-        "mean probability, share of mistakes with --labels) and prototypes/CLASS__cN.png. Exit status: 0 "
+        "mean probability, share of mistakes with --labels) and prototypes/CLASS__cN.png; then shows them in "
+        "RUN_DIR/index.html (RUN_DIR/index-data/strategies.js: a cluster filter and sort, and a strategies view "
+        "per class), which later runs into RUN_DIR keep (flagged stale where the run changed). Exit status: 0 "
         "written, 2 usage error (nothing written).",
     )
     spray.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of a finished `explain run --save-maps`")

@@ -1,6 +1,7 @@
 """``explain strategies RUN_DIR``: the strategies of each class in a finished ``explain run
 --save-maps`` folder (SpRAy, :func:`explain.analysis.strategies`), written by
-:func:`explain.analysis.write_strategies` under RUN_DIR/strategies (or --out)."""
+:func:`explain.analysis.write_strategies` under RUN_DIR/strategies (or --out), and shown in the
+run's ``index.html`` (:func:`explain.viewer.strategies_view.write_run_strategies`)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def strategies_command(args) -> int:
         sizes = ", ".join(str(cluster.size) for cluster in result.summaries)
         print(f"{name}: {len(result)} items ({result.features}), {result.n_clusters} clusters of {sizes}")
     print(f"wrote {out / 'strategies.csv'}, strategies.json and prototypes/")
+    from ..viewer.strategies_view import write_run_strategies
+
+    write_run_strategies(run_dir, out)  # the run's explorer: the cluster column and the strategies view
+    print(f"see {run_dir / 'index.html'}: the strategies of each class and a cluster column in the grid")
     return 0
 
 

@@ -277,8 +277,10 @@ def read_data_file(data: bytes) -> dict:
 
 def read_page(index: str | os.PathLike) -> dict:
     """What a written ``index.html`` shows, read back: ``run`` and ``tables`` (see
-    :func:`page_files`), and ``images`` and ``maps`` as lists of records (a map's ``image`` is
-    its image's position in ``images``)."""
+    :func:`page_files`), ``images`` and ``maps`` as lists of records (a map's ``image`` is
+    its image's position in ``images``), and ``extras``: the other data files it includes, by
+    name (the strategies': read them with
+    :func:`~explain.viewer.strategies_view.read_strategies_script`)."""
     import re
     from urllib.parse import unquote_to_bytes
 
@@ -290,8 +292,13 @@ def read_page(index: str | os.PathLike) -> dict:
     setup = json.loads(found.group(1))
     images: list[dict] = []
     maps: list[dict] = []
+    extras: dict[str, bytes] = {}
     for name in re.findall(r'<script src="([^"]+)"></script>', document):
-        chunk = read_data_file((index.parent / os.fsdecode(unquote_to_bytes(name))).read_bytes())
+        data = (index.parent / os.fsdecode(unquote_to_bytes(name))).read_bytes()
+        if not PurePosixPath(name).name.startswith("rows-"):  # another data file (the strategies')
+            extras[os.fsdecode(unquote_to_bytes(name))] = data
+            continue
+        chunk = read_data_file(data)
         first = len(images)
         columns, map_columns = chunk["images"], chunk["maps"]
         images += [dict(zip(columns, values, strict=True)) for values in zip(*columns.values(), strict=False)]
@@ -303,7 +310,7 @@ def read_page(index: str | os.PathLike) -> dict:
             record["metrics"] = {}
         for position, column, value in metrics:
             maps[start + position]["metrics"][setup["tables"]["metric"][column]] = value
-    return {**setup, "images": images, "maps": maps}
+    return {**setup, "images": images, "maps": maps, "extras": extras}
 
 
 def page_files(
@@ -312,13 +319,16 @@ def page_files(
     metrics_html: str = "",
     exists: Callable[[str], bool] = lambda output: True,
     original: Callable[[str], str | None] = lambda input: None,
+    extras: Sequence[str] = (),
 ) -> dict[str, bytes]:
     """The files of the explorer for manifest ``rows``: ``index.html`` and its data files, by
     name under the output folder (write the data files first, index.html last).
 
     ``exists(output)`` says whether an overlay is there (an ok row without one shows why);
     ``original(input)`` gives the link to an input image from the output folder (None: not
-    shown); ``metrics_html`` is the table of metric summaries (``--metrics``).
+    shown); ``metrics_html`` is the table of metric summaries (``--metrics``); ``extras``
+    names more data files already in the folder that the page includes after the rows' (the
+    strategies': :data:`explain.viewer.strategies_view.STRATEGIES_SCRIPT`).
     """
     run = run or PageRun()
     images = list(_grouped(rows).items())
@@ -332,7 +342,7 @@ def page_files(
         part = images[start : start + IMAGES_PER_FILE]
         chunk = _chunk(part, rank[start : start + IMAGES_PER_FILE], tables, exists, original)
         files[f"{DATA_FOLDER}/rows-{token}-{start // IMAGES_PER_FILE:05d}.js"] = data_script(chunk)
-    files["index.html"] = index_document(list(files), tables, run, metrics_html).encode("utf-8")
+    files["index.html"] = index_document([*files, *extras], tables, run, metrics_html).encode("utf-8")
     return files
 
 
@@ -358,7 +368,7 @@ def index_document(data_files: list[str], tables: Tables, run: PageRun, metrics_
         "/*STYLE*/": asset("explorer.css"),
         "/*SETUP*/": f"var explorerSetup = {_script_json(setup)};\nvar explorerData = [];",
         "<!--DATA-->": scripts,
-        "/*SCRIPT*/": asset("explorer.js"),
+        "/*SCRIPT*/": asset("explorer.js") + "\n" + asset("strategies.js"),
         "<!--METRICS-->": metrics_html,
     }
     document = asset("explorer.html")

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from html import escape
 from urllib.parse import quote
 
-from . import asset, link, readable
+from . import link, readable
+from .pages import static_page
 
 __all__ = ["CONCEPTS_FILE", "PAGE_FILE", "concept_anchor", "concept_page"]
 
@@ -99,29 +100,25 @@ def concept_page(document: dict, visual: Callable[[str, int], str]) -> str:
             f'<section class="layer" data-layer="{escape(layer)}"><h2>{name} · {int(entry.get("channels", 0))} '
             f'channels, {len(entry.get("concepts", []))} shown</h2><div class="concepts">{cards}</div></section>'
         )
-    model = escape(readable(str(document.get("model") or "the bundled model")))
+    model = readable(str(document.get("model") or "the bundled model"))
     images = int(document.get("images") or 0)  # how many images the atlas has seen
-    title = f"Concept atlas · {model}"
     counts = (
         f"{images:,} images · the {int(document.get('top_n', 0))} most relevant (RelMax) and most active "
         f"(ActMax) per channel · layers: {', '.join(escape(readable(layer)) for layer in layers)}"
     )
-    return (
-        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{title}</title>\n"
-        "<!-- Written by explain (explain/viewer/concept_page.py): this page needs no server and no network. -->\n"
-        f"<style>\n{asset('explorer.css')}\n{asset('concepts.css')}\n</style>\n</head>\n<body>\n"
-        f'<header id="run"><h1 id="title">{title}</h1><p id="counts">{counts}</p></header>\n'
+    body = (
         '<form id="controls" autocomplete="off" onsubmit="return false">'
         '<label>search <input id="search" type="search" placeholder="channel or class…" size="18"></label>'
         f'<label>layer <select id="layer"><option value="">all</option>{"".join(options)}</select></label>'
         '<label>sort <select id="sort"><option value="channel">channel</option>'
         '<option value="top">most often a top concept</option>'
         '<option value="relevance">mean relevance, high first</option></select></label></form>\n'
-        '<p id="shown" class="muted"></p>\n'
-        f"{''.join(sections)}\n<script>\n{asset('concepts.js')}\n</script>\n</body>\n</html>\n"
+        f'<p id="shown" class="muted"></p>\n{"".join(sections)}'
     )
+    return static_page(
+        f"Concept atlas · {model}", counts, body, style="concepts.css", script="concepts.js",
+        writer="explain/viewer/concept_page.py",
+    )  # fmt: skip
 
 
 def _sortable(value) -> str:

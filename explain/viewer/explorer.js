@@ -63,6 +63,46 @@
   var hasLabels = false;
   for (var j = 0; j < nImages && !hasLabels; j++) hasLabels = label[j] >= 0;
 
+  // ---- explain strategies' clusters (index-data/strategies.js), joined to the maps by their
+  // key (image, method, target): mCluster[g] indexes `clusters`, -1 where the map has none
+  var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                 "#bcbd22", "#17becf"];
+  var strategies = typeof explorerStrategies === "undefined" ? null : explorerStrategies;
+  var clusters = [], mCluster = new Int16Array(nMaps).fill(-1), itemImage = [], stale = {redone: 0, gone: 0, added: 0};
+  (function joinClusters() {
+    if (!strategies) return;
+    var first = [], imageOf = {}, methods = {}, k, g;
+    strategies.classes.forEach(function (entry, c) {
+      first.push(clusters.length);
+      entry.clusters.forEach(function (cluster) {
+        clusters.push({cls: c, cluster: cluster.cluster, label: entry.name + " · c" + cluster.cluster,
+                       colour: PALETTE[cluster.cluster % PALETTE.length]});
+      });
+    });
+    for (var i = 0; i < nImages; i++) imageOf[names[i]] = i;
+    var items = strategies.items;
+    for (k = 0; k < items.input.length; k++) {
+      var image = imageOf.hasOwnProperty(items.input[k]) ? imageOf[items.input[k]] : -1, found = false;
+      methods[items.method[k]] = 1;
+      itemImage.push(image);
+      for (g = image < 0 ? 0 : mapStart[image]; image >= 0 && g < mapStart[image + 1]; g++) {
+        if (tables.method[mMethod[g]] !== items.method[k] || tables.target[mTarget[g]] !== items.target[k]) continue;
+        if (!found && items.seconds[k] !== null && !isNaN(mSeconds[g]) && Math.abs(mSeconds[g] - items.seconds[k]) > 1e-9) stale.redone++;
+        if (mStatus[g] === 2) continue;
+        mCluster[g] = first[items["class"][k]] + items.cluster[k];
+        found = true;
+      }
+      if (!found) stale.gone++;
+    }
+    var named = {};  // the classes clustered (those left out, or not asked for, have no clusters)
+    strategies.classes.forEach(function (entry) { named[entry.name] = 1; });
+    for (g = 0; g < nMaps; g++) {  // maps of a method and class clustered that no item has: explained since
+      if (mCluster[g] < 0 && mStatus[g] !== 2 && methods[tables.method[mMethod[g]]] && named[className[mClass[g]]]) {
+        stale.added++;
+      }
+    }
+  })();
+
   // ---- small helpers
   function esc(text) {
     return String(text).replace(/[&<>"']/g, function (ch) {
@@ -166,6 +206,11 @@
       });
     });
     $("metric-control").hidden = !metricKeys.length;
+    if (clusters.length) {
+      $("cluster-control").hidden = false;
+      clusters.forEach(function (cluster, k) { option($("cluster"), k, cluster.label); });
+      option(sort, "cluster-asc", "cluster (grouped)");
+    }
     // text and number fields answer as they are typed in, lists and boxes when they change
     $("controls").addEventListener("input", function (event) {
       var kind = event.target.type;
@@ -201,14 +246,23 @@
       predictedClass: $("predicted-class").value === "" ? -1 : +$("predicted-class").value,
       status: $("status").value === "" ? -1 : +$("status").value,
       correct: $("correct").value === "" ? null : +$("correct").value,
+      cluster: $("cluster").value === "" ? null : +$("cluster").value,
       pmin: number("prob-min", -Infinity), pmax: number("prob-max", Infinity),
       metric: metric, mmin: number("metric-min", -Infinity), mmax: number("metric-max", Infinity),
       sort: $("sort").value
     };
   }
 
+  // an image's cluster: that of its first clustered map of the target chosen (-1: none)
+  function clusterOf(i) {
+    for (var g = mapStart[i]; g < mapStart[i + 1]; g++) {
+      if (mCluster[g] >= 0 && (target < 0 || mTarget[g] === target)) return mCluster[g];
+    }
+    return -1;
+  }
   function keeps(i, s) {
     if (s.predictedClass >= 0 && predicted[i] !== s.predictedClass) return false;
+    if (s.cluster !== null && clusterOf(i) !== s.cluster) return false;
     if (s.correct !== null && correct[i] !== s.correct) return false;
     var p = probability[i];
     if ((s.pmin > -Infinity || s.pmax < Infinity) && !(p >= s.pmin && p <= s.pmax)) return false;
@@ -230,6 +284,11 @@
 
   function sortKey(s) {
     if (s.sort.indexOf("prob-") === 0) return probability;
+    if (s.sort === "cluster-asc") {  // grouped by cluster, the images without one last
+      var grouped = new Float64Array(nImages);
+      for (var c = 0; c < nImages; c++) { var k = clusterOf(c); grouped[c] = k < 0 ? NaN : k; }
+      return grouped;
+    }
     if (s.sort.indexOf("metric-") === 0) {
       var key = metricKeys[+s.sort.split("-")[2]], values = metricValues[key[1]], out = new Float64Array(nImages);
       for (var i = 0; i < nImages; i++) { var m = mapOf(i, key[0]); out[i] = m < 0 ? NaN : values[m]; }
@@ -308,10 +367,17 @@
     return correct[i] ? '<div class="verdict-right">✓ right (' + esc(cls(label[i])) + ")</div>"
       : '<div class="verdict-wrong">✗ wrong: is ' + esc(cls(label[i])) + "</div>";
   }
+  function clusterChip(i) {
+    var k = clusterOf(i);
+    if (!clusters.length) return "";
+    if (k < 0) return '<div class="cluster-chip none" data-cluster="-1">no cluster</div>';
+    return '<div class="cluster-chip" data-cluster="' + k + '" style="border-color:' + clusters[k].colour + '">' +
+      '<span class="swatch" style="background:' + clusters[k].colour + '"></span>' + esc(clusters[k].label) + "</div>";
+  }
   function row(position) {
     var i = view[position];
     var html = ['<div class="row" role="row" style="top:' + position * rowHeight + 'px" data-image="' + i + '">',
-      '<div class="name" role="rowheader"><div class="file">' + esc(names[i]) + "</div>" +
+      '<div class="name" role="rowheader"><div class="file">' + esc(names[i]) + "</div>" + clusterChip(i) +
       (predicted[i] >= 0 ? "<div>" + esc(cls(predicted[i])) + " " + percent(probability[i]) + "</div>" :
         '<div class="muted">no prediction</div>') + verdict(i) +
       '<button type="button" class="open">details</button></div>',
@@ -335,7 +401,7 @@
   function openDetail(i) {
     var html = ["<h2>" + esc(names[i]) + "</h2>"];
     html.push("<p>prediction: " + (predicted[i] >= 0 ? esc(cls(predicted[i])) + " (" + predicted[i] + ") " +
-      percent(probability[i]) : "none") + "</p>" + verdict(i));
+      percent(probability[i]) : "none") + "</p>" + verdict(i) + clusterChip(i));
     var top = {};
     for (var g = mapStart[i]; g < mapStart[i + 1]; g++) {
       if (mClass[g] >= 0 && !isNaN(mProbability[g])) top[mClass[g]] = mProbability[g];
@@ -399,6 +465,17 @@
       return html.join("");
     }).join("");
   }
+
+  // ---- what the strategies view (strategies.js) uses of the explorer
+  window.explorerView = {
+    strategies: strategies, clusters: clusters, itemImage: itemImage, stale: stale, names: names,
+    originals: originals, openDetail: openDetail, esc: esc, percent: percent,
+    showCluster: function (k) {  // the grid filtered to one cluster (k: an index of clusters)
+      $("cluster").value = String(k);
+      apply();
+      $("controls").scrollIntoView();
+    }
+  };
 
   // ---- start
   header();
