@@ -282,16 +282,22 @@ class TCAV:
         of ``random_size`` images (default: the largest concept's size, below the pool's)
         are drawn with the seed. Every batch has the images' one size."""
         targets = {self._target(key): check_images(value, self.model) for key, value in classes.items()}
-        sets, pool, draws = self._sets(concepts, random, random_sets, random_size)
-        named = {**{f"class {k}": v for k, v in targets.items()}, **sets}
+        sets, randoms, pool, draws = self._sets(concepts, random, random_sets, random_size)
+        named = {f"class {k}": v for k, v in targets.items()}
+        named.update((f"concept {k!r}", v) for k, v in sets.items())
+        named.update((f"random set {i}", v) for i, v in enumerate(randoms))
         _check_sizes(named if pool is None else {**named, "the random pool": pool})
         batch = self.settings["batch_size"]
         with model_lock(self.model):
             # the classes first: a class past the model's outputs is refused before the sets' work
             gradients = {t: _class_gradients(self.model, self.layers, x, t, batch) for t, x in targets.items()}
             activations = _Activations(self.model, self.layers, batch, self.cache)
-            concept_acts = {name: activations(x) for name, x in sets.items() if not name.startswith("random ")}
-            random_acts = self._random_activations(activations, sets, pool, draws)
+            concept_acts = {name: activations(x) for name, x in sets.items()}
+            if pool is None:
+                random_acts = [activations(x) for x in randoms]
+            else:
+                everything = activations(pool)
+                random_acts = [{name: value[draw] for name, value in everything.items()} for draw in draws]
         names = tuple(f"{'random' if pool is None else 'draw'} {i}" for i in range(len(random_acts)))
         return self._scores(gradients, concept_acts, random_acts, names)
 
@@ -305,13 +311,11 @@ class TCAV:
         return target
 
     def _sets(self, concepts, random, count, size):
-        """The named sets to run ({name: images}, the random sets as 'random i'), the pool
-        to draw from (or None) and the draws."""
+        """The concepts' sets ({name: images}), the random sets (a list, empty where drawn),
+        the pool to draw from (or None) and the draws (indices into it)."""
         if not concepts:
             raise ValueError("no concepts: pass at least one, {name: images of the concept}")
-        sets = {}
-        for name, images in concepts.items():
-            sets[str(name)] = _checked_set(f"concept {name!r}", images, self.model)
+        sets = {str(name): _checked_set(f"concept {name!r}", images, self.model) for name, images in concepts.items()}
         minimum = self.settings["min_random_sets"]
         if isinstance(random, Tensor):
             pool = _checked_set("the random pool", random, self.model)
@@ -319,20 +323,11 @@ class TCAV:
                 raise ValueError(_too_few(count, minimum))
             if size is None:
                 size = min(max(len(v) for v in sets.values()), len(pool) - 1)
-            draws = draw_random_sets(len(pool), count, int(size), self.settings["seed"])
-            return sets, pool, draws
+            return sets, [], pool, draw_random_sets(len(pool), count, int(size), self.settings["seed"])
         randoms = list(random)
         if len(randoms) < minimum:
             raise ValueError(_too_few(len(randoms), minimum))
-        for i, images in enumerate(randoms):
-            sets[f"random {i}"] = _checked_set(f"random set {i}", images, self.model)
-        return sets, None, []
-
-    def _random_activations(self, activations, sets, pool, draws) -> list[dict[str, Tensor]]:
-        if pool is None:
-            return [activations(images) for name, images in sets.items() if name.startswith("random ")]
-        everything = activations(pool)
-        return [{name: value[draw] for name, value in everything.items()} for draw in draws]
+        return sets, [_checked_set(f"random set {i}", x, self.model) for i, x in enumerate(randoms)], None, []
 
     def _scores(self, gradients, concept_acts, random_acts, names) -> TCAVResult:
         seed, test_size, alpha = self.settings["seed"], self.settings["test_size"], self.settings["alpha"]
@@ -360,7 +355,7 @@ class TCAV:
                     )
                     found.append(TCAVScore(
                         concept, layer, target, self._class_name(target), scores, null_scores, accuracies,
-                        null_accuracies, p, corrected, significant,
+                        null_accuracies, p, corrected, significant, concept_cavs, null_cavs,
                     ))  # fmt: skip
         return TCAVResult(tuple(found), alpha, tests, names, dict(self.settings))
 

@@ -75,7 +75,9 @@ def significance(
     from scipy.stats import ttest_ind
 
     a, b = scores.double().numpy(), null.double().numpy()
-    p = float(ttest_ind(a, b, alternative=alternative).pvalue)
+    with warnings.catch_warnings():  # samples without spread: handled below
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(ttest_ind(a, b, alternative=alternative).pvalue)
     if not math.isfinite(p):
         differ = not math.isclose(a.mean(), b.mean())
         side = {"two-sided": differ, "greater": a.mean() > b.mean(), "less": a.mean() < b.mean()}[alternative]
@@ -98,6 +100,9 @@ class TCAVScore:
         (N,) the TCAV scores along the random-vs-random CAVs (the null).
     accuracies, null_accuracies:
         (N,) the held-out accuracy of each CAV (concept vs random set i; random vs random).
+    cavs, null_cavs:
+        (N, D) the CAVs themselves (unit vectors over the layer's flattened output), the
+        concept's and the null's (shared by the classes' scores, not copied).
     p_value, corrected_p, significant:
         The t-test of ``scores`` against ``null_scores`` (two-sided unless the TCAV was made
         with another ``alternative``), its Bonferroni correction (times the concepts x layers
@@ -116,6 +121,8 @@ class TCAVScore:
     p_value: float
     corrected_p: float
     significant: bool
+    cavs: Tensor = field(repr=False, default_factory=lambda: torch.zeros(0))
+    null_cavs: Tensor = field(repr=False, default_factory=lambda: torch.zeros(0))
 
     @property
     def mean(self) -> float:
