@@ -3,8 +3,9 @@ a class along them, and the paper's test (see :mod:`explain.concepts.tcav`).
 
 - :func:`fit_cav`: scikit-learn's ``SGDClassifier`` (hinge loss, ``alpha=0.01``,
   ``max_iter=1000``, ``tol=1e-3``: the classifier of the paper's code and of captum's
-  ``DefaultClassifier``) separating a concept's activations from a random set's, on a
-  stratified split (``train_test_split``) whose held-out part gives the CAV's accuracy;
+  ``DefaultClassifier``; the features divided by their mean norm, one scalar) separating
+  a concept's activations from a random set's, on a stratified split
+  (``train_test_split``) whose held-out part gives the CAV's accuracy;
 - :func:`tcav_scores`: the share of the class's images whose directional derivative along
   each CAV is positive (one matrix product for all the CAVs);
 - :func:`significance`: the two-sided t-test (scipy's ``ttest_ind``) of the scores against
@@ -37,7 +38,10 @@ def fit_cav(concept: Tensor, random: Tensor, *, test_size: float = 0.33, seed: i
     from sklearn.linear_model import SGDClassifier
     from sklearn.model_selection import train_test_split
 
-    features = torch.cat([concept, random]).float().cpu().numpy()
+    features = torch.cat([concept, random]).float().cpu()
+    # one scalar for all (the CAV stays a direction of the layer's space): rows of norm ~1
+    # make SGD converge in tens of epochs, not hundreds (25,088 features: 0.04 s, not 0.25)
+    features = (features / features.norm(dim=1).mean().clamp_min(1e-12)).numpy()
     labels = np.r_[np.ones(len(concept), dtype=np.int64), np.zeros(len(random), dtype=np.int64)]
     train, held, train_labels, held_labels = train_test_split(
         features, labels, test_size=test_size, stratify=labels, random_state=seed
