@@ -34,7 +34,7 @@ def write_tcav(result: TCAVResult, out: str | os.PathLike, sources: Mapping | No
     earlier one whole (and refusing a folder of other files:
     :func:`~explain.analysis.files.check_replaceable`); returns ``out``.
 
-    ``tcav.csv`` has the columns :data:`TCAV_FIELDS`, one row per concept x layer x class.
+    ``tcav.csv`` has the columns :data:`~explain.analysis.tcav_files.TCAV_FIELDS`, one row per concept x layer x class.
     ``tcav.json`` is an object::
 
         {"method": "tcav",
