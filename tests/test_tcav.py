@@ -262,6 +262,10 @@ def test_errors_name_the_fix(linear):
         tcav({"redish": classes["reddish"]}, concepts, randoms)
     with pytest.raises(ValueError, match=r"a class id is in 0\.\.1 \(the model's classes\), got 7"):
         tcav({7: classes["reddish"]}, concepts, randoms)
+    with pytest.raises(ValueError, match=r"class 'reddish' has no images: pass a batch"):
+        tcav({"reddish": classes["reddish"][:0]}, concepts, randoms)
+    with pytest.raises(ValueError, match=r"classes maps each class \(an id or a name\) to its images"):
+        tcav(classes["reddish"], concepts, randoms)
     with pytest.raises(ValueError, match=r"no concepts: pass at least one"):
         tcav(classes, {}, randoms)
     with pytest.raises(ValueError, match=r"min_random_sets is at least 2"):

@@ -281,7 +281,13 @@ class TCAV:
         random sets (each a batch of images), or one batch from which ``random_sets`` sets
         of ``random_size`` images (default: the largest concept's size, below the pool's)
         are drawn with the seed. Every batch has the images' one size."""
-        targets = {self._target(key): check_images(value, self.model) for key, value in classes.items()}
+        if not isinstance(classes, Mapping) or not classes:
+            raise ValueError("classes maps each class (an id or a name) to its images: {'zebra': images}")
+        if not isinstance(concepts, Mapping):
+            raise ValueError("concepts maps each concept's name to its images: {'striped': images}")
+        targets = {
+            self._target(key): _checked_set(f"class {key!r}", value, self.model, 1) for key, value in classes.items()
+        }
         sets, randoms, pool, draws = self._sets(concepts, random, random_sets, random_size)
         named = {f"class {k}": v for k, v in targets.items()}
         named.update((f"concept {k!r}", v) for k, v in sets.items())
@@ -371,11 +377,13 @@ def _too_few(count: int, minimum: int) -> str:
     )
 
 
-def _checked_set(what: str, images: Tensor, model: nn.Module) -> Tensor:
+def _checked_set(what: str, images: Tensor, model: nn.Module, least: int = MIN_SET_IMAGES) -> Tensor:
     count = len(images) if isinstance(images, Tensor) and images.dim() > 0 else 0
-    if count < MIN_SET_IMAGES:
+    if count < least and least == 1:
+        raise ValueError(f"{what} has no images: pass a batch (N, C, H, W) of the class's images")
+    if count < least:
         raise ValueError(
-            f"{what} has {count} images; a CAV needs at least {MIN_SET_IMAGES} of each set (some are held "
+            f"{what} has {count} images; a CAV needs at least {least} of each set (some are held "
             "out to measure its accuracy): add images to it"
         )
     return check_images(images, model)
