@@ -120,7 +120,7 @@ def test_bad_input_exits_2_with_the_fix_and_writes_nothing(folder, capsys, extra
     out = folder / "bad"
     assert tcav(folder, "--out", str(out), *extra) == 2
     assert re.search(message, capsys.readouterr().err)
-    assert not out.exists() and not list(folder.glob(".bad.*"))
+    assert not out.exists() and not list(folder.glob(".bad.*")) and not (folder / "bad-cache").exists()
 
 
 def test_bad_folders_exit_2_and_write_nothing(folder, tmp_path, capsys):
