@@ -32,14 +32,20 @@ concepts x layers x N + layers x N of them.
 **captum**: its ``captum.concept.TCAV`` was read and is used as the reference of the scores
 (``tests/test_tcav.py`` gives its ``interpret`` these CAVs through a ``Classifier`` and gets
 the same scores), not to compute them: (a) it leaves the test to the user; (b) its
-activation cache (``captum._utils.av.AV``) is keyed by the concept's id, model id and layer,
-not by the images, so a changed folder is read from the stale cache; (c) its layer gradients
-(``LayerGradientXActivation``) run one forward and backward pass per layer, record the graph
-from the input and keep the model's train mode (dropout and batch norm in training
-behaviour: it explains another function than the model's inference); (d) its
-``DefaultClassifier`` splits the data with Python's unseeded ``random.shuffle``. Its
-classifier is scikit-learn's ``SGDClassifier`` with the paper's settings, which
+activation cache (``captum._utils.av.AV``) does compute each concept once for all its
+experimental sets, but it and its CAV cache are keyed by the concept's id and name, the
+model id and the layer, not by the images: a changed folder is read from the stale cache
+(unless ``force_train``), where here the key is the images' bytes and the weights; (c) its
+layer gradients (``LayerGradientXActivation``) run one forward and backward pass per layer,
+record the graph from the model's first layer (the weights require grad) and run the model
+in the mode it is in (a model in train mode is explained with dropout and batch norm's
+batch statistics), where :class:`~explain.hooks.LayerCapture` runs all the layers in one
+pass, in eval mode, the graph from the first of them; (d) its ``DefaultClassifier`` splits
+the data with Python's unseeded ``random.shuffle``. Its classifier is scikit-learn's
+``SGDClassifier`` with the paper's settings, which
 :func:`~explain.concepts.tcav_results.fit_cav` calls directly (seeded, stratified split).
+Tried on a ViT-Tiny (timm, random weights) at ``blocks.8`` and ``blocks.8.mlp.act``:
+197 tokens x 192 (768) channels, each a CAV of 37,824 (151,296) values.
 """
 
 from __future__ import annotations
