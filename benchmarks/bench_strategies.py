@@ -112,40 +112,38 @@ def one_round(items: int, embedding: str) -> dict:
     }
 
 
-def craft_round(model_name: str, images: int, concepts: int, designs: int) -> dict:
+def craft_round(model_name: str, images: int, concepts: int, designs: int, layer: str | None = None) -> dict:
     """CRAFT timed whole, and its baseline: the crops' forward passes and the NMF."""
     import torch.nn.functional as F
     from sklearn.decomposition import NMF
 
     from explain.concepts import CRAFT, crop_boxes
     from explain.data import SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
+    from explain.methods import LayerReplay
 
     data = shortcut_dataset(4 * images, seed=1)
     inputs = data.inputs[data.labels == SHORTCUT_CLASS]
     if model_name == "shortcut":
-        model, layer = load_shortcut_model(), "block3"
+        model, layer = load_shortcut_model(), layer or "block3"
     else:
         import explain
 
         model, _, _ = explain.models.load(model_name)
-        inputs, layer = F.interpolate(inputs, size=224, mode="bilinear"), "bn2"
+        inputs, layer = F.interpolate(inputs, size=224, mode="bilinear"), layer or "bn2"
     craft = CRAFT(model, layer, concepts=concepts, designs=designs)
     times = {}
     start = time.perf_counter()
     found = craft(inputs, SHORTCUT_CLASS)
     times["CRAFT"] = time.perf_counter() - start
     size = round(0.5 * inputs.shape[-1])
-    boxes = crop_boxes(*inputs.shape[2:], size, "grid", torch.Generator())
-    crops = torch.cat(
-        [
-            F.interpolate(image[None, :, t : t + h, x : x + w], size=inputs.shape[2:], mode="bilinear", antialias=True)
-            for image in inputs
-            for t, x, h, w in boxes.tolist()
-        ]
-    )
     activations = []
     hook = model.get_submodule(layer).register_forward_hook(lambda m, a, out: activations.append(out.mean((2, 3))))
-    start = time.perf_counter()
+    start = time.perf_counter()  # cutting the crops counts: CRAFT cuts them too
+    boxes = crop_boxes(*inputs.shape[2:], size, "grid", torch.Generator())
+    crops = torch.cat([
+        F.interpolate(image[None, :, t : t + h, x : x + w], size=inputs.shape[2:], mode="bilinear", antialias=True)
+        for image in inputs for t, x, h, w in boxes.tolist()
+    ])
     with torch.no_grad():
         for batch in crops.split(64):
             model(batch)
@@ -155,20 +153,30 @@ def craft_round(model_name: str, images: int, concepts: int, designs: int) -> di
     NMF(concepts, init="nndsvda", max_iter=1000, random_state=0).fit(torch.cat(activations).numpy())
     times["NMF"] = time.perf_counter() - start
     times["ratio"] = times["CRAFT"] / (times["forward passes of the crops"] + times["NMF"])
-    return {"seconds": times, "crops": len(crops), "images": len(inputs), "top importance": float(found.importances[0])}
+    return {
+        "seconds": times,
+        "crops": len(crops),
+        "images": len(inputs),
+        "layer": layer,
+        "affine tail": LayerReplay(model, layer).affine,
+        "top importance": float(found.importances[0]),
+    }
 
 
 def run_craft(args) -> None:
-    rounds = [craft_round(args.craft_model, args.images, args.concepts, args.designs) for _ in range(args.repeats)]
-    print(
-        f"CRAFT on {rounds[0]['images']} images, {rounds[0]['crops']} crops ({args.craft_model}, "
-        f"{args.concepts} concepts, {args.designs} designs, {torch.get_num_threads()} threads), "
-        f"medians of {args.repeats} rounds:"
-    )
+    rounds = [
+        craft_round(args.craft_model, args.images, args.concepts, args.designs, args.craft_layer)
+        for _ in range(args.repeats)
+    ]
+    tail = "affine: k + 1 replays an image" if rounds[0]["affine tail"] else "not affine: a replay a mask"
+    print(f"CRAFT on {rounds[0]['images']} images, {rounds[0]['crops']} crops ({args.craft_model} at "
+          f"{rounds[0]['layer']}, the layers after it {tail}; "
+          f"{args.concepts} concepts, {args.designs} designs, {torch.get_num_threads()} threads), "
+          f"medians of {args.repeats} rounds:")
     for step in rounds[0]["seconds"]:
         median = statistics.median(r["seconds"][step] for r in rounds)
         print(f"  {step:<42} {median:8.2f}" + ("" if step == "ratio" else " s"))
-    FIGURES.append({"craft": args.craft_model, "designs": args.designs, "rounds": rounds})
+    FIGURES.append({"craft": args.craft_model, "layer": rounds[0]["layer"], "designs": args.designs, "rounds": rounds})
 
 
 def tcav_inputs(model_name: str):
@@ -176,12 +184,10 @@ def tcav_inputs(model_name: str):
     random pool, and the size of a random set."""
     import torch.nn.functional as F
 
-    from explain.data import SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
+    from explain.data import SHORTCUT_CLASS, load_shortcut_model, mark_images, shortcut_dataset
 
     data = shortcut_dataset(48, seed=1)
-    marked = shortcut_dataset(16, seed=5, mark_rate=(1, 1, 1, 1))
-    plain = torch.rand(16, 3, 1, 1, generator=torch.Generator().manual_seed(5)).expand(-1, -1, 64, 64)
-    concept = (torch.where(marked.marks[:, None], marked.images, plain) - 0.5) / 0.5
+    concept = mark_images(16, seed=5).inputs  # the mark alone, on plain colours
     classes, pool, size = data.inputs[data.labels == SHORTCUT_CLASS], shortcut_dataset(160, seed=7).inputs, 16
     if model_name == "shortcut":
         return load_shortcut_model(), "block3", classes, concept, pool, size
@@ -269,6 +275,7 @@ def main() -> None:
     parser.add_argument("--round", action="store_true", help=argparse.SUPPRESS)  # one round, JSON out
     parser.add_argument("--craft", action="store_true", help="time CRAFT instead (see above)")
     parser.add_argument("--craft-model", default="shortcut", choices=("shortcut", "efficientnet_lite0"))
+    parser.add_argument("--craft-layer", default=None, help="the layer (block3 or bn2 by default)")
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--concepts", type=int, default=10)
     parser.add_argument("--designs", type=int, default=32)
@@ -296,18 +303,14 @@ def run_spray(args) -> None:
         command = [sys.executable, __file__, "--round", "--items", str(args.items), "--embedding", args.embedding]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(
-        f"SpRAy on {args.items:,} maps of 64 x 64 ({platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads), medians of {args.repeats} rounds:"
-    )
+    print(f"SpRAy on {args.items:,} maps of 64 x 64 ({platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads), medians of {args.repeats} rounds:")
     for step in rounds[0]["seconds"]:
         median = statistics.median(r["seconds"][step] for r in rounds)
         print(f"  {step:<42} {median:8.2f} s")
     rss = statistics.median(r["peak_rss_mb"] for r in rounds)
-    print(
-        f"  peak RSS {rss:,.0f} MB; clusters {rounds[0]['clusters']}, purity {rounds[0]['purity']:.3f}, "
-        f"recall {rounds[0]['recall']:.3f}"
-    )
+    print(f"  peak RSS {rss:,.0f} MB; clusters {rounds[0]['clusters']}, purity {rounds[0]['purity']:.3f}, "
+          f"recall {rounds[0]['recall']:.3f}")
     FIGURES.append({"items": args.items, "embedding": args.embedding, "rounds": rounds})
 
 

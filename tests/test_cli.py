@@ -684,6 +684,17 @@ def test_model_files(photos, capsys):
     code, out, _ = explain_with("pickled.pt", "--trust-model-file")
     assert code == 0 and len(read_rows(out / "manifest.jsonl")) == 3
 
+    # a pickled module's pretrained_cfg (timm's keys) sets its input size, crop and normalisation
+    model.pretrained_cfg = {"input_size": (3, 48, 40), "crop_pct": 1.0, "mean": (0.5,) * 3, "std": (0.25,) * 3}
+    torch.save(model, folder / "configured.pt")
+    loaded = models.load_model(str(folder / "configured.pt"), None, True, "cpu")
+    picture = Image.new("RGB", (80, 96), (255, 128, 0))
+    expected = (torch.tensor([1.0, 128 / 255, 0.0]) - 0.5) / 0.25
+    torch.testing.assert_close(loaded.preprocess(picture), expected[:, None, None].expand(3, 48, 40))
+    code, out, _ = explain_with("configured.pt", "--trust-model-file")
+    assert code == 0
+    check_png(out / read_rows(out / "manifest.jsonl")[0]["output"], size=(40, 48))
+
     code, _, streams = explain_with("scripted.pt")
     assert code == 2 and "TorchScript" in streams.err and ".pt2" in streams.err
     code, _, streams = explain_with("state.pt")

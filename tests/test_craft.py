@@ -16,6 +16,7 @@ from torch import nn
 
 from explain.concepts import CRAFT, crop_boxes, jansen_total_indices, sobol_designs
 from explain.data import SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
+from explain.methods import LayerReplay
 
 
 def test_sobol_total_indices_of_an_additive_and_a_product_function():
@@ -112,6 +113,34 @@ def test_importances_are_the_sobol_indices_of_the_logit_the_concepts_sum_to(plan
     assert found.bank[0, 2:].sum() > found.bank[0, :2].sum()
 
 
+def test_an_affine_tail_gives_the_replays_importances_from_k_plus_one_replays_an_image(planted, monkeypatch):
+    """Planted's layers after ``act`` (pool, flatten, linear) are affine: each image's logits
+    of every mask follow from k + 1 replays (no concept, each concept alone), equal to
+    replaying every mask up to float rounding."""
+    _, images, craft, found = planted
+    rows, replay = [], LayerReplay.__call__
+
+    def counted(self, activations, which):
+        rows.append(len(which))
+        return replay(self, activations, which)
+
+    monkeypatch.setattr(LayerReplay, "__call__", counted)
+    again = craft(images, "planted")
+    assert rows == [4, 5, 4 * 3]  # prepare's two checks, then 2 + 1 rows an image in one pass
+    torch.testing.assert_close(again.image_importances, found.image_importances)
+    monkeypatch.setattr(LayerReplay, "affine", property(lambda self: False))
+    rows.clear()
+    replayed = craft(images, "planted")
+    assert sum(rows[2:]) == 4 * len(sobol_designs(2, 64))  # one replay a mask
+    torch.testing.assert_close(again.image_importances, replayed.image_importances, atol=1e-5, rtol=1e-4)
+    # the images a few at a time (batch_size): the same concepts, importances and maps
+    few = CRAFT(craft.model, "act", concepts=2, crop_size=6, designs=64, batch_size=3)
+    in_threes = few(images, "planted")
+    torch.testing.assert_close(in_threes.image_importances, replayed.image_importances, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(in_threes.position_scale, found.position_scale)
+    torch.testing.assert_close(few.concept_maps(in_threes, images).raw, craft.concept_maps(found, images).raw)
+
+
 def test_concept_maps_lie_where_each_concept_is(planted):
     _, images, craft, found = planted
     result = craft.concept_maps(found, images[:2])
@@ -123,6 +152,12 @@ def test_concept_maps_lie_where_each_concept_is(planted):
     assert result.maps[:, 1, :, :8].mean() > 0.3 and result.maps[:, 1, :, 8:].max() < 0.05
     # any size of image
     assert craft.concept_maps(found, two_colour_images(1, size=24)).maps.shape == (1, 2, 24, 24)
+    # scaled by each concept's peak at a position of the class's images: on those images each
+    # map reaches 1 at its peak and keeps its gradation (scaled by the crops' coefficients,
+    # the positions' means, a concept's whole half would be clipped flat at 1)
+    result = craft.concept_maps(found, images)
+    torch.testing.assert_close(result.raw.amax(dim=(0, 2, 3)), found.position_scale)
+    assert result.maps[:, green, :, 8:].mean(dim=(1, 2)).unique().numel() == 4  # each image its own
 
 
 def test_crops_grid_and_random_and_the_seed():
@@ -272,7 +307,7 @@ def shortcut_concepts():
     data = shortcut_dataset(64, seed=1)
     triangles = data.labels == SHORTCUT_CLASS
     craft = CRAFT(load_shortcut_model(), "block3", concepts=6, designs=16)  # crops: half the image
-    return craft(data.inputs[triangles], "triangle"), data.marks[triangles]
+    return craft(data.inputs[triangles], "triangle"), data.marks[triangles], craft, data.inputs[triangles]
 
 
 def mark_shares(found, marks) -> list[float]:
@@ -291,13 +326,19 @@ def test_acceptance_the_shortcut_class_s_most_important_concept_is_the_mark(shor
     """Issue 43, item 5: CRAFT of the triangles (90 % of them marked) at block3 ranks first a
     concept whose ten best crops all hold the mark, with a total Sobol index far above the
     others' (measured: 0.38 against at most 0.09), and no other concept shows the mark."""
-    found, marks = shortcut_concepts
+    found, marks, craft, images = shortcut_concepts
     shares = mark_shares(found, marks)
     assert shares[0] == 1.0 and max(shares[1:]) <= 0.2, shares
     assert found.importances[0] > 2.5 * found.importances[1], found.importances
     # the images without the mark owe little to it
     marked = marks.flatten(1).any(dim=1)
     assert found.image_importances[marked, 0].mean() > 3 * found.image_importances[~marked, 0].mean()
+    # the mark's map peaks on the mark, not flat: scaled by its crops' coefficients (means over
+    # a crop's positions) 7.6 % of its pixels were clipped at 1; by its peak at a position, few
+    maps = craft.concept_maps(found, images).maps[:, 0]
+    assert (maps >= 1 - 1e-6).float().mean() < 0.01
+    on_mark = (maps * marks).flatten(1).sum(1) / marks.flatten(1).sum(1).clamp_min(1)
+    assert on_mark[marked].mean() > 3 * maps[marked].mean()
 
 
 def test_sobol_indices_do_not_depend_on_the_outputs_scale():

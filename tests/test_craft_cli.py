@@ -3,8 +3,8 @@ and explain.analysis.write_craft) on a folder of the planted-shortcut triangles:
 the craft.csv that pandas reads, the best crops and the concept maps as PNGs; a rerun replaces
 the folder whole; bad input exits 2 with the fix and writes nothing.
 
-Cheap: the shortcut CNN pickled for --trust-model-file (which runs it at 224 pixels), 6
-triangles, 3 concepts, 8 Sobol designs (the mark found is test_craft.py's, at the model's 64)."""
+Cheap: the shortcut CNN pickled for --trust-model-file (run at its own 64 pixels, from its
+pretrained_cfg), 6 triangles, 3 concepts, 8 Sobol designs (the mark found is test_craft.py's)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_craft_writes_the_json_the_csv_the_crops_and_the_maps(folder, capsys):
         coefficients = [crop["coefficient"] for crop in entry["best_crops"]]
         assert coefficients == sorted(coefficients, reverse=True)
         for crop in entry["best_crops"]:
-            assert crop["image"] in summary["images"] and crop["box"][2:] == [112, 112]  # half of 224
+            assert crop["image"] in summary["images"] and crop["box"][2:] == [32, 32]  # half of 64
             with Image.open(out / crop["file"]) as picture:
                 assert picture.size == (128, 128)
     maps = sorted(p.name for p in (out / "maps").iterdir())
@@ -85,6 +85,7 @@ def test_the_default_out_is_beside_the_folder(folder):
         (["--class", "triangel"], r"unknown class name 'triangel'; did you mean: 'triangle'"),
         (["--crops", "some"], r"--crops: 'grid' or a number of random crops per image, got 'some'"),
         (["--crop-size", "2.5"], r"--crop-size: pixels \(such as 96\) or a share"),
+        (["--crop-size", "1"], r"--crop-size 1 means crops of 1 x 1 pixels, under the 8 .* \(--crop-size 1.0 is the whole image"),
         (["--crop-size", "1.0", "--concepts", "7"],
          r"--concepts 7 needs at least 7 crops, got 6: pass more images, more crops \(--crops N"),
         (["--layer", "block3.0"], r"negative activations .* pick a layer after a ReLU .* or pass --relu to factorize"),

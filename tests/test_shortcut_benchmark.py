@@ -13,7 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from explain.concepts import CRP, concept_atlas, reference_patches, visualize
-from explain.data import CLASSES, SHORTCUT_CLASS, ShortcutCNN, load_shortcut_model, shortcut_dataset
+from explain.data import (
+    CLASSES,
+    SHORTCUT_CLASS,
+    ShortcutCNN,
+    load_shortcut_model,
+    mark_images,
+    shortcut_dataset,
+)
 from explain.data.shortcut_training import shortcut_report
 
 LAYER = "block3"
@@ -63,13 +70,25 @@ def test_the_generator_is_seeded_and_marks_only_where_asked():
         shortcut_dataset(4, mark_rate=2.0)
 
 
+def test_mark_images_hold_the_mark_alone_at_its_place():
+    marks, source = mark_images(12, seed=4), shortcut_dataset(12, seed=4, mark_rate=(1, 1, 1, 1))
+    assert marks.marked.all() and torch.equal(marks.marks, source.marks)
+    assert torch.equal(marks.images[marks.marks[:, None].expand(-1, 3, -1, -1)],
+                       source.images[source.marks[:, None].expand(-1, 3, -1, -1)])
+    rest = marks.images.permute(1, 0, 2, 3)[:, ~marks.marks]  # (3, pixels off the mark)
+    plain = marks.images.mean(dim=(2, 3), keepdim=True).expand_as(marks.images).permute(1, 0, 2, 3)[:, ~marks.marks]
+    assert (rest - plain).abs().mean() < 0.06  # a plain colour with a little noise: no shape
+    assert torch.equal(mark_images(12, seed=4).images, marks.images)
+
+
 def test_the_shipped_model_learned_the_shapes_and_the_shortcut(model):
     report = shortcut_report(model, n=256)
     assert report["marked_accuracy"] > 0.9  # the training distribution
     assert report["flipped"] > 0.6  # a mark makes most discs, squares and crosses triangles
     assert report["unmarked_recall"] < 0.5  # and without it most triangles are missed
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ShortcutCNN().parameters())
-    assert model.pretrained_cfg == {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
+    config = {"mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5), "input_size": (3, 64, 64), "crop_pct": 1.0}
+    assert model.pretrained_cfg == config
 
 
 def test_crp_finds_a_concept_on_the_mark(mark_channel):

@@ -4,9 +4,9 @@ pandas reads (one row per manifest row), the per-class JSON, the prototypes; a r
 the folder whole; a crp run clustered on its concepts; bad input exits 2 with the fix and
 writes nothing.
 
-Cheap: the shortcut CNN pickled for --trust-model-file (which runs it at 224 pixels, so the
-separation of the marked images is test_strategies.py's, on the model's own 64), 16 images of
-64 pixels explained with Grad-CAM (6 of them with CRP), shared by the tests."""
+Cheap: the shortcut CNN pickled for --trust-model-file (run at its own 64 pixels, from its
+pretrained_cfg; the separation of the marked images is test_strategies.py's, on more images),
+16 images of 64 pixels explained with Grad-CAM (6 of them with CRP), shared by the tests."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from explain.concepts import TCAV, draw_random_sets
 from explain.concepts.tcav_results import fit_cav, significance, tcav_scores
-from explain.data import CLASSES, SHORTCUT_CLASS, load_shortcut_model, shortcut_dataset
+from explain.data import CLASSES, SHORTCUT_CLASS, load_shortcut_model, mark_images, shortcut_dataset
 
 
 class LinearHead(nn.Module):
@@ -320,23 +320,13 @@ def test_parity_with_captum_s_tcav_on_the_same_cavs(linear, tmp_path):
     assert len(set(red.scores.tolist())) > 1  # a random model: scores between 0 and 1, not a trivial agreement
 
 
-def mark_only(n: int, seed: int) -> torch.Tensor:
-    """``n`` images of the benchmark's mark alone, at its places, on plain colours with noise,
-    normalised as the model expects."""
-    marked = shortcut_dataset(n, seed=seed, mark_rate=(1, 1, 1, 1))
-    generator = torch.Generator().manual_seed(seed)
-    plain = torch.rand(n, 3, 1, 1, generator=generator) + 0.05 * torch.randn(n, 3, 64, 64, generator=generator)
-    images = torch.where(marked.marks[:, None], marked.images, plain.clamp(0, 1))
-    return (images - 0.5) / 0.5
-
-
 @pytest.fixture(scope="module")
 def shortcut_tcav():
     data = shortcut_dataset(48, seed=1)
     classes = {name: data.inputs[data.labels == i] for i, name in enumerate(CLASSES)}
     pool = shortcut_dataset(160, seed=7).inputs  # the benchmark's images, as they come
     tcav = TCAV(load_shortcut_model(), "block3", min_random_sets=20)
-    return tcav(classes, {"mark": mark_only(16, seed=5)}, pool, random_sets=20, random_size=16)
+    return tcav(classes, {"mark": mark_images(16, seed=5).inputs}, pool, random_sets=20, random_size=16)
 
 
 def test_acceptance_the_mark_is_significant_for_the_shortcut_class_only(shortcut_tcav):

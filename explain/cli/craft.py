@@ -88,6 +88,9 @@ def folder_images(folder: Path, loaded):
     return [p.relative_to(folder).as_posix() for p in paths], inputs, pictures
 
 
+#: The smallest crop side in pixels (an integer below it is more likely a share meant as 1.0).
+MIN_CROP_PIXELS = 8
+
 #: The library's words for its options, and the command line's flags for them.
 FLAGS = {
     "relu=True": "--relu",
@@ -119,4 +122,9 @@ def _crop_size(text: str) -> int | float:
         value = 0
     if value <= 0 or (isinstance(value, float) and value > 1):
         raise UsageError(f"--crop-size: pixels (such as 96) or a share of the image's side (such as 0.5), got {text!r}")
+    if isinstance(value, int) and value < MIN_CROP_PIXELS:
+        raise UsageError(
+            f"--crop-size {text} means crops of {value} x {value} pixels, under the {MIN_CROP_PIXELS} it takes: "
+            "write a share of the image's side with a point (--crop-size 1.0 is the whole image, 0.5 half its side)"
+        )
     return value

@@ -357,7 +357,8 @@ def _add_craft_command(subcommands) -> None:
                        help="'grid' (crops spanning each image, the step 80%% of their side) or a number of random "
                        "crops per image")
     craft.add_argument("--crop-size", default="0.5",
-                       help="the crops' side: pixels (such as 96) or a share of the image's side (such as 0.5)")
+                       help="the crops' side: pixels (such as 96, at least 8) or a share of the image's side "
+                       "(a number with a point: 0.5, or 1.0 for the whole image)")
     craft.add_argument("--positions", choices=("mean", "all"), default="mean",
                        help="a crop's activations averaged over its positions (the paper's), or each position a row")
     craft.add_argument("--relu", action="store_true",
@@ -366,7 +367,7 @@ def _add_craft_command(subcommands) -> None:
                        help="quasi-Monte-Carlo designs per concept for the Sobol indices")
     craft.add_argument("--best", type=positive_int, default=10, help="best crops written per concept")
     craft.add_argument("--maps", type=non_negative_int, default=4, help="images whose concept maps are written")
-    craft.add_argument("--batch-size", "-b", type=positive_int, default=64, help="crops per forward pass")
+    craft.add_argument("--batch-size", "-b", type=positive_int, default=64, help="crops, or images, per forward pass")
     craft.add_argument("--seed", type=int, default=0, help="seed of the random crops, the NMF and the Sobol sequence")
     craft.set_defaults(handler="craft:craft_command")
 

@@ -3,9 +3,10 @@ Activation FacTorization for Explainability", CVPR 2023).
 
 For the images of one class:
 
-1. **Crops** of each image (a grid whose step is 80 % of the crop's side, as the paper's
-   implementation in xplique, or random places), each resized to the images' size (the
-   model's input).
+1. **Crops** of each image (a grid spanning it whose step is at most 80 % of the crop's
+   side: xplique's, the paper's implementation, steps 80 % exactly and drops the remainder,
+   so the grid here also covers the right and bottom borders; or random places), each
+   resized to the images' size (the model's input).
 2. **Activations** of a layer for each crop, non-negative (a layer after a ReLU; ``relu=True``
    keeps the positive part of a signed layer), the positions of a CNN's map (a ViT's patch
    tokens) averaged per crop as in the paper (``positions="mean"``) or each kept as a row
@@ -18,6 +19,8 @@ For the images of one class:
    in torch (the usual GPU NMF) need 1,000 iterations for the same error (6.3 s on one
    thread; 200 iterations, 1.3 s, leave 0.054). Either is small beside the crops' forward
    passes of a real model, and scikit-learn's is a well-kept solver rather than a hand-written one.
+   Unlike xplique's (``alpha_W=1e-2``, 200 iterations) it is not regularized and runs up to
+   ``max_iter=1000`` iterations: the concepts are those that best reconstruct the crops.
 4. **Importance** of each concept for the class: total-order Sobol indices (:mod:`.sobol`)
    of the class's logit over masks in concept space. Each image's activations are projected
    on the bank per position (U_x, positions x k: NMF's ``transform``), its coefficients
@@ -25,7 +28,11 @@ For the images of one class:
    turned back into activations (U_x * mask) W and passed through the layers after the target
    (:class:`~explain.methods.layer_replay.LayerReplay`, which runs only those); Jansen's estimator gives
    each concept's total index per image, averaged over the images. The concepts are then
-   sorted by it: concept 0 is the most important.
+   sorted by it: concept 0 is the most important. Where the layers after the target are
+   affine (a global average pool and a linear classifier, as after a ResNet's ``layer4``
+   or EfficientNet's ``bn2``: :func:`~explain.methods.affine.is_affine`), the logit is affine
+   in the mask, so k + 1 replays an image give the logit of every mask (equal to replaying
+   each up to float rounding) instead of (k + 2) x ``designs``.
 5. **Best crops**: those whose coefficient of the concept is highest; **concept maps** of any
    image (:meth:`~explain.concepts.CRAFT.concept_maps`): its activations projected on the bank per position.
 
@@ -34,9 +41,8 @@ The paper's recursion (concepts of a concept, at an earlier layer) is left out.
 
 from __future__ import annotations
 
-import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -52,21 +58,16 @@ from ..layers import LayerSpec, find_target_layer, resolve_layers
 from ..methods import LayerReplay
 from ..targets import class_index, class_logits
 from ..tokens import TokenLayout, infer_layout
+from .crops import crop_boxes, cut_crops, layer_output
 from .sobol import jansen_total_indices, sobol_designs
 
-__all__ = ["CRAFT", "POSITIONS", "CraftConcepts", "crop_boxes"]
+__all__ = ["CRAFT", "POSITIONS", "CraftConcepts", "crop_boxes"]  # crop_boxes: from .crops
 
 #: How a crop's activation map becomes rows of the matrix the NMF factorizes.
 POSITIONS = ("mean", "all")
-#: The step of grid crops, as a share of their side (xplique's CRAFT: 80 %).
-GRID_STEP = 0.8
 #: The memory the masked activations of one replay pass may take (rows of all the images'
 #: designs together: few passes of many rows are faster than many of a few).
 REPLAY_BYTES = 2**28
-
-
-class _Stop(Exception):
-    """Ends a forward pass once the target layer has run."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -101,6 +102,11 @@ class CraftConcepts:
         Where the layer's positions lie in its output (:class:`~explain.TokenLayout`).
     settings:
         The options it ran with.
+    position_scale:
+        (k,) each concept's largest coefficient at one position of the class's images: the
+        value :meth:`CRAFT.concept_maps` divides by (a crop's coefficient is its positions'
+        mean, which a small concept's peak exceeds many times, so dividing by it would flatten
+        the maps' peaks).
     """
 
     layer: str
@@ -117,6 +123,7 @@ class CraftConcepts:
     layout: TokenLayout
     settings: dict
     factorization: object = field(default=None, repr=False)
+    position_scale: Tensor = field(default_factory=lambda: torch.zeros(0), repr=False)
 
     def __len__(self) -> int:
         return self.bank.shape[0]
@@ -144,60 +151,6 @@ class CraftConcepts:
             image, top, left, height, width = self.boxes[i].tolist()
             cut.append(images[image, :, top : top + height, left : left + width])
         return cut
-
-
-def crop_boxes(height: int, width: int, size: int, crops: int | str, generator: torch.Generator) -> Tensor:
-    """(m, 4) long: top, left, height, width of the square crops of side ``size`` of an image:
-    ``crops="grid"`` a grid spanning the image whose step is at most
-    :data:`~explain.concepts.craft.GRID_STEP` of
-    the side, or ``crops`` random places (drawn from ``generator``)."""
-    size = min(size, height, width)
-    if crops == "grid":
-
-        def starts(extent: int) -> Tensor:
-            count = math.ceil((extent - size) / (GRID_STEP * size)) + 1 if extent > size else 1
-            return torch.linspace(0, extent - size, count).round().long()
-
-        tops, lefts = torch.meshgrid(starts(height), starts(width), indexing="ij")
-        tops, lefts = tops.flatten(), lefts.flatten()
-    else:
-        tops = torch.randint(height - size + 1, (int(crops),), generator=generator)
-        lefts = torch.randint(width - size + 1, (int(crops),), generator=generator)
-    sides = torch.full_like(tops, size)
-    return torch.stack([tops, lefts, sides, sides], dim=1)
-
-
-def _layer_output(model: nn.Module, module: nn.Module, images: Tensor, whole: bool) -> tuple[Tensor, object]:
-    """The layer's output for ``images`` and the model's output (None unless ``whole``: the
-    pass then stops after the layer)."""
-    found: list[Tensor] = []
-
-    def hook(_module, _args, output):
-        if not isinstance(output, Tensor):
-            raise TypeError(f"the layer returns {type(output).__name__}; pick a layer whose output is a tensor")
-        if not found:
-            found.append(output.detach().clone())
-        if not whole:
-            raise _Stop
-
-    handle = module.register_forward_hook(hook)
-    try:
-        logits = model(images)
-    except _Stop:
-        logits = None
-    finally:
-        handle.remove()
-    if not found:
-        raise ValueError("the layer did not run in the model's forward pass: pick a layer the forward uses")
-    return found[0], logits
-
-
-def _cut(images: Tensor, boxes: Tensor, owners: Tensor, size: tuple[int, int]) -> Tensor:
-    """The crops ``boxes`` of images ``owners``, each resized to ``size`` (bilinear, antialiased)."""
-    pieces = [
-        images[i, :, t : t + h, x : x + w] for i, (t, x, h, w) in zip(owners.tolist(), boxes.tolist(), strict=True)
-    ]
-    return F.interpolate(torch.stack(pieces), size=size, mode="bilinear", align_corners=False, antialias=True)
 
 
 class CRAFT:
@@ -234,7 +187,8 @@ class CRAFT:
     best:
         The best crops kept per concept.
     batch_size:
-        Crops (and replays) per forward pass.
+        Crops, or images, per forward pass (a replay of the later layers takes as many rows
+        as ``REPLAY_BYTES``, 256 MB, of the layer's activations hold).
     max_iter, seed:
         The NMF's iterations, and the seed of the random crops, the NMF's start and the
         Sobol sequence's scrambling (the results are deterministic given it).
@@ -308,32 +262,37 @@ class CRAFT:
                 coefficients, boxes, torch.zeros(0, dtype=torch.long), error, tuple(images.shape[2:]), layout,
                 dict(self.settings), nmf,
             )  # fmt: skip
-            per_image = self._importances(found, images, module)
-        return _ranked(found, per_image, self.settings["best"])
+            per_image, scale = self._importances(found, images, module)
+        return _ranked(replace(found, position_scale=scale), per_image, self.settings["best"])
 
     def concept_maps(self, concepts: CraftConcepts, images: Tensor) -> ConceptExplanation:
         """Each concept's map on ``images`` (any images the model takes, of the size the
         concepts were found at or another): the images' activations at the concepts' layer
         projected on the bank, per position. ``maps`` (N, k, H, W) the coefficients divided
-        by the concept's largest over the crops, clipped to [0, 1], resized to the images;
+        by the concept's largest at a position of the class's images
+        (:attr:`CraftConcepts.position_scale`), clipped to [0, 1], resized to the images;
         ``raw_layers[layer]`` (N, k, h, w) the coefficients as they are."""
         images = self._checked(images)
         module = resolve_layers(self.model, concepts.layer)[concepts.layer]
+        raws, outputs = [], []
         with model_lock(self.model), preserved_state(self.model, freeze=False), torch.no_grad():
-            output, logits = _layer_output(self.model, module, images, whole=True)
-        layout = concepts.layout
-        if layout.kind != "spatial" and tuple(images.shape[2:]) != tuple(concepts.input_size):
-            # tokens (or channels last) of another size: another patch grid, the same prefix
-            layout = infer_layout(tuple(output.shape), tuple(images.shape[2:]), self.model, concepts.layer)
-        grid = self._spatial(output, layout, concepts.layer, concepts.settings["relu"])
-        raw = _project(concepts, grid)
-        scale = concepts.coefficients.amax(dim=0).clamp_min(1e-12).to(raw)
+            for batch in images.split(self.settings["batch_size"]):
+                output, logits = layer_output(self.model, module, batch, whole=True)
+                layout = concepts.layout
+                if layout.kind != "spatial" and tuple(images.shape[2:]) != tuple(concepts.input_size):
+                    # tokens (or channels last) of another size: another patch grid, the same prefix
+                    layout = infer_layout(tuple(output.shape), tuple(images.shape[2:]), self.model, concepts.layer)
+                grid = self._spatial(output, layout, concepts.layer, concepts.settings["relu"])
+                raws.append(_project(concepts, grid))
+                outputs.append(class_logits(logits))
+        raw, logits = torch.cat(raws), torch.cat(outputs)
+        scale = concepts.position_scale.clamp_min(1e-12).to(raw)
         maps = F.interpolate(raw / scale.view(1, -1, 1, 1), size=tuple(images.shape[2:]), mode="bilinear")
         k = len(concepts)
         return ConceptExplanation(
             maps.clamp(0, 1),
             {concepts.layer: raw},
-            class_logits(logits),
+            logits,
             torch.full((len(images), k), concepts.target),
             "craft",
             self.class_names,
@@ -403,8 +362,8 @@ class CRAFT:
         layout = None
         step = self.settings["batch_size"]
         for start in range(0, len(boxes), step):
-            batch = _cut(images, boxes[start : start + step], owners[start : start + step], size)
-            output, _ = _layer_output(self.model, module, batch, whole=False)
+            batch = cut_crops(images, boxes[start : start + step], owners[start : start + step], size)
+            output, _ = layer_output(self.model, module, batch, whole=False)
             if layout is None:
                 layout = infer_layout(tuple(output.shape), size, self.model, name)
             grid = self._spatial(output, layout, name).flatten(2)  # (B, C, positions)
@@ -418,34 +377,79 @@ class CRAFT:
         assert layout is not None  # (at least one crop)
         return torch.cat(rows), torch.cat(crops), layout
 
-    def _importances(self, concepts: CraftConcepts, images: Tensor, module: nn.Module) -> Tensor:
-        """(N, k) each concept's total-order Sobol index for the class's logit, per image."""
-        layer_output, logits = _layer_output(self.model, module, images, whole=True)
-        classes = class_logits(logits).shape[1]
-        if concepts.target >= classes:
-            raise ValueError(f"target is a class id in 0..{classes - 1} (the model's outputs), got {concepts.target}")
-        replay = LayerReplay(self.model, concepts.layer)
-        replay.prepare(images, layer_output, logits)
-        grid = self._spatial(layer_output, concepts.layout, concepts.layer)
-        coefficients = _project(concepts, grid).flatten(2).transpose(1, 2)  # (N, positions, k)
-        # relu=True: the concepts vary the positive part; the negative part is replayed as it was
-        negative = concepts.layout.to_spatial(layer_output).float().clamp_max(0) if self.settings["relu"] else None
+    def _importances(self, concepts: CraftConcepts, images: Tensor, module: nn.Module) -> tuple[Tensor, Tensor]:
+        """(N, k) each concept's total-order Sobol index for the class's logit, per image, and
+        (k,) each concept's largest coefficient at a position of the images; the images
+        ``batch_size`` at a time."""
+        replay: LayerReplay | None = None
         k = len(concepts)
-        masks = sobol_designs(k, self.settings["designs"], seed=self.settings["seed"]).to(grid)
-        bank = concepts.bank.to(grid)
-        # every image's masked activations, as many rows a pass as REPLAY_BYTES hold
-        owners = torch.arange(len(images), device=grid.device).repeat_interleave(len(masks))
-        designs = torch.arange(len(masks), device=grid.device).repeat(len(images))
-        step = max(1, min(len(owners), REPLAY_BYTES // (4 * 3 * layer_output[0].numel())))
+        masks = sobol_designs(k, self.settings["designs"], seed=self.settings["seed"])
+        per_image, scales = [], []
+        for batch in images.split(self.settings["batch_size"]):
+            output, logits = layer_output(self.model, module, batch, whole=True)
+            last = class_logits(logits).shape[1] - 1
+            if concepts.target > last:
+                raise ValueError(f"target is a class id in 0..{last} (the model's outputs), got {concepts.target}")
+            replay = replay or LayerReplay(self.model, concepts.layer)  # traced once, after a first pass
+            replay.prepare(batch, output, logits)
+            grid = self._spatial(output, concepts.layout, concepts.layer)
+            coefficients = _project(concepts, grid).flatten(2).contiguous()  # (B, k, positions)
+            # relu=True: the concepts vary the positive part; the negative part is replayed as it was
+            negative = concepts.layout.to_spatial(output).float().clamp_max(0) if self.settings["relu"] else None
+            masking = _Masking(replay, concepts, coefficients, negative, output)
+            per_image.append(masking.importances(masks.to(grid)))
+            scales.append(coefficients.amax(dim=(0, 2)).cpu())
+        return torch.cat(per_image), torch.stack(scales).amax(dim=0)
+
+
+@dataclass
+class _Masking:
+    """The class's logit of each image with its concept coefficients multiplied by masks,
+    the later layers replayed in as many rows a pass as ``REPLAY_BYTES`` hold."""
+
+    replay: LayerReplay
+    concepts: CraftConcepts
+    coefficients: Tensor  # (N, k, positions)
+    negative: Tensor | None  # (N, C, h, w) the part the concepts leave as it was
+    layer_output: Tensor
+
+    def importances(self, masks: Tensor) -> Tensor:
+        """(N, k) each image's total-order Sobol indices over ``masks`` (:func:`.sobol_designs`)."""
+        k = self.coefficients.shape[1]
+        if self.replay.affine:
+            # the layers after are affine in the activation, itself linear in the mask: the
+            # logit of any mask m is f(0) + sum_j m_j (f(e_j) - f(0)), from k + 1 replays an
+            # image instead of one a mask (equal up to float rounding)
+            outputs = self(torch.cat([torch.zeros(1, k), torch.eye(k)]).to(masks))
+            scores = outputs[:, :1] + (outputs[:, 1:] - outputs[:, :1]) @ masks.T
+        else:
+            scores = self(masks)
+        return torch.stack([jansen_total_indices(row, k) for row in scores.cpu()])
+
+    def __call__(self, masks: Tensor) -> Tensor:
+        """(N, len(masks)) the logits, ``masks`` (M, k)."""
+        n, device = len(self.coefficients), self.coefficients.device
+        owners = torch.arange(n, device=device).repeat_interleave(len(masks))
+        designs = torch.arange(len(masks), device=device).repeat(n)
+        step = max(1, min(len(owners), REPLAY_BYTES // (4 * 3 * self.layer_output[0].numel())))
+        bank = self.concepts.bank.to(self.coefficients).T  # (C, k)
+        layout, tokens = self.concepts.layout, self.concepts.layout.kind == "tokens"
         scores = []
         for start in range(0, len(owners), step):
             rows, mask = owners[start : start + step], masks[designs[start : start + step]]
-            changed = ((mask[:, None, :] * coefficients[rows]) @ bank).transpose(1, 2).reshape(-1, *grid.shape[1:])
-            if negative is not None:
-                changed = changed + negative[rows]
-            output = replay(concepts.layout.to_layer(changed, layer_output[rows]), rows)
-            scores.append(class_logits(output)[:, concepts.target].float().cpu())
-        return torch.stack([jansen_total_indices(row, k) for row in torch.cat(scores).view(len(images), -1)])
+            changed = (bank @ (mask[:, :, None] * self.coefficients[rows])).view(len(rows), *self.shape)
+            if self.negative is not None:
+                changed = changed + self.negative[rows]
+            like = self.layer_output[rows] if tokens else self.layer_output  # read for tokens only
+            output = self.replay(layout.to_layer(changed, like), rows)
+            scores.append(class_logits(output)[:, self.concepts.target].float())
+        return torch.cat(scores).view(n, -1)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """(C, h, w) of the layer's grid."""
+        h_w = self.concepts.layout.to_spatial(self.layer_output[:1]).shape[2:]
+        return (self.concepts.bank.shape[1], *h_w)
 
 
 def _factorize(rows: Tensor, owners: Tensor, count: int, settings: dict):
@@ -491,8 +495,6 @@ def _project(concepts: CraftConcepts, grid: Tensor) -> Tensor:
 def _ranked(found: CraftConcepts, per_image: Tensor, best: int) -> CraftConcepts:
     """``found`` with its concepts sorted by importance (most important first) and the best
     crops of each."""
-    from dataclasses import replace
-
     importances = per_image.mean(dim=0)
     order = torch.argsort(importances, descending=True, stable=True)
     nmf = found.factorization
@@ -506,4 +508,5 @@ def _ranked(found: CraftConcepts, per_image: Tensor, best: int) -> CraftConcepts
         image_importances=per_image[:, order],
         coefficients=coefficients,
         best=top,
+        position_scale=found.position_scale[order],
     )

@@ -22,6 +22,7 @@ from .shortcuts import (
     ShortcutCNN,
     ShortcutSet,
     load_shortcut_model,
+    mark_images,
     shortcut_dataset,
 )
 
@@ -33,6 +34,7 @@ __all__ = [
     "ShortcutCNN",
     "ShortcutSet",
     "load_shortcut_model",
+    "mark_images",
     "sample_folder",
     "sample_image",
     "sample_names",

@@ -15,7 +15,8 @@ mark_rate=0.0)`` and ``mark_rate=1.0`` are the same images without and with thei
 package (125 KB), trained by ``python -m explain.data.shortcut_training`` (deterministic:
 seeded, one CPU thread; 16 epochs of 2,048 fresh images, minutes on a CPU). It expects
 images normalised by :data:`.MEAN` and :data:`.STD` (``ShortcutSet.inputs``), and says so in
-``pretrained_cfg``, where LRP's box rule reads its bounds.
+``pretrained_cfg``, where LRP's box rule reads its bounds (and the command line, with its
+input size, for a pickled copy).
 
 >>> data = shortcut_dataset(8, seed=1)
 >>> data.images.shape, data.labels.tolist(), int(data.marks.any(dim=(1, 2)).sum())
@@ -43,6 +44,7 @@ __all__ = [
     "ShortcutCNN",
     "ShortcutSet",
     "load_shortcut_model",
+    "mark_images",
     "shortcut_dataset",
 ]
 
@@ -137,6 +139,24 @@ def shortcut_dataset(
     images = torch.where(marks[:, None], pattern[:, None], images)
     images = (images + 0.02 * draws["noise"]).clamp(0, 1)
     return ShortcutSet(images, labels, marks)
+
+
+def mark_images(n: int, *, seed: int = 0, size: int = 64, noise: float = 0.05) -> ShortcutSet:
+    """``n`` images of the mark alone: each at its place in :func:`shortcut_dataset`'s image
+    of the same seed, on a plain colour with a little noise (``noise``, the standard
+    deviation); no shape. A concept's examples for TCAV (:class:`explain.concepts.TCAV`):
+    the mark without the triangles it came with. ``labels`` are those of the images the
+    marks were taken from.
+
+    >>> marks = mark_images(8, seed=1)
+    >>> bool(marks.marked.all()), tuple(marks.inputs.shape)
+    (True, (8, 3, 64, 64))
+    """
+    with_marks = shortcut_dataset(n, seed=seed, size=size, mark_rate=(1.0,) * len(CLASSES))
+    generator = torch.Generator().manual_seed(int(seed))
+    plain = torch.rand(n, 3, 1, 1, generator=generator) + noise * torch.randn(n, 3, size, size, generator=generator)
+    images = torch.where(with_marks.marks[:, None], with_marks.images, plain.clamp(0, 1))
+    return ShortcutSet(images, with_marks.labels, with_marks.marks)
 
 
 def _mark_rates(mark_rate: float | Sequence[float]) -> Tensor:
@@ -255,8 +275,10 @@ class ShortcutCNN(nn.Module):
         self.flatten = nn.Flatten()
         self.fc = nn.Linear(channels[-1], num_classes)
         self.class_names = list(CLASSES)
-        #: Read by LRP's box rule (and by feature visualisation) for the input's range.
-        self.pretrained_cfg = {"mean": MEAN, "std": STD}
+        #: Read by LRP's box rule (and by feature visualisation) for the input's range, and by
+        #: ``explain run --model FILE`` for the preprocessing of a pickled copy (timm's keys:
+        #: 64 pixels, not cropped).
+        self.pretrained_cfg = {"mean": MEAN, "std": STD, "input_size": (3, 64, 64), "crop_pct": 1.0}
 
     def forward(self, x: Tensor) -> Tensor:
         """(N, num_classes) logits of normalised images (N, 3, H, W) (:attr:`.ShortcutSet.inputs`)."""

@@ -25,6 +25,7 @@ import torch.fx as fx
 from torch import Tensor, nn
 from torch.utils._pytree import tree_flatten
 
+from .affine import is_affine
 from .cam_base import map_tensors
 
 __all__ = ["LayerReplay"]
@@ -106,6 +107,14 @@ class LayerReplay:
         """Whether replays run only the layers after the target (else whole forward passes)."""
         return self._split is not None and self.reason is None
 
+    @property
+    def affine(self) -> bool:
+        """Whether the layers after the target are affine in its output (for the model's
+        present train/eval mode: batch norm counts only in eval), so that the output of any
+        weighted sum of activations follows from the outputs of its terms
+        (:func:`~explain.methods.affine.is_affine`)."""
+        return self.split and self._split is not None and is_affine(self._split[1], "activation")
+
     def _build(self) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node]]:
         parts = self.layer_name.split(".")
         ancestors = {id(self.model)} | {id(self.model.get_submodule(".".join(parts[:i]))) for i in range(1, len(parts))}
@@ -165,9 +174,10 @@ class LayerReplay:
             return
         full, _, wanted = self._split
         recorder = _Recorder(full, wanted)
-        with suppress(_Done):
-            recorder.run(images)
-        layer_value = recorder.values[wanted[0]]
+        if len(wanted) > 1:  # values from before the layer to record (else the layer's is known)
+            with suppress(_Done):
+                recorder.run(images)
+        layer_value = recorder.values.get(wanted[0], activation)
         if not isinstance(layer_value, Tensor):
             self.reason = f"layer {self.layer_name!r} does not return a tensor"
             self._warn()

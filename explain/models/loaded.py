@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..concurrency import process_lock
 from ..errors import Option, UsageError, is_out_of_memory
+from ..imagenet import IMAGENET_MEAN, IMAGENET_STD
 from ..model_tasks import segmentation_logits, task_of, task_of_output, torchvision_task
 from ..options import MODEL_FORM_PARTS
 from . import classifiers
@@ -134,11 +135,24 @@ def _from_file(path: Path, weights: str | None, trust: bool, device: torch.devic
     model = model.to(device).eval()
     task = task_of(model)
     images = input_kind(model) == "images"  # volumes and signals are read as arrays, not preprocessed
-    preprocess = classifiers.imagenet_preprocess(resize=round(max(crop) * 256 / 224), crop=crop) if images else None
+    preprocess = _file_preprocess(model, crop) if images else None
     if task == "detect":  # a detector normalises the images itself
         preprocess = preprocess_for(model, task)
     fixed_batch = images and path.suffix.lower() == ".pt2" and not _accepts_batches(model, preprocess, device)
     return model, preprocess, getattr(model, "class_names", None), task, fixed_batch
+
+
+def _file_preprocess(model: nn.Module, crop: tuple[int, int]):
+    """ImageNet's resize, centre crop and normalisation to ``crop``, or what the model's
+    ``pretrained_cfg`` says (timm's keys, which a pickled timm model carries: ``input_size``,
+    ``crop_pct``, ``mean``, ``std``)."""
+    config = getattr(model, "pretrained_cfg", None)
+    config = config if isinstance(config, dict) else {}
+    if len(config.get("input_size") or ()) == 3:
+        crop = (int(config["input_size"][1]), int(config["input_size"][2]))
+    share = float(config.get("crop_pct") or 224 / 256)
+    mean, std = config.get("mean", IMAGENET_MEAN), config.get("std", IMAGENET_STD)
+    return classifiers.imagenet_preprocess(round(max(crop) / share), crop, tuple(mean), tuple(std))
 
 
 def _load_detector(spec: str, weights: str | None, trust: bool, device: torch.device) -> LoadedModel:

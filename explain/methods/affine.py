@@ -1,0 +1,149 @@
+"""Whether a traced module is affine in one of its inputs: f(x) = L(x) + b, L linear.
+
+Where the layers after a target layer are affine (a global average pool and a linear
+classifier, as after a ResNet's ``layer4`` or an EfficientNet's last block), a perturbation
+method needs the output of k + 1 inputs, not of every combination of them: the output of
+sum_j m_j x_j + x_0 is f(x_0) + sum_j m_j (f(x_0 + x_j) - f(x_0)) for any weights m.
+
+The test is structural and conservative: every operation that reads a value depending on
+the input must be one that is affine in it (a convolution, a linear layer, batch norm and
+dropout in eval mode, average pooling, a reshape, a sum of such values, a product with a
+value that does not depend on it). A module whose type is not one of these (a subclass
+included: timm's ``BatchNormAct2d`` is a batch norm with an activation) is traced in turn
+and checked the same way; anything else (a ReLU, a max pool, a product of two such values,
+code that cannot be traced) makes the answer False, never a guess.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["is_affine"]
+
+_MODULES = (
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AvgPool3d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.AdaptiveAvgPool3d,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.Identity,
+)
+_EVAL_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.Dropout, nn.Dropout1d, nn.Dropout2d)
+_FUNCTIONS = {
+    torch.flatten,
+    torch.reshape,
+    torch.mean,
+    torch.sum,
+    torch.transpose,
+    torch.permute,
+    torch.squeeze,
+    torch.unsqueeze,
+    torch.cat,
+    torch.add,
+    torch.sub,
+    F.linear,
+    F.conv1d,
+    F.conv2d,
+    F.conv3d,
+    F.avg_pool2d,
+    F.adaptive_avg_pool1d,
+    F.adaptive_avg_pool2d,
+    operator.add,
+    operator.sub,
+    operator.neg,
+    operator.getitem,
+}
+_SCALINGS = {operator.mul, torch.mul, operator.truediv, torch.div}
+_METHODS = {
+    "flatten",
+    "view",
+    "reshape",
+    "mean",
+    "sum",
+    "permute",
+    "transpose",
+    "contiguous",
+    "squeeze",
+    "unsqueeze",
+    "expand",
+    "add",
+    "sub",
+    "float",
+}
+_SHAPES = {"size", "dim"}  # what these return does not vary with the input's values
+
+
+def is_affine(module: fx.GraphModule, input_name: str, depth: int = 3) -> bool:
+    """Whether ``module``'s output is affine in its placeholder ``input_name`` (the other
+    inputs held fixed), judged from its graph (see the module docstring).
+
+    >>> tail = fx.symbolic_trace(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)))
+    >>> is_affine(tail, "input")
+    True
+    >>> is_affine(fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU())), "input")
+    False
+    """
+    varying: set[fx.Node] = set()
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            if node.target == input_name:
+                varying.add(node)
+            continue
+        inputs = [source for source in node.all_input_nodes if source in varying]
+        if not inputs or node.op == "output":
+            continue
+        if _shape_only(node):
+            continue
+        if not _affine_node(module, node, inputs, varying, depth):
+            return False
+        varying.add(node)
+    return any(node.op == "placeholder" and node.target == input_name for node in module.graph.nodes)
+
+
+def _shape_only(node: fx.Node) -> bool:
+    if node.op == "call_method" and node.target in _SHAPES:
+        return True
+    return node.op == "call_function" and node.target is getattr and node.args[1:] in (("shape",), ("ndim",))
+
+
+def _affine_node(module: fx.GraphModule, node: fx.Node, inputs: list, varying: set, depth: int) -> bool:
+    if node.op == "call_module":
+        return len(inputs) == 1 and _affine_module(module.get_submodule(str(node.target)), depth)
+    if node.op == "call_function" and node.target in _SCALINGS:
+        # a product with (or a division by) a value that does not vary with the input
+        varying_args = [arg for arg in node.args if isinstance(arg, fx.Node) and arg in varying]
+        return len(varying_args) == 1 and (node.target not in (operator.truediv, torch.div) or node.args[0] in varying)
+    if node.op == "call_function" and node.target is F.dropout:
+        return node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True) is False
+    if node.op == "call_function":
+        return node.target in _FUNCTIONS
+    if node.op == "call_method":
+        return node.target in _METHODS
+    return False
+
+
+def _affine_module(module: nn.Module, depth: int) -> bool:
+    if type(module) in _MODULES:  # the types themselves: a subclass may add an activation
+        return True
+    if type(module) in _EVAL_MODULES:
+        return not module.training
+    if depth <= 0:
+        return False
+    try:
+        traced = fx.symbolic_trace(module)
+    except Exception:  # code the trace cannot follow: not known to be affine
+        return False
+    names = [node.target for node in traced.graph.nodes if node.op == "placeholder"]
+    return len(names) == 1 and is_affine(traced, str(names[0]), depth - 1)
