@@ -159,6 +159,12 @@ def test_activations_are_computed_once_and_cached_on_disk(linear, tmp_path):
     tcav(classes, concepts, randoms)
     assert model.calls == 2 * 2 + 2 * 2 + 6 * 2
     assert not list(tmp_path.glob(".*tmp"))  # no partial file left
+    # a damaged cache file is computed again (and rewritten), not an error
+    model.calls = 0
+    damaged = max(tmp_path.glob("*.pt"), key=lambda p: p.stat().st_mtime_ns)
+    damaged.write_bytes(b"not a tensor")
+    tcav(classes, concepts, randoms)
+    assert model.calls == 2 * 2 + 2 and torch.load(damaged, weights_only=True).dim() == 2
 
 
 def test_random_sets_drawn_from_one_pool_run_the_pool_once(linear):

@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import pickle
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -114,7 +115,7 @@ class _Activations:
         if self.folder is not None and (self.folder / f"{key}.pt").is_file():
             try:
                 self.memory[key] = torch.load(self.folder / f"{key}.pt", weights_only=True)
-            except (OSError, RuntimeError, EOFError):  # a damaged file: computed again
+            except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):  # damaged: computed again
                 return None
             return self.memory[key]
         return None
