@@ -60,7 +60,7 @@ def tcav(folder: Path, *extra: str, randoms=("pool",)) -> int:
 
 def test_tcav_writes_the_json_and_the_csv_and_reuses_the_cache(folder, capsys):
     out = folder / "out"
-    assert tcav(folder, "--out", str(out), "--layer", "block4") == 0
+    assert tcav(folder, "--out", str(out), "--layer", "block4,") == 0
     printed = capsys.readouterr().out
     summary = json.loads((out / "tcav.json").read_text())
     assert summary["method"] == "tcav" and summary["correction"] == "bonferroni" and summary["tests"] == 2

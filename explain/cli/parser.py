@@ -313,7 +313,8 @@ def _add_tcav_command(subcommands) -> None:
                       help="a folder of random images: repeat for one folder per random set, or give one to "
                       "draw --random-sets sets from it")
     tcav.add_argument("--layer", required=True, action="append", metavar="L",
-                      help="a layer where the concepts are looked for (repeat for several; `explain layers MODEL`)")
+                      help="a layer where the concepts are looked for (repeat, or comma-separated, for several; "
+                      "`explain layers MODEL`)")
     tcav.add_argument("--random-sets", type=positive_int, default=20,
                       help="random sets drawn from a single --random folder")
     tcav.add_argument("--random-size", type=positive_int, default=None,

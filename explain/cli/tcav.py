@@ -38,9 +38,10 @@ def tcav_command(args) -> int:
     concept_images = {name: folder_images(path, loaded)[1] for name, path in concepts.items()}
     random_images = [folder_images(path, loaded)[1] for path in randoms]
     target: int | str = int(args.class_name) if args.class_name.isdigit() else args.class_name
+    layers = [name for text in args.layer for name in text.split(",") if name]
     try:
         tcav = TCAV(
-            loaded.model, args.layer, alpha=args.alpha, alternative=args.alternative,
+            loaded.model, layers, alpha=args.alpha, alternative=args.alternative,
             min_random_sets=args.min_random_sets, batch_size=args.batch_size, cache=cache, seed=args.seed,
         )  # fmt: skip
         random = random_images[0] if len(random_images) == 1 else random_images
