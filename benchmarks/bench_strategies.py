@@ -27,6 +27,19 @@ activations (scikit-learn's, as CRAFT runs it), and the importances' replays alo
 (issue 43): CRAFT <= 1.3 x that baseline.
 
     .venv/bin/python benchmarks/bench_strategies.py --craft [--images 16] [--designs 32]
+
+``--tcav`` times TCAV (explain.concepts.TCAV) with 20 random sets (``--random-sets``) on
+the shortcut benchmark (the shortcut CNN at block3, 64 x 64: the triangles, 16 mark-only
+images as the concept, 20 sets of 16 drawn from 160 of the benchmark's images) or on the
+bundled EfficientNet-Lite0 at 224 (``--tcav-model efficientnet_lite0``, layer blocks.3, the
+same images enlarged, 8 a set drawn from 40), against its baseline in the same process: the
+forward passes of its images through the whole model (concept and random pool, in batches
+of 32), the class images' forward and backward pass to the layer (the weights frozen) and
+the same classifiers' fits (explain.concepts.tcav_results.fit_cav on those activations).
+Goal (issue 43): TCAV <= 1.2 x that baseline. A first round is run and discarded (the
+imports and the first passes would count against TCAV, which runs first).
+
+    .venv/bin/python benchmarks/bench_strategies.py --tcav [--tcav-model shortcut]
 """
 
 from __future__ import annotations
@@ -167,6 +180,94 @@ def run_craft(args) -> None:
     FIGURES.append({"craft": args.craft_model, "layer": rounds[0]["layer"], "designs": args.designs, "rounds": rounds})
 
 
+def tcav_inputs(model_name: str):
+    """The model, the layer, the class's images, the concept's (the mark alone) and the
+    random pool, and the size of a random set."""
+    import torch.nn.functional as F
+
+    from explain.data import SHORTCUT_CLASS, load_shortcut_model, mark_images, shortcut_dataset
+
+    data = shortcut_dataset(48, seed=1)
+    concept = mark_images(16, seed=5).inputs  # the mark alone, on plain colours
+    classes, pool, size = data.inputs[data.labels == SHORTCUT_CLASS], shortcut_dataset(160, seed=7).inputs, 16
+    if model_name == "shortcut":
+        return load_shortcut_model(), "block3", classes, concept, pool, size
+    import explain
+
+    model, _, _ = explain.models.load(model_name)
+    big = [F.interpolate(x, size=224, mode="bilinear") for x in (classes[:8], concept[:8], pool[:40])]
+    return model, "blocks.3", *big, 8
+
+
+def tcav_round(model_name: str, random_sets: int) -> dict:
+    """TCAV timed whole, and its baseline: the images' forward passes, the class images'
+    backward to the layer and the classifiers' fits."""
+    from explain.concepts import TCAV, draw_random_sets
+    from explain.concepts.tcav_results import fit_cav
+    from explain.data import SHORTCUT_CLASS
+
+    model, layer, classes, concept, pool, size = tcav_inputs(model_name)
+    times = {}
+    start = time.perf_counter()
+    result = TCAV(model, layer, min_random_sets=random_sets)(
+        {SHORTCUT_CLASS: classes}, {"mark": concept}, pool, random_sets=random_sets, random_size=size
+    )
+    times["TCAV"] = time.perf_counter() - start
+    module = model.get_submodule(layer)
+    found = []
+    hook = module.register_forward_hook(lambda m, a, out: found.append(out))
+    flags = [p.requires_grad for p in model.parameters()]
+    model.eval().requires_grad_(False)
+    start = time.perf_counter()
+    acts = []
+    with torch.no_grad():
+        for images in (concept, pool):
+            parts = []
+            for batch in images.split(32):
+                model(batch)
+                parts.append(found.pop().flatten(1))
+            acts.append(torch.cat(parts))
+    times["forward passes (concept, random)"] = time.perf_counter() - start
+    hook.remove()
+
+    def graph_from_layer(_module, _args, out):  # the graph starts at the layer, as LayerCapture's
+        found.append(out.detach().requires_grad_())
+        return found[-1]
+
+    hook = module.register_forward_hook(graph_from_layer)
+    start = time.perf_counter()
+    for batch in classes.split(32):
+        logits = model(batch)
+        torch.autograd.grad(logits[:, SHORTCUT_CLASS].sum(), found.pop())
+    times["class images forward + backward"] = time.perf_counter() - start
+    hook.remove()
+    for p, flag in zip(model.parameters(), flags, strict=True):
+        p.requires_grad_(flag)
+    draws = [acts[1][d] for d in draw_random_sets(len(pool), random_sets, size)]
+    start = time.perf_counter()
+    for i in range(random_sets):
+        fit_cav(acts[0], draws[i], seed=i)
+        fit_cav(draws[i], draws[(i + 1) % random_sets], seed=i)
+    times["classifier fits"] = time.perf_counter() - start
+    times["ratio"] = times["TCAV"] / sum(v for k, v in times.items() if k != "TCAV")
+    score = result.get("mark")
+    return {"seconds": times, "features": acts[0].shape[1], "score": score.mean, "p": score.corrected_p}
+
+
+def run_tcav(args) -> None:
+    tcav_round(args.tcav_model, args.random_sets)  # a round discarded: imports and first passes
+    rounds = [tcav_round(args.tcav_model, args.random_sets) for _ in range(args.repeats)]
+    print(
+        f"TCAV ({args.tcav_model}, {args.random_sets} random sets, {rounds[0]['features']:,} features, "
+        f"{torch.get_num_threads()} threads), medians of {args.repeats} rounds:"
+    )
+    for step in rounds[0]["seconds"]:
+        median = statistics.median(r["seconds"][step] for r in rounds)
+        print(f"  {step:<42} {median:8.2f}" + ("" if step == "ratio" else " s"))
+    print(f"  mark score {rounds[0]['score']:.2f}, corrected p {rounds[0]['p']:.2g}")
+    FIGURES.append({"tcav": args.tcav_model, "random_sets": args.random_sets, "rounds": rounds})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=10_000)
@@ -180,8 +281,13 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--concepts", type=int, default=10)
     parser.add_argument("--designs", type=int, default=32)
+    parser.add_argument("--tcav", action="store_true", help="time TCAV instead (see above)")
+    parser.add_argument("--tcav-model", default="shortcut", choices=("shortcut", "efficientnet_lite0"))
+    parser.add_argument("--random-sets", type=int, default=20)
     args = parser.parse_args()
-    if args.craft:
+    if args.tcav:
+        run_tcav(args)
+    elif args.craft:
         run_craft(args)
     elif args.round:
         print(json.dumps(one_round(args.items, args.embedding)))

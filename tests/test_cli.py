@@ -826,7 +826,7 @@ def test_help_shows_each_default_once_and_every_option_has_help(capsys, monkeypa
     top = help_of()
     commands = re.findall(r"^    (\w+)(?: |$)", top, flags=re.MULTILINE)
     assert commands == ["run", "evaluate", "concepts", "strategies", "methods", "layers", "samples"]
-    for command in [*commands, "concepts atlas", "concepts visualize", "concepts craft"]:
+    for command in [*commands, "concepts atlas", "concepts visualize", "concepts craft", "concepts tcav"]:
         text = help_of(*command.split())
         assert "default: None" not in text and "default: False" not in text, command
         # An entry: its flags (or name) at two spaces, its help after them or on the lines below.

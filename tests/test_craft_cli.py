@@ -145,14 +145,14 @@ def test_images_of_different_sizes_after_preprocessing_are_a_usage_error(tmp_pat
 
     from torchvision.transforms import ToTensor
 
-    from explain.cli.craft import _images
+    from explain.cli.craft import folder_images
     from explain.errors import UsageError
 
     for name, size in (("a.png", (20, 16)), ("b.png", (16, 16))):
         Image.new("RGB", size, (200, 10, 10)).save(tmp_path / name)
     loaded = SimpleNamespace(preprocess=ToTensor(), device=torch.device("cpu"))
     with pytest.raises(UsageError, match=r"different sizes after the model's preprocessing .* resize them to one size"):
-        _images(tmp_path, loaded)
+        folder_images(tmp_path, loaded)
     (tmp_path / "a.png").unlink()
-    names, inputs, pictures = _images(tmp_path, loaded)  # no normalisation found: the pixels as they are
+    names, inputs, pictures = folder_images(tmp_path, loaded)  # no normalisation found: the pixels as they are
     assert names == ["b.png"] and inputs.shape == (1, 3, 16, 16) and torch.equal(pictures, inputs)

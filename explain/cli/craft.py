@@ -33,7 +33,7 @@ def craft_command(args) -> int:
     from ..models.loaded import load_model
 
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
-    names, inputs, pictures = _images(folder, loaded)
+    names, inputs, pictures = folder_images(folder, loaded)
     target: int | str = int(args.class_name) if args.class_name.isdigit() else args.class_name
     try:
         craft = CRAFT(
@@ -58,7 +58,7 @@ def craft_command(args) -> int:
     return 0
 
 
-def _images(folder: Path, loaded):
+def folder_images(folder: Path, loaded):
     """The images' names, their inputs (N, C, H, W) on the model's device, and their pictures
     in [0, 1] as the model sees them."""
     import torch

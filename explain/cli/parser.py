@@ -240,10 +240,11 @@ def _add_evaluate_command(commands) -> None:
 def _add_concepts_command(commands) -> None:
     concepts = commands.add_parser(
         "concepts", help="what a model's channels respond to: the concept atlas of a dataset, feature visualisation, "
-        "the concepts a class uses (CRAFT)",
+        "the concepts a class uses (CRAFT), the concepts you name (TCAV)",
         description="Concepts of a layer (its channels): their atlas across a dataset (`explain concepts atlas "
         "--help`), their feature visualisation (`explain concepts visualize --help`), and the concepts a class "
-        "uses, discovered in its images (`explain concepts craft --help`).",
+        "uses, discovered in its images (`explain concepts craft --help`), and whether a class is sensitive to "
+        "concepts named by their images (`explain concepts tcav --help`).",
     )
     subcommands = concepts.add_subparsers(dest="concepts_command", required=True, metavar="SUBCOMMAND")
     atlas = subcommands.add_parser(
@@ -284,6 +285,53 @@ def _add_concepts_command(commands) -> None:
     atlas.set_defaults(handler="concepts:atlas_command")
     _add_visualize_command(subcommands)
     _add_craft_command(subcommands)
+    _add_tcav_command(subcommands)
+
+
+def _add_tcav_command(subcommands) -> None:
+    tcav = subcommands.add_parser(
+        "tcav", formatter_class=DefaultsOnceFormatter,
+        help="whether a class is sensitive to concepts you name by their images (TCAV), significant or not",
+        description="TCAV (Kim et al., ICML 2018) of the class --class on the images of FOLDER: for each --concept "
+        "NAME=FOLDER and --layer, CAVs (a linear classifier's normal) of the concept's activations against each "
+        "random set's and of random sets against each other (the null), the share of the class's images whose "
+        "logit grows along each CAV (the TCAV score), and a t-test of the scores against the null, "
+        "Bonferroni-corrected for concepts x layers: significant or not. --random given several times: each "
+        "folder a random set; given once: --random-sets sets of --random-size images drawn from it with --seed. "
+        "Writes --out (default: FOLDER-tcav beside FOLDER), replacing it whole: tcav.csv (one row per concept x "
+        "layer: score mean and spread, the null's mean, p-value, corrected p-value, significant, direction, CAV "
+        "accuracy) and tcav.json (all of it, each random set's score included); each folder's activations are "
+        "cached under --cache (default: OUT-cache beside --out), so a rerun with other concepts or layers "
+        "computes only what is new. Exit status: 0 done, 2 usage error.",
+    )
+    tcav.add_argument("folder", metavar="FOLDER", help="a folder of the class's images (searched recursively)")
+    tcav.add_argument("--class", required=True, dest="class_name", metavar="C",
+                      help="the class: a name of the model's classes or an id")
+    tcav.add_argument("--concept", required=True, action="append", metavar="NAME=FOLDER",
+                      help="a concept and the folder of its images (repeat for several)")
+    tcav.add_argument("--random", required=True, action="append", metavar="FOLDER",
+                      help="a folder of random images: repeat for one folder per random set, or give one to "
+                      "draw --random-sets sets from it")
+    tcav.add_argument("--layer", required=True, action="append", metavar="L",
+                      help="a layer where the concepts are looked for (repeat, or comma-separated, for several; "
+                      "`explain layers MODEL`)")
+    tcav.add_argument("--random-sets", type=positive_int, default=20,
+                      help="random sets drawn from a single --random folder")
+    tcav.add_argument("--random-size", type=positive_int, default=None,
+                      help="images per drawn random set (default: the largest concept's, fewer than the folder's)")
+    tcav.add_argument("--min-random-sets", type=positive_int, default=10,
+                      help="the fewest random sets the test accepts (at least 2)")
+    tcav.add_argument("--alpha", type=float, default=0.05, help="the test's level, for the corrected p-value")
+    tcav.add_argument("--alternative", choices=("two-sided", "greater", "less"), default="two-sided",
+                      help="the t-test's alternative: two-sided (the paper's: up or down), greater (the concept "
+                      "turns the logit up)")
+    tcav.add_argument("--out", "-o", type=Path, default=None, help="output folder (default: FOLDER-tcav)")
+    tcav.add_argument("--cache", type=Path, default=None,
+                      help="the folder of the cached activations (default: OUT-cache beside --out)")
+    _add_model_options(tcav)
+    tcav.add_argument("--batch-size", "-b", type=positive_int, default=32, help="images per forward pass")
+    tcav.add_argument("--seed", type=int, default=0, help="seed of the classifiers, their splits and the draws")
+    tcav.set_defaults(handler="tcav:tcav_command")
 
 
 def _add_craft_command(subcommands) -> None:

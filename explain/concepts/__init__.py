@@ -17,6 +17,9 @@ their reference images in a dataset, and their feature visualisations.
 - :mod:`~explain.concepts.craft` and :mod:`~explain.concepts.sobol`: the concepts a class
   uses, discovered (CRAFT: :class:`.CRAFT` factorizes crops' activations into concepts,
   ranks them by total-order Sobol indices and maps them on any image);
+- :mod:`~explain.concepts.tcav` and :mod:`~explain.concepts.tcav_results`: the concepts a
+  user names (TCAV: :class:`.TCAV` tests whether a class is sensitive to a concept given by
+  its images, against random sets, significant or not);
 - :mod:`~explain.concepts.propagation`: the passes CRP runs (LRP with gates at layers);
 - :mod:`~explain.concepts.method`: CRP as a method of the registry (``crp``:
   :class:`.ConceptRelevance`), for ``explain run --method crp``.
@@ -33,11 +36,14 @@ from .propagation import ConceptPasses, concept_context
 from .references import ReferencePatches, reference_patches
 from .results import AttributionGraph, GraphNode, concept_figure, concept_overlays
 from .sobol import jansen_total_indices, sobol_designs
+from .tcav import TCAV, draw_random_sets
+from .tcav_results import TCAVResult, TCAVScore
 from .visualization import FeatureVisualization, Objective, check_objectives, visualize
 
 __all__ = [
     "CRAFT",
     "CRP",
+    "TCAV",
     "AtlasBatch",
     "AtlasProbe",
     "AttributionGraph",
@@ -55,6 +61,8 @@ __all__ = [
     "Objective",
     "ReferencePatches",
     "References",
+    "TCAVResult",
+    "TCAVScore",
     "channel_relevance",
     "check_objectives",
     "concept_atlas",
@@ -64,6 +72,7 @@ __all__ = [
     "concept_overlays",
     "concept_relevances",
     "crop_boxes",
+    "draw_random_sets",
     "jansen_total_indices",
     "natural_magnitude",
     "parse_concepts",
