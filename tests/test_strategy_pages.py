@@ -1,12 +1,12 @@
 """The pages of the dataset analyses: ``explain strategies``' clusters in the run's explorer
 (explain/viewer/strategies_view.py, explorer.js, strategies.js: a cluster per row that the grid
 filters, groups and colours by, a strategies view per class with the embedding and a card per
-cluster) and CRAFT's page (explain/viewer/craft_page.py), read back in Python and shown in
-headless Chromium as tests/test_viewer.py drives it.
+cluster), CRAFT's page (explain/viewer/craft_page.py) and TCAV's (explain/viewer/tcav_page.py),
+read back in Python and shown in headless Chromium as tests/test_viewer.py drives it.
 
 Cheap: 12 images of the shortcut set explained by Grad-CAM with the shortcut CNN (the run of
 tests/test_strategies_cli.py, smaller), clustered into two; CRAFT's folder of
-tests/test_craft_cli.py. One browser for the module."""
+tests/test_craft_cli.py, TCAV's of tests/test_tcav_cli.py. One browser for the module."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from PIL import Image
 from test_craft_cli import craft
 from test_craft_cli import folder as craft_folder  # noqa: F401  (the fixture: six triangles and the CNN)
 from test_strategies_cli import explain_run, shortcut_folder
+from test_tcav_cli import folder as tcav_folder  # noqa: F401  (the fixture: triangles, marks, random images)
+from test_tcav_cli import tcav
 from test_viewer import _errors, _loaded, _open, browser  # noqa: F401  (browser: the fixture)
 
 from explain.cli import main
@@ -28,6 +30,7 @@ from explain.viewer import PageRun, read_page
 from explain.viewer.craft_page import craft_page
 from explain.viewer.pages import bar
 from explain.viewer.strategies_view import STRATEGIES_SCRIPT, include_script, read_strategies_script
+from explain.viewer.tcav_page import tcav_page
 
 pytestmark = pytest.mark.xdist_group("browser")
 IMAGES = 12
@@ -361,3 +364,46 @@ def test_strategies_written_elsewhere_are_linked_from_the_run(made, tmp_path):
     for cluster in data["classes"][0]["clusters"]:
         assert cluster["prototype"].startswith("../../") and "horse%20strategies/prototypes/" in cluster["prototype"]
         assert (made["run"] / unquote(cluster["prototype"])).is_file()
+
+
+@pytest.fixture(scope="module")
+def tcaved(tcav_folder) -> Path:  # noqa: F811
+    out = tcav_folder / "pages-tcav"
+    assert tcav(tcav_folder, "--out", str(out), "--layer", "block4,") == 0
+    return out
+
+
+def test_tcav_page_shows_each_score_against_its_random_directions_with_its_answer(browser, tcaved):  # noqa: F811
+    from selenium.webdriver.common.by import By
+
+    summary = json.loads((tcaved / "tcav.json").read_text())
+    _open_static(browser, tcaved / "index.html")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#scores tr.score")
+    assert len(rows) == len(summary["scores"]) == 2  # one concept, two layers, one class
+    for row, entry in zip(rows, summary["scores"], strict=True):
+        assert row.get_attribute("data-significant") == str(entry["significant"]).lower()
+        assert row.get_attribute("data-direction") == entry["direction"]
+        assert len(row.find_elements(By.CSS_SELECTOR, ".bar .dot")) == len(entry["null_scores"]) == 4
+        fill = row.find_element(By.CSS_SELECTOR, ".bar .fill").size["width"]
+        whole = row.find_element(By.CSS_SELECTOR, ".bar").size["width"]
+        assert fill / whole == pytest.approx(entry["score_mean"], abs=0.02)
+        answer = row.find_element(By.CSS_SELECTOR, ".answer").text
+        assert answer.startswith("significant") if entry["significant"] else answer == "not significant"
+    assert "2 scores" in browser.find_element(By.ID, "counts").text
+    assert _errors(browser) == []
+
+
+def test_tcav_page_says_which_way_and_escapes_names():
+    entry = {"concept": "<b>mark</b>", "layer": "block3", "class": "triangle", "class_id": 2, "score_mean": 0.9,
+             "score_std": 0.05, "null_mean": 0.4, "p_value": 1e-4, "corrected_p": 2e-4, "significant": True,
+             "direction": "+", "cav_accuracy": 0.9, "null_scores": [0.3, 0.5]}
+    down = {**entry, "concept": "stripes", "score_mean": 0.1, "direction": "-"}
+    neither = {**entry, "concept": "dots", "significant": False, "direction": "0", "score_mean": None}
+    page = tcav_page({"scores": [entry, down, neither], "classes": [{"id": 2, "name": "triangle"}],
+                      "layers": ["block3"], "random_sets": ["draw 0", "draw 1"], "alpha": 0.05, "tests": 2})
+    assert "<b>mark</b>" not in page and "&lt;b&gt;mark&lt;/b&gt;" in page
+    assert page.count('class="answer yes">significant (up)') == 1
+    assert page.count('class="answer yes">significant (down)') == 1
+    assert page.count('class="answer no">not significant') == 1
+    assert '<div class="bar none"' in page  # no score: no bar
+    assert "3 scores, 2 significant · 2 random sets" in page and "times 2 (Bonferroni" in page

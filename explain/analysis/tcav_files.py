@@ -1,6 +1,7 @@
 """TCAV's result as files (what ``explain concepts tcav`` writes), all or nothing:
-``tcav.csv`` (one row per concept x layer x class) and ``tcav.json`` (the whole result, each
-random set's score included). The folder is written beside its place and renamed into place
+``tcav.csv`` (one row per concept x layer x class), ``tcav.json`` (the whole result, each
+random set's score included) and its page, ``index.html``
+(:func:`explain.viewer.tcav_page.tcav_page`). The folder is written beside its place and renamed into place
 at the end (:func:`~explain.analysis.files.replace_folder`)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from ..viewer.tcav_page import tcav_page
 from .files import json_number, replace_folder
 
 if TYPE_CHECKING:  # (the concepts import the methods: not needed to write files)
@@ -26,7 +28,7 @@ TCAV_FIELDS = (
     "corrected_p", "significant", "direction", "cav_accuracy",
 )  # fmt: skip
 #: What an earlier ``write_tcav`` left in its folder: the one kind of folder it replaces.
-WRITTEN = frozenset({"tcav.json", "tcav.csv"})
+WRITTEN = frozenset({"tcav.json", "tcav.csv", "index.html"})
 
 
 def write_tcav(result: TCAVResult, out: str | os.PathLike, sources: Mapping | None = None) -> pathlib.Path:
@@ -72,6 +74,7 @@ def write_tcav(result: TCAVResult, out: str | os.PathLike, sources: Mapping | No
         }
         (temp / "tcav.json").write_text(json.dumps(summary, indent=1, allow_nan=False), encoding="utf-8")
         (temp / "tcav.csv").write_text(_csv(result), encoding="utf-8", newline="")
+        (temp / "index.html").write_text(tcav_page(summary), encoding="utf-8")
 
     return replace_folder(out, fill, "tcav.json", WRITTEN, "TCAV's scores")
 

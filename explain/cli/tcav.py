@@ -74,6 +74,7 @@ def _print(result, out: Path) -> None:
             f"CAV accuracy {s.accuracy:.2f}"
         )
     print(f"wrote {out / 'tcav.json'} and tcav.csv")
+    print(f"see {out / 'index.html'}: each score against the random directions, with its test")
 
 
 def _folder(text: str, what: str) -> Path:
