@@ -24,7 +24,8 @@ REFRESH = "refresh it with `.venv/bin/python examples/execute_notebooks.py {name
 #: 40 % of its passes at full size); in 04, 5 points per
 #: deletion and insertion curve instead of 21, three of ROAD's nine removal percentages and
 #: two checkpoints of the randomisation cascade instead of ten; in 07, 8 steps of feature
-#: visualisation instead of 32.
+#: visualisation instead of 32; in 08, 96 images instead of 192 (24 triangles), 8 Sobol
+#: designs instead of 16 and 10 random sets instead of 20.
 QUICK = {
     "02_comparing_methods.ipynb": {"names": '["coffee"]', "SAMPLES": "1", "MASKS": "50", "STEPS": "20"},
     "04_is_the_map_faithful.ipynb": {
@@ -33,6 +34,7 @@ QUICK = {
                    '"randomisation": {"checkpoints": 2}}',
     },
     "07_concepts.ipynb": {"STEPS": "8"},
+    "08_finding_shortcuts.ipynb": {"IMAGES": "96", "DESIGNS": "8", "RANDOM_SETS": "10"},
 }
 
 

@@ -1,7 +1,7 @@
 """TCAV's result as files (what ``explain concepts tcav`` writes), all or nothing:
 ``tcav.csv`` (one row per concept x layer x class), ``tcav.json`` (the whole result, each
 random set's score included) and its page, ``index.html``
-(:func:`explain.viewer.tcav_page.tcav_page`). The folder is written beside its place and renamed into place
+(``explain.viewer.tcav_page``). The folder is written beside its place and renamed into place
 at the end (:func:`~explain.analysis.files.replace_folder`)."""
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ def tcav_command(args) -> int:
 
 
 def _print(result, out: Path) -> None:
-    print(f"TCAV over {len(result.random_sets)} random sets, alpha {result.alpha} corrected for {result.tests} tests:")
+    tests = f"{result.tests} test{'s' if result.tests != 1 else ''}"
+    print(f"TCAV over {len(result.random_sets)} random sets, alpha {result.alpha} corrected for {tests}:")
     for s in result:
         verdict = f"significant ({s.direction})" if s.significant else "not significant"
         print(
