@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
+from .common import check_out
 
 
 def craft_command(args) -> int:
@@ -23,12 +24,8 @@ def craft_command(args) -> int:
         )
     from ..analysis import write_craft
     from ..analysis.concept_files import WRITTEN
-    from ..analysis.files import check_replaceable
 
-    try:
-        check_replaceable(out.absolute(), "craft.json", WRITTEN, "CRAFT's concepts")  # before the work
-    except ValueError as error:
-        raise UsageError(f"--out {error}") from None
+    check_out(out, "craft.json", WRITTEN, "CRAFT's concepts")
     from ..concepts import CRAFT
     from ..models.loaded import load_model
 

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import UsageError
+from .common import check_out
 
 
 def strategies_command(args) -> int:
@@ -25,12 +26,8 @@ def strategies_command(args) -> int:
         )
     classes = [name.strip() for name in args.classes.split(",") if name.strip()] if args.classes else None
     from ..analysis import strategies, write_strategies
-    from ..analysis.files import check_replaceable
 
-    try:
-        check_replaceable(out)  # before the work
-    except ValueError as error:
-        raise UsageError(f"--out {error}") from None
+    check_out(out)
 
     try:
         with warnings.catch_warnings(record=True) as caught:

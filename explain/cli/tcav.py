@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
+from .common import check_out
 
 
 def tcav_command(args) -> int:
@@ -22,13 +23,9 @@ def tcav_command(args) -> int:
     cache = Path(args.cache).resolve() if args.cache else out.with_name(f"{out.name}-cache")
     _check_places(out, cache, [folder, *concepts.values(), *randoms])
     from ..analysis import write_tcav
-    from ..analysis.files import check_replaceable
     from ..analysis.tcav_files import WRITTEN
 
-    try:
-        check_replaceable(out.absolute(), "tcav.json", WRITTEN, "TCAV's scores")  # before the work
-    except ValueError as error:
-        raise UsageError(f"--out {error}") from None
+    check_out(out, "tcav.json", WRITTEN, "TCAV's scores")
     from ..concepts import TCAV
     from ..models.loaded import load_model
     from .craft import folder_images

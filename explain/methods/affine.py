@@ -95,21 +95,8 @@ def is_affine(module: fx.GraphModule, input_name: str, depth: int = 3) -> bool:
     >>> is_affine(fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.ReLU())), "input")
     False
     """
-    varying: set[fx.Node] = set()
-    for node in module.graph.nodes:
-        if node.op == "placeholder":
-            if node.target == input_name:
-                varying.add(node)
-            continue
-        inputs = [source for source in node.all_input_nodes if source in varying]
-        if not inputs or node.op == "output":
-            continue
-        if _shape_only(node):
-            continue
-        if not _affine_node(module, node, inputs, varying, depth):
-            return False
-        varying.add(node)
-    return any(node.op == "placeholder" and node.target == input_name for node in module.graph.nodes)
+    kinds = _kinds(module, input_name, depth)
+    return kinds is not None and not kinds[1]
 
 
 def _shape_only(node: fx.Node) -> bool:
@@ -190,9 +177,10 @@ class _NoSplit(Exception):
     """The rest reads the input other than through the values passed on."""
 
 
-def _kinds(module: fx.GraphModule, input_name: str) -> tuple[set[fx.Node], set[fx.Node]] | None:
+def _kinds(module: fx.GraphModule, input_name: str, depth: int = 0) -> tuple[set[fx.Node], set[fx.Node]] | None:
     """The nodes affine in the input (reached from it through affine operations only) and
-    those past a non-affine one; None where the module has no such input."""
+    those past a non-affine one; None where the module has no such input. ``depth``: how
+    many levels of modules kept whole are traced in turn to be judged."""
     affine: set[fx.Node] = set()
     nonlinear: set[fx.Node] = set()
     for node in module.graph.nodes:
@@ -203,7 +191,7 @@ def _kinds(module: fx.GraphModule, input_name: str) -> tuple[set[fx.Node], set[f
         sources = [source for source in node.all_input_nodes if source in affine or source in nonlinear]
         if not sources or _shape_only(node) or node.op == "output":
             continue
-        if all(s in affine for s in sources) and _affine_node(module, node, sources, affine, 0):
+        if all(s in affine for s in sources) and _affine_node(module, node, sources, affine, depth):
             affine.add(node)
         else:
             nonlinear.add(node)
