@@ -30,7 +30,7 @@ activations (scikit-learn's, as CRAFT runs it), and the importances' replays alo
 
 ``--tcav`` times TCAV (explain.concepts.TCAV) with 20 random sets (``--random-sets``) on
 the shortcut benchmark (the shortcut CNN at block3, 64 x 64: the triangles, 16 mark-only
-images as the concept, 20 sets of 16 drawn from 160 of the benchmark's images) or on the
+images as the concept, 20 disjoint sets of 16 drawn from 320 of the benchmark's images) or on the
 bundled EfficientNet-Lite0 at 224 (``--tcav-model efficientnet_lite0``, layer blocks.3, the
 same images enlarged, 8 a set drawn from 40), against its baseline in the same process: the
 forward passes of its images through the whole model (concept and random pool, in batches
@@ -160,6 +160,7 @@ def craft_round(model_name: str, images: int, concepts: int, designs: int, layer
         "images": len(inputs),
         "layer": layer,
         "affine tail": LayerReplay(model, layer).affine,
+        "affine start": LayerReplay(model, layer).affine_start() is not None,
         "top importance": float(found.importances[0]),
     }
 
@@ -169,7 +170,13 @@ def run_craft(args) -> None:
         craft_round(args.craft_model, args.images, args.concepts, args.designs, args.craft_layer)
         for _ in range(args.repeats)
     ]
-    tail = "affine: k + 1 replays an image" if rounds[0]["affine tail"] else "not affine: a replay a mask"
+    tail = (
+        "affine: k + 1 replays an image"
+        if rounds[0]["affine tail"]
+        else "affine at their start: k + 1 runs of it an image, the rest a mask"
+        if rounds[0]["affine start"]
+        else "not affine: a replay a mask"
+    )
     print(f"CRAFT on {rounds[0]['images']} images, {rounds[0]['crops']} crops ({args.craft_model} at "
           f"{rounds[0]['layer']}, the layers after it {tail}; "
           f"{args.concepts} concepts, {args.designs} designs, {torch.get_num_threads()} threads), "
@@ -189,7 +196,7 @@ def tcav_inputs(model_name: str):
 
     data = shortcut_dataset(48, seed=1)
     concept = mark_images(16, seed=5).inputs  # the mark alone, on plain colours
-    classes, pool, size = data.inputs[data.labels == SHORTCUT_CLASS], shortcut_dataset(160, seed=7).inputs, 16
+    classes, pool, size = data.inputs[data.labels == SHORTCUT_CLASS], shortcut_dataset(320, seed=7).inputs, 16
     if model_name == "shortcut":
         return load_shortcut_model(), "block3", classes, concept, pool, size
     import explain

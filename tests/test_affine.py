@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 import torchvision
 from torch import nn
 
@@ -119,3 +120,75 @@ def test_split_affine_declines_a_rest_that_reads_the_input_past_the_split():
     x = torch.randn(2, 4, 3, 3)
     head, rest = parts
     torch.testing.assert_close(rest(*head(x)), torch.relu(parts[0].get_submodule("0")(x)))
+
+
+class Bilinear(nn.Module):
+    def forward(self, x):
+        return F.linear(x, x.mean(0))  # a weight made from the input: not affine
+
+
+class Lookup(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(10))
+
+    def forward(self, x):
+        return self.table[x]  # the input as an index
+
+
+class FloorDivision(nn.Module):
+    def forward(self, x):
+        return torch.div(x, 2.0, rounding_mode="floor")
+
+
+class SquareByKeyword(nn.Module):
+    def forward(self, x):
+        return torch.mul(x, other=x)
+
+
+class ReLUInPlaceThenRead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.a(x)
+        torch.relu_(y)  # y changed in place: b reads the rectified y
+        return torch.relu(self.b(y))
+
+
+class DictOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        return {"logits": self.b(torch.relu(self.a(x)))}
+
+
+def test_operations_affine_only_in_some_arguments_are_not_taken_for_affine():
+    for module in (Bilinear(), Lookup(), FloorDivision(), SquareByKeyword()):
+        assert not is_affine(fx.symbolic_trace(module), "x"), type(module).__name__
+    batch_statistics = nn.Sequential(nn.BatchNorm1d(4, track_running_stats=False)).eval()
+    assert not is_affine(traced(batch_statistics), "input")  # normalised by the batch's statistics
+
+
+def test_split_affine_declines_a_value_changed_in_place_and_keeps_a_dict_output():
+    from explain.methods.affine import split_affine
+
+    assert split_affine(fx.symbolic_trace(ReLUInPlaceThenRead().eval()), "x") is None
+    model, x = DictOutput().eval(), torch.randn(2, 4)
+    head, rest = split_affine(fx.symbolic_trace(model), "x")
+    torch.testing.assert_close(rest(*head(x))["logits"], model(x)["logits"])
+
+
+def test_layer_replay_keeps_a_bfloat16_model_s_dtype_given_a_float32_activation():
+    from explain import AblationCAM
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    expected = AblationCAM(model, "3")(x).maps  # Ablation-CAM hands the replay a float32 copy
+    low = AblationCAM(model.to(torch.bfloat16), "3")(x.to(torch.bfloat16)).maps
+    torch.testing.assert_close(low.float(), expected, atol=0.1, rtol=0.1)

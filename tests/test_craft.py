@@ -156,7 +156,7 @@ def test_an_affine_start_of_the_later_layers_runs_once_per_concept(monkeypatch):
 
     monkeypatch.setattr(LayerReplay, "__call__", counted)
     split = craft(images, "triangle")
-    assert sum(rows[2:]) == 0  # only prepare's checks replay whole tails
+    assert sum(rows[2:]) == len(images) * (3 + 1)  # besides prepare's checks, the split's: its basis
     monkeypatch.setattr(LayerReplay, "affine_start", lambda self: None)
     rows.clear()
     replayed = craft(images, "triangle")
@@ -373,3 +373,37 @@ def test_sobol_indices_do_not_depend_on_the_outputs_scale():
     torch.testing.assert_close(jansen_total_indices(outputs * 1e-14, 3), reference)
     torch.testing.assert_close(jansen_total_indices(outputs * 1e8, 3), reference)
     assert (jansen_total_indices(torch.full_like(outputs, 1e3), 3) == 0).all()
+
+
+def test_a_bfloat16_model_and_a_split_that_does_not_reproduce_the_replays(monkeypatch):
+    """bfloat16: the crops resized in float32, the split's values mixed in float32 (a replay
+    of a layer followed by an affine start, and of one followed by affine layers). A split
+    whose rest does not give the replays' logits on the basis is not used: a warning, and
+    every mask replayed."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1), nn.BatchNorm2d(6),
+                        nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3)).eval()
+    x = torch.rand(3, 3, 16, 16)
+    for layer in ("1", "4"):
+        low = CRAFT(net.to(torch.bfloat16), layer, concepts=3, designs=8, crop_size=8)(x.to(torch.bfloat16), 0)
+        assert torch.isfinite(low.importances).all() and low.bank.dtype == torch.float32
+    craft = CRAFT(net.float(), "1", concepts=3, designs=8, crop_size=8)
+    expected = craft(x, 0)
+    split = LayerReplay.affine_start
+
+    def wrong(self):
+        head, rest = split(self)
+        return head, lambda values, rows: rest(values, rows) + 1.0
+
+    monkeypatch.setattr(LayerReplay, "affine_start", wrong)
+    with pytest.warns(RuntimeWarning, match="did not reproduce the replays; replaying every mask instead"):
+        fallback = craft(x, 0)
+    torch.testing.assert_close(fallback.image_importances, expected.image_importances, atol=1e-4, rtol=1e-3)
+
+
+def test_concepts_without_a_position_scale_are_mapped_by_the_images_peaks(planted):
+    from dataclasses import replace
+
+    _, images, craft, found = planted
+    result = craft.concept_maps(replace(found, position_scale=torch.zeros(0)), images)
+    torch.testing.assert_close(result.maps.amax(dim=(0, 2, 3)), torch.ones(len(found)))

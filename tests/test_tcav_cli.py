@@ -114,11 +114,13 @@ def test_one_random_set_per_folder_and_the_default_out(folder):
         ),
         (["--concept", "stripes"], r"--concept 'stripes': give NAME=FOLDER"),
         (["--alpha", "2"], r"alpha and test_size are in \(0, 1\)"),
+        (["--concept", "mark={folder}/mark"], r"two --concept options name the same concept: give each its own NAME"),
+        (["--random", "{folder}/pool"], r"a --random folder is given twice: give each random set its own folder"),
     ],
 )
 def test_bad_input_exits_2_with_the_fix_and_writes_nothing(folder, capsys, extra, message):
     out = folder / "bad"
-    assert tcav(folder, "--out", str(out), *extra) == 2
+    assert tcav(folder, "--out", str(out), *(text.format(folder=folder) for text in extra)) == 2
     assert re.search(message, capsys.readouterr().err)
     assert not out.exists() and not list(folder.glob(".bad.*")) and not (folder / "bad-cache").exists()
 

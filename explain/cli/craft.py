@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ..errors import UsageError
@@ -31,7 +32,7 @@ def craft_command(args) -> int:
 
     loaded = load_model(args.model, args.weights, args.trust_model_file, args.device)
     names, inputs, pictures = folder_images(folder, loaded)
-    target: int | str = int(args.class_name) if args.class_name.isdigit() else args.class_name
+    target: int | str = int(args.class_name) if args.class_name.isdecimal() else args.class_name
     try:
         craft = CRAFT(
             loaded.model, args.layer, concepts=args.concepts, crop_size=crop_size, crops=crops,
@@ -108,17 +109,17 @@ def _as_flags(message: str) -> str:
 def _crops(text: str) -> int | str:
     if text == "grid":
         return "grid"
-    if text.isdigit() and int(text) > 0:
+    if text.isdecimal() and int(text) > 0:
         return int(text)
     raise UsageError(f"--crops: 'grid' or a number of random crops per image, got {text!r}")
 
 
 def _crop_size(text: str) -> int | float:
     try:
-        value: int | float = int(text) if text.isdigit() else float(text)
+        value: int | float = int(text) if text.isdecimal() else float(text)
     except ValueError:
         value = 0
-    if value <= 0 or (isinstance(value, float) and value > 1):
+    if not math.isfinite(value) or value <= 0 or (isinstance(value, float) and value > 1):
         raise UsageError(f"--crop-size: pixels (such as 96) or a share of the image's side (such as 0.5), got {text!r}")
     if isinstance(value, int) and value < MIN_CROP_PIXELS:
         raise UsageError(

@@ -17,8 +17,13 @@ from .common import check_out
 
 def tcav_command(args) -> int:
     folder = _folder(args.folder, "the folder that holds the class's images")
-    concepts = dict(_concept(text) for text in args.concept)
+    named = [_concept(text) for text in args.concept]
+    concepts = dict(named)
+    if len(concepts) < len(named):
+        raise UsageError("two --concept options name the same concept: give each its own NAME")
     randoms = [_folder(text, "a folder of random images (--random FOLDER)") for text in args.random]
+    if len(set(randoms)) < len(randoms):
+        raise UsageError("a --random folder is given twice: give each random set its own folder")
     out = Path(args.out).resolve() if args.out else folder.with_name(f"{folder.name}-tcav")
     cache = Path(args.cache).resolve() if args.cache else out.with_name(f"{out.name}-cache")
     _check_places(out, cache, [folder, *concepts.values(), *randoms])
@@ -34,7 +39,7 @@ def tcav_command(args) -> int:
     names, inputs, _ = folder_images(folder, loaded)
     concept_images = {name: folder_images(path, loaded)[1] for name, path in concepts.items()}
     random_images = [folder_images(path, loaded)[1] for path in randoms]
-    target: int | str = int(args.class_name) if args.class_name.isdigit() else args.class_name
+    target: int | str = int(args.class_name) if args.class_name.isdecimal() else args.class_name
     layers = [name for text in args.layer for name in text.split(",") if name]
     try:
         tcav = TCAV(

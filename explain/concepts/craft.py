@@ -287,7 +287,10 @@ class CRAFT:
                 raws.append(_project(concepts, grid))
                 outputs.append(class_logits(logits))
         raw, logits = torch.cat(raws), torch.cat(outputs)
-        scale = concepts.position_scale.clamp_min(1e-12).to(raw)
+        scale = concepts.position_scale
+        if scale.numel() != len(concepts):  # concepts made without it (by hand): these images' peaks
+            scale = raw.amax(dim=(0, 2, 3))
+        scale = scale.clamp_min(1e-12).to(raw)
         maps = F.interpolate(raw / scale.view(1, -1, 1, 1), size=tuple(images.shape[2:]), mode="bilinear")
         k = len(concepts)
         return ConceptExplanation(

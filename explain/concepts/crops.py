@@ -66,8 +66,10 @@ def layer_output(model: nn.Module, module: nn.Module, images: Tensor, whole: boo
 
 
 def cut_crops(images: Tensor, boxes: Tensor, owners: Tensor, size: tuple[int, int]) -> Tensor:
-    """The crops ``boxes`` of images ``owners``, each resized to ``size`` (bilinear, antialiased)."""
+    """The crops ``boxes`` of images ``owners``, each resized to ``size`` (bilinear, antialiased;
+    in float32, which every device's antialiased resize takes, then in the images' dtype)."""
     pieces = [
         images[i, :, t : t + h, x : x + w] for i, (t, x, h, w) in zip(owners.tolist(), boxes.tolist(), strict=True)
     ]
-    return F.interpolate(torch.stack(pieces), size=size, mode="bilinear", align_corners=False, antialias=True)
+    crops = torch.stack(pieces).float()
+    return F.interpolate(crops, size=size, mode="bilinear", align_corners=False, antialias=True).to(images.dtype)

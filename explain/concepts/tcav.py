@@ -55,6 +55,7 @@ import hashlib
 import os
 import pickle
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -78,14 +79,32 @@ class _Stop(Exception):
 
 def draw_random_sets(pool: int, sets: int, size: int, seed: int = 0) -> list[Tensor]:
     """``sets`` random sets of ``size`` distinct images each, drawn from ``pool`` images
-    (their indices; the sets may share images), reproducibly from ``seed``."""
+    (their indices), reproducibly from ``seed``, as far apart as the pool allows: disjoint
+    where it holds ``sets x size`` images; else each image used about as often as any other,
+    and consecutive sets (the null's pairs) disjoint where it holds two sets. Sets that share
+    images narrow the null's spread, and the test then finds more concepts significant than
+    its alpha says (:class:`TCAV` warns).
+
+    >>> [s.tolist() for s in draw_random_sets(12, 3, 4, seed=1)]  # disjoint: 12 images for 3 x 4
+    [[1, 4, 6, 8], [5, 7, 9, 11], [0, 2, 3, 10]]
+    """
     if size < MIN_SET_IMAGES or size >= pool:
         raise ValueError(
             f"drawing random sets of {size} images from {pool} needs {MIN_SET_IMAGES} <= size < {pool}: "
             f"add images to the random folder (at least {MIN_SET_IMAGES + 1}), or pass a random_size in that range"
         )
     generator = torch.Generator().manual_seed(seed)
-    return [torch.randperm(pool, generator=generator)[:size].sort().values for _ in range(sets)]
+    uses, drawn = torch.zeros(pool), []
+    previous = torch.zeros(pool, dtype=torch.bool)
+    for _ in range(sets):
+        order = torch.randperm(pool, generator=generator)  # ties broken at random
+        rank = uses[order] + (sets + 1) * previous[order] * (2 * size <= pool)  # the least used first
+        chosen = order[torch.argsort(rank, stable=True)[:size]]
+        uses[chosen] += 1
+        previous = torch.zeros(pool, dtype=torch.bool)
+        previous[chosen] = True
+        drawn.append(chosen.sort().values)
+    return drawn
 
 
 class _Activations:
@@ -137,9 +156,18 @@ def _tensor_bytes(images: Tensor) -> bytes:
     return f"{tuple(flat.shape)}".encode() + flat.numpy().tobytes()
 
 
+#: Changed where what the cache stores changes (the flattening of a layer's activations).
+CACHE_VERSION = 1
+
+
 def _model_key(model: nn.Module) -> str:
-    """A digest of the model's class and weights (parameters and buffers)."""
-    digest = hashlib.sha256(type(model).__qualname__.encode())
+    """A digest of the model: its class, its modules with their settings (``repr``: a swapped
+    activation, another stride or padding), its dtype, the cache's version, torch's, and its
+    weights (parameters and buffers). A change of code that ``repr`` does not show (a custom
+    ``forward``) needs another cache folder."""
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    header = f"{type(model).__qualname__}|{model!r}|{dtypes}|{CACHE_VERSION}|{torch.__version__}"
+    digest = hashlib.sha256(header.encode())
     for name, value in model.state_dict().items():
         digest.update(name.encode())
         if isinstance(value, Tensor):
@@ -295,6 +323,8 @@ class TCAV:
         targets = {
             self._target(key): _checked_set(f"class {key!r}", value, self.model, 1) for key, value in classes.items()
         }
+        if len(targets) < len(classes):
+            raise ValueError("two keys of classes are the same class (an id and its name): give each class once")
         sets, randoms, pool, draws = self._sets(concepts, random, random_sets, random_size)
         named = {f"class {k}": v for k, v in targets.items()}
         named.update((f"concept {k!r}", v) for k, v in sets.items())
@@ -316,7 +346,7 @@ class TCAV:
 
     def _target(self, target: int | str) -> int:
         if isinstance(target, str):
-            return class_index(target, self.class_names) if not target.isdigit() else int(target)
+            return class_index(target, self.class_names) if not target.isdecimal() else int(target)
         if isinstance(target, bool) or not isinstance(target, int) or target < 0:
             raise ValueError(f"a class is an id (int >= 0) or a name, got {target!r}")
         if self.class_names and target >= len(self.class_names):
@@ -336,6 +366,14 @@ class TCAV:
                 raise ValueError(_too_few(count, minimum))
             if size is None:
                 size = min(max(len(v) for v in sets.values()), len(pool) - 1)
+            if len(pool) < count * int(size):
+                warnings.warn(
+                    f"{count} random sets of {size} images drawn from {len(pool)} share images: the null's "
+                    f"spread narrows and the test finds more concepts significant than alpha says; give at "
+                    f"least {count * int(size)} random images, or fewer or smaller sets",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
             return sets, [], pool, draw_random_sets(len(pool), count, int(size), self.settings["seed"])
         randoms = list(random)
         if len(randoms) < minimum:

@@ -41,7 +41,7 @@ _MODULES = (
     nn.Identity,
 )
 _EVAL_MODULES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.Dropout, nn.Dropout1d, nn.Dropout2d)
-_FUNCTIONS = {
+_FUNCTIONS = {  # affine in their first argument, the others held fixed
     torch.flatten,
     torch.reshape,
     torch.mean,
@@ -50,9 +50,6 @@ _FUNCTIONS = {
     torch.permute,
     torch.squeeze,
     torch.unsqueeze,
-    torch.cat,
-    torch.add,
-    torch.sub,
     F.linear,
     F.conv1d,
     F.conv2d,
@@ -60,13 +57,12 @@ _FUNCTIONS = {
     F.avg_pool2d,
     F.adaptive_avg_pool1d,
     F.adaptive_avg_pool2d,
-    operator.add,
-    operator.sub,
     operator.neg,
     operator.getitem,
 }
+_SUMS = {torch.add, torch.sub, operator.add, operator.sub, torch.cat}  # affine in every term
 _SCALINGS = {operator.mul, torch.mul, operator.truediv, torch.div}
-_METHODS = {
+_METHODS = {  # affine in the tensor they are called on, the arguments held fixed
     "flatten",
     "view",
     "reshape",
@@ -78,10 +74,9 @@ _METHODS = {
     "squeeze",
     "unsqueeze",
     "expand",
-    "add",
-    "sub",
     "float",
 }
+_METHOD_SUMS = {"add", "sub"}  # affine in the tensor and the term
 _SHAPES = {"size", "dim"}  # what these return does not vary with the input's values
 
 
@@ -106,26 +101,44 @@ def _shape_only(node: fx.Node) -> bool:
 
 
 def _affine_node(module: fx.GraphModule, node: fx.Node, inputs: list, varying: set, depth: int) -> bool:
+    """Whether ``node`` is affine in the values of ``varying`` it reads (``inputs``)."""
+    first = node.args[0] if node.args else node.kwargs.get("input")
+    first_varies = isinstance(first, fx.Node) and first in varying
+    others = _nodes_in([node.args[1:], {key: v for key, v in node.kwargs.items() if key != "input"}], varying)
     if node.op == "call_module":
-        return len(inputs) == 1 and _affine_module(module.get_submodule(str(node.target)), depth)
+        return first_varies and not others and _affine_module(module.get_submodule(str(node.target)), depth)
     if node.op == "call_function" and node.target in _SCALINGS:
         # a product with (or a division by) a value that does not vary with the input
-        varying_args = [arg for arg in node.args if isinstance(arg, fx.Node) and arg in varying]
-        return len(varying_args) == 1 and (node.target not in (operator.truediv, torch.div) or node.args[0] in varying)
+        dividing = node.target in (operator.truediv, torch.div)
+        rounding = node.kwargs.get("rounding_mode") is not None or len(node.args) > 2
+        once = len(_nodes_in([node.args, node.kwargs], varying)) == 1  # x * x reads x twice
+        return once and not (dividing and (not first_varies or rounding))
     if node.op == "call_function" and node.target is F.dropout:
-        return node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True) is False
+        return node.kwargs.get("training", node.args[2] if len(node.args) > 2 else True) is False and not others
+    if node.op == "call_function" and node.target in _SUMS:  # the terms may vary, nothing else
+        fixed = node.args[1:] if node.target is torch.cat else node.args[2:]
+        return not _nodes_in([fixed, node.kwargs], varying)
     if node.op == "call_function":
-        return node.target in _FUNCTIONS
+        return node.target in _FUNCTIONS and first_varies and not others
     if node.op == "call_method":
-        return node.target in _METHODS
+        if node.target in _METHOD_SUMS:
+            return not _nodes_in([node.args[2:], node.kwargs], varying)
+        return node.target in _METHODS and first_varies and not others
     return False
+
+
+def _nodes_in(arguments, varying: set) -> list[fx.Node]:
+    """The nodes of ``varying`` among ``arguments`` (nested lists, tuples and dicts)."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(arguments, lambda node: found.append(node) if node in varying else None)
+    return found
 
 
 def _affine_module(module: nn.Module, depth: int) -> bool:
     if type(module) in _MODULES:  # the types themselves: a subclass may add an activation
         return True
-    if type(module) in _EVAL_MODULES:
-        return not module.training
+    if type(module) in _EVAL_MODULES:  # batch norm: its running statistics, not the batch's
+        return not module.training and getattr(module, "running_mean", 0) is not None
     if depth <= 0:
         return False
     try:
@@ -158,9 +171,11 @@ def split_affine(module: fx.GraphModule, input_name: str) -> tuple[fx.GraphModul
     if kinds is None:
         return None
     affine, nonlinear = kinds
+    if _changed_in_place_then_read(expanded, affine):
+        return None  # the head would read a value the rest changes first
     output = next(node for node in graph.nodes if node.op == "output")
     passed = [node for node in graph.nodes if node in affine and any(user in nonlinear for user in node.users)]
-    results = [node for node in output.all_input_nodes if node in affine or node in nonlinear]
+    results = [node for node in output.all_input_nodes if node in affine or node in nonlinear]  # (of a dict too)
     if not results or any(node in affine for node in results) or all(node.op == "placeholder" for node in passed):
         return None  # no output past a non-affine operation, one that is affine, or no affine start
     inputs = [node for node in graph.nodes if node.op == "placeholder"]
@@ -171,6 +186,28 @@ def split_affine(module: fx.GraphModule, input_name: str) -> tuple[fx.GraphModul
     except _NoSplit:
         return None
     return head, rest
+
+
+def _changed_in_place_then_read(module: fx.GraphModule, affine: set[fx.Node]) -> bool:
+    """Whether an operation changes a value of ``affine`` in place (``torch.relu_(y)``,
+    ``y.add_(1)``, an ``inplace=True`` function or module) that a later node reads: fx keeps
+    the later readers on the value's node, so a head run before the rest would read it
+    unchanged."""
+    order = {node: i for i, node in enumerate(module.graph.nodes)}
+    for node in module.graph.nodes:
+        changed = node.args[0] if node.args else None
+        if not isinstance(changed, fx.Node) or changed not in affine or not _in_place(module, node):
+            continue
+        if any(order[user] > order[node] for user in changed.users if user is not node):
+            return True
+    return False
+
+
+def _in_place(module: fx.GraphModule, node: fx.Node) -> bool:
+    if node.op == "call_module":
+        return bool(getattr(module.get_submodule(str(node.target)), "inplace", False))
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return node.kwargs.get("inplace") is True or (name.endswith("_") and not name.endswith("__"))
 
 
 class _NoSplit(Exception):
@@ -216,6 +253,6 @@ def _part(module: fx.GraphModule, inputs: list[fx.Node], keep, outputs: list, tu
     for node in module.graph.nodes:
         if keep(node) and node.op not in ("placeholder", "output"):
             copy(node)
-    results = [copy(node) if isinstance(node, fx.Node) else node for node in outputs]
+    results = [fx.node.map_arg(value, copy) for value in outputs]  # (a dict or tuple output too)
     graph.output(tuple(results) if tuple_output else results[0])
     return fx.GraphModule(module, graph)

@@ -198,7 +198,9 @@ class LayerReplay:
             return
         full, _, wanted = self._split
         recorder = _Recorder(full, wanted)
-        if len(wanted) > 1:  # values from before the layer to record (else the layer's is known)
+        # record where the tail reads values from before the layer, or where the caller's
+        # activation may not be the layer's own (another dtype: a float32 copy of a bf16 layer)
+        if len(wanted) > 1 or not isinstance(activation, Tensor) or activation.dtype != images.dtype:
             with suppress(_Done):
                 recorder.run(images)
         layer_value = recorder.values.get(wanted[0], activation)

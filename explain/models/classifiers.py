@@ -68,11 +68,13 @@ def imagenet_preprocess(
     crop: int | tuple[int, int] = 224,
     mean: tuple[float, ...] = IMAGENET_MEAN,
     std: tuple[float, ...] = IMAGENET_STD,
+    interpolation: str = "bilinear",
 ) -> transforms.Compose:
-    """PIL image -> normalised (3, crop, crop) tensor: resize, centre crop, normalise."""
+    """PIL image -> normalised (3, crop, crop) tensor: resize (``interpolation``: bilinear,
+    bicubic or nearest), centre crop, normalise."""
     return transforms.Compose(
         [
-            transforms.Resize(resize, interpolation=transforms.InterpolationMode.BILINEAR),
+            transforms.Resize(resize, interpolation=transforms.InterpolationMode(interpolation)),
             transforms.CenterCrop(crop),
             transforms.ToTensor(),
             transforms.Normalize(mean, std),

@@ -4,6 +4,7 @@ preprocessing, class names, device and task (:class:`LoadedModel`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -144,15 +145,19 @@ def _from_file(path: Path, weights: str | None, trust: bool, device: torch.devic
 
 def _file_preprocess(model: nn.Module, crop: tuple[int, int]):
     """ImageNet's resize, centre crop and normalisation to ``crop``, or what the model's
-    ``pretrained_cfg`` says (timm's keys, which a pickled timm model carries: ``input_size``,
-    ``crop_pct``, ``mean``, ``std``)."""
+    ``pretrained_cfg`` says of them (timm's keys, which a pickled timm model carries:
+    ``input_size``, ``crop_pct``, ``interpolation``, ``mean``, ``std``; the resize to the
+    crop's larger side over ``crop_pct``, rounded down, as timm's eval transform; its
+    ``crop_mode`` is not read: always a centre crop)."""
     config = getattr(model, "pretrained_cfg", None)
     config = config if isinstance(config, dict) else {}
     if len(config.get("input_size") or ()) == 3:
         crop = (int(config["input_size"][1]), int(config["input_size"][2]))
     share = float(config.get("crop_pct") or 224 / 256)
-    mean, std = config.get("mean", IMAGENET_MEAN), config.get("std", IMAGENET_STD)
-    return classifiers.imagenet_preprocess(round(max(crop) / share), crop, tuple(mean), tuple(std))
+    interpolation = str(config.get("interpolation"))
+    interpolation = interpolation if interpolation in ("bicubic", "nearest") else "bilinear"
+    mean, std = tuple(config.get("mean") or IMAGENET_MEAN), tuple(config.get("std") or IMAGENET_STD)
+    return classifiers.imagenet_preprocess(math.floor(max(crop) / share), crop, mean, std, interpolation)
 
 
 def _load_detector(spec: str, weights: str | None, trust: bool, device: torch.device) -> LoadedModel:
