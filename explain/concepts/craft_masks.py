@@ -40,8 +40,9 @@ class ConceptMasking:
         """(N, k) each image's total-order Sobol indices over ``masks`` (:func:`.sobol_designs`)."""
         k = self.coefficients.shape[1]
         basis = torch.cat([torch.zeros(1, k), torch.eye(k)]).to(masks)  # no concept, each alone
-        start = None if self.replay.affine else self.replay.affine_start()
-        if self.replay.affine:
+        affine = self.replay.affine  # (each traces the tail: once)
+        start = None if affine else self.replay.affine_start()
+        if affine:
             # the layers after are affine in the activation, itself linear in the mask: the
             # logit of any mask m is f(0) + sum_j m_j (f(e_j) - f(0)), from k + 1 replays an
             # image instead of one a mask (equal up to float rounding)
