@@ -71,7 +71,8 @@
   var clusters = [], mCluster = new Int16Array(nMaps).fill(-1), itemImage = [], stale = {redone: 0, gone: 0, added: 0};
   (function joinClusters() {
     if (!strategies) return;
-    var first = [], imageOf = {}, methods = {}, k, g;
+    // maps keyed by file, method and class names: no prototype (a class named "constructor")
+    var first = [], imageOf = Object.create(null), methods = Object.create(null), k, g;
     strategies.classes.forEach(function (entry, c) {
       first.push(clusters.length);
       entry.clusters.forEach(function (cluster) {
@@ -82,7 +83,7 @@
     for (var i = 0; i < nImages; i++) imageOf[names[i]] = i;
     var items = strategies.items;
     for (k = 0; k < items.input.length; k++) {
-      var image = imageOf.hasOwnProperty(items.input[k]) ? imageOf[items.input[k]] : -1, found = false;
+      var image = items.input[k] in imageOf ? imageOf[items.input[k]] : -1, found = false;
       methods[items.method[k]] = 1;
       itemImage.push(image);
       for (g = image < 0 ? 0 : mapStart[image]; image >= 0 && g < mapStart[image + 1]; g++) {
@@ -94,7 +95,7 @@
       }
       if (!found) stale.gone++;
     }
-    var named = {};  // the classes clustered (those left out, or not asked for, have no clusters)
+    var named = Object.create(null);  // the classes clustered (those left out, or not asked for, have no clusters)
     strategies.classes.forEach(function (entry) { named[entry.name] = 1; });
     for (g = 0; g < nMaps; g++) {  // maps of a method and class clustered that no item has: explained since
       if (mCluster[g] < 0 && mStatus[g] !== 2 && methods[tables.method[mMethod[g]]] && named[className[mClass[g]]]) {

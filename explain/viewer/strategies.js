@@ -70,7 +70,7 @@
   }
 
   function card(c, cluster, members) {
-    var k = clusterIndex(c, cluster.cluster), colour = view.clusters[k].colour, imageOf = {};
+    var k = clusterIndex(c, cluster.cluster), colour = view.clusters[k].colour, imageOf = Object.create(null);
     (members || []).forEach(function (m) { imageOf[items.input[m]] = view.itemImage[m]; });
     var stats = ["mean probability " + (cluster.mean_probability === null ? "–" : percent(cluster.mean_probability))];
     if (cluster.mistake_share !== null) stats.push("mistakes " + percent(cluster.mistake_share));
@@ -82,7 +82,7 @@
       }).join(", ") + "</p>";
     }
     var nearest = cluster.nearest.map(function (name) {
-      var image = imageOf.hasOwnProperty(name) ? imageOf[name] : -1, src = image >= 0 ? view.originals[image] : null;
+      var image = name in imageOf ? imageOf[name] : -1, src = image >= 0 ? view.originals[image] : null;
       return '<figure class="near">' + (src ? '<img src="' + esc(src) + '" alt="near the centre" loading="lazy">' : "") +
         "<figcaption>" + imageLink(image, name.split("/").pop()) + "</figcaption></figure>";
     }).join("");
