@@ -287,10 +287,7 @@ class CRAFT:
                 raws.append(_project(concepts, grid))
                 outputs.append(class_logits(logits))
         raw, logits = torch.cat(raws), torch.cat(outputs)
-        scale = concepts.position_scale
-        if scale.numel() != len(concepts):  # concepts made without it (by hand): these images' peaks
-            scale = raw.amax(dim=(0, 2, 3))
-        scale = scale.clamp_min(1e-12).to(raw)
+        scale = _map_scale(concepts, raw)
         maps = F.interpolate(raw / scale.view(1, -1, 1, 1), size=tuple(images.shape[2:]), mode="bilinear")
         k = len(concepts)
         return ConceptExplanation(
@@ -439,6 +436,15 @@ def _factorize(rows: Tensor, owners: Tensor, count: int, settings: dict):
     coefficients = torch.zeros(count, k).scatter_reduce_(0, spread, u, "amax", include_self=False)
     error = float(nmf.reconstruction_err_) / max(float(np.linalg.norm(matrix)), 1e-30)
     return nmf, coefficients, error
+
+
+def _map_scale(concepts: CraftConcepts, raw: Tensor) -> Tensor:
+    """(k,) what each concept's map is divided by: its peak at a position of the class's
+    images, or (concepts made without it, by hand) its peak in ``raw`` (N, k, h, w)."""
+    scale = concepts.position_scale
+    if scale.numel() != len(concepts):
+        scale = raw.amax(dim=(0, 2, 3))
+    return scale.clamp_min(1e-12).to(raw)
 
 
 def _project(concepts: CraftConcepts, grid: Tensor) -> Tensor:
