@@ -1,5 +1,5 @@
-"""What the commands share: the argument types of the parser, and the check of an analysis's
-``--out``."""
+"""What the commands share: the argument types of the parser, the check of an analysis's
+``--out``, and the rewording of a library message with the command line's flags."""
 
 from __future__ import annotations
 
@@ -33,3 +33,11 @@ def check_out(out: Path, *written) -> None:
         check_replaceable(out.absolute(), *written)
     except ValueError as error:
         raise UsageError(f"--out {error}") from None
+
+
+def as_flags(message: str, flags: dict[str, str]) -> str:
+    """``message`` (a library error's) with each of the library's words in ``flags`` replaced
+    by the command line's (``{"relu=True": "--relu"}``)."""
+    for words, flag in flags.items():
+        message = message.replace(words, flag)
+    return message

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from ..errors import UsageError
-from .common import check_out
+from .common import as_flags, check_out
 
 
 def craft_command(args) -> int:
@@ -42,7 +42,7 @@ def craft_command(args) -> int:
         found = craft(inputs, target)
         maps = craft.concept_maps(found, inputs[: args.maps]) if args.maps else None
     except ValueError as error:
-        raise UsageError(_as_flags(str(error))) from None
+        raise UsageError(as_flags(str(error), FLAGS)) from None
     write_craft(found, out, pictures.cpu(), names, maps)
     print(
         f"{found.class_name or found.target} at {found.layer}: {len(found)} concepts from {len(found.boxes)} crops "
@@ -98,12 +98,6 @@ FLAGS = {
     "a smaller crop_size": "a smaller --crop-size",
     "positions is one of": "--positions is one of",
 }
-
-
-def _as_flags(message: str) -> str:
-    for words, flag in FLAGS.items():
-        message = message.replace(words, flag)
-    return message
 
 
 def _crops(text: str) -> int | str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UsageError
-from .common import check_out
+from .common import as_flags, check_out
 
 
 def tcav_command(args) -> int:
@@ -50,7 +50,7 @@ def tcav_command(args) -> int:
         sets, size = args.random_sets, args.random_size
         result = tcav({target: inputs}, concept_images, random, random_sets=sets, random_size=size)
     except ValueError as error:
-        message = _as_flags(str(error))
+        message = as_flags(str(error), FLAGS)
         for i, path in enumerate(randoms):
             message = message.replace(f"random set {i} ", f"--random {path} ")
         raise UsageError(message) from None
@@ -114,9 +114,3 @@ FLAGS = {
     "or pass a random_size in that range": "or pass a --random-size in that range",
     "alternative is one of": "--alternative is one of",
 }
-
-
-def _as_flags(message: str) -> str:
-    for words, flag in FLAGS.items():
-        message = message.replace(words, flag)
-    return message
