@@ -123,6 +123,22 @@ class BackwardFails(torch.autograd.Function):
         raise RuntimeError("backward failed")
 
 
+class BreaksOnPass(nn.Module):
+    """``model`` whose forward pass number ``failing`` raises ``RuntimeError("broke in a
+    pass")``: an error in the middle of a call's passes (the model's class names kept)."""
+
+    def __init__(self, model: nn.Module, failing: int):
+        super().__init__()
+        self.body, self.failing, self.calls = model, failing, 0
+        self.class_names = getattr(model, "class_names", None)
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.failing:
+            raise RuntimeError("broke in a pass")
+        return self.body(*args, **kwargs)
+
+
 class ModelState:
     """Everything an explainer promises not to change, captured for comparison."""
 

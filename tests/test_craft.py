@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ModelState
+from conftest import BreaksOnPass, ModelState
 from torch import nn
 
 from explain.concepts import CRAFT, crop_boxes, jansen_total_indices, sobol_designs
@@ -113,11 +113,8 @@ def test_importances_are_the_sobol_indices_of_the_logit_the_concepts_sum_to(plan
     assert found.bank[0, 2:].sum() > found.bank[0, :2].sum()
 
 
-def test_an_affine_tail_gives_the_replays_importances_from_k_plus_one_replays_an_image(planted, monkeypatch):
-    """Planted's layers after ``act`` (pool, flatten, linear) are affine: each image's logits
-    of every mask follow from k + 1 replays (no concept, each concept alone), equal to
-    replaying every mask up to float rounding."""
-    _, images, craft, found = planted
+def replays_counted(monkeypatch) -> list[int]:
+    """The rows of each LayerReplay call from now on (a list that grows)."""
     rows, replay = [], LayerReplay.__call__
 
     def counted(self, activations, which):
@@ -125,6 +122,15 @@ def test_an_affine_tail_gives_the_replays_importances_from_k_plus_one_replays_an
         return replay(self, activations, which)
 
     monkeypatch.setattr(LayerReplay, "__call__", counted)
+    return rows
+
+
+def test_an_affine_tail_gives_the_replays_importances_from_k_plus_one_replays_an_image(planted, monkeypatch):
+    """Planted's layers after ``act`` (pool, flatten, linear) are affine: each image's logits
+    of every mask follow from k + 1 replays (no concept, each concept alone), equal to
+    replaying every mask up to float rounding."""
+    _, images, craft, found = planted
+    rows = replays_counted(monkeypatch)
     again = craft(images, "planted")
     assert rows == [4, 5, 4 * 3]  # prepare's two checks, then 2 + 1 rows an image in one pass
     torch.testing.assert_close(again.image_importances, found.image_importances)
@@ -148,13 +154,7 @@ def test_an_affine_start_of_the_later_layers_runs_once_per_concept(monkeypatch):
     data = shortcut_dataset(16, seed=1)
     images = data.inputs[data.labels == SHORTCUT_CLASS]
     craft = CRAFT(load_shortcut_model(), "block3", concepts=3, designs=8)
-    rows, replay = [], LayerReplay.__call__
-
-    def counted(self, activations, which):
-        rows.append(len(which))
-        return replay(self, activations, which)
-
-    monkeypatch.setattr(LayerReplay, "__call__", counted)
+    rows = replays_counted(monkeypatch)
     split = craft(images, "triangle")
     assert sum(rows[2:]) == len(images) * (3 + 1)  # besides prepare's checks, the split's: its basis
     monkeypatch.setattr(LayerReplay, "affine_start", lambda self: None)
@@ -272,20 +272,10 @@ def test_hygiene_under_no_grad_inference_mode_frozen_weights_and_errors():
     torch.testing.assert_close(inference.importances, plain.importances)
     state.assert_unchanged()
 
-    class Breaks(nn.Module):  # the model fails in its second pass: the images' own, after the NMF
-        def __init__(self):
-            super().__init__()
-            self.body, self.calls = model, 0
-            self.class_names = model.class_names
-
-        def forward(self, x):
-            self.calls += 1
-            if self.calls == 2:
-                raise RuntimeError("broke in a pass")
-            return self.body(x)
 
     with pytest.raises(RuntimeError, match="broke in a pass"):
-        CRAFT(Breaks(), "body.act", concepts=2, crop_size=8, designs=8)(images, 0)
+        # the second pass fails: the images' own, after the NMF
+        CRAFT(BreaksOnPass(model, 2), "body.act", concepts=2, crop_size=8, designs=8)(images, 0)
     state.assert_unchanged()
 
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import ModelState, listening
+from conftest import BreaksOnPass, ModelState, listening
 from PIL import Image
 from torch import nn
 
@@ -171,19 +171,8 @@ def test_hygiene_under_no_grad_frozen_weights_inference_tensors_and_errors():
         assert not plain.maps.requires_grad and plain.segment_scores[0].shape == (3,)
         state.assert_unchanged()
 
-    class Breaks(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.body, self.calls = model, 0
-
-        def forward(self, images):
-            self.calls += 1
-            if self.calls == 3:
-                raise RuntimeError("broke in a pass")
-            return self.body(images)
-
     with pytest.raises(RuntimeError, match="broke in a pass"):
-        explain.FeatureAblation(Breaks(), internal_batch_size=1)(x, segments=[labels, labels])
+        explain.FeatureAblation(BreaksOnPass(model, 3), internal_batch_size=1)(x, segments=[labels, labels])
     state.assert_unchanged()
 
 

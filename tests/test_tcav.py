@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ModelState
+from conftest import BreaksOnPass, ModelState
 from scipy.stats import ttest_ind
 from torch import nn
 
@@ -197,20 +197,10 @@ def test_hygiene_under_no_grad_inference_mode_frozen_weights_and_errors(linear):
         assert [s.scores.tolist() for s in result] == [s.scores.tolist() for s in reference]
     state.assert_unchanged()
 
-    class Breaks(nn.Module):  # fails in the third pass: a concept's, after the classes' gradients
-        def __init__(self):
-            super().__init__()
-            self.body, self.calls = model, 0
-            self.class_names = model.class_names
-
-        def forward(self, x):
-            self.calls += 1
-            if self.calls == 3:
-                raise RuntimeError("broke in a pass")
-            return self.body(x)
 
     with pytest.raises(RuntimeError, match="broke in a pass"):
-        TCAV(Breaks(), "body.feat", min_random_sets=6)(classes, concepts, randoms)
+        # the third pass fails: a concept's, after the classes' gradients
+        TCAV(BreaksOnPass(model, 3), "body.feat", min_random_sets=6)(classes, concepts, randoms)
     state.assert_unchanged()
 
 
